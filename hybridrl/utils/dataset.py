@@ -1,0 +1,156 @@
+"""RL prompt data: parquet in verl's layout (see `rl_parquet.py`) -> left-padded prompt tensors plus metadata.
+
+Every item is a dict of tensors (input_ids, attention_mask, position_ids; all of length
+data.max_prompt_length, padded on the LEFT so generation appends on the right) plus every other
+column of the row as a plain Python object. `collate_fn` turns a list of items into the dict that
+`DataProto.from_single_dict` takes.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import DataLoader, Dataset, RandomSampler, SequentialSampler
+
+TRUNCATION_MODES = ("error", "left", "right")
+
+
+class RLHFDataset(Dataset):
+    """Prompts from one or more parquet files, chat template applied (with the generation prompt).
+
+    `config` is the `data` config group; the keys read are prompt_key, max_prompt_length,
+    truncation (error | left | right), filter_overlong_prompts, return_raw_chat, return_full_prompt.
+    Items also carry `raw_prompt_ids` (the unpadded token ids, for engines that take lists) and
+    `index` (extra_info["index"] when the row has one, else the row's position in this dataset).
+    """
+
+    def __init__(self, data_files: str | Sequence[str], tokenizer, config):
+        self.data_files = [data_files] if isinstance(data_files, str) else list(data_files)
+        self.tokenizer = tokenizer
+        self.prompt_key = _require(config, "prompt_key")
+        self.max_prompt_length = int(_require(config, "max_prompt_length"))
+        self.truncation = _require(config, "truncation")
+        self.return_raw_chat = bool(_require(config, "return_raw_chat"))
+        self.return_full_prompt = bool(_require(config, "return_full_prompt"))
+        if self.truncation not in TRUNCATION_MODES:
+            raise ValueError(f"data.truncation must be one of {TRUNCATION_MODES}, got {self.truncation!r}")
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer has no pad token; left padding of prompts needs one")
+        self.rows, self.row_origins = self._read_rows()
+        if bool(_require(config, "filter_overlong_prompts")):
+            self._drop_overlong_rows()
+
+    def _read_rows(self) -> tuple[list[dict], list[tuple[str, int]]]:
+        """All rows of all files, plus (file, row-in-file) per row so errors can name where a row came from."""
+        rows, origins = [], []
+        for path in self.data_files:
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"data file {path} does not exist")
+            file_rows = pq.read_table(path).to_pylist()
+            if file_rows and self.prompt_key not in file_rows[0]:
+                raise KeyError(f"{path} has no column {self.prompt_key!r} (data.prompt_key); "
+                               f"columns: {sorted(file_rows[0])}")
+            rows.extend(file_rows)
+            origins.extend((path, row_in_file) for row_in_file in range(len(file_rows)))
+        return rows, origins
+
+    def _drop_overlong_rows(self) -> None:
+        keep = [i for i in range(len(self.rows)) if len(self._prompt_token_ids(i)) <= self.max_prompt_length]
+        print(f"RLHFDataset: filter_overlong_prompts kept {len(keep)} of {len(self.rows)} rows "
+              f"(max_prompt_length={self.max_prompt_length})")
+        self.rows = [self.rows[i] for i in keep]
+        self.row_origins = [self.row_origins[i] for i in keep]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _where(self, index: int) -> str:
+        path, row_in_file = self.row_origins[index]
+        return f"{path} row {row_in_file} (dataset index {index})"
+
+    def _chat_text(self, index: int) -> str:
+        messages = self.rows[index][self.prompt_key]
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m
+                                                      for m in messages):
+            raise ValueError(f"{self._where(index)}: column {self.prompt_key!r} must be a list of "
+                             f"{{'role', 'content'}} messages, got {messages!r}")
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def _prompt_token_ids(self, index: int) -> list[int]:
+        return self.tokenizer(self._chat_text(index), add_special_tokens=False)["input_ids"]
+
+    def _fit_length(self, token_ids: list[int], index: int) -> list[int]:
+        if len(token_ids) <= self.max_prompt_length:
+            return token_ids
+        if self.truncation == "left":
+            return token_ids[-self.max_prompt_length:]
+        if self.truncation == "right":
+            return token_ids[:self.max_prompt_length]
+        raise ValueError(f"{self._where(index)}: prompt is {len(token_ids)} tokens, longer than "
+                         f"data.max_prompt_length={self.max_prompt_length}; set data.truncation=left|right "
+                         "or data.filter_overlong_prompts=true")
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        row = self.rows[index]
+        token_ids = self._fit_length(self._prompt_token_ids(index), index)
+        num_pad = self.max_prompt_length - len(token_ids)
+        input_ids = torch.tensor([self.tokenizer.pad_token_id] * num_pad + token_ids, dtype=torch.long)
+        attention_mask = torch.tensor([0] * num_pad + [1] * len(token_ids), dtype=torch.long)
+        item = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        }
+        item.update({key: value for key, value in row.items() if key != self.prompt_key})
+        item["raw_prompt_ids"] = token_ids
+        extra_info = row.get("extra_info") or {}
+        item["index"] = extra_info["index"] if extra_info.get("index") is not None else index
+        if self.return_raw_chat:
+            item["raw_prompt"] = row[self.prompt_key]
+        if self.return_full_prompt:
+            item["full_prompts"] = self._chat_text(index)
+        return item
+
+
+def _require(config, key: str):
+    """config.<key>, or an error naming data.<key> (an OmegaConf node would silently give None)."""
+    value = config.get(key) if hasattr(config, "get") else getattr(config, key, None)
+    if value is None:
+        raise KeyError(f"data.{key} must be set for RLHFDataset")
+    return value
+
+
+def collate_fn(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stack tensors; gather everything else into 1-D numpy object arrays (one entry per sample)."""
+    keys = list(items[0])
+    for position, item in enumerate(items):
+        if list(item) != keys:
+            raise ValueError(f"collate_fn: item {position} has keys {sorted(item)}, item 0 has {sorted(keys)}")
+    batch: dict[str, Any] = {}
+    for key in keys:
+        values = [item[key] for item in items]
+        if isinstance(values[0], torch.Tensor):
+            batch[key] = torch.stack(values)
+        else:
+            column = np.empty(len(values), dtype=object)
+            for position, value in enumerate(values):  # element-wise: np.array would turn lists into 2-D
+                column[position] = value
+            batch[key] = column
+    return batch
+
+
+def create_rl_sampler(dataset: Dataset, shuffle: bool, seed: int):
+    """A seeded shuffle (its generator's state is `sampler.generator.get_state()`, for resuming) or the file order."""
+    if shuffle:
+        return RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
+    return SequentialSampler(dataset)
+
+
+def make_dataloader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int, drop_last: bool) -> DataLoader:
+    """A deterministic DataLoader: the same seed gives the same batches in the same order."""
+    return DataLoader(dataset, batch_size=batch_size, sampler=create_rl_sampler(dataset, shuffle, seed),
+                      collate_fn=collate_fn, drop_last=drop_last, num_workers=0)
+

@@ -1,0 +1,7 @@
+"""Reward managers turn generated responses into token-level scores; pick one by name in the config."""
+from hybridrl.workers.reward_manager.registry import get_reward_manager_cls, register_reward_manager
+from hybridrl.workers.reward_manager.naive import NaiveRewardManager  # noqa: E402  (registers "naive")
+from hybridrl.workers.reward_manager.loader import get_custom_reward_fn, load_reward_manager  # noqa: E402
+
+__all__ = ["register_reward_manager", "get_reward_manager_cls", "NaiveRewardManager",
+           "load_reward_manager", "get_custom_reward_fn"]
