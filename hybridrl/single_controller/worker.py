@@ -1,0 +1,43 @@
+"""Worker: the base of every class a RayWorkerGroup runs, one instance per rank.
+
+A worker learns where it stands from environment variables that the group sets on its Ray actor
+before the class is constructed: RANK, WORLD_SIZE, LOCAL_RANK (index among the ranks of its
+node's placement group) and MASTER_ADDR/MASTER_PORT (the torch.distributed rendezvous on rank
+0's node). The same names torchrun uses, so torch.distributed's env:// init reads them as is.
+
+To run a worker outside a group (a unit test in one process), set the five variables yourself,
+e.g. RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=<a free port>.
+
+CPU threads follow Ray's default: OMP_NUM_THREADS is the actor's CPU share (1 per bundle, so a
+2-core machine is not oversubscribed). Set OMP_NUM_THREADS in ``ray_init.runtime_env.env_vars``
+to give workers more threads.
+"""
+from __future__ import annotations
+
+import os
+
+WORKER_ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+class Worker:
+    def __init__(self) -> None:
+        missing = [name for name in WORKER_ENV_VARS if name not in os.environ]
+        if missing:
+            raise RuntimeError(f"{type(self).__name__}: environment variable(s) {missing} are not set; a "
+                               f"RayWorkerGroup sets them, or set {list(WORKER_ENV_VARS)} to run one worker alone")
+        self._rank = int(os.environ["RANK"])
+        self._world_size = int(os.environ["WORLD_SIZE"])
+        self._local_rank = int(os.environ["LOCAL_RANK"])
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self._local_rank
+
