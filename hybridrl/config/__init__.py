@@ -1,0 +1,26 @@
+"""The job's configuration: Hydra YAML groups in this folder, composed, then validated into typed dataclasses.
+
+    cfg = compose_config(["algorithm=gae"])   # DictConfig, as `python -m hybridrl.main_ppo algorithm=gae` builds
+    config = validate_config(cfg)             # PPOConfig, or ConfigError listing every problem
+    check_paths(config)                       # files and model directories exist
+"""
+from hybridrl.config.compose import CONFIG_DIR, compose_config
+from hybridrl.config.schema import PPOConfig
+from hybridrl.config.validation import (
+    NOT_IMPLEMENTED,
+    NOT_IMPLEMENTED_VALUES,
+    ConfigError,
+    check_paths,
+    validate_config,
+)
+
+__all__ = [
+    "CONFIG_DIR",
+    "NOT_IMPLEMENTED",
+    "NOT_IMPLEMENTED_VALUES",
+    "ConfigError",
+    "PPOConfig",
+    "check_paths",
+    "compose_config",
+    "validate_config",
+]

@@ -1,0 +1,94 @@
+"""One line for each of Hydra's composition errors, in validate_config's `<key>: expected ..., got ...` form.
+
+Hydra reports a bad command line over several lines (plus its config search path); the entry point
+prints this one line instead, so a bad override reads like any other config problem.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+
+from hydra._internal.utils import get_args_parser
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+
+def describe_hydra_error(err: HydraException, argv: list[str]) -> str:
+    """One line naming the key (or override) Hydra rejected and what it expected instead."""
+    if isinstance(err, OverrideParseException):
+        return _unparsable_override(err, argv)
+    if isinstance(err, MissingConfigException) and err.options:
+        return _unknown_group_choice(err)
+    if "Could not load 'ppo_trainer'" in str(err):
+        return (f"{_one_line(str(err))} Hydra looks for ppo_trainer in --config-path only: add "
+                "`hydra: {searchpath: [pkg://hybridrl.config]}` to your YAML, or pass --config-dir instead "
+                "(see hybridrl/main_ppo.py)")
+    unknown = re.match(r"Could not override '([^']+)'", str(err))
+    if unknown and isinstance(err.__cause__, (ConfigKeyError, ConfigAttributeError)):
+        return _unknown_key(unknown.group(1), err.__cause__.full_key, argv)
+    return _prefixed_by_key(_one_line(str(err)), argv)
+
+
+def _unparsable_override(err: OverrideParseException, argv: list[str]) -> str:
+    parser = OverridesParser.create()
+    for override in _overrides(argv):
+        try:
+            parser.parse_override(override)
+        except HydraException:
+            key = override.split("=", 1)[0].lstrip("+~")
+            return (f"{key}: expected an override in Hydra's syntax (key=value), got {override!r} "
+                    f"({_one_line(str(err))})")
+    return _one_line(str(err))
+
+
+def _unknown_group_choice(err: MissingConfigException) -> str:
+    missing = re.search(r"Could not find '([^']+)/([^'/]+)'", str(err))
+    if missing is None:
+        return _one_line(str(err))
+    group, choice = missing.groups()
+    return f"{group}: expected one of {', '.join(err.options)}, got {choice!r}"
+
+
+def _unknown_key(override_key: str, missing_key: str, argv: list[str]) -> str:
+    override = next((o for o in _overrides(argv) if o.split("=", 1)[0] == override_key), override_key)
+    hint = _did_you_mean(missing_key)
+    return (f"{override_key}: expected a key of the config, got unknown key {missing_key!r}{hint}; "
+            f"to add a new key write +{override}")
+
+
+def _did_you_mean(missing_key: str) -> str:
+    """A close known key from hybridrl's own config (a user's YAML extends it, so its keys are the ones to match)."""
+    from hybridrl.config.compose import compose_config
+
+    GlobalHydra.instance().clear()  # the failed run left Hydra initialised
+    parent_path, _, key = missing_key.rpartition(".")
+    parent = OmegaConf.select(compose_config(), parent_path) if parent_path else compose_config()
+    if not isinstance(parent, DictConfig):
+        return ""
+    close = difflib.get_close_matches(key, [str(k) for k in parent.keys()], n=1, cutoff=0.6)
+    return f" (did you mean {parent_path + '.' if parent_path else ''}{close[0]}?)" if close else ""
+
+
+def _prefixed_by_key(message: str, argv: list[str]) -> str:
+    """`<key>: message` when the message quotes the key of one of the overrides, else the message."""
+    keys = {override.split("=", 1)[0].lstrip("+~") for override in _overrides(argv)}
+    quoted = [key for key in re.findall(r"'([^']+)'", message) if key in keys]
+    return f"{quoted[0]}: {message}" if quoted else message
+
+
+def _overrides(argv: list[str]) -> list[str]:
+    """The overrides on the command line, split by Hydra's own argument parser (flags and their values left out)."""
+    try:
+        return list(get_args_parser().parse_args(argv).overrides)
+    except SystemExit:  # argparse rejected the flags themselves; Hydra already said so
+        return []
+
+
+def _one_line(message: str) -> str:
+    """Hydra's message without its config search path and doc links, joined into one line."""
+    message = message.split("Config search path:")[0]
+    lines = [line.strip() for line in message.splitlines()]
+    return " ".join(line for line in lines if line and not line.startswith("See https://"))

@@ -1,0 +1,348 @@
+"""Validate a composed config once, before Ray starts, and report every problem in one error.
+
+`validate_config(cfg)` runs, in order:
+  1. resolve interpolations and check every key against `schema.py` (unknown keys, types, ranges);
+  2. import `extensions`, so the names they register count in step 3;
+  3. rules across keys: not-implemented keys, registered names (estimators, losses, rollouts,
+     reward managers, loggers), engine availability, and batch sizes that must divide.
+Each problem is one line `<full.key.path>: expected <...>, got <value>`; `ConfigError.problems`
+holds them all. Files are checked separately by `check_paths`, because the embedded default
+data and model are written after validation and before that check.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from typing import Any, Callable
+
+from omegaconf import DictConfig
+
+from hybridrl.config.schema import PPOConfig
+from hybridrl.config.structure import INVALID, build, check_structure, to_plain
+from hybridrl.utils.import_utils import load_extensions
+
+# Keys the YAML accepts (so verl override lists compose) but hybridrl does not implement yet:
+# any value other than the one given here is refused. Remove an entry when its feature lands.
+NOT_IMPLEMENTED: dict[str, Any] = {
+    "actor_rollout_ref.hybrid_engine": True,
+    "actor_rollout_ref.model.use_remove_padding": False,
+    "actor_rollout_ref.model.use_liger": False,
+    "actor_rollout_ref.model.use_fused_kernels": False,
+    "actor_rollout_ref.model.enable_activation_offload": False,
+    "actor_rollout_ref.model.lora_rank": 0,
+    "actor_rollout_ref.actor.use_dynamic_bsz": False,
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 1,
+    "actor_rollout_ref.actor.use_torch_compile": False,
+    "actor_rollout_ref.actor.fsdp_config.param_offload": False,
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": False,
+    "actor_rollout_ref.rollout.mode": "sync",
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": False,
+    "actor_rollout_ref.ref.fsdp_config.param_offload": False,
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": False,
+    "critic.use_dynamic_bsz": False,
+    "critic.model.use_remove_padding": False,
+    "critic.model.lora_rank": 0,
+    "critic.model.fsdp_config.param_offload": False,
+    "critic.model.fsdp_config.optimizer_offload": False,
+    "reward_model.enable": False,
+    "reward_model.launch_reward_fn_async": False,
+    "algorithm.use_pf_ppo": False,
+    "trainer.balance_batch": False,
+    "trainer.default_hdfs_dir": None,
+    "ray_init.timeline_json_file": None,
+}
+
+# Values of otherwise implemented keys that are not implemented yet.
+NOT_IMPLEMENTED_VALUES: dict[str, tuple] = {
+    "actor_rollout_ref.rollout.name": ("vllm",),
+}
+
+# verl keys kept only so old override lists compose: they must stay null.
+DEPRECATED: dict[str, str] = {
+    "actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "critic.ppo_micro_batch_size": "critic.ppo_micro_batch_size_per_gpu",
+}
+
+
+def _registry_lookup(module_name: str, getter_name: str) -> Callable[[str], Any]:
+    """The registry getter `module_name.getter_name`, imported only when a config is checked."""
+    return lambda name: getattr(importlib.import_module(module_name), getter_name)(name)
+
+
+def _known_rollout(name: str) -> None:
+    """Like get_rollout_class, minus importing the engine (sglang, vllm) into the driver process:
+    whether the engine can run here is `_engine_available`'s question."""
+    from hybridrl.workers.rollout import BUILTIN_ROLLOUT_MODULES, ROLLOUT_REGISTRY
+
+    known = set(ROLLOUT_REGISTRY) | set(BUILTIN_ROLLOUT_MODULES)
+    if name not in known:
+        raise ValueError(f"rollout.name={name!r} is not a registered rollout; known: {sorted(known)}")
+
+
+# Names chosen from a registry: key -> lookup that raises for an unknown name, its message listing
+# the registered ones. Extensions register more names before this check runs.
+REGISTRIES: dict[str, Callable[[str], Any]] = {
+    "algorithm.adv_estimator": _registry_lookup("hybridrl.trainer.ppo.core_algos", "get_adv_estimator_fn"),
+    "actor_rollout_ref.actor.policy_loss.loss_mode": _registry_lookup("hybridrl.trainer.ppo.core_algos",
+                                                                      "get_policy_loss_fn"),
+    "actor_rollout_ref.rollout.name": _known_rollout,
+    "reward_model.reward_manager": _registry_lookup("hybridrl.workers.reward_manager.registry",
+                                                    "get_reward_manager_cls"),
+}
+
+INSTALL_GPU_EXTRAS = "pip install -e '.[gpu]'"
+
+
+class ConfigError(ValueError):
+    """Every problem found in a config; `problems` holds one line per problem."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__(f"{len(self.problems)} config problem(s):\n" + "\n".join(self.problems))
+
+
+class _Skip(Exception):
+    """A rule touched a value that is missing or already reported as wrong: the rule does not apply."""
+
+
+class _Values:
+    """Dotted-path reads of the checked tree; reading an invalid value skips the rule that asked."""
+
+    def __init__(self, tree: Any):
+        self._tree = tree
+
+    def __call__(self, path: str) -> Any:
+        node = self._tree
+        for key in path.split("."):
+            if not isinstance(node, dict) or key not in node:
+                raise _Skip(path)
+            node = node[key]
+        if node is INVALID:
+            raise _Skip(path)
+        return node
+
+
+def validate_config(cfg: DictConfig) -> PPOConfig:
+    """The typed config, or ConfigError listing every problem (see the module docstring)."""
+    problems: list[str] = []
+    interpolations: dict[str, str] = {}
+    checked = check_structure(PPOConfig, to_plain(cfg, "", problems, interpolations), "", problems)
+    values = _Values(checked)
+    _run_rule(_load_extensions, values, problems)
+    for rule in RULES:
+        _run_rule(rule, values, problems)
+    if problems:
+        raise ConfigError([_with_origin(problem, interpolations) for problem in problems])
+    checked["critic"]["enable"] = _critic_enabled(values)
+    return build(PPOConfig, checked)
+
+
+def _with_origin(problem: str, interpolations: dict[str, str]) -> str:
+    """A problem about an interpolated key also names the key its value came from."""
+    origin = interpolations.get(problem.split(":", 1)[0])
+    return f"{problem} (value from {origin})" if origin and origin not in problem else problem
+
+
+def _critic_enabled(values: Callable[[str], Any]) -> bool:
+    """`critic.enable`, where null means: on exactly when the advantage estimator is GAE (it needs values)."""
+    enable = values("critic.enable")
+    return values("algorithm.adv_estimator") == "gae" if enable is None else enable
+
+
+def _run_rule(rule: Callable, values: _Values, problems: list[str]) -> None:
+    try:
+        rule(values, problems)
+    except _Skip:
+        pass
+
+
+def _load_extensions(values: _Values, problems: list[str]) -> None:
+    for index, spec in enumerate(values("extensions")):
+        try:
+            load_extensions([spec])
+        except Exception as err:  # any failure while importing user code is a config problem
+            problems.append(f"extensions[{index}]: expected an importable module name or an existing .py file, "
+                            f"got {spec!r} ({type(err).__name__}: {err})")
+
+
+# ---- rules across keys ----
+
+def _not_implemented(values: _Values, problems: list[str]) -> None:
+    for key, supported in NOT_IMPLEMENTED.items():
+        _run_rule(lambda v, p: _require_value(key, supported, v(key), p), values, problems)
+    for key, refused in NOT_IMPLEMENTED_VALUES.items():
+        _run_rule(lambda v, p: _refuse_values(key, refused, v(key), p), values, problems)
+    for key, replacement in DEPRECATED.items():
+        _run_rule(lambda v, p: _require_null(key, replacement, v(key), p), values, problems)
+
+
+def _require_value(key: str, supported: Any, value: Any, problems: list[str]) -> None:
+    if value != supported:
+        problems.append(f"{key}: expected {supported!r} (other values are not implemented yet), got {value!r}")
+
+
+def _refuse_values(key: str, refused: tuple, value: Any, problems: list[str]) -> None:
+    if value in refused:
+        problems.append(f"{key}: expected a value other than {', '.join(map(repr, refused))} "
+                        f"(not implemented yet), got {value!r}")
+
+
+def _require_null(key: str, replacement: str, value: Any, problems: list[str]) -> None:
+    if value is not None:
+        problems.append(f"{key}: expected null (deprecated, set {replacement} instead), got {value!r}")
+
+
+def _registered_names(values: _Values, problems: list[str]) -> None:
+    for key, lookup in REGISTRIES.items():
+        _run_rule(lambda v, p: _check_registered(key, v(key), lookup, p), values, problems)
+    _run_rule(_check_loggers, values, problems)
+
+
+def _check_registered(key: str, name: str, lookup: Callable[[str], Any], problems: list[str]) -> None:
+    try:
+        lookup(name)
+    except (ValueError, KeyError) as err:
+        problems.append(f"{key}: expected a registered name, got {name!r} ({err})")
+
+
+def _check_loggers(values: _Values, problems: list[str]) -> None:
+    from hybridrl.utils.tracking import VALID_LOGGERS
+
+    loggers = values("trainer.logger")
+    for index, logger in enumerate(loggers):
+        if logger not in VALID_LOGGERS:
+            problems.append(f"trainer.logger[{index}]: expected one of {sorted(VALID_LOGGERS)}, got {logger!r}")
+
+
+def _engine_available(values: _Values, problems: list[str]) -> None:
+    """sglang must be importable; CUDA is required up front only for a local Ray, because a driver
+    joining a cluster (`ray_init.address`) may itself have no GPU (the trainer then checks the cluster)."""
+    device, rollout = values("trainer.device"), values("actor_rollout_ref.rollout.name")
+    if rollout == "sglang" and importlib.util.find_spec("sglang") is None:
+        problems.append("actor_rollout_ref.rollout.name: expected a rollout whose engine is installed, got 'sglang' "
+                        f"(the sglang package is not importable: {INSTALL_GPU_EXTRAS})")
+    if values("ray_init.address") is not None:
+        return
+    if device == "cuda" and not _cuda_available():
+        problems.append("trainer.device: expected 'cpu' or 'auto' on this machine (torch sees no CUDA GPU), "
+                        "got 'cuda'")
+    if rollout == "sglang" and (device == "cpu" or not _cuda_available()):
+        problems.append(f"actor_rollout_ref.rollout.name: expected 'hf' without a GPU (trainer.device={device!r}, "
+                        f"CUDA available: {_cuda_available()}), got 'sglang' (sglang needs a CUDA GPU)")
+
+
+def _cuda_available() -> bool:
+    import torch  # imported only when a rule needs it: torch takes seconds to import
+
+    return torch.cuda.is_available()
+
+
+def _critic_matches_estimator(values: _Values, problems: list[str]) -> None:
+    estimator = values("algorithm.adv_estimator")
+    if estimator == "gae" and values("critic.enable") is False:
+        problems.append("critic.enable: expected true or null when algorithm.adv_estimator='gae' "
+                        "(GAE needs the critic's values), got False")
+
+
+def _resume_path_given(values: _Values, problems: list[str]) -> None:
+    if values("trainer.resume_mode") == "resume_path" and values("trainer.resume_from_path") is None:
+        problems.append("trainer.resume_from_path: expected a checkpoint directory when "
+                        "trainer.resume_mode='resume_path', got None")
+
+
+def _ray_cluster_owns_its_cpus(values: _Values, problems: list[str]) -> None:
+    address, num_cpus = values("ray_init.address"), values("ray_init.num_cpus")
+    if address is not None and num_cpus is not None:
+        problems.append(f"ray_init.num_cpus: expected null when ray_init.address is set (a running cluster "
+                        f"declares its own CPUs), got {num_cpus}")
+
+
+def _batch_sizes_divide(values: _Values, problems: list[str]) -> None:
+    """The actor's (and an enabled critic's) batches must split evenly over prompts, ranks and micro-batches."""
+    nnodes, gpus = values("trainer.nnodes"), values("trainer.n_gpus_per_node")
+    world = nnodes * gpus
+    world_words = f"the world size trainer.nnodes * trainer.n_gpus_per_node = {nnodes} * {gpus} = {world}"
+    train_batch, n = values("data.train_batch_size"), values("actor_rollout_ref.rollout.n")
+    if train_batch * n % world:
+        problems.append(f"data.train_batch_size: expected train_batch_size * actor_rollout_ref.rollout.n "
+                        f"divisible by {world_words}, got {train_batch} * {n} = {train_batch * n}")
+    _run_rule(lambda v, p: _role_batches_divide("actor_rollout_ref.actor", v, p, world_words, world),
+              values, problems)
+    if _critic_enabled(values):
+        _run_rule(lambda v, p: _role_batches_divide("critic", v, p, world_words, world), values, problems)
+
+
+def _role_batches_divide(role: str, values: _Values, problems: list[str], world_words: str, world: int) -> None:
+    train_batch, n = values("data.train_batch_size"), values("actor_rollout_ref.rollout.n")
+    mini = values(f"{role}.ppo_mini_batch_size")
+    if train_batch % mini:
+        problems.append(f"data.train_batch_size: expected a multiple of {role}.ppo_mini_batch_size = {mini} "
+                        f"(both count prompts), got {train_batch}")
+    if mini * n % world:
+        problems.append(f"{role}.ppo_mini_batch_size: expected ppo_mini_batch_size * actor_rollout_ref.rollout.n "
+                        f"divisible by {world_words}, got {mini} * {n} = {mini * n}")
+        return
+    if values(f"{role}.use_dynamic_bsz"):
+        return
+    micro = values(f"{role}.ppo_micro_batch_size_per_gpu")
+    per_gpu = mini * n // world
+    if per_gpu % micro:
+        problems.append(f"{role}.ppo_micro_batch_size_per_gpu: expected a divisor of the per-GPU mini-batch "
+                        f"{role}.ppo_mini_batch_size * actor_rollout_ref.rollout.n / world size = "
+                        f"{mini} * {n} / {world} = {per_gpu}, got {micro}")
+
+
+def _tensor_parallel_divides(values: _Values, problems: list[str]) -> None:
+    world = values("trainer.nnodes") * values("trainer.n_gpus_per_node")
+    tp = values("actor_rollout_ref.rollout.tensor_model_parallel_size")
+    if world % tp:
+        problems.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected a divisor of the world "
+                        f"size trainer.nnodes * trainer.n_gpus_per_node = {world}, got {tp}")
+
+
+RULES: list[Callable[[_Values, list[str]], None]] = [
+    _not_implemented,
+    _registered_names,
+    _engine_available,
+    _critic_matches_estimator,
+    _resume_path_given,
+    _ray_cluster_owns_its_cpus,
+    _batch_sizes_divide,
+    _tensor_parallel_divides,
+]
+
+
+# ---- files: checked after the embedded defaults are prepared ----
+
+def check_paths(config: PPOConfig) -> None:
+    """Raise ConfigError naming every configured file or directory that is missing or of the wrong kind."""
+    problems: list[str] = []
+    for key, files in (("data.train_files", config.data.train_files), ("data.val_files", config.data.val_files)):
+        for index, path in enumerate(files):
+            _expect_file(f"{key}[{index}]", path, ".parquet", problems)
+    _expect_model_dir("actor_rollout_ref.model.path", config.actor_rollout_ref.model.path, problems)
+    if config.critic.enable:
+        _expect_model_dir("critic.model.path", config.critic.model.path, problems)
+    for key, path in (("custom_reward_function.path", config.custom_reward_function.path),
+                      ("data.custom_cls.path", config.data.custom_cls.path),
+                      ("actor_rollout_ref.rollout.custom_cls.path", config.actor_rollout_ref.rollout.custom_cls.path)):
+        if path is not None:
+            _expect_file(key, path, ".py", problems)
+    if config.trainer.resume_mode == "resume_path" and not os.path.isdir(config.trainer.resume_from_path):
+        problems.append(f"trainer.resume_from_path: expected an existing checkpoint directory, "
+                        f"got {config.trainer.resume_from_path!r}")
+    if problems:
+        raise ConfigError(problems)
+
+
+def _expect_file(key: str, path: str, suffix: str, problems: list[str]) -> None:
+    if not os.path.isfile(path):
+        problems.append(f"{key}: expected an existing {suffix} file, got {path!r} (no such file)")
+    elif not path.endswith(suffix):
+        problems.append(f"{key}: expected a {suffix} file, got {path!r}")
+
+
+def _expect_model_dir(key: str, path: str, problems: list[str]) -> None:
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        problems.append(f"{key}: expected a local model directory containing config.json, got {path!r}")

@@ -1,0 +1,113 @@
+"""Entry point: `python -m hybridrl.main_ppo [group=choice] [a.b=c] [+x.y=z]` trains with PPO/GRPO.
+
+Groups are chosen as Hydra does it: `algorithm=gae`; the groups placed under actor_rollout_ref are
+named with their package, `actor@actor_rollout_ref.actor=dp_actor` (likewise rollout@..., ref@...).
+
+Wiring only: Hydra composes hybridrl/config/ppo_trainer.yaml with the command-line overrides,
+`validate_config` turns it into a typed PPOConfig (or prints one `config error:` line per
+problem and exits with code 2), then `run_ppo` starts Ray and hands the config to a TaskRunner
+actor, which builds the trainer. `--cfg job` prints the composed config and starts nothing.
+
+Your own YAML on top of ours, e.g. my_configs/my_run.yaml:
+
+    hydra:
+      searchpath:
+        - pkg://hybridrl.config      # where Hydra finds ppo_trainer and its groups (needed with --config-path)
+    defaults:
+      - ppo_trainer                  # everything from hybridrl's config ...
+      - override algorithm: gae      # ... with other group choices ("override" is required) ...
+      - _self_                       # ... and then the keys below win
+    data:
+      train_batch_size: 32
+    actor_rollout_ref:
+      actor:
+        optim:
+          lr: 1e-6
+
+Run it with either
+    python -m hybridrl.main_ppo --config-path /abs/my_configs --config-name my_run [overrides...]
+        (Hydra reads a relative --config-path from the hybridrl/ folder: give it absolute), or
+    python -m hybridrl.main_ppo --config-dir my_configs --config-name my_run [overrides...]
+        (relative to the current directory; works even without the `hydra: searchpath` lines).
+The compose API takes the same file (searchpath lines included):
+`compose_config(config_name="my_run", config_dir="/abs/my_configs")`.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import hydra
+import ray
+from hydra.errors import HydraException
+from omegaconf import DictConfig
+
+from hybridrl.config import ConfigError, PPOConfig, check_paths, validate_config
+from hybridrl.config.cli_errors import describe_hydra_error
+from hybridrl.utils.import_utils import load_extensions
+
+# Set in every Ray worker process: tokenizers' own thread pool deadlocks after fork, and NCCL's
+# INFO chatter would drown the training log.
+WORKER_ENV_VARS = {"TOKENIZERS_PARALLELISM": "false", "NCCL_DEBUG": "WARN"}
+
+CONFIG_ERROR_EXIT_CODE = 2
+
+
+@hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
+def main(cfg: DictConfig) -> None:
+    try:
+        config = validate_config(cfg)
+        # TODO(lead): prepare the embedded default task and model here, between validation and the path check.
+        check_paths(config)
+    except ConfigError as err:
+        exit_with_config_errors(err.problems)
+    run_ppo(config)
+
+
+def run_ppo(config: PPOConfig) -> None:
+    """Start (or join) Ray, then run the whole job inside one TaskRunner actor.
+
+    The driver only launches: the trainer lives in a Ray actor so that it is scheduled by Ray
+    like everything else and its logs and failures go through Ray too.
+    """
+    if not ray.is_initialized():
+        ray.init(address=config.ray_init.address, num_cpus=config.ray_init.num_cpus,
+                 runtime_env={"env_vars": WORKER_ENV_VARS})
+    runner = TaskRunner.remote()
+    ray.get(runner.run.remote(config))
+
+
+@ray.remote(num_cpus=1)
+class TaskRunner:
+    """The job's controller process: builds the trainer and runs its loop."""
+
+    def run(self, config: PPOConfig) -> None:
+        # A fresh process: the registries only hold what the extensions register once imported here too.
+        load_extensions(config.extensions)
+        from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+        RayPPOTrainer(config).fit()
+
+
+def exit_with_config_errors(problems: list[str]) -> None:
+    for problem in problems:
+        print(f"config error: {problem}", file=sys.stderr)
+    sys.exit(CONFIG_ERROR_EXIT_CODE)
+
+
+def cli() -> None:
+    """Run `main`, turning Hydra's multi-line composition errors (bad override, unknown key, unknown
+    group choice) into one `config error:` line. HYDRA_FULL_ERROR=1 set by the user keeps Hydra's own report;
+    either way an error raised by the job itself shows its full traceback."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        main()
+        return
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # makes Hydra raise instead of printing its report and exiting
+    try:
+        main()
+    except HydraException as err:
+        exit_with_config_errors([describe_hydra_error(err, sys.argv[1:])])
+
+
+if __name__ == "__main__":
+    cli()

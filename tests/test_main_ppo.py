@@ -1,0 +1,76 @@
+"""`python -m hybridrl.main_ppo` as a user runs it: --cfg job, a user's YAML, and one-line config errors.
+
+Each case is a real subprocess (a few seconds each), so there are few of them; everything that the
+compose API can show is tested in test_config_*.py instead.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from hybridrl.config import compose_config
+from tests.test_config_compose import USER_YAML
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_main(args: list[str], cwd) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, "-m", "hybridrl.main_ppo", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cfg_job_prints_the_composed_config_and_starts_nothing(tmp_path):
+    overrides = ["algorithm=gae", "data.train_batch_size=32", "+trainer.note=x"]
+    result = run_main(["--cfg", "job", *overrides], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    printed = OmegaConf.to_container(OmegaConf.create(result.stdout))
+    assert printed == OmegaConf.to_container(compose_config(overrides))
+    assert printed["data"]["train_batch_size"] == 32 and printed["algorithm"]["adv_estimator"] == "gae"
+    assert os.listdir(tmp_path) == []  # no Hydra run directory: the job itself never ran
+
+
+@pytest.mark.parametrize("flag", ["--config-path", "--config-dir"])
+def test_user_yaml_extends_ours(tmp_path, flag):
+    user_dir = tmp_path / "my_configs"
+    user_dir.mkdir()
+    if flag == "--config-path":  # replaces our config dir: the YAML names it in hydra.searchpath (absolute path)
+        (user_dir / "my_run.yaml").write_text(USER_YAML)
+        location = str(user_dir)
+    else:  # adds a dir next to ours: no searchpath needed, relative to the current directory
+        (user_dir / "my_run.yaml").write_text("defaults:" + USER_YAML.split("defaults:")[1])
+        location = "my_configs"
+    result = run_main([flag, location, "--config-name", "my_run", "--cfg", "job", "trainer.nnodes=3"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    printed = OmegaConf.create(result.stdout)
+    assert printed.data.train_batch_size == 32
+    assert printed.actor_rollout_ref.actor.optim.lr == 2e-6
+    assert printed.algorithm.adv_estimator == "gae"
+    assert printed.trainer.nnodes == 3
+    assert printed.actor_rollout_ref.rollout.name == "hf" and "hydra" not in printed
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.train_batch_sise=3",
+     "config error: data.train_batch_sise: expected a key of the config, got unknown key 'data.train_batch_sise' "
+     "(did you mean data.train_batch_size?); to add a new key write +data.train_batch_sise=3"),
+    ("algorithm=ppo", "config error: algorithm: expected one of gae, grpo, got 'ppo'"),
+    ("trainer.logger=[console", "config error: trainer.logger: expected an override in Hydra's syntax (key=value), "
+                                "got 'trainer.logger=[console' (no viable alternative at input '[console')"),
+], ids=["unknown-key", "unknown-group-choice", "unparsable"])
+def test_bad_override_exits_2_with_one_line(tmp_path, override, message):
+    result = run_main([override], cwd=tmp_path)
+    assert (result.returncode, result.stdout, result.stderr.splitlines()) == (2, "", [message])
+
+
+def test_validation_problems_exit_2_with_one_line_each(tmp_path):
+    result = run_main(["data.train_batch_size=12", "actor_rollout_ref.actor.clip_ratio_c=0.5"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "config error: actor_rollout_ref.actor.clip_ratio_c: expected > 1, got 0.5",
+        "config error: data.train_batch_size: expected a multiple of actor_rollout_ref.actor.ppo_mini_batch_size = 8 "
+        "(both count prompts), got 12",
+    ]
