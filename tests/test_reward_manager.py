@@ -91,7 +91,7 @@ def test_dict_scores_become_reward_extra_info(tokenizer):
     batch = make_batch(tokenizer, ["so", "so"], responses, ["x", "x"], ["7", "7"])
     out = NaiveRewardManager(tokenizer, num_examine=0, compute_score=score_with_extras)(batch, return_dict=True)
 
-    assert set(out) == {"reward_tensor", "reward_extra_info"}
+    assert set(out) == {"reward_tensor", "reward_extra_info", "reward_metrics"}
     assert out["reward_extra_info"] == {"acc": [True, False], "pred": ["7", "8"]}
     lengths = response_lengths(tokenizer, responses)
     assert out["reward_tensor"][0, lengths[0] - 1] == 2.0 and out["reward_tensor"][1, lengths[1] - 1] == -1.0

@@ -15,6 +15,8 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler, SequentialSampler
 
+from hybridrl.utils.import_utils import load_extern_object
+
 TRUNCATION_MODES = ("error", "left", "right")
 
 
@@ -22,15 +24,21 @@ class RLHFDataset(Dataset):
     """Prompts from one or more parquet files, chat template applied (with the generation prompt).
 
     `config` is the `data` config group; the keys read are prompt_key, max_prompt_length,
-    truncation (error | left | right), filter_overlong_prompts, return_raw_chat, return_full_prompt.
+    truncation (error | left | right), filter_overlong_prompts, return_raw_chat, return_full_prompt,
+    and reward_fn_key when the config has it (then every file must have that column).
     Items also carry `raw_prompt_ids` (the unpadded token ids, for engines that take lists) and
     `index` (extra_info["index"] when the row has one, else the row's position in this dataset).
+
+    Rows are kept in file order. filter_overlong_prompts drops the rows whose templated prompt is
+    longer than max_prompt_length (and prints how many); then `max_samples` (-1: all; the trainer
+    passes data.train_max_samples or data.val_max_samples) keeps the first max_samples rows.
     """
 
-    def __init__(self, data_files: str | Sequence[str], tokenizer, config):
+    def __init__(self, data_files: str | Sequence[str], tokenizer, config, max_samples: int = -1):
         self.data_files = [data_files] if isinstance(data_files, str) else list(data_files)
         self.tokenizer = tokenizer
         self.prompt_key = _require(config, "prompt_key")
+        self.reward_fn_key = config.get("reward_fn_key")
         self.max_prompt_length = int(_require(config, "max_prompt_length"))
         self.truncation = _require(config, "truncation")
         self.return_raw_chat = bool(_require(config, "return_raw_chat"))
@@ -39,9 +47,15 @@ class RLHFDataset(Dataset):
             raise ValueError(f"data.truncation must be one of {TRUNCATION_MODES}, got {self.truncation!r}")
         if tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer has no pad token; left padding of prompts needs one")
+        if max_samples != -1 and not (isinstance(max_samples, int) and max_samples > 0):
+            raise ValueError(f"max_samples (data.train_max_samples / data.val_max_samples) must be -1 (all rows) "
+                             f"or a positive int, got {max_samples!r}")
         self.rows, self.row_origins = self._read_rows()
         if bool(_require(config, "filter_overlong_prompts")):
             self._drop_overlong_rows()
+        if max_samples != -1 and max_samples < len(self.rows):
+            print(f"RLHFDataset: max_samples={max_samples} keeps the first {max_samples} of {len(self.rows)} rows")
+            self.rows, self.row_origins = self.rows[:max_samples], self.row_origins[:max_samples]
 
     def _read_rows(self) -> tuple[list[dict], list[tuple[str, int]]]:
         """All rows of all files, plus (file, row-in-file) per row so errors can name where a row came from."""
@@ -50,17 +64,18 @@ class RLHFDataset(Dataset):
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"data file {path} does not exist")
             file_rows = pq.read_table(path).to_pylist()
-            if file_rows and self.prompt_key not in file_rows[0]:
-                raise KeyError(f"{path} has no column {self.prompt_key!r} (data.prompt_key); "
-                               f"columns: {sorted(file_rows[0])}")
+            for column, key in ((self.prompt_key, "prompt_key"), (self.reward_fn_key, "reward_fn_key")):
+                if file_rows and column is not None and column not in file_rows[0]:
+                    raise KeyError(f"{path} has no column {column!r} (data.{key}); columns: {sorted(file_rows[0])}")
             rows.extend(file_rows)
             origins.extend((path, row_in_file) for row_in_file in range(len(file_rows)))
         return rows, origins
 
     def _drop_overlong_rows(self) -> None:
         keep = [i for i in range(len(self.rows)) if len(self._prompt_token_ids(i)) <= self.max_prompt_length]
-        print(f"RLHFDataset: filter_overlong_prompts kept {len(keep)} of {len(self.rows)} rows "
-              f"(max_prompt_length={self.max_prompt_length})")
+        print(f"RLHFDataset: filter_overlong_prompts kept {len(keep)} of {len(self.rows)} rows, dropped "
+              f"{len(self.rows) - len(keep)} whose prompt is longer than data.max_prompt_length="
+              f"{self.max_prompt_length} tokens ({', '.join(self.data_files)})")
         self.rows = [self.rows[i] for i in keep]
         self.row_origins = [self.row_origins[i] for i in keep]
 
@@ -140,6 +155,25 @@ def collate_fn(items: list[dict[str, Any]]) -> dict[str, Any]:
                 column[position] = value
             batch[key] = column
     return batch
+
+
+def create_rl_dataset(data_files: str | Sequence[str], tokenizer, data_config, max_samples: int) -> Dataset:
+    """The run's dataset: RLHFDataset, or the user's class named by data.custom_cls.path/name.
+
+    A custom class must subclass torch.utils.data.Dataset, is constructed as
+    `cls(data_files=..., tokenizer=..., config=data_config, max_samples=...)` and its items must be
+    dicts that `collate_fn` can stack (as RLHFDataset's are).
+    """
+    custom = data_config.custom_cls
+    if not custom.path:
+        return RLHFDataset(data_files, tokenizer, data_config, max_samples=max_samples)
+    if not custom.name:
+        raise ValueError(f"data.custom_cls.path is {custom.path!r} but data.custom_cls.name is empty")
+    dataset_cls = load_extern_object(custom.path, custom.name)
+    if not (isinstance(dataset_cls, type) and issubclass(dataset_cls, Dataset)):
+        raise TypeError(f"data.custom_cls: {custom.name!r} in {custom.path} must be a subclass of "
+                        f"torch.utils.data.Dataset, got {dataset_cls!r}")
+    return dataset_cls(data_files=data_files, tokenizer=tokenizer, config=data_config, max_samples=max_samples)
 
 
 def create_rl_sampler(dataset: Dataset, shuffle: bool, seed: int):

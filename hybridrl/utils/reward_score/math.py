@@ -3,13 +3,22 @@
 Both sides go through `normalize_answer`, a small set of purely textual rewrites that make
 equal LaTeX answers equal strings ("\\dfrac12" == "\\frac{1}{2}", "x = 5" == "5",
 "90^\\circ" == "90", "0.5" == "\\frac{1}{2}"). It is not a CAS: "2/4" and "1/2" differ.
+
+With the optional package `math-verify` installed (`pip install math-verify`), the registered
+MATH scorer also accepts a boxed answer that math-verify proves equal to the ground truth
+("2/4" == "\\frac{1}{2}", "\\frac{\\sqrt{8}}{2}" == "\\sqrt{2}"): `compute_score_math_verify`.
 """
 from __future__ import annotations
 
+import importlib.util
 import re
+import threading
 from typing import Optional
 
 from hybridrl.utils.reward_score.registry import register_scorer
+
+MATH_VERIFY_INSTALLED = importlib.util.find_spec("math_verify") is not None
+MATH_VERIFY_TIMEOUT_S = 5
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 
@@ -82,7 +91,26 @@ def compute_score(solution_str: str, ground_truth: str) -> float:
     return 1.0 if is_equiv(answer, ground_truth) else 0.0
 
 
+def compute_score_math_verify(solution_str: str, ground_truth: str) -> float:
+    """As `compute_score`, and also 1.0 when math-verify proves the boxed answer equal to the ground truth."""
+    boxed = last_boxed_only_string(solution_str)
+    if boxed is None:
+        return 0.0
+    answer = remove_boxed(boxed)
+    if is_equiv(answer, ground_truth):
+        return 1.0
+    from math_verify import parse, verify
+
+    # math-verify's timeouts use SIGALRM, which only the main thread may set; elsewhere they are off.
+    timeout = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    gold = parse(f"${ground_truth}$", parsing_timeout=timeout)
+    predicted = parse(f"${answer}$", parsing_timeout=timeout)
+    return 1.0 if gold and predicted and verify(gold, predicted, timeout_seconds=timeout) else 0.0
+
+
 def _score_math_sample(data_source, solution_str, ground_truth, extra_info=None) -> float:
+    if MATH_VERIFY_INSTALLED:
+        return compute_score_math_verify(solution_str, ground_truth)
     return compute_score(solution_str, ground_truth)
 
 

@@ -1,9 +1,11 @@
 """Build the configured reward manager: its class from `reward_model.reward_manager`, its scoring
-function from `custom_reward_function.path/name` when a path is set, else the built-in dispatcher."""
+function from `custom_reward_function.path/name` when a path is set (else None: the manager's own
+default, the built-in scorers for naive and dapo)."""
 from __future__ import annotations
 
+import inspect
+
 from hybridrl.utils.import_utils import load_extern_object
-from hybridrl.utils.reward_score import default_compute_score
 from hybridrl.workers.reward_manager.registry import get_reward_manager_cls
 
 
@@ -18,8 +20,23 @@ def get_custom_reward_fn(config):
 
 
 def load_reward_manager(config, tokenizer, num_examine: int):
-    """The reward manager for the whole run config (`reward_model`, `custom_reward_function`, `data.reward_fn_key`)."""
-    manager_cls = get_reward_manager_cls(config.reward_model.reward_manager)
-    compute_score = get_custom_reward_fn(config) or default_compute_score
-    return manager_cls(tokenizer=tokenizer, num_examine=num_examine, compute_score=compute_score,
-                       reward_fn_key=config.data.reward_fn_key)
+    """The reward manager for the whole run config (`reward_model`, `custom_reward_function`, `data`).
+
+    Every manager gets tokenizer, num_examine, compute_score and reward_fn_key (data.reward_fn_key).
+    A manager whose constructor also names `max_resp_len` gets data.max_response_length, and one
+    that names `overlong_buffer_cfg` gets reward_model.overlong_buffer (as verl's dapo manager).
+    """
+    name = config.reward_model.reward_manager
+    manager_cls = get_reward_manager_cls(name)
+    accepted = inspect.signature(manager_cls).parameters
+    kwargs = {}
+    if "max_resp_len" in accepted:
+        kwargs["max_resp_len"] = config.data.max_response_length
+    overlong_buffer = config.reward_model.get("overlong_buffer")
+    if "overlong_buffer_cfg" in accepted:
+        kwargs["overlong_buffer_cfg"] = overlong_buffer
+    elif overlong_buffer is not None and overlong_buffer.enable:
+        raise ValueError(f"reward_model.overlong_buffer.enable=true, but reward_model.reward_manager={name!r} "
+                         "does not apply an overlong penalty; use reward_model.reward_manager=dapo")
+    return manager_cls(tokenizer=tokenizer, num_examine=num_examine, compute_score=get_custom_reward_fn(config),
+                       reward_fn_key=config.data.reward_fn_key, **kwargs)

@@ -1,0 +1,262 @@
+"""Hybrid-engine benchmark on one GPU: FSDP2 actor + colocated SGLang engine, against a standalone engine.
+
+    PYTHONPATH=. python benchmarks/hybrid_engine.py --model-dir /tmp/q05 --make-model --out bench.json
+
+Model: the Qwen2.5-0.5B architecture (hidden 896, 24 layers, 14 heads, 2 KV heads, real vocabulary
+of 151,936, tied embeddings) with random weights, saved in bf16. Prints one table:
+engine start, weight sync (s, GB/s), release, resume, the full rollout→train→rollout switch (with
+and without offloading the FSDP state), and generation tokens/s for 64 prompts × n=8 × 512 new
+tokens, then the same generation on a standalone `sglang.Engine` (same settings, its own weights
+from disk, no memory saver) started after the hybrid one is shut down, and the ratio.
+
+The builders below (model, process group, config, actor, hybrid engine) are also what
+tests/gpu uses, so the tests and the numbers come from the same wiring.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from hybridrl.workers.rollout.sglang_rollout import SGLangRollout, sampling_params
+from hybridrl.workers.sharding_manager.fsdp_sglang import FSDPSGLangShardingManager
+
+QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                  tie_word_embeddings=True, rms_norm_eps=1e-6, rope_theta=1000000.0)
+EOS_ID, PAD_ID = 151643, 151643  # Qwen2.5's <|endoftext|>
+
+
+# ---------------------------------------------------------------------- builders (shared with tests/gpu)
+
+def make_qwen05b_model(model_dir: str, seed: int = 0) -> str:
+    """Save a random-weight Qwen2.5-0.5B-shaped model (bf16 safetensors + generation_config) to `model_dir`."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if os.path.exists(os.path.join(model_dir, "config.json")):
+        return model_dir
+    config = Qwen2Config(**QWEN25_05B, bos_token_id=EOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+                         use_sliding_window=False)
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.generation_config.eos_token_id = EOS_ID
+    model.generation_config.pad_token_id = PAD_ID
+    model.save_pretrained(model_dir, safe_serialization=True)
+    del model
+    torch.cuda.empty_cache()
+    return model_dir
+
+
+def init_single_gpu_process_group() -> None:
+    """World size 1 over NCCL, as a RayWorkerGroup would set it up for one worker."""
+    from hybridrl.utils.distributed import init_process_group_once
+
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29517"}.items():
+        os.environ.setdefault(key, value)
+    init_process_group_once("nccl")
+
+
+def hybrid_config(model_dir: str, overrides: list[str] = ()):
+    """The validated PPOConfig for one GPU with rollout.name=sglang (plus `overrides`)."""
+    from hybridrl.config import compose_config, validate_config
+
+    return validate_config(compose_config([
+        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=sglang",
+        "trainer.device=cuda", "trainer.n_gpus_per_node=1", *overrides]))
+
+
+def build_actor(config):
+    """FSDP2 actor (fp32 master weights, bf16 compute), its AdamW, and the DataParallelPPOActor around them."""
+    from hybridrl.utils.fsdp_utils import build_optimizer, load_hf_model, shard_model
+    from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
+
+    section = config.actor_rollout_ref
+    module = shard_model(load_hf_model(section.model.path, dtype=torch.float32), strategy="fsdp2", device="cuda",
+                         mixed_precision=True)
+    optimizer = build_optimizer(module, section.actor.optim)
+    actor = DataParallelPPOActor(section.actor, module, optimizer, rollout_n=section.rollout.n,
+                                 log_prob_micro_batch_size=16, device="cuda")
+    return module, optimizer, actor
+
+
+def build_hybrid(config, module, optimizer, offload: bool = False):
+    """The SGLang rollout and the FSDP↔SGLang sharding manager for `module` (what the worker wires)."""
+    section = config.actor_rollout_ref
+    rollout = SGLangRollout(config=section.rollout, model_config=section.model, module=module)
+    manager = FSDPSGLangShardingManager(module, rollout, optimizer=optimizer, offload_params=offload,
+                                        offload_optimizer=offload)
+    return rollout, manager
+
+
+def random_prompts(num_prompts: int, prompt_length: int, vocab_size: int, seed: int = 0, ragged: bool = False):
+    """A left-padded prompt DataProto of random token ids (lengths prompt_length/2..prompt_length when ragged)."""
+    from hybridrl.protocol import DataProto
+
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(1000, vocab_size - 1000, (num_prompts, prompt_length), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    if ragged:
+        lengths = torch.randint(prompt_length // 2, prompt_length + 1, (num_prompts,), generator=generator)
+        for row, length in enumerate(lengths.tolist()):
+            attention_mask[row, :prompt_length - length] = 0
+            input_ids[row, :prompt_length - length] = PAD_ID
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    return DataProto.from_dict({"input_ids": input_ids, "attention_mask": attention_mask,
+                                "position_ids": position_ids},
+                               meta_info={"eos_token_id": EOS_ID, "pad_token_id": PAD_ID})
+
+
+# ---------------------------------------------------------------------- benchmark
+
+def train_step(module, optimizer) -> None:
+    """One real optimizer step (so the Adam state exists and the switch moves a trained model's state)."""
+    input_ids = torch.randint(1000, 100000, (4, 256), device="cuda")
+    loss = module(input_ids=input_ids).logits.float().logsumexp(-1).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def time_switches(manager, repeats: int) -> dict[str, float]:
+    """Median stage timings over `repeats` rollout→train→rollout switches (exit, then enter)."""
+    records = []
+    manager.__enter__()
+    for _ in range(repeats):
+        started = time.perf_counter()
+        manager.__exit__(None, None, None)
+        released = dict(manager.last_switch)
+        manager.__enter__()
+        full_switch_s = time.perf_counter() - started
+        awake = dict(manager.last_switch)
+        records.append({**{key: released[key] for key in ("release_s", "reload_trainer_s") if key in released},
+                        **{key: value for key, value in awake.items() if "/" not in key},
+                        "full_switch_s": full_switch_s,
+                        "engine_released_gib": released["trainer mode restored/engine"],
+                        "engine_awake_gib": awake["rollout mode/engine"]})
+    manager.__exit__(None, None, None)
+    return {key: statistics.median(record[key] for record in records) for key in records[0]}
+
+
+def time_generation(generate, prompts, repeats: int) -> tuple[float, int]:
+    """Best seconds over `repeats` runs of generate(prompts) and the number of generated tokens."""
+    best, tokens = float("inf"), 0
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        tokens = generate(prompts)
+        best = min(best, time.perf_counter() - started)
+    return best, tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--make-model", action="store_true", help="create the random model if the dir is empty")
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--prompt-length", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--switch-repeats", type=int, default=5)
+    parser.add_argument("--gen-repeats", type=int, default=2)
+    parser.add_argument("--override", action="append", default=[], help="extra config override (repeatable)")
+    parser.add_argument("--out", help="write all numbers here as JSON")
+    args = parser.parse_args()
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    torch.manual_seed(0)  # the engine's sampling seed is the process's torch seed
+    if args.make_model:
+        make_qwen05b_model(args.model_dir)
+    init_single_gpu_process_group()
+    config = hybrid_config(args.model_dir, [
+        f"data.max_prompt_length={args.prompt_length}", f"data.max_response_length={args.new_tokens}",
+        "actor_rollout_ref.rollout.ignore_eos=true", "actor_rollout_ref.rollout.multi_stage_wake_up=true",
+        # 64 x 8 sequences decode together: capture decode CUDA graphs up to that batch (default stops at 256)
+        f"+actor_rollout_ref.rollout.engine_kwargs.sglang.cuda_graph_max_bs_decode={args.prompts * args.n}",
+        *args.override])
+    module, optimizer, _ = build_actor(config)
+    train_step(module, optimizer)
+    rollout, manager = build_hybrid(config, module, optimizer)
+    offload_manager = FSDPSGLangShardingManager(module, rollout, optimizer=optimizer, offload_params=True,
+                                                offload_optimizer=True)
+    results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
+               "engine_kwargs": {k: v for k, v in rollout.engine_kwargs.items() if k != "model_path"},
+               "engine_start_s": rollout.engine_start_s}
+    switch = time_switches(manager, args.switch_repeats)
+    switch_offload = time_switches(offload_manager, args.switch_repeats)
+    results["switch"], results["switch_offload"] = switch, switch_offload
+
+    prompts = random_prompts(args.prompts, args.prompt_length, QWEN25_05B["vocab_size"]).repeat(args.n, interleave=True)
+    prompts.meta_info.update(eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+
+    def hybrid_generate(batch):
+        return int(rollout.generate_sequences(batch).batch["response_mask"].sum())
+
+    with manager:  # generation alone is timed; the switch is timed above
+        hybrid_s, hybrid_tokens = time_generation(hybrid_generate, prompts, args.gen_repeats)
+    rollout.shutdown()
+    results["hybrid_generate"] = {"seconds": hybrid_s, "tokens": hybrid_tokens, "tok_per_s": hybrid_tokens / hybrid_s}
+
+    import sglang
+
+    standalone_kwargs = dict(rollout.engine_kwargs, load_format="auto", enable_memory_saver=False)
+    started = time.perf_counter()
+    engine = sglang.Engine(**standalone_kwargs)
+    results["standalone_engine_start_s"] = time.perf_counter() - started
+    token_lists = [row.tolist() for row in prompts.batch["input_ids"]]
+    params = sampling_params(config.actor_rollout_ref.rollout, {}, [EOS_ID])
+
+    def standalone_generate(_):
+        outputs = engine.generate(input_ids=token_lists, sampling_params=params)
+        return sum(len(output["output_ids"]) for output in outputs)
+
+    standalone_s, standalone_tokens = time_generation(standalone_generate, prompts, args.gen_repeats)
+    engine.shutdown()
+    results["standalone_generate"] = {"seconds": standalone_s, "tokens": standalone_tokens,
+                                      "tok_per_s": standalone_tokens / standalone_s}
+    results["generation_ratio"] = results["hybrid_generate"]["tok_per_s"] / results["standalone_generate"]["tok_per_s"]
+    print_table(results, args)
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump(results, handle, indent=2, default=str)
+
+
+def print_table(results: dict, args) -> None:
+    switch, offload = results["switch"], results["switch_offload"]
+    rows = [
+        ("device", results["device"]),
+        ("hybrid engine start (s)", f"{results['engine_start_s']:.1f}"),
+        ("standalone engine start (s)", f"{results['standalone_engine_start_s']:.1f}"),
+        ("resume weights (s)", f"{switch['wake_weights_s']:.4f}"),
+        ("weight sync (s)", f"{switch['sync_weights_s']:.4f}"),
+        ("weight sync (GB/s)", f"{switch['sync_gbps']:.1f} ({switch['sync_gib']:.3f} GiB)"),
+        ("resume KV cache + CUDA graphs (s)", f"{switch['wake_kv_cache_s']:.4f}"),
+        ("flush radix cache (s)", f"{switch['flush_cache_s']:.4f}"),
+        ("release (s)", f"{switch['release_s']:.4f}"),
+        ("full switch rollout→train→rollout (s)", f"{switch['full_switch_s']:.4f}"),
+        ("  same, FSDP params+Adam offloaded (s)", f"{offload['full_switch_s']:.4f} "
+                                                    f"(offload {offload['offload_trainer_s']:.3f}, "
+                                                    f"reload {offload['reload_trainer_s']:.3f})"),
+        ("engine GPU memory awake / released (GiB)", f"{switch['engine_awake_gib']:.2f} / "
+                                                     f"{switch['engine_released_gib']:.2f}"),
+        (f"hybrid generate {args.prompts}x{args.n}x{args.new_tokens} (tok/s)",
+         f"{results['hybrid_generate']['tok_per_s']:,.0f} ({results['hybrid_generate']['seconds']:.2f} s)"),
+        ("standalone sglang.Engine, same batch (tok/s)",
+         f"{results['standalone_generate']['tok_per_s']:,.0f} ({results['standalone_generate']['seconds']:.2f} s)"),
+        ("hybrid / standalone", f"{results['generation_ratio']:.3f}"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

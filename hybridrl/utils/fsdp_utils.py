@@ -1,0 +1,198 @@
+"""Build a trainable, sharded HF model: load from a local directory, shard with FSDP2 (or FSDP1), optimise.
+
+Every role that holds weights (actor, reference, critic, rollout) goes through these functions, so the
+CPU path (gloo, fp32) and the GPU path (nccl, bf16 compute with fp32 master weights and fp32
+gradient reduction) differ only in the device and the mixed-precision policy chosen here.
+
+Sharding unit: each decoder layer (the classes HF lists in `model._no_split_modules`), then the
+root, which keeps the embeddings, final norm and head (so tied embeddings stay one parameter).
+
+FSDP1 (`strategy=fsdp`) works on CPU with gloo in torch 2.13 for training, log-probs and HF
+generation (inside `summon_full_params`); the one thing that fails there is a full state dict
+gathered with `cpu_offload=True` (a segfault), which is why the gather below never offloads.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import (CPUOffload, CPUOffloadPolicy, FullyShardedDataParallel, MixedPrecision,
+                                    MixedPrecisionPolicy, OffloadPolicy, ShardingStrategy, fully_shard)
+from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+from torch.distributed.tensor import DTensor
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification,
+                          get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup)
+
+STRATEGIES = ("fsdp2", "fsdp")
+
+
+def plain(value: Any) -> Any:
+    """A plain-Python copy of a config value (mappings -> dict, sequences -> list), e.g. `override_config`.
+
+    Works for dataclass-config dicts and for OmegaConf containers alike (both are Mapping/Sequence).
+    """
+    if isinstance(value, Mapping):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [plain(item) for item in value]
+    return value
+
+
+def load_hf_model(model_path: str, *, value_head: bool = False, trust_remote_code: bool = False,
+                  override_config: Mapping | None = None, dtype: torch.dtype = torch.float32,
+                  gradient_checkpointing: bool = False, init_seed: int = 0) -> nn.Module:
+    """The HF model in `model_path` (a local directory), on the CPU, in `dtype`.
+
+    value_head=False: AutoModelForCausalLM (actor, reference, rollout).
+    value_head=True: AutoModelForTokenClassification with one label, the critic: the causal LM
+    backbone plus a freshly initialised linear value head. Its dropout is set to 0 so values are
+    deterministic. Weights missing from the checkpoint (the value head) are drawn from a private RNG
+    seeded with `init_seed`: every rank builds the same ones, whatever its global RNG did before,
+    which FSDP needs (each rank keeps its own shard of what it built).
+    """
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    overrides = plain(override_config or {})
+    if value_head:
+        overrides = {"num_labels": 1, "classifier_dropout": 0.0, **overrides}
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    model_cls = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(init_seed)
+        model = model_cls.from_pretrained(model_path, config=config, dtype=dtype, trust_remote_code=trust_remote_code)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def decoder_layer_classes(model: nn.Module) -> set[type[nn.Module]]:
+    """The module classes to shard one by one: HF's `_no_split_modules` (e.g. Qwen2DecoderLayer)."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    classes = {type(module) for module in model.modules() if type(module).__name__ in names}
+    if not classes:
+        raise ValueError(f"{type(model).__name__} names no decoder layer class in _no_split_modules "
+                         f"({sorted(names)}); cannot choose FSDP units")
+    return classes
+
+
+def shard_model(model: nn.Module, *, strategy: str, device: str, mixed_precision: bool,
+                reshard_after_forward: bool = True, cpu_offload: bool = False) -> nn.Module:
+    """Shard `model` over all ranks of the default process group; returns the module to use from now on.
+
+    strategy="fsdp2": `fully_shard` on every decoder layer, then the root; the model keeps its class
+    and parameter names (its parameters become DTensors). strategy="fsdp": FSDP1 with the same units,
+    `use_orig_params=True`; the returned object is the FullyShardedDataParallel wrapper.
+    mixed_precision (GPU): parameters are gathered and computed in bf16, gradients reduced in fp32,
+    the sharded master copy stays in the dtype it was loaded in.
+    cpu_offload (GPU): the sharded parameters, gradients and optimizer state live in host memory
+    (FSDP2 CPUOffloadPolicy / FSDP1 CPUOffload); the optimizer step then runs on the CPU.
+    """
+    if cpu_offload and device != "cuda":
+        raise ValueError("cpu_offload only applies to a GPU run: on the CPU the parameters are in host memory already")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
+    layer_classes = decoder_layer_classes(model)
+    if strategy == "fsdp2":
+        mesh = init_device_mesh(device, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
+        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                  if mixed_precision else MixedPrecisionPolicy())
+        shard = functools.partial(fully_shard, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward,
+                                  offload_policy=CPUOffloadPolicy() if cpu_offload else OffloadPolicy())
+        for module in model.modules():
+            if type(module) in layer_classes:
+                shard(module)
+        # The root is left to FSDP's own rule (reshard_after_forward=None): it keeps its parameters
+        # (embeddings, head) after forward, since backward needs them right away.
+        shard(model, reshard_after_forward=None)
+        return model
+    # cast_forward_inputs on every unit: a layer run outside the root's forward (HF generate on the
+    # inner model, see sharding_manager/fsdp_hf.py) must still get bf16 inputs for its bf16 weights.
+    precision = (MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.float32,
+                                cast_forward_inputs=True) if mixed_precision else None)
+    device_id = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    return FullyShardedDataParallel(
+        model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_classes),
+        sharding_strategy=ShardingStrategy.FULL_SHARD if reshard_after_forward else ShardingStrategy.SHARD_GRAD_OP,
+        mixed_precision=precision, device_id=device_id, use_orig_params=True,
+        cpu_offload=CPUOffload(offload_params=True) if cpu_offload else None)
+
+
+def hf_module(module: nn.Module) -> nn.Module:
+    """The HF model inside `module` (FSDP1 wraps it; FSDP2 keeps the model itself)."""
+    return module.module if isinstance(module, FullyShardedDataParallel) else module
+
+
+def build_optimizer(module: nn.Module, optim_config) -> torch.optim.AdamW:
+    """AdamW over the (sharded) parameters with `optim.lr`, `optim.betas`, `optim.weight_decay`."""
+    betas = tuple(optim_config.betas)
+    if len(betas) != 2:
+        raise ValueError(f"optim.betas must hold two floats, got {list(optim_config.betas)}")
+    return torch.optim.AdamW(module.parameters(), lr=optim_config.lr, betas=betas,
+                             weight_decay=optim_config.weight_decay)
+
+
+def warmup_steps(optim_config) -> int:
+    """`lr_warmup_steps` when > 0, else `lr_warmup_steps_ratio * total_training_steps` (rounded down)."""
+    if optim_config.lr_warmup_steps > 0:
+        return int(optim_config.lr_warmup_steps)
+    if optim_config.lr_warmup_steps_ratio > 0 and optim_config.total_training_steps <= 0:
+        raise ValueError(f"optim.lr_warmup_steps_ratio={optim_config.lr_warmup_steps_ratio} needs "
+                         f"optim.total_training_steps > 0 (the trainer sets it), got {optim_config.total_training_steps}")
+    return int(optim_config.lr_warmup_steps_ratio * max(optim_config.total_training_steps, 0))
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_config) -> torch.optim.lr_scheduler.LambdaLR:
+    """The schedule `optim.warmup_style` names, stepped once per training step.
+
+    constant: linear warmup from 0, then `lr`. cosine: linear warmup, then a cosine decay
+    (`num_cycles`) over `total_training_steps` down to `min_lr_ratio * lr`.
+    """
+    warmup = warmup_steps(optim_config)
+    if optim_config.warmup_style == "constant":
+        return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
+    if optim_config.warmup_style == "cosine":
+        if optim_config.total_training_steps <= 0:
+            raise ValueError(f"optim.warmup_style=cosine needs optim.total_training_steps > 0, "
+                             f"got {optim_config.total_training_steps}")
+        return get_cosine_with_min_lr_schedule_with_warmup(
+            optimizer, num_warmup_steps=warmup, num_training_steps=optim_config.total_training_steps,
+            num_cycles=optim_config.num_cycles, min_lr_rate=optim_config.min_lr_ratio)
+    raise ValueError(f"optim.warmup_style must be 'constant' or 'cosine', got {optim_config.warmup_style!r}")
+
+
+def clip_grad_norm(module: nn.Module, max_norm: float) -> float:
+    """Clip the gradients of the sharded `module` to a global L2 norm of `max_norm`; returns the norm before.
+
+    The norm is over the whole model (all ranks), so every rank returns the same number.
+    """
+    if isinstance(module, FullyShardedDataParallel):
+        return float(module.clip_grad_norm_(max_norm))
+    total_norm = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
+    if isinstance(total_norm, DTensor):
+        total_norm = total_norm.full_tensor()
+    return float(total_norm)
+
+
+def iter_full_state_dict(module: nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF parameter name, full unsharded tensor in `dtype`) for every entry of the state dict.
+
+    FSDP2 gathers one tensor at a time, so a consumer (a weight sync in buckets) never holds more than
+    it asks for; FSDP1 can only gather the whole state dict at once. Gathering is a collective:
+    every rank must run the iterator to its end, in step, while the model is in trainer mode
+    (not inside a rollout context). Tied weights appear under both names, as in `state_dict()`.
+    """
+    if isinstance(module, FullyShardedDataParallel):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        entries = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True)).items()
+    else:
+        entries = module.state_dict().items()
+    for name, value in entries:
+        full = value.full_tensor() if isinstance(value, DTensor) else value
+        yield name, full if dtype is None else full.to(dtype)
+

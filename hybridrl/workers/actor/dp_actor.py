@@ -1,0 +1,244 @@
+"""The data-parallel PPO actor: log-probs of responses and the policy update, on one rank's share of a batch.
+
+Each rank holds a slice of the batch (the worker group splits it) and an FSDP-sharded model; FSDP
+averages gradients over the ranks during backward. Within a rank:
+
+    batch --(ppo_epochs x [shuffle], split)--> mini-batches, one optimizer step each
+    mini-batch --(split)--> micro-batches, one forward/backward each, gradients accumulated
+
+Gradient accumulation is exact: each micro-batch's loss is multiplied by its share of the
+mini-batch's aggregation weight, so the accumulated gradient equals the gradient of the loss
+aggregated over the whole mini-batch at once, whatever the micro-batch size. The weight is what
+`loss_agg_mode` divides by (see `aggregation_weight`): for token-mean the number of response
+tokens (a micro-batch of long answers counts more than one of short answers, exactly as in the
+full mini-batch token mean), for the seq-mean modes the number of sequences, and none for
+seq-mean-token-sum-norm, whose constant divisor makes the loss a plain sum over micro-batches.
+
+Batch keys read: input_ids, attention_mask, position_ids, responses (all passes); response_mask,
+old_log_probs, advantages, and ref_log_prob with use_kl_loss (update). meta_info: temperature.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hybridrl.protocol import DataProto
+from hybridrl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+from hybridrl.utils.distributed import device_name
+from hybridrl.utils.fsdp_utils import clip_grad_norm
+from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+
+FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
+
+
+class DataParallelPPOActor:
+    def __init__(self, config: Any, actor_module: nn.Module, actor_optimizer: torch.optim.Optimizer | None = None, *,
+                 rollout_n: int | None = None, log_prob_micro_batch_size: int | None = None,
+                 device: str | None = None):
+        """`config` is the actor section (or the ref section for a frozen reference, no optimizer).
+
+        rollout_n (required with an optimizer): responses per prompt; `ppo_mini_batch_size` counts
+        prompts, so a rank's mini-batch holds ppo_mini_batch_size * rollout_n / world_size rows.
+        log_prob_micro_batch_size: rows per forward in compute_log_prob (the worker resolves it from
+        the rollout/ref config).
+        """
+        self.config = config
+        self.actor_module = actor_module
+        self.actor_optimizer = actor_optimizer
+        self.device = torch.device(device or device_name())
+        self.log_prob_micro_batch_size = log_prob_micro_batch_size
+        if actor_optimizer is not None:
+            if rollout_n is None:
+                raise ValueError("DataParallelPPOActor with an optimizer needs rollout_n (actor_rollout_ref.rollout.n)")
+            self.mini_batch_size = rows_per_rank(config.ppo_mini_batch_size, rollout_n, "actor.ppo_mini_batch_size")
+            self.micro_batch_size = config.ppo_micro_batch_size_per_gpu
+            self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
+
+    # ------------------------------------------------------------------ forward
+    def _forward_micro_batch(self, micro_batch: dict[str, torch.Tensor], temperature: float,
+                             calculate_entropy: bool, entropy_grad: bool = False
+                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropy) of the response tokens, (rows, response_length) float32.
+
+        The logit at position t predicts token t+1, so the response's logits are the
+        `response_length` positions ending one before the last. The entropy carries a gradient
+        only with entropy_grad (it is in the loss); otherwise it is a detached metric.
+        """
+        response_length = micro_batch["responses"].shape[1]
+        output = self.actor_module(input_ids=micro_batch["input_ids"].to(self.device),
+                                   attention_mask=micro_batch["attention_mask"].to(self.device),
+                                   position_ids=micro_batch["position_ids"].to(self.device), use_cache=False)
+        logits = output.logits[:, -response_length - 1:-1, :] / temperature
+        log_probs = logprobs_from_logits(logits, micro_batch["responses"].to(self.device))
+        if not calculate_entropy:
+            return log_probs, None
+        if entropy_grad:
+            return log_probs, entropy_from_logits(logits)
+        with torch.no_grad():
+            return log_probs, entropy_from_logits(logits.detach())
+
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and per-token entropy) of `responses` under logits / meta_info["temperature"], on the CPU."""
+        if not self.log_prob_micro_batch_size:
+            raise ValueError("compute_log_prob needs log_prob_micro_batch_size (rows per forward)")
+        temperature = _temperature(data.meta_info)
+        rows = take_keys(data, FORWARD_KEYS, "compute_log_prob")
+        self.actor_module.eval()
+        log_probs, entropies = [], []
+        with torch.no_grad():
+            for micro_batch in split_rows(rows, self.log_prob_micro_batch_size):
+                log_prob, entropy = self._forward_micro_batch(micro_batch, temperature, calculate_entropy)
+                log_probs.append(log_prob.cpu())
+                entropies.append(entropy.cpu() if calculate_entropy else None)
+        return torch.cat(log_probs), (torch.cat(entropies) if calculate_entropy else None)
+
+    # ------------------------------------------------------------------ update
+    def update_policy(self, data: DataProto) -> dict[str, list[float]]:
+        """ppo_epochs passes of mini-batch steps over this rank's rows; metrics averaged over the ranks.
+
+        Each metric holds one value per mini-batch step (in step order): the value over the whole
+        mini-batch, then the mean over the data-parallel ranks, so every rank returns the global value.
+        """
+        if self.actor_optimizer is None:
+            raise RuntimeError("update_policy on an actor without optimizer (a reference policy is frozen)")
+        keys = FORWARD_KEYS + ["response_mask", "old_log_probs", "advantages"]
+        keys += ["ref_log_prob"] if self.config.use_kl_loss else []
+        rows = take_keys(data, keys, "update_policy")
+        temperature = _temperature(data.meta_info)
+        num_rows = len(rows["input_ids"])
+        if num_rows % self.mini_batch_size:
+            raise ValueError(f"update_policy: this rank got {num_rows} rows, not a multiple of its mini-batch of "
+                             f"{self.mini_batch_size} rows (actor.ppo_mini_batch_size x rollout.n / world size)")
+        self.actor_module.train()
+        metrics: dict[str, list[float]] = defaultdict(list)
+        for _ in range(self.config.ppo_epochs):
+            order = torch.randperm(num_rows) if self.config.shuffle else torch.arange(num_rows)
+            for start in range(0, num_rows, self.mini_batch_size):
+                mini_batch = {key: value[order[start:start + self.mini_batch_size]] for key, value in rows.items()}
+                for key, value in self._update_mini_batch(mini_batch, temperature).items():
+                    metrics[key].append(value)
+        return mean_over_ranks(metrics, self.device)
+
+    def _update_mini_batch(self, mini_batch: dict[str, torch.Tensor], temperature: float) -> dict[str, float]:
+        """Accumulate the micro-batch gradients, clip, step. Returns the mini-batch's metrics."""
+        self.actor_optimizer.zero_grad()
+        mode = self.config.loss_agg_mode
+        mini_weight = aggregation_weight(mini_batch["response_mask"], mode)
+        mini_tokens = mini_batch["response_mask"].sum()
+        totals: dict[str, float] = defaultdict(float)
+        for micro_batch in split_rows(mini_batch, self.micro_batch_size):
+            loss_share = share_of(aggregation_weight(micro_batch["response_mask"], mode), mini_weight)
+            token_share = share_of(micro_batch["response_mask"].sum(), mini_tokens)
+            loss, loss_terms, token_metrics = self._micro_batch_loss(micro_batch, temperature)
+            (loss * loss_share).backward()
+            for key, value in loss_terms.items():
+                totals[key] += float(value) * loss_share
+            for key, value in token_metrics.items():
+                totals[key] += float(value) * token_share
+        grad_norm = clip_grad_norm(self.actor_module, self.config.grad_clip)
+        if torch.isfinite(torch.tensor(grad_norm)):
+            self.actor_optimizer.step()
+        else:  # every rank sees the same global norm, so every rank skips together
+            self.actor_optimizer.zero_grad()
+        totals["actor/grad_norm"] = grad_norm
+        if self.config.use_kl_loss:
+            totals["actor/kl_coef"] = float(self.config.kl_loss_coef)
+        return dict(totals)
+
+    def _micro_batch_loss(self, micro_batch: dict[str, torch.Tensor], temperature: float
+                          ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, Any]]:
+        """(loss, its aggregated terms, token-mean metrics of the policy loss) for one micro-batch."""
+        config, mode = self.config, self.config.loss_agg_mode
+        entropy_in_loss = config.entropy_coeff != 0  # else the entropy is only reported
+        log_prob, entropy = self._forward_micro_batch(micro_batch, temperature, calculate_entropy=True,
+                                                      entropy_grad=entropy_in_loss)
+        response_mask = micro_batch["response_mask"].to(self.device)
+        pg_loss, pg_metrics = self.policy_loss_fn(
+            old_log_prob=micro_batch["old_log_probs"].to(self.device), log_prob=log_prob,
+            advantages=micro_batch["advantages"].to(self.device), response_mask=response_mask,
+            loss_agg_mode=mode, config=config)
+        entropy_loss = agg_loss(entropy, response_mask, mode)
+        loss = pg_loss - config.entropy_coeff * entropy_loss if entropy_in_loss else pg_loss
+        terms = {"actor/pg_loss": pg_loss.detach(), "actor/entropy": entropy_loss.detach()}
+        if config.use_kl_loss:
+            kl = kl_penalty(log_prob, micro_batch["ref_log_prob"].to(self.device), config.kl_loss_type)
+            kl_loss = agg_loss(kl, response_mask, mode)
+            loss = loss + config.kl_loss_coef * kl_loss
+            terms["actor/kl_loss"] = kl_loss.detach()
+        return loss, terms, pg_metrics
+
+
+# ---------------------------------------------------------------------- helpers shared with the critic
+
+def rows_per_rank(mini_batch_prompts: int, rollout_n: int, key: str) -> int:
+    """Rows of one rank's mini-batch: prompts x responses per prompt / data-parallel ranks."""
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    rows = mini_batch_prompts * rollout_n
+    if rows % world_size:
+        raise ValueError(f"{key}={mini_batch_prompts} x rollout.n={rollout_n} = {rows} rows do not split over "
+                         f"{world_size} ranks")
+    return rows // world_size
+
+
+def aggregation_weight(response_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor | None:
+    """What `agg_loss` divides by for these rows (None: a constant divisor, the loss adds up over rows)."""
+    if loss_agg_mode == "token-mean":
+        return response_mask.sum()
+    if loss_agg_mode == "seq-mean-token-sum":
+        return torch.tensor(len(response_mask))
+    if loss_agg_mode == "seq-mean-token-mean":
+        return (response_mask.sum(dim=-1) > 0).sum()
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        return None
+    raise ValueError(f"loss_agg_mode={loss_agg_mode!r} has no known aggregation weight")
+
+
+def share_of(part: torch.Tensor | None, whole: torch.Tensor | None) -> float:
+    """part / whole as a float; 1 for an additive loss (no weight); 0 when the whole is empty."""
+    if whole is None:
+        return 1.0
+    return float(part) / float(whole) if float(whole) > 0 else 0.0
+
+
+def mean_over_ranks(metrics: dict[str, list[float]], device: torch.device) -> dict[str, list[float]]:
+    """Element-wise mean of each metric list over the data-parallel ranks (one all-reduce for all)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1 or not metrics:
+        return dict(metrics)
+    keys = sorted(metrics)
+    lengths = [len(metrics[key]) for key in keys]
+    flat = torch.tensor([value for key in keys for value in metrics[key]], dtype=torch.float64, device=device)
+    dist.all_reduce(flat)
+    flat = (flat / dist.get_world_size()).tolist()
+    averaged, start = {}, 0
+    for key, length in zip(keys, lengths):
+        averaged[key] = flat[start:start + length]
+        start += length
+    return averaged
+
+
+def _temperature(meta_info: dict) -> float:
+    if "temperature" not in meta_info:
+        raise KeyError("meta_info['temperature'] is missing: log-probs are taken under logits / rollout temperature")
+    temperature = float(meta_info["temperature"])
+    if temperature <= 0:
+        raise ValueError(f"meta_info['temperature'] must be > 0 to score log-probs, got {temperature}")
+    return temperature
+
+
+def take_keys(data: DataProto, keys: list[str], method: str) -> dict[str, torch.Tensor]:
+    """The named batch tensors; a missing key is an error naming the method and the keys present."""
+    missing = [key for key in keys if key not in data.batch]
+    if missing:
+        raise KeyError(f"{method}: batch lacks key(s) {missing}; it has {sorted(data.batch)}")
+    return {key: data.batch[key] for key in keys}
+
+
+def split_rows(rows: dict[str, torch.Tensor], size: int) -> list[dict[str, torch.Tensor]]:
+    """Consecutive slices of `size` rows (the last may be shorter)."""
+    num_rows = len(next(iter(rows.values())))
+    return [{key: value[start:start + size] for key, value in rows.items()} for start in range(0, num_rows, size)]

@@ -1,0 +1,65 @@
+"""CriticWorker: the value model on one rank — a causal LM backbone with a one-output head.
+
+Data methods are Dispatch.DP_COMPUTE_PROTO and return only what they add (see workers/actor_rollout_ref.py).
+It lives in the critic package (not workers/critic.py, which the package would shadow) and is
+exported as hybridrl.workers.critic.CriticWorker.
+"""
+from __future__ import annotations
+
+import torch
+
+from hybridrl.protocol import DataProto
+from hybridrl.single_controller import Dispatch, Worker, register
+from hybridrl.utils.distributed import device_name, init_process_group_once
+from hybridrl.utils.fsdp_utils import build_lr_scheduler, build_optimizer, load_hf_model, shard_model
+from hybridrl.utils.import_utils import load_extensions
+from hybridrl.workers.critic.dp_critic import DataParallelPPOCritic
+
+
+class CriticWorker(Worker):
+    def __init__(self, config, *, rollout_n: int, seed: int = 0, device: str | None = None,
+                 extensions: list[str] = ()):
+        """config: the `critic` section. rollout_n: `actor_rollout_ref.rollout.n` (the critic's
+        ppo_mini_batch_size counts prompts, each with rollout_n responses). seed/device/extensions as
+        for ActorRolloutRefWorker."""
+        super().__init__()
+        self.config = config
+        self.rollout_n = rollout_n
+        self.device = device or device_name()
+        load_extensions(list(extensions))
+        init_process_group_once("nccl" if self.device == "cuda" else "gloo")
+        self.seed = seed
+        torch.manual_seed(seed + self.rank)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Load the backbone with a fresh value head (drawn from `seed`: the same on every rank), shard, optimise."""
+        config, model = self.config, self.config.model
+        if model.external_lib:  # a module that registers a custom architecture with transformers' Auto classes
+            load_extensions([model.external_lib])
+        module = load_hf_model(model.path, value_head=True, trust_remote_code=model.trust_remote_code,
+                               override_config=model.override_config, dtype=torch.float32,
+                               gradient_checkpointing=model.enable_gradient_checkpointing, init_seed=self.seed)
+        self.critic_module = shard_model(module, strategy=config.strategy, device=self.device,
+                                         mixed_precision=self.device == "cuda",
+                                         reshard_after_forward=model.fsdp_config.reshard_after_forward,
+                                         cpu_offload=model.fsdp_config.offload_policy)
+        self.critic_optimizer = build_optimizer(self.critic_module, config.optim)
+        self.critic_lr_scheduler = build_lr_scheduler(self.critic_optimizer, config.optim)
+        self.critic = DataParallelPPOCritic(config, self.critic_module, self.critic_optimizer,
+                                            rollout_n=self.rollout_n, device=self.device)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        """Adds values: V per response token, 0 outside response_mask."""
+        return DataProto.from_dict({"values": self.critic.compute_values(data)})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> DataProto:
+        """One value update, then one LR-schedule step. Returns only meta_info["metrics"]: critic/vf_loss,
+        critic/vf_clipfrac, critic/vpred_mean, critic/grad_norm (per mini-batch step, averaged over
+        the ranks) and critic/lr."""
+        metrics = self.critic.update_critic(data)
+        metrics["critic/lr"] = self.critic_lr_scheduler.get_last_lr()[0]
+        self.critic_lr_scheduler.step()
+        return DataProto(meta_info={"metrics": metrics})

@@ -1,0 +1,201 @@
+"""What every reward manager does around its scoring function, so naive, batch and dapo differ only in how they score.
+
+One call, `manager(data, return_dict=True)`:
+  1. decode each valid response with the policy tokenizer (`decode_responses`);
+  2. score them: `score_samples` (per sample in naive/dapo, one call over the batch in batch);
+  3. turn each result into a float: a scorer's float, or its dict's "score" (every other key of the
+     dict becomes a per-sample list in `reward_extra_info`);
+  4. `final_rewards` may adjust the floats (dapo adds its overlong penalty);
+  5. write each reward on the LAST valid response token of a (batch, response_length) float32
+     tensor (the trainer stores it as `token_level_scores`), and add the reward model's
+     `rm_scores` when the batch has them (RewardModelWorker puts its score on the same token),
+     so rule and model rewards combine by a plain sum.
+
+A scorer that raises for one sample costs that sample, not the run: the sample scores 0 (its dict
+extras are None), the failures of the batch are counted in `reward_metrics["reward/errors"]`, and
+the first traceback a manager sees is logged once. If every sample of a batch fails, the scorer
+itself is broken (a wrong data_source, a typo in a custom function): that raises, with the first
+error attached, instead of training on zeros.
+"""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+ERRORS_METRIC = "reward/errors"
+
+
+@dataclass
+class DecodedResponses:
+    """The per-sample inputs of a scorer, one entry per row of the batch."""
+
+    data_sources: list[Any]
+    solution_strs: list[str]
+    ground_truths: list[Any]
+    extra_infos: list[Optional[dict]]
+    response_lengths: list[int]  # valid response tokens; the reward sits on token response_lengths[i] - 1
+
+    def __len__(self) -> int:
+        return len(self.solution_strs)
+
+
+class ScorerFailure:
+    """The result of a scorer call that raised (kept so the batch can still be scored)."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+def decode_responses(data, tokenizer, reward_fn_key: str) -> DecodedResponses:
+    """The scorer inputs of `data` (prompts, responses, attention_mask; non-tensor reward_model, reward_fn_key)."""
+    responses = data.batch["responses"]
+    response_mask = data.batch["attention_mask"][:, data.batch["prompts"].shape[-1]:]
+    if reward_fn_key not in data.non_tensor_batch:
+        raise KeyError(f"the batch has no column {reward_fn_key!r} (data.reward_fn_key); "
+                       f"non-tensor columns: {sorted(data.non_tensor_batch)}")
+    extra_infos = data.non_tensor_batch.get("extra_info")
+    lengths = [_valid_length(response_mask[i], sample=i) for i in range(len(responses))]
+    return DecodedResponses(
+        data_sources=list(data.non_tensor_batch[reward_fn_key]),
+        solution_strs=[tokenizer.decode(responses[i][response_mask[i].bool()], skip_special_tokens=True)
+                       for i in range(len(responses))],
+        ground_truths=[reward_model["ground_truth"] for reward_model in data.non_tensor_batch["reward_model"]],
+        extra_infos=[None] * len(responses) if extra_infos is None else list(extra_infos),
+        response_lengths=lengths)
+
+
+def _valid_length(response_mask_row: torch.Tensor, sample: int) -> int:
+    """Responses are right-padded: the valid tokens are the first ones, up to the last 1 of the mask."""
+    valid = response_mask_row.nonzero()
+    if valid.numel() == 0:
+        raise ValueError(f"sample {sample} has an empty response (no valid token to put its reward on)")
+    return int(valid[-1]) + 1
+
+
+class RewardManagerBase:
+    """Subclasses implement `score_samples`; see the module docstring for the whole call."""
+
+    def __init__(self, tokenizer, num_examine: int, compute_score: Callable, reward_fn_key: str = "data_source"):
+        self.tokenizer = tokenizer
+        self.num_examine = num_examine  # how many decoded samples per data source to print
+        self.compute_score = compute_score
+        self.reward_fn_key = reward_fn_key
+        self._traceback_logged = False
+
+    def score_samples(self, decoded: DecodedResponses) -> list:
+        """One result per sample: a float, a dict with "score", or a ScorerFailure (from `call_scorer`)."""
+        raise NotImplementedError
+
+    def final_rewards(self, scores: list[float], decoded: DecodedResponses) -> tuple[list[float], dict[str, list]]:
+        """The reward of each sample from its score, plus per-sample extras of the manager's own (none here)."""
+        return scores, {}
+
+    def call_scorer(self, what: str, function: Callable, **kwargs):
+        """`function(**kwargs)`, or a ScorerFailure when it raises; the first traceback is logged, once."""
+        try:
+            return function(**kwargs)
+        except Exception as error:  # noqa: BLE001 — any scorer bug costs its sample(s), not the run
+            if not self._traceback_logged:
+                self._traceback_logged = True
+                logger.error("reward scorer raised for %s; it scores 0 and counts in %s (later failures are only "
+                             "counted)", what, ERRORS_METRIC, exc_info=error)
+            return ScorerFailure(error)
+
+    def __call__(self, data, return_dict: bool = False):
+        decoded = decode_responses(data, self.tokenizer, self.reward_fn_key)
+        results = self.score_samples(decoded)
+        if len(results) != len(decoded):
+            raise ValueError(f"{type(self).__name__}.score_samples returned {len(results)} results "
+                             f"for {len(decoded)} samples")
+        scores, score_extras, errors = _resolve(results, decoded.data_sources)
+        rewards, manager_extras = self.final_rewards(scores, decoded)
+        clash = sorted(set(score_extras) & set(manager_extras))
+        if clash:
+            raise ValueError(f"the scorer returned extra keys {clash} that {type(self).__name__} also reports")
+
+        responses = data.batch["responses"]
+        reward_tensor = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
+        for i, reward in enumerate(rewards):
+            reward_tensor[i, decoded.response_lengths[i] - 1] = reward
+        reward_tensor = _add_rm_scores(reward_tensor, data)
+        self._print_examples(data, decoded, rewards, results)
+
+        if not return_dict:
+            return reward_tensor
+        return {"reward_tensor": reward_tensor, "reward_extra_info": {**score_extras, **manager_extras},
+                "reward_metrics": {ERRORS_METRIC: float(errors)}}
+
+    def _print_examples(self, data, decoded: DecodedResponses, rewards: list[float], results: list) -> None:
+        printed_per_source: dict[Any, int] = defaultdict(int)
+        prompts = data.batch["prompts"]
+        prompt_mask = data.batch["attention_mask"][:, :prompts.shape[-1]]
+        for i, data_source in enumerate(decoded.data_sources):
+            if printed_per_source[data_source] >= self.num_examine:
+                continue
+            printed_per_source[data_source] += 1
+            prompt_str = self.tokenizer.decode(prompts[i][prompt_mask[i].bool()], skip_special_tokens=True)
+            extras = results[i] if isinstance(results[i], dict) else {}
+            failure = f"\n[error] {results[i].error!r}" if isinstance(results[i], ScorerFailure) else ""
+            print(f"[prompt] {prompt_str}\n[response] {decoded.solution_strs[i]}\n"
+                  f"[ground_truth] {decoded.ground_truths[i]}\n[score] {rewards[i]}"
+                  + "".join(f"\n[{key}] {value}" for key, value in extras.items() if key != "score") + failure)
+
+
+def _resolve(results: list, data_sources: list) -> tuple[list[float], dict[str, list], int]:
+    """Scores (0 for failures), extras as one list per key (None for failures), and the failure count."""
+    failures = [result for result in results if isinstance(result, ScorerFailure)]
+    if results and len(failures) == len(results):
+        raise RuntimeError(f"the reward scorer raised for all {len(results)} samples of the batch, so the scorer "
+                           f"itself is broken (first error: {failures[0].error!r})") from failures[0].error
+    scores, extras_per_sample = [], []
+    for result, data_source in zip(results, data_sources):
+        if isinstance(result, ScorerFailure):
+            scores.append(0.0)
+            extras_per_sample.append(None)
+        else:
+            score, extras = _split_score(result, data_source)
+            scores.append(score)
+            extras_per_sample.append(extras)
+    return scores, _columns(extras_per_sample), len(failures)
+
+
+def _split_score(result, data_source) -> tuple[float, dict[str, Any]]:
+    """A scorer's float, or its dict's "score" plus the other keys."""
+    if isinstance(result, dict):
+        if "score" not in result:
+            raise KeyError(f"the scorer for {data_source!r} returned a dict without 'score': keys {sorted(result)}")
+        extras = {key: value for key, value in result.items() if key != "score"}
+        return float(result["score"]), extras
+    return float(result), {}
+
+
+def _columns(extras_per_sample: list[Optional[dict[str, Any]]]) -> dict[str, list]:
+    """Per-sample extras -> one list per key. Every scored sample must report the same keys, so lists line
+    up; a failed sample (None) gets None under every key."""
+    scored = [(i, extras) for i, extras in enumerate(extras_per_sample) if extras is not None]
+    if not scored:
+        return {}
+    first_index, first = scored[0]
+    keys = set(first)
+    for i, extras in scored:
+        if set(extras) != keys:
+            raise ValueError(f"sample {i} returned extra keys {sorted(extras)}, sample {first_index} returned "
+                             f"{sorted(keys)}; every sample of a batch must return the same keys")
+    return {key: [None if extras is None else extras[key] for extras in extras_per_sample] for key in sorted(keys)}
+
+
+def _add_rm_scores(reward_tensor: torch.Tensor, data) -> torch.Tensor:
+    """Rule rewards plus the reward model's `rm_scores` (same shape, score on the same last token) when present."""
+    rm_scores = data.batch.get("rm_scores")
+    if rm_scores is None:
+        return reward_tensor
+    if rm_scores.shape != reward_tensor.shape:
+        raise ValueError(f"batch['rm_scores'] has shape {tuple(rm_scores.shape)}, the responses "
+                         f"{tuple(reward_tensor.shape)}; RewardModelWorker.compute_rm_score gives one per response token")
+    return reward_tensor + rm_scores.to(device=reward_tensor.device, dtype=torch.float32)

@@ -1,0 +1,166 @@
+"""RewardModelWorker: a learned reward model on one rank — an HF sequence-classification model
+with one output (`AutoModelForSequenceClassification`, num_labels=1), sharded with FSDP.
+
+`compute_rm_score(data)` adds `rm_scores` (batch, response_length), float32: the model's score of
+prompt + response, on the last valid response token and 0 elsewhere. That is where the reward
+managers put rule scores, and they add `rm_scores` to theirs when the batch has it (see
+workers/reward_manager/base.py), so rule and model rewards combine by a plain sum.
+
+The score is the head's output at the last valid token of the reward model's input, read from
+the `score` head's per-token output (HF's own pooling picks the last non-pad token, which is wrong
+when EOS and pad are the same token).
+
+Which tokens the reward model reads:
+- `reward_model.model.input_tokenizer` (the policy's tokenizer; by default the policy path) has the
+  same vocabulary and chat template as the reward model's tokenizer, or is null: the policy's
+  input_ids (prompt + response) as they are;
+- they differ: each row is re-tokenised. The prompt's chat messages (`raw_prompt`, which
+  `data.return_raw_chat=true` keeps) plus the response decoded with the policy tokenizer as the
+  assistant turn go through the reward model's chat template and tokenizer.
+`reward_model.max_length` (when set) bounds the reward model's input; a longer row is an error
+naming the row, never a silent truncation.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from hybridrl.protocol import DataProto
+from hybridrl.single_controller import Dispatch, Worker, register
+from hybridrl.utils.distributed import device_name, init_process_group_once
+from hybridrl.utils.fsdp_utils import hf_module, shard_model
+from hybridrl.utils.import_utils import load_extensions
+
+
+def load_reward_model(model_path: str, dtype: torch.dtype, trust_remote_code: bool = False):
+    """The sequence-classification model in `model_path` with one label; its score head must be in the
+    checkpoint (a freshly initialised head would hand out random rewards)."""
+    model, loading_info = AutoModelForSequenceClassification.from_pretrained(
+        model_path, num_labels=1, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True)
+    if loading_info["missing_keys"]:
+        raise ValueError(f"reward_model.model.path={model_path} is not a trained reward model: the checkpoint lacks "
+                         f"{sorted(loading_info['missing_keys'])} (a {type(model).__name__} needs its score head)")
+    if not isinstance(getattr(model, "score", None), torch.nn.Module):
+        raise TypeError(f"{type(model).__name__} has no `score` head module; RewardModelWorker reads the per-token "
+                        f"scores from it")
+    return model
+
+
+def same_tokenization(policy_tokenizer, rm_tokenizer) -> bool:
+    """True when the reward model can read the policy's token ids as they are."""
+    return (policy_tokenizer.get_vocab() == rm_tokenizer.get_vocab()
+            and policy_tokenizer.chat_template == rm_tokenizer.chat_template)
+
+
+class RewardModelWorker(Worker):
+    def __init__(self, config, seed: int = 0, device: str | None = None, extensions: list[str] = ()):
+        """config: the `reward_model` section. seed/device/extensions as for ActorRolloutRefWorker."""
+        super().__init__()
+        self.config = config
+        self.device = device or device_name()
+        load_extensions(list(extensions))
+        init_process_group_once("nccl" if self.device == "cuda" else "gloo")
+        torch.manual_seed(seed + self.rank)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Load the reward model and its tokenizer (and the policy's, to compare), shard the model."""
+        config, model = self.config, self.config.model
+        if not model.path:
+            raise ValueError("reward_model.enable=true needs reward_model.model.path (a sequence-classification model)")
+        if not config.micro_batch_size_per_gpu:
+            raise ValueError("reward_model.enable=true needs reward_model.micro_batch_size_per_gpu")
+        for key, enabled in (("reward_model.use_dynamic_bsz", config.use_dynamic_bsz),
+                             ("reward_model.model.use_remove_padding", model.use_remove_padding)):
+            if enabled:
+                raise NotImplementedError(f"{key}=true is not implemented for the reward model; set it to false")
+        self.rm_tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+        self.policy_tokenizer = None
+        if model.input_tokenizer is not None:
+            policy_tokenizer = AutoTokenizer.from_pretrained(model.input_tokenizer,
+                                                             trust_remote_code=model.trust_remote_code)
+            if not same_tokenization(policy_tokenizer, self.rm_tokenizer):
+                self.policy_tokenizer = policy_tokenizer
+        if self.retokenizes and self.rm_tokenizer.chat_template is None:
+            raise ValueError(f"the reward model's tokenizer ({model.path}) differs from the policy's "
+                             f"({model.input_tokenizer}) and has no chat template to re-tokenise the rows with")
+        # Frozen: on a GPU it only ever computes in bf16, so it is kept in bf16; on the CPU in fp32.
+        dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
+        module = load_reward_model(model.path, dtype, model.trust_remote_code)
+        module.requires_grad_(False)
+        self.reward_module = shard_model(module, strategy=config.strategy, device=self.device,
+                                         mixed_precision=self.device == "cuda",
+                                         reshard_after_forward=model.fsdp_config.reshard_after_forward,
+                                         cpu_offload=model.fsdp_config.param_offload)
+        self.reward_module.eval()
+
+    @property
+    def retokenizes(self) -> bool:
+        """Whether rows are re-tokenised with the reward model's tokenizer and chat template."""
+        return self.policy_tokenizer is not None
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        """Adds rm_scores: the reward model's score on each row's last valid response token."""
+        response_length = data.batch["responses"].shape[-1]
+        response_lengths = data.batch["attention_mask"][:, -response_length:].sum(-1)
+        if bool((response_lengths == 0).any()):
+            row = int((response_lengths == 0).nonzero()[0])
+            raise ValueError(f"compute_rm_score: row {row} has an empty response (no token to put its score on)")
+        input_ids, attention_mask, position_ids = (self._retokenized_inputs(data) if self.retokenizes
+                                                   else self._policy_inputs(data))
+        self._check_max_length(attention_mask)
+        size = self.config.micro_batch_size_per_gpu
+        with torch.no_grad():
+            scores = torch.cat([self._scores(input_ids[start:start + size], attention_mask[start:start + size],
+                                             position_ids[start:start + size])
+                                for start in range(0, len(input_ids), size)])
+        rm_scores = torch.zeros(len(scores), response_length, dtype=torch.float32)
+        rm_scores[torch.arange(len(scores)), response_lengths - 1] = scores
+        return DataProto.from_dict({"rm_scores": rm_scores})
+
+    def _policy_inputs(self, data: DataProto) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return data.batch["input_ids"], data.batch["attention_mask"], data.batch["position_ids"]
+
+    def _retokenized_inputs(self, data: DataProto) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Chat (raw_prompt + the decoded response) -> the reward model's template and ids, right-padded."""
+        if "raw_prompt" not in data.non_tensor_batch:
+            raise ValueError("the reward model's tokenizer or chat template differs from the policy's "
+                             "(reward_model.model.input_tokenizer), so rows are re-tokenised from their chat "
+                             "messages: set data.return_raw_chat=true to keep them in the batch as raw_prompt")
+        responses = data.batch["responses"]
+        response_mask = data.batch["attention_mask"][:, -responses.shape[-1]:].bool()
+        rows = []
+        for i, messages in enumerate(data.non_tensor_batch["raw_prompt"]):
+            response = self.policy_tokenizer.decode(responses[i][response_mask[i]], skip_special_tokens=True)
+            chat = list(messages) + [{"role": "assistant", "content": response}]
+            text = self.rm_tokenizer.apply_chat_template(chat, tokenize=False)
+            rows.append(self.rm_tokenizer(text, add_special_tokens=False)["input_ids"])
+        width = max(len(ids) for ids in rows)
+        pad = self.rm_tokenizer.pad_token_id if self.rm_tokenizer.pad_token_id is not None else 0
+        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids in rows])
+        attention_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in rows])
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        return input_ids, attention_mask, position_ids
+
+    def _check_max_length(self, attention_mask: torch.Tensor) -> None:
+        max_length = self.config.max_length
+        lengths = attention_mask.sum(-1)
+        if max_length is not None and bool((lengths > max_length).any()):
+            row = int((lengths > max_length).nonzero()[0])
+            raise ValueError(f"compute_rm_score: row {row} is {int(lengths[row])} tokens for the reward model, longer "
+                             f"than reward_model.max_length={max_length}")
+
+    def _scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                position_ids: torch.Tensor) -> torch.Tensor:
+        """One forward; the score head's output at each row's last attended token, as float32 on the CPU."""
+        per_token = []
+        hook = hf_module(self.reward_module).score.register_forward_hook(
+            lambda module, inputs, output: per_token.append(output))
+        try:
+            self.reward_module(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
+                               position_ids=position_ids.to(self.device), use_cache=False)
+        finally:
+            hook.remove()
+        last = (attention_mask * torch.arange(attention_mask.shape[-1])).argmax(-1)
+        return per_token[0].squeeze(-1).float().cpu()[torch.arange(len(last)), last]

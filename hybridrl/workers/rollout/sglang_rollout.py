@@ -1,0 +1,319 @@
+"""The `sglang` rollout: an in-process `sglang.Engine` that takes token ids and returns token ids.
+
+Hybrid engine: the engine shares the GPU (and the process) with the FSDP actor, and the two take
+turns. The FSDP↔SGLang sharding manager (sharding_manager/fsdp_sglang.py) drives the turns through
+the engine-side methods here (resume_memory, update_weights, flush_cache, release_memory); this
+class starts the engine and generates. The engine is started with
+
+- enable_memory_saver: weights, KV cache and CUDA graphs are released through torch_memory_saver
+  and resumed at the same virtual addresses, so captured CUDA graphs stay valid. Weight contents
+  are lost on release: the sharding manager pushes the trainer's weights after every resume.
+- load_format from `rollout.load_format` ("dummy": random weights at start, the checkpoint is never
+  read, since the first wake-up pushes the trainer's weights anyway).
+- skip_tokenizer_init: token ids in and out; the trainer owns the tokenizer.
+- mem_fraction_static = `rollout.gpu_memory_utilization` (weights + KV cache, as a share of the GPU).
+- attention_backend "triton" and sampling_backend "pytorch" unless `rollout.engine_kwargs.sglang`
+  says otherwise: SGLang's Hopper default (fa3) needs kernels the offline GPU bundle does not carry,
+  and flashinfer sampling compiles kernels on first use.
+
+One response per prompt row, like every rollout (the trainer repeats prompts `rollout.n` times).
+Sampling comes from the config (val_kwargs with meta_info["validate"]), every parameter sent
+explicitly so that a model's generation_config cannot change the distribution the trainer scores.
+A response ends at the first of meta_info["eos_token_id"] (sent as stop_token_ids) or of the
+model's own EOS ids (SGLang always stops there), stop token included, unless `rollout.ignore_eos`.
+response_mask marks exactly the generated tokens; rollout_log_probs are SGLang's log-probs of them
+under logits / temperature (raw logits when greedy), the distribution the actor scores.
+
+SGLang answers a dead child process (scheduler, detokenizer) by SIGKILLing the whole process,
+i.e. this trainer worker, without a word to the controller. `EngineMonitor` replaces that: a dead
+child turns the pending and every later engine call into `EngineDiedError` naming the process and
+its exit code, within about a second.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+import time
+from typing import Any
+
+import torch
+
+from hybridrl.protocol import DataProto
+from hybridrl.workers.rollout.base import BaseRollout, register_rollout
+
+logger = logging.getLogger(__name__)
+
+ALL_MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")  # sglang.srt.constants GPU_MEMORY_TYPE_*
+
+# Engine arguments that come from rollout config keys; engine_kwargs.sglang may not set them.
+CONFIG_OWNED_ENGINE_KWARGS = {
+    "model_path": "actor_rollout_ref.model.path",
+    "dtype": "rollout.dtype",
+    "mem_fraction_static": "rollout.gpu_memory_utilization",
+    "load_format": "rollout.load_format",
+    "tp_size": "rollout.tensor_model_parallel_size",
+    "context_length": "rollout.max_model_len (default prompt_length + response_length + 2)",
+    "max_running_requests": "rollout.max_num_seqs",
+    "chunked_prefill_size": "rollout.max_num_batched_tokens",
+    "disable_cuda_graph": "rollout.enforce_eager",
+    "enable_memory_saver": "(always on: the hybrid engine releases memory)",
+    "skip_tokenizer_init": "(always on: token ids in and out)",
+    "base_gpu_id": "(this process's CUDA device)",
+    "random_seed": "(this process's torch seed)",
+}
+DEFAULT_ENGINE_KWARGS = {"attention_backend": "triton", "sampling_backend": "pytorch", "log_level": "error"}
+
+
+class EngineDiedError(RuntimeError):
+    """An SGLang engine process died; the message names it and its exit code."""
+
+
+@register_rollout("sglang")
+class SGLangRollout(BaseRollout):
+    def __init__(self, config, model_config=None, module=None):
+        """Start the engine on this process's GPU, then release its memory: the worker rests in trainer mode."""
+        super().__init__(config, model_config, module)
+        if model_config is None:
+            raise ValueError("the sglang rollout needs model_config (actor_rollout_ref.model) for the model path")
+        if config.tensor_model_parallel_size != 1:
+            raise NotImplementedError(f"rollout.tensor_model_parallel_size={config.tensor_model_parallel_size}: "
+                                      f"the sglang rollout runs one engine per GPU (tp=1) for now")
+        import sglang
+
+        self.engine_kwargs = engine_kwargs(config, model_config.path, gpu_id=torch.cuda.current_device(),
+                                           seed=torch.initial_seed() % (2**31))
+        started = time.perf_counter()
+        self.engine = sglang.Engine(**self.engine_kwargs)
+        self.engine_start_s = time.perf_counter() - started
+        self.monitor = EngineMonitor(self.engine)
+        self.awake_tags = set(ALL_MEMORY_TAGS)
+        self.generation_config = _generation_config(model_config.path)
+        logger.info("sglang engine started in %.1f s with %s", self.engine_start_s, self.engine_kwargs)
+        if config.free_cache_engine:
+            self.release_memory()
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        if self.awake_tags != set(ALL_MEMORY_TAGS):
+            raise RuntimeError(f"generate_sequences: the engine's memory is released (awake: {sorted(self.awake_tags)}); "
+                               f"generate inside the FSDP↔SGLang sharding manager, which wakes it and pushes weights")
+        prompt_ids = prompts.batch["input_ids"]
+        prompt_mask = prompts.batch["attention_mask"]
+        prompt_positions = prompts.batch["position_ids"]
+        eos_ids = self._token_ids(prompts.meta_info, "eos_token_id")
+        pad_id = self._token_ids(prompts.meta_info, "pad_token_id")[0]
+        params = sampling_params(self.config, prompts.meta_info, eos_ids)
+        # Left padding is the trainer's layout, not the model's input: send each prompt's real tokens.
+        token_lists = [row[mask.bool()].tolist() for row, mask in zip(prompt_ids, prompt_mask)]
+        outputs = self.monitor.call("generate", self.engine.generate, input_ids=token_lists,
+                                    sampling_params=params, return_logprob=self.config.calculate_log_probs)
+
+        response_length = self.config.response_length
+        responses = torch.full((len(token_lists), response_length), pad_id, dtype=prompt_ids.dtype)
+        response_mask = torch.zeros((len(token_lists), response_length), dtype=torch.long)
+        log_probs = torch.zeros((len(token_lists), response_length), dtype=torch.float32)
+        for row, output in enumerate(outputs):
+            generated = _generated_ids(output, row, response_length)
+            responses[row, :len(generated)] = torch.tensor(generated, dtype=prompt_ids.dtype)
+            response_mask[row, :len(generated)] = 1
+            if self.config.calculate_log_probs:
+                log_probs[row, :len(generated)] = torch.tensor(
+                    [entry[0] for entry in output["meta_info"]["output_token_logprobs"]], dtype=torch.float32)
+        steps = torch.arange(1, response_length + 1, dtype=prompt_positions.dtype)
+        tensors = {
+            "prompts": prompt_ids,
+            "responses": responses,
+            "input_ids": torch.cat([prompt_ids, responses], dim=1),
+            "attention_mask": torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1),
+            "position_ids": torch.cat([prompt_positions, prompt_positions[:, -1:] + steps], dim=1),
+            "response_mask": response_mask,
+        }
+        if self.config.calculate_log_probs:
+            tensors["rollout_log_probs"] = log_probs
+        return DataProto.from_dict(tensors)
+
+    def _token_ids(self, meta_info: dict, key: str) -> list[int]:
+        """meta_info[key] (the trainer sends the tokenizer's ids), else the model directory's generation_config."""
+        value = meta_info.get(key, self.generation_config.get(key))
+        if value is None:
+            raise ValueError(f"generate_sequences needs meta_info[{key!r}] (the model's generation_config has none)")
+        return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+    # ------------------------------------------------------------------ engine side (driven by the sharding manager)
+    def release_memory(self) -> None:
+        """Give the GPU back: weights, KV cache and CUDA graphs (contents of the weights are lost)."""
+        self.monitor.call("release_memory_occupation", self.engine.release_memory_occupation)
+        self.awake_tags = set()
+
+    def resume_memory(self, tags: tuple[str, ...] = ALL_MEMORY_TAGS) -> None:
+        unknown = set(tags) - set(ALL_MEMORY_TAGS)
+        if unknown:
+            raise ValueError(f"resume_memory: unknown tags {sorted(unknown)}; expected some of {list(ALL_MEMORY_TAGS)}")
+        self.monitor.call(f"resume_memory_occupation({list(tags)})", self.engine.resume_memory_occupation,
+                          tags=list(tags))
+        self.awake_tags |= set(tags)
+
+    def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Load HF-named CUDA tensors into the engine (CUDA IPC, no host copy). The radix cache is not flushed here."""
+        success, message = self.monitor.call("update_weights_from_tensor", self.engine.update_weights_from_tensor,
+                                             named_tensors=named_tensors, flush_cache=False)
+        if not success:
+            names = [name for name, _ in named_tensors]
+            raise RuntimeError(f"sglang update_weights_from_tensor failed for {names[:3]}... ({len(names)} tensors): "
+                               f"{message}")
+
+    def flush_cache(self) -> None:
+        """Drop the radix (prefix) cache: its KV entries were computed with the previous weights."""
+        result = self.monitor.call("flush_cache", self.engine.flush_cache)
+        if not result.success:
+            raise RuntimeError(f"sglang flush_cache failed: {result.message}")
+
+    def engine_pids(self) -> list[int]:
+        return [process.pid for _, process in self.monitor.processes]
+
+    def shutdown(self) -> None:
+        """Stop the engine's processes (also after it died). Note: sglang kills every child of this process."""
+        self.monitor.stop()
+        self.engine.shutdown()
+
+
+# ---------------------------------------------------------------------- configuration mapping
+
+def engine_kwargs(config, model_path: str, gpu_id: int, seed: int) -> dict[str, Any]:
+    """sglang.Engine keyword arguments from the rollout config; `engine_kwargs.sglang` adds or overrides the rest.
+
+    gpu_id: this process's CUDA device (the engine shares it); seed: the sampling seed (the process's torch seed).
+    """
+    user = dict(config.engine_kwargs.sglang or {})
+    owned = sorted(set(user) & set(CONFIG_OWNED_ENGINE_KWARGS))
+    if owned:
+        raise ValueError(f"rollout.engine_kwargs.sglang sets {owned}; set them through "
+                         f"{[CONFIG_OWNED_ENGINE_KWARGS[key] for key in owned]} instead")
+    return {
+        "model_path": model_path,
+        "dtype": config.dtype,
+        "mem_fraction_static": config.gpu_memory_utilization,
+        "load_format": config.load_format,
+        "tp_size": 1,
+        # SGLang caps max_new_tokens at context_length - prompt - 2: keep two positions in reserve
+        "context_length": config.max_model_len or config.prompt_length + config.response_length + 2,
+        "max_running_requests": config.max_num_seqs,
+        "chunked_prefill_size": config.max_num_batched_tokens,
+        "disable_cuda_graph": config.enforce_eager,
+        "enable_memory_saver": True,
+        "skip_tokenizer_init": True,
+        "base_gpu_id": gpu_id,
+        "random_seed": seed,
+        **DEFAULT_ENGINE_KWARGS,
+        **user,
+    }
+
+
+def sampling_params(config, meta_info: dict, eos_ids: list[int]) -> dict[str, Any]:
+    """SGLang sampling parameters for one generate call (val_kwargs when meta_info["validate"]).
+
+    Greedy when do_sample is false or the temperature is 0. top_k=-1 means off in both configs.
+    """
+    source = config.val_kwargs if meta_info.get("validate", False) else config
+    do_sample = meta_info.get("do_sample", source.do_sample)
+    params = {"max_new_tokens": config.response_length, "ignore_eos": config.ignore_eos,
+              "stop_token_ids": eos_ids, "min_p": 0.0, "repetition_penalty": 1.0,
+              "frequency_penalty": 0.0, "presence_penalty": 0.0}
+    if not do_sample or source.temperature == 0:
+        return {**params, "temperature": 0.0, "top_p": 1.0, "top_k": -1}
+    return {**params, "temperature": float(source.temperature), "top_p": float(source.top_p),
+            "top_k": int(source.top_k)}
+
+
+def _generated_ids(output: dict, row: int, response_length: int) -> list[int]:
+    """The row's generated ids (the stop token included); an aborted request is an error, not an empty answer."""
+    finish = output["meta_info"].get("finish_reason") or {}
+    if finish.get("type") == "abort":
+        raise RuntimeError(f"sglang aborted the request of prompt row {row}: {finish.get('message', finish)}")
+    generated = output["output_ids"]
+    if len(generated) > response_length:
+        raise RuntimeError(f"sglang returned {len(generated)} tokens for prompt row {row}, more than "
+                           f"rollout.response_length={response_length}")
+    return generated
+
+
+def _generation_config(model_path: str) -> dict:
+    """eos/pad ids of the model directory's generation_config (empty when it has none)."""
+    from transformers import GenerationConfig
+
+    try:
+        generation_config = GenerationConfig.from_pretrained(model_path)
+    except OSError:
+        return {}
+    return {"eos_token_id": generation_config.eos_token_id, "pad_token_id": generation_config.pad_token_id}
+
+
+# ---------------------------------------------------------------------- engine failure → exception
+
+class EngineMonitor:
+    """Turns the death of an engine subprocess into `EngineDiedError` in the caller, instead of a hang or a SIGKILL.
+
+    A thread polls the engine's child processes every `poll_s`. When one has died it records the
+    cause and cancels the tasks of the engine's event loop, so a `generate` (or any call) blocked
+    waiting for the dead scheduler returns at once; `call` turns that into EngineDiedError.
+    SGLang's own watchdog (which SIGQUITs this process) is stopped, and a SIGQUIT from a failing
+    child no longer kills this process (only possible from the main thread, where Ray runs actor methods).
+    """
+
+    def __init__(self, engine, poll_s: float = 1.0):
+        tokenizer_manager = engine.tokenizer_manager
+        watchdog = tokenizer_manager._subprocess_watchdog  # sglang 0.5.16: holds the child mp.Process objects
+        self.processes = list(zip(watchdog._names, watchdog._processes))
+        watchdog.stop()
+        self.loop = engine.loop
+        self.cause: str | None = None
+        self._stop = threading.Event()
+        if threading.current_thread() is threading.main_thread():
+            # sglang installs its SIGQUIT handler with its response loop; create that loop now, inside the
+            # engine's event loop (outside a running loop sglang would make a new one and never see replies)
+            self.loop.run_until_complete(_start_response_loop(tokenizer_manager))
+            self.loop.add_signal_handler(signal.SIGQUIT, self._on_sigquit)
+        else:
+            logger.warning("sglang engine started outside the main thread: a failing engine child's SIGQUIT "
+                           "will terminate this process")
+        self._thread = threading.Thread(target=self._watch, args=(poll_s,), name="sglang-engine-monitor", daemon=True)
+        self._thread.start()
+
+    def call(self, what: str, fn, *args, **kwargs):
+        """fn(*args, **kwargs), or EngineDiedError when the engine is (or goes) dead."""
+        if self.cause is not None:
+            raise EngineDiedError(f"sglang engine call {what}: {self.cause}")
+        try:
+            return fn(*args, **kwargs)
+        except (asyncio.CancelledError, Exception) as error:
+            if self.cause is not None:
+                raise EngineDiedError(f"sglang engine call {what}: {self.cause}") from error
+            raise
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _watch(self, poll_s: float) -> None:
+        while not self._stop.wait(poll_s):
+            for name, process in self.processes:
+                if not process.is_alive():
+                    self.cause = f"engine process {name} (pid {process.pid}) died with exit code {process.exitcode}"
+                    logger.error("%s", self.cause)
+                    self.loop.call_soon_threadsafe(_cancel_all_tasks, self.loop)
+                    return
+
+    def _on_sigquit(self) -> None:
+        logger.error("an sglang engine process sent SIGQUIT (it is failing); the monitor reports it when it exits")
+
+
+async def _start_response_loop(tokenizer_manager) -> None:
+    tokenizer_manager.auto_create_handle_loop()
+
+
+def _cancel_all_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    for task in asyncio.all_tasks(loop):
+        task.cancel()

@@ -1,0 +1,181 @@
+"""The hybrid-engine switch between the FSDP actor (trainer mode) and a colocated SGLang engine (rollout mode).
+
+    with FSDPSGLangShardingManager(actor_module, rollout, optimizer=...):   # enter: rollout mode
+        output = rollout.generate_sequences(prompts)
+    # exit: trainer mode
+
+Enter (rollout mode), with `rollout.multi_stage_wake_up` (the order that keeps peak memory lowest):
+  1. resume the engine's weight memory only (the contents were lost on release);
+  2. stream the full FSDP parameters into it, `rollout.update_weights_bucket_megabytes` at a time,
+     in `rollout.dtype`, through `update_weights_from_tensor` (CUDA IPC: the engine copies straight
+     from our GPU tensors, no host round trip). HF names; a tied weight is sent once;
+  3. offload the FSDP parameters / optimizer state to the CPU if asked (frees room for the KV cache);
+  4. resume the KV cache and CUDA graphs; flush the radix cache once (its entries predate the sync).
+Without multi_stage_wake_up, step 1 resumes everything at once and step 4 only flushes.
+Exit (trainer mode): release the engine's memory (weights, KV cache, CUDA graphs), bring the
+offloaded FSDP state back to the GPU, empty the CUDA cache.
+With `rollout.free_cache_engine=false` the engine keeps its memory: enter only syncs weights.
+
+GPU memory (allocated/reserved by this process, held by the engine's processes, used on the device)
+is logged at each transition and kept, with the timings, in `self.last_switch`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from torch import nn
+
+from hybridrl.utils.fsdp_utils import hf_module, iter_full_state_dict
+from hybridrl.workers.rollout.sglang_rollout import ALL_MEMORY_TAGS, EngineDiedError, SGLangRollout
+from hybridrl.workers.sharding_manager.base import BaseShardingManager
+
+logger = logging.getLogger(__name__)
+
+GiB = 1 << 30
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class FSDPSGLangShardingManager(BaseShardingManager):
+    def __init__(self, module: nn.Module, rollout: SGLangRollout, *, optimizer: torch.optim.Optimizer | None = None,
+                 offload_params: bool = False, offload_optimizer: bool = False):
+        """`module` is the FSDP actor; the offload flags are the actor's fsdp_config.param_offload/optimizer_offload."""
+        if offload_optimizer and optimizer is None:
+            raise ValueError("offload_optimizer=True needs the actor's optimizer")
+        self.module = module
+        self.rollout = rollout
+        self.optimizer = optimizer
+        self.offload_params = offload_params
+        self.offload_optimizer = offload_optimizer
+        self.config = rollout.config
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.tied_names = tied_parameter_names(hf_module(module))
+        self.last_switch: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ enter: rollout mode
+    def __enter__(self) -> "FSDPSGLangShardingManager":
+        self.last_switch = {}
+        self._log_memory("trainer mode")
+        wake_all_at_once = not self.config.multi_stage_wake_up
+        if self.config.free_cache_engine:
+            self._timed("wake_weights", self.rollout.resume_memory,
+                        ALL_MEMORY_TAGS if wake_all_at_once else ("weights",))
+            self._log_memory("engine weights resumed")
+        pushed = self._timed("sync_weights", self.sync_weights)
+        self.last_switch["sync_gbps"] = pushed / max(self.last_switch["sync_weights_s"], 1e-9) / 1e9
+        self.last_switch["sync_gib"] = pushed / GiB
+        if self.offload_params or self.offload_optimizer:
+            self._timed("offload_trainer", self._offload_trainer)
+        torch.cuda.empty_cache()  # the KV cache needs the memory our allocator keeps cached
+        if self.config.free_cache_engine and not wake_all_at_once:
+            self._timed("wake_kv_cache", self.rollout.resume_memory, ("kv_cache", "cuda_graph"))
+        self._timed("flush_cache", self.rollout.flush_cache)
+        self._log_memory("rollout mode")
+        return self
+
+    def sync_weights(self) -> int:
+        """Push every full parameter into the engine in buckets; returns the bytes pushed.
+
+        Every rank must run this (gathering a full parameter is a collective under FSDP). FSDP2
+        gathers one tensor at a time, so at most one bucket of full tensors exists at once.
+        """
+        dtype = DTYPES[self.config.dtype]
+        bucket_limit = self.config.update_weights_bucket_megabytes << 20
+        bucket: list[tuple[str, torch.Tensor]] = []
+        bucket_bytes = pushed = 0
+        for name, tensor in iter_full_state_dict(self.module, dtype=dtype):
+            if name in self.tied_names:
+                continue
+            tensor = tensor.to(self.device, non_blocking=True)
+            bucket.append((name, tensor))
+            bucket_bytes += tensor.numel() * tensor.element_size()
+            if bucket_bytes >= bucket_limit:
+                self.rollout.update_weights(bucket)
+                pushed += bucket_bytes
+                bucket, bucket_bytes = [], 0
+        if bucket:
+            self.rollout.update_weights(bucket)
+            pushed += bucket_bytes
+        return pushed
+
+    # ------------------------------------------------------------------ exit: trainer mode
+    def __exit__(self, exc_type, exc_value, traceback) -> None:
+        try:
+            if self.config.free_cache_engine:
+                self._timed("release", self.rollout.release_memory)
+        except EngineDiedError:
+            if exc_value is None:
+                raise
+            logger.error("could not release the sglang engine while handling %r", exc_value)
+        finally:
+            if self.offload_params or self.offload_optimizer:
+                self._timed("reload_trainer", self._reload_trainer)
+            torch.cuda.empty_cache()
+            self._log_memory("trainer mode restored")
+
+    # ------------------------------------------------------------------ FSDP state offload
+    def _offload_trainer(self) -> None:
+        if self.offload_params:
+            self.module.to("cpu")  # FSDP2 moves the local shards (and their gradients)
+        if self.offload_optimizer:
+            move_optimizer_state(self.optimizer, torch.device("cpu"))
+        torch.cuda.synchronize()
+
+    def _reload_trainer(self) -> None:
+        if self.offload_params:
+            self.module.to(self.device)
+        if self.offload_optimizer:
+            move_optimizer_state(self.optimizer, self.device)
+        torch.cuda.synchronize()
+
+    # ------------------------------------------------------------------ timings and memory
+    def _timed(self, stage: str, fn, *args):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        result = fn(*args)
+        torch.cuda.synchronize()
+        self.last_switch[f"{stage}_s"] = time.perf_counter() - started
+        return result
+
+    def _log_memory(self, stage: str) -> None:
+        memory = gpu_memory(self.rollout.engine_pids())
+        for key, value in memory.items():
+            self.last_switch[f"{stage}/{key}"] = value
+        logger.info("GPU memory, %s: %s", stage, ", ".join(f"{key} {value:.2f} GiB" for key, value in memory.items()))
+
+
+def tied_parameter_names(model: nn.Module) -> set[str]:
+    """Names under which an already-named parameter appears again (e.g. lm_head.weight tied to the embeddings).
+
+    The engine ties them itself, so sending the first name is enough (and saves vocab x hidden bytes).
+    """
+    seen: set[int] = set()
+    tied = set()
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if id(parameter) in seen:
+            tied.add(name)
+        seen.add(id(parameter))
+    return tied
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Move every tensor of the optimizer's state (e.g. Adam's moments) to `device`, in place."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                state[key] = value.to(device, non_blocking=True)
+
+
+def gpu_memory(engine_pids: list[int]) -> dict[str, float]:
+    """GiB: this process's torch allocator (allocated, reserved), the engine processes (NVML), the device in use."""
+    import pynvml
+
+    device = torch.cuda.current_device()
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda._get_nvml_device_index(device))  # CUDA_VISIBLE_DEVICES-aware
+    engine_bytes = sum(process.usedGpuMemory or 0 for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                       if process.pid in set(engine_pids))
+    free, total = torch.cuda.mem_get_info(device)
+    return {"allocated": torch.cuda.memory_allocated(device) / GiB, "reserved": torch.cuda.memory_reserved(device) / GiB,
+            "engine": engine_bytes / GiB, "device_used": (total - free) / GiB}

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Stage everything the offline GPU host needs, on a machine WITH network (run from the repo root).
+# Copies ../shared/gpu (the SGLang recipe) to .stage/gpu, downloads the wheels and builds:
+#   .stage/slim  SGLang 0.5.16 without xgrammar (48.3 MiB)      .stage/ray   Ray 2.60.0 (43.0 MiB)
+#   .stage/deps  hybridrl's own pure-Python deps the host lacks (hydra-core, omegaconf, antlr4 runtime; 0.4 MiB)
+# One transfer to the host holds 64 MiB in all: slim + deps + the JIT cache + the repo fit together; Ray
+# travels in a separate call while the host is still held (see ../shared/gpu/README.md).
+# Needs .git/info/exclude to ignore /.stage/ and /.whl/.
+set -euo pipefail
+shared=${SHARED_GPU:-../shared/gpu}
+mkdir -p .stage
+[ -d .stage/gpu ] || { cp -r "$shared" .stage/gpu; chmod -R u+w .stage/gpu; }
+bash .stage/gpu/fetch_wheels.sh .stage/gpu/wheels-sglang.txt .whl/dl >/dev/null
+bash .stage/gpu/fetch_wheels.sh .stage/gpu/wheels-ray.txt .whl/ray >/dev/null
+NO_XGRAMMAR=1 bash .stage/gpu/make_bundle.sh .whl/dl .stage/slim | tail -2
+bash .stage/gpu/make_bundle_ray.sh .whl/ray .stage/ray | tail -1
+# hybridrl's own dependencies that the host image does not have (pure Python; antlr4 4.9.3 is an sdist: build it)
+mkdir -p .whl/deps .stage/deps
+python3 -m pip download -q --no-deps -d .whl/deps hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3
+python3 -m pip wheel -q --no-deps --no-build-isolation -w .whl/deps .whl/deps/antlr4-python3-runtime-4.9.3.tar.gz
+cp .whl/deps/*.whl .stage/deps/
+du -sh .stage/slim .stage/ray .stage/deps

@@ -1,0 +1,118 @@
+"""The workers' GPU path in one process (world size 1, NCCL): bf16 compute over fp32 master weights.
+
+Run on the GPU machine from the repository root:  python -m pytest tests/gpu/test_workers_gpu.py -q
+Same code as the CPU tests (tests/test_workers.py); here the device is cuda, so FSDP gathers bf16
+parameters, reduces gradients in fp32 and the reference policy is held in bf16.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from hybridrl.config.compose import compose_config  # noqa: E402
+from hybridrl.config.validation import validate_config  # noqa: E402
+from hybridrl.protocol import DataProto  # noqa: E402
+from hybridrl.utils.fsdp_utils import iter_full_state_dict  # noqa: E402
+from hybridrl.utils.tiny_model import build_tiny_model, build_tokenizer  # noqa: E402
+from hybridrl.utils.torch_functional import logprobs_from_logits  # noqa: E402
+from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker  # noqa: E402
+from hybridrl.workers.critic import CriticWorker  # noqa: E402
+
+PROMPT_LENGTH, RESPONSE_LENGTH = 8, 16
+TEXTS = ["what is 12 plus 7 ? the answer is 19", "count to five : 1 2 3 4 5", "the cat sat on the mat",
+         "seven times six is 42"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    tokenizer = build_tokenizer(TEXTS * 20, vocab_size=128)
+    model_dir = build_tiny_model(str(tmp_path_factory.mktemp("tiny")), tokenizer, hidden_size=64)
+    yield model_dir, tokenizer
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def config(model_dir, *overrides):
+    return validate_config(compose_config([
+        f"actor_rollout_ref.model.path={model_dir}", "data.train_files=x.parquet", "data.val_files=x.parquet",
+        f"data.max_prompt_length={PROMPT_LENGTH}", f"data.max_response_length={RESPONSE_LENGTH}",
+        "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.actor.use_kl_loss=true", "trainer.n_gpus_per_node=1", *overrides]))
+
+
+def prompts(tokenizer, **meta):
+    encoded = tokenizer(TEXTS, padding="max_length", max_length=PROMPT_LENGTH, truncation=True, return_tensors="pt")
+    mask = encoded["attention_mask"]
+    return DataProto.from_dict({"input_ids": encoded["input_ids"], "attention_mask": mask,
+                                "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
+                               meta_info={"eos_token_id": tokenizer.eos_token_id,
+                                          "pad_token_id": tokenizer.pad_token_id, **meta})
+
+
+def fp32_reference(model_dir, weights, batch, temperature):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda()
+    model.load_state_dict(weights)
+    with torch.no_grad():
+        logits = model(**{k: batch.batch[k].cuda() for k in ("input_ids", "attention_mask", "position_ids")}).logits
+    return logprobs_from_logits(logits[:, -RESPONSE_LENGTH - 1:-1] / temperature, batch.batch["responses"].cuda()).cpu()
+
+
+@pytest.mark.parametrize("strategy", ["fsdp2", "fsdp"])
+def test_actor_rollout_ref_on_gpu(setup, strategy):
+    model_dir, tokenizer = setup
+    cfg = config(model_dir, f"actor_rollout_ref.actor.strategy={strategy}")
+    worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="actor_rollout_ref", seed=1, device="cuda")
+    worker.init_model()
+    master = next(worker.actor_module.parameters())
+    assert master.device.type == "cuda" and master.dtype == torch.float32
+    if strategy == "fsdp2":
+        assert isinstance(master, DTensor)
+
+    greedy = worker.generate_sequences(prompts(tokenizer, validate=True)).batch["responses"]
+    assert greedy.shape == (4, RESPONSE_LENGTH)
+    assert greedy.equal(worker.generate_sequences(prompts(tokenizer, validate=True)).batch["responses"])
+
+    batch = DataProto.from_dict(dict(worker.generate_sequences(prompts(tokenizer, validate=False)).batch))
+    batch.union(worker.compute_log_prob(batch))
+    batch.union(worker.compute_ref_log_prob(batch))
+    weights = {k: v.cpu() for k, v in iter_full_state_dict(worker.actor_module, torch.float32)}
+    reference = fp32_reference(model_dir, weights, batch, cfg.actor_rollout_ref.rollout.temperature)
+    mask = batch.batch["response_mask"].bool()
+    # bf16 compute against an fp32 forward: close, not equal
+    assert (batch.batch["old_log_probs"] - reference)[mask].abs().mean() < 0.05
+    torch.testing.assert_close(batch.batch["ref_log_prob"], batch.batch["old_log_probs"], atol=0.1, rtol=0)
+
+    batch.batch["advantages"] = torch.linspace(-1, 1, 4).unsqueeze(-1) * batch.batch["response_mask"]
+    metrics = worker.update_actor(batch).meta_info["metrics"]
+    assert all(torch.isfinite(torch.tensor(v)).all() for v in metrics.values())
+    after = {k: v.cpu() for k, v in iter_full_state_dict(worker.actor_module, torch.float32)}
+    assert max((after[k] - weights[k]).abs().max().item() for k in weights) > 1e-4
+
+
+def test_critic_on_gpu(setup):
+    model_dir, tokenizer = setup
+    cfg = config(model_dir, "algorithm=gae", "critic.optim.lr=3e-3")
+    actor = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="rollout", seed=1, device="cuda")
+    actor.init_model()
+    batch = DataProto.from_dict(dict(actor.generate_sequences(prompts(tokenizer, validate=True)).batch))
+    critic = CriticWorker(cfg.critic, rollout_n=1, seed=1, device="cuda")
+    critic.init_model()
+    batch.union(critic.compute_values(batch))
+    batch.batch["returns"] = batch.batch["response_mask"].float()
+    losses = [critic.update_critic(batch).meta_info["metrics"]["critic/vf_loss"][0] for _ in range(3)]
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[2] < losses[0]

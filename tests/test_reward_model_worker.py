@@ -1,0 +1,150 @@
+"""RewardModelWorker on a real local Ray: 2 CPU ranks over gloo, FSDP2, tiny Qwen2ForSequenceClassification
+reward models saved to disk, scores checked against a single-process HF forward of the unpadded text.
+
+One colocated group (one process per rank) holds two roles:
+  same    the RM shares the policy's tokenizer and chat template: it reads the policy's token ids
+  switch  the RM has its own vocabulary and chat template: every row is re-tokenised from its chat
+"""
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, Qwen2Config, Qwen2ForSequenceClassification
+
+from hybridrl.config.compose import compose_config
+from hybridrl.config.validation import validate_config
+from hybridrl.protocol import DataProto
+from hybridrl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, \
+    create_colocated_worker_cls
+from hybridrl.utils.tiny_model import build_tiny_model, build_tokenizer
+from hybridrl.workers.reward_model import RewardModelWorker, load_reward_model, same_tokenization
+
+PROMPT_LENGTH, RESPONSE_LENGTH = 20, 8
+QUESTIONS = ["what is 3 + 4 ?", "name a colour", "2 + 2 ?", "say hello", "count to 3"]
+RESPONSES = ["7<|im_end|>", "the sky is blue", "4", "hello there friend<|im_end|>", "1 2 3"]
+POLICY_TEXTS = QUESTIONS * 10 + RESPONSES * 10 + ["user assistant"] * 10
+# The switch RM's own chat template, written differently from ChatML on purpose.
+RM_TEMPLATE = "{% for m in messages %}{{ '[' + m['role'] + ']: ' + m['content'] + '\n' }}{% endfor %}"
+
+
+def save_reward_model(out_dir, tokenizer, seed):
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256, num_labels=1,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(seed)
+    Qwen2ForSequenceClassification(config).save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return str(out_dir)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    policy_tokenizer = build_tokenizer(POLICY_TEXTS, vocab_size=330)
+    policy_dir = tmp_path_factory.mktemp("policy")
+    policy_tokenizer.save_pretrained(policy_dir)
+    rm_tokenizer = build_tokenizer(["[user]: [assistant]: hello blue sky"] * 10 + QUESTIONS, vocab_size=290)
+    rm_tokenizer.chat_template = RM_TEMPLATE
+    return {"policy_dir": str(policy_dir), "policy_tokenizer": policy_tokenizer, "rm_tokenizer": rm_tokenizer,
+            "same_dir": save_reward_model(tmp_path_factory.mktemp("rm_same"), policy_tokenizer, seed=1),
+            "switch_dir": save_reward_model(tmp_path_factory.mktemp("rm_switch"), rm_tokenizer, seed=2)}
+
+
+def rm_config(policy_dir, rm_dir):
+    config = validate_config(compose_config([
+        f"actor_rollout_ref.model.path={policy_dir}", "data.train_files=unused.parquet", "data.val_files=unused.parquet",
+        f"reward_model.model.path={rm_dir}", "reward_model.micro_batch_size_per_gpu=2", "reward_model.max_length=64",
+        "trainer.n_gpus_per_node=2"]))
+    return config.reward_model
+
+
+@pytest.fixture(scope="module")
+def groups(ray_local, models):
+    roles = {name: RayClassWithInitArgs(RewardModelWorker, rm_config(models["policy_dir"], models[f"{name}_dir"]),
+                                        seed=0, device="cpu")
+             for name in ("same", "switch")}
+    pool = RayResourcePool(process_on_nodes=[2], use_gpu=False, name_prefix="test_rm")
+    spawned = RayWorkerGroup(pool, create_colocated_worker_cls(roles)).spawn(prefix_set=set(roles))
+    for group in spawned.values():
+        group.init_model()
+    yield spawned
+    pool.remove()
+
+
+def policy_batch(tokenizer) -> DataProto:
+    """Five rollout rows as the trainer holds them: left-padded chat prompts, right-padded responses, raw chats."""
+    chats = [[{"role": "user", "content": question}] for question in QUESTIONS]
+    ids, masks, responses = [], [], []
+    for chat, response in zip(chats, RESPONSES):
+        prompt = tokenizer(tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False),
+                           add_special_tokens=False)["input_ids"]
+        answer = tokenizer(response, add_special_tokens=False)["input_ids"]
+        assert len(prompt) <= PROMPT_LENGTH and len(answer) <= RESPONSE_LENGTH
+        left, right = PROMPT_LENGTH - len(prompt), RESPONSE_LENGTH - len(answer)
+        pad = tokenizer.pad_token_id
+        ids.append([pad] * left + prompt + answer + [pad] * right)
+        masks.append([0] * left + [1] * (len(prompt) + len(answer)) + [0] * right)
+        responses.append(answer + [pad] * right)
+    mask = torch.tensor(masks)
+    input_ids = torch.tensor(ids)
+    return DataProto.from_dict(
+        {"input_ids": input_ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+         "prompts": input_ids[:, :PROMPT_LENGTH], "responses": torch.tensor(responses)},
+        {"raw_prompt": chats})
+
+
+def direct_scores(model_dir, token_lists) -> list[float]:
+    """Single process, no padding: HF's own pooling reads the last token of each unpadded sequence."""
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        return [model(input_ids=torch.tensor([tokens])).logits[0, 0].item() for tokens in token_lists]
+
+
+def expected_rm_scores(scores, tokenizer) -> torch.Tensor:
+    """Each score on its response's last valid token (EOS included when the response has one), 0 elsewhere."""
+    expected = torch.zeros(len(RESPONSES), RESPONSE_LENGTH)
+    for row, (score, response) in enumerate(zip(scores, RESPONSES)):
+        expected[row, len(tokenizer(response, add_special_tokens=False)["input_ids"]) - 1] = score
+    return expected
+
+
+def test_same_tokenizer_scores_the_policy_tokens(groups, models):
+    tokenizer = models["policy_tokenizer"]
+    batch = policy_batch(tokenizer)
+    rm_scores = groups["same"].compute_rm_score(batch).batch["rm_scores"]
+
+    unpadded = [row[mask.bool()].tolist() for row, mask in zip(batch.batch["input_ids"], batch.batch["attention_mask"])]
+    expected = expected_rm_scores(direct_scores(models["same_dir"], unpadded), tokenizer)
+    assert rm_scores.shape == (5, RESPONSE_LENGTH) and rm_scores.dtype == torch.float32
+    assert (rm_scores != 0).sum() == 5
+    torch.testing.assert_close(rm_scores, expected, atol=1e-5, rtol=0)
+
+
+def test_other_tokenizer_and_template_rescore_the_chat(groups, models):
+    rm_tokenizer = models["rm_tokenizer"]
+    rm_scores = groups["switch"].compute_rm_score(policy_batch(models["policy_tokenizer"])).batch["rm_scores"]
+
+    # The RM's template written out by hand; the response is decoded without its EOS.
+    texts = [f"[user]: {question}\n[assistant]: {response.removesuffix('<|im_end|>')}\n"
+             for question, response in zip(QUESTIONS, RESPONSES)]
+    rm_ids = [rm_tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    expected = expected_rm_scores(direct_scores(models["switch_dir"], rm_ids), models["policy_tokenizer"])
+    torch.testing.assert_close(rm_scores, expected, atol=1e-5, rtol=0)
+    assert not torch.allclose(rm_scores, groups["same"].compute_rm_score(
+        policy_batch(models["policy_tokenizer"])).batch["rm_scores"])
+
+
+def test_retokenizing_needs_the_raw_chat(groups, models):
+    batch = policy_batch(models["policy_tokenizer"])
+    batch.pop(non_tensor_batch_keys=["raw_prompt"])
+    with pytest.raises(Exception, match="data.return_raw_chat=true"):
+        groups["switch"].compute_rm_score(batch)
+
+
+def test_tokenizer_comparison_and_untrained_head_refused(models, tmp_path):
+    policy, rm = models["policy_tokenizer"], models["rm_tokenizer"]
+    assert same_tokenization(policy, policy) and not same_tokenization(policy, rm)
+    retemplated = build_tokenizer(POLICY_TEXTS, vocab_size=330)
+    retemplated.chat_template = RM_TEMPLATE
+    assert retemplated.get_vocab() == policy.get_vocab() and not same_tokenization(policy, retemplated)
+
+    causal_lm = build_tiny_model(str(tmp_path / "lm"), policy, hidden_size=32, num_layers=1, intermediate_size=64)
+    with pytest.raises(ValueError, match=r"not a trained reward model.*score\.weight"):
+        load_reward_model(causal_lm, torch.float32)

@@ -1,0 +1,227 @@
+"""Reward managers batch and dapo, scorer failures, rm_scores, loading from the real config, math-verify."""
+import logging
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from hybridrl.config.compose import compose_config
+from hybridrl.config.validation import validate_config
+from hybridrl.protocol import DataProto
+from hybridrl.utils.reward_score import default_compute_score
+from hybridrl.utils.reward_score import math as math_score
+from hybridrl.utils.tiny_model import build_tokenizer
+from hybridrl.workers.reward_manager import (BatchRewardManager, DAPORewardManager, NaiveRewardManager,
+                                             load_reward_manager)
+
+PROMPT_LEN, RESPONSE_LEN = 4, 8
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer(["so the answer is 12345678 boom"] * 10)
+
+
+def make_batch(tokenizer, responses, ground_truths=None, data_sources=None):
+    """Left-padded prompt "so", right-padded responses (digits are one token each, so "1234" is 4 tokens)."""
+    pad = tokenizer.pad_token_id
+    prompt = tokenizer("so", add_special_tokens=False)["input_ids"]
+    prompt_row = [pad] * (PROMPT_LEN - len(prompt)) + prompt
+    response_rows, masks = [], []
+    for response in responses:
+        ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+        assert len(ids) <= RESPONSE_LEN
+        response_rows.append(ids + [pad] * (RESPONSE_LEN - len(ids)))
+        masks.append([0] * (PROMPT_LEN - len(prompt)) + [1] * len(prompt) + [1] * len(ids)
+                     + [0] * (RESPONSE_LEN - len(ids)))
+    n = len(responses)
+    prompts, response_t = torch.tensor([prompt_row] * n), torch.tensor(response_rows)
+    return DataProto.from_dict(
+        {"prompts": prompts, "responses": response_t, "input_ids": torch.cat([prompts, response_t], 1),
+         "attention_mask": torch.tensor(masks)},
+        {"data_source": data_sources or ["src"] * n,
+         "reward_model": [{"ground_truth": g} for g in (ground_truths or ["1"] * n)],
+         "extra_info": [{"index": i} for i in range(n)]})
+
+
+def on_last_token(values, lengths) -> torch.Tensor:
+    expected = torch.zeros(len(values), RESPONSE_LEN)
+    for row, (value, length) in enumerate(zip(values, lengths)):
+        expected[row, length - 1] = value
+    return expected
+
+
+def digit_count_score(data_source, solution_str, ground_truth, extra_info):
+    """A per-sample scorer with extras: +1 per digit equal to the ground truth, tagged with the row index."""
+    if "boom" in solution_str:
+        raise ZeroDivisionError(f"cannot score {solution_str!r}")
+    return {"score": float(solution_str.count(ground_truth)), "index": extra_info["index"], "len": len(solution_str)}
+
+
+def digit_count_batch(data_sources, solution_strs, ground_truths, extra_infos):
+    """The same scorer over lists, raising for the whole batch when any sample would."""
+    batch_calls.append(len(solution_strs))
+    return [digit_count_score(*sample) for sample in zip(data_sources, solution_strs, ground_truths, extra_infos)]
+
+
+batch_calls: list[int] = []
+
+
+def overlong(enable=True, length=4, factor=0.5, log=True):
+    return OmegaConf.create({"enable": enable, "len": length, "penalty_factor": factor, "log": log})
+
+
+# ---------------------------------------------------------------------------------------------- dapo
+
+def test_dapo_overlong_penalty_hand_computed(tokenizer):
+    # max_resp_len 8, buffer 4 -> expected_len 4; penalty = min(-(L - 4) / 4 * 0.5, 0)
+    responses = ["111", "1111", "111111", "11111111"]  # 3, 4, 6, 8 tokens
+    manager = DAPORewardManager(tokenizer, 0, compute_score=lambda **_: 1.0, max_resp_len=RESPONSE_LEN,
+                                overlong_buffer_cfg=overlong())
+    out = manager(make_batch(tokenizer, responses), return_dict=True)
+
+    assert out["reward_extra_info"] == {"overlong_reward": [0.0, 0.0, -0.25, -0.5],
+                                        "overlong": [False, False, True, True]}
+    assert torch.equal(out["reward_tensor"], on_last_token([1.0, 1.0, 0.75, 0.5], [3, 4, 6, 8]))
+    assert out["reward_metrics"] == {"reward/errors": 0.0}
+    assert [manager.overlong_penalty(n) for n in (5, 7)] == [-0.125, -0.375]
+
+
+def test_dapo_without_log_or_disabled(tokenizer):
+    batch = make_batch(tokenizer, ["11", "11111111"], ground_truths=["1", "1"])
+    quiet = DAPORewardManager(tokenizer, 0, compute_score=lambda **_: 2.0, max_resp_len=RESPONSE_LEN,
+                              overlong_buffer_cfg=overlong(length=2, factor=1.0, log=False))(batch, return_dict=True)
+    assert quiet["reward_extra_info"] == {}
+    assert torch.equal(quiet["reward_tensor"], on_last_token([2.0, 2.0 - 1.0], [2, 8]))  # 8 tokens: -(8-6)/2*1
+
+    disabled = DAPORewardManager(tokenizer, 0, compute_score=digit_count_score, max_resp_len=RESPONSE_LEN,
+                                 overlong_buffer_cfg=overlong(enable=False))(batch, return_dict=True)
+    naive = NaiveRewardManager(tokenizer, 0, compute_score=digit_count_score)(batch, return_dict=True)
+    assert torch.equal(disabled["reward_tensor"], naive["reward_tensor"])
+    assert disabled["reward_extra_info"] == naive["reward_extra_info"]
+
+
+def test_dapo_config_errors(tokenizer):
+    with pytest.raises(ValueError, match="needs max_resp_len"):
+        DAPORewardManager(tokenizer, 0, overlong_buffer_cfg=overlong())
+    with pytest.raises(ValueError, match=r"overlong_buffer.len must be in \[1, data.max_response_length=8\].*got 9"):
+        DAPORewardManager(tokenizer, 0, max_resp_len=8, overlong_buffer_cfg=overlong(length=9))
+    with pytest.raises(ValueError, match="got 0"):
+        DAPORewardManager(tokenizer, 0, max_resp_len=8, overlong_buffer_cfg=overlong(length=0))
+
+
+# ---------------------------------------------------------------------------------------------- batch
+
+def test_batch_manager_equals_naive_with_one_call(tokenizer):
+    batch = make_batch(tokenizer, ["1 1 2", "2 2", "so 1", "12345678"], ground_truths=["1", "2", "3", "8"])
+    batch_calls.clear()
+    batched = BatchRewardManager(tokenizer, 0, compute_score=digit_count_batch)(batch, return_dict=True)
+    naive = NaiveRewardManager(tokenizer, 0, compute_score=digit_count_score)(batch, return_dict=True)
+
+    assert batch_calls == [4]
+    assert torch.equal(batched["reward_tensor"], naive["reward_tensor"])
+    assert batched["reward_extra_info"] == naive["reward_extra_info"] == {"index": [0, 1, 2, 3],
+                                                                          "len": [5, 3, 4, 8]}
+    assert torch.equal(naive["reward_tensor"], on_last_token([2.0, 2.0, 0.0, 1.0], [5, 3, 4, 8]))
+
+
+def test_batch_manager_contract_errors(tokenizer):
+    with pytest.raises(ValueError, match="custom_reward_function.path/name"):
+        BatchRewardManager(tokenizer, 0)
+    short = BatchRewardManager(tokenizer, 0, compute_score=lambda **kw: [1.0])
+    with pytest.raises(ValueError, match=r"one score per sample \(2\), got list of length 1"):
+        short(make_batch(tokenizer, ["1", "2"]))
+
+
+# ---------------------------------------------------------------------------------------------- failures
+
+@pytest.mark.parametrize("make_manager", [
+    lambda tok: NaiveRewardManager(tok, 0, compute_score=digit_count_score),
+    lambda tok: BatchRewardManager(tok, 0, compute_score=digit_count_batch),
+], ids=["naive", "batch"])
+def test_a_raising_scorer_costs_only_its_samples(tokenizer, make_manager, caplog):
+    batch = make_batch(tokenizer, ["1 1", "boom 1", "1", "boom"])
+    manager = make_manager(tokenizer)
+    with caplog.at_level(logging.ERROR, logger="hybridrl.workers.reward_manager.base"):
+        out = manager(batch, return_dict=True)
+        again = manager(batch, return_dict=True)
+
+    assert torch.equal(out["reward_tensor"], on_last_token([2.0, 0.0, 1.0, 0.0], [3, 3, 1, 2]))
+    assert out["reward_metrics"] == again["reward_metrics"] == {"reward/errors": 2.0}
+    assert out["reward_extra_info"] == {"index": [0, None, 2, None], "len": [3, None, 1, None]}
+    errors = [record for record in caplog.records if record.levelno == logging.ERROR]
+    assert len(errors) == 1  # the first traceback only, not one per failure or per call
+    assert "ZeroDivisionError: cannot score" in caplog.text
+
+
+def test_dapo_failed_sample_keeps_its_length_penalty(tokenizer):
+    manager = DAPORewardManager(tokenizer, 0, compute_score=digit_count_score, max_resp_len=RESPONSE_LEN,
+                                overlong_buffer_cfg=overlong(log=False))
+    out = manager(make_batch(tokenizer, ["1111111", "boom 111"]), return_dict=True)  # 7 tokens, 6 tokens
+    assert torch.equal(out["reward_tensor"], on_last_token([7.0 - 0.375, 0.0 - 0.25], [7, 6]))
+    assert out["reward_metrics"] == {"reward/errors": 1.0}
+
+
+def test_a_scorer_raising_on_every_sample_fails_the_batch(tokenizer):
+    with pytest.raises(RuntimeError, match=r"raised for all 2 samples.*ZeroDivisionError"):
+        NaiveRewardManager(tokenizer, 0, compute_score=digit_count_score)(make_batch(tokenizer, ["boom", "boom"]))
+    with pytest.raises(RuntimeError, match="scorer itself is broken"):
+        NaiveRewardManager(tokenizer, 0)(make_batch(tokenizer, ["1"], data_sources=["no/such/source"]))
+
+
+# ---------------------------------------------------------------------------------------------- rm_scores
+
+def test_rm_scores_add_to_rule_scores(tokenizer):
+    batch = make_batch(tokenizer, ["1", "11"])
+    batch.batch["rm_scores"] = on_last_token([0.25, -2.0], [1, 2])
+    rewards = NaiveRewardManager(tokenizer, 0, compute_score=digit_count_score)(batch)
+    assert torch.equal(rewards, on_last_token([1.25, 0.0], [1, 2]))
+
+    batch.batch["rm_scores"] = torch.zeros(2, RESPONSE_LEN - 1)
+    with pytest.raises(ValueError, match=r"rm_scores'\] has shape \(2, 7\)"):
+        NaiveRewardManager(tokenizer, 0, compute_score=digit_count_score)(batch)
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+CUSTOM_BATCH_FILE = '''
+def score_all(data_sources, solution_strs, ground_truths, extra_infos):
+    return [float(len(s)) for s in solution_strs]
+'''
+
+
+def test_load_reward_manager_from_the_real_config(tokenizer, tmp_path):
+    path = tmp_path / "batch_reward.py"
+    path.write_text(CUSTOM_BATCH_FILE)
+    base = ["actor_rollout_ref.model.path=unused", "data.train_files=unused.parquet", "data.val_files=unused.parquet",
+            f"data.max_response_length={RESPONSE_LEN}", "trainer.n_gpus_per_node=1"]
+    dapo = load_reward_manager(validate_config(compose_config(base + [
+        "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=true",
+        "reward_model.overlong_buffer.len=4", "reward_model.overlong_buffer.penalty_factor=1.0"])), tokenizer, 0)
+    assert isinstance(dapo, DAPORewardManager) and dapo.max_resp_len == RESPONSE_LEN
+    assert dapo.overlong_penalty(RESPONSE_LEN) == -1.0 and dapo.compute_score is default_compute_score
+
+    batched = load_reward_manager(validate_config(compose_config(base + [
+        "reward_model.reward_manager=batch", f"custom_reward_function.path={path}",
+        "custom_reward_function.name=score_all"])), tokenizer, 0)
+    assert torch.equal(batched(make_batch(tokenizer, ["12", "1234"])), on_last_token([2.0, 4.0], [2, 4]))
+
+    with pytest.raises(ValueError, match="reward_manager='naive' does not apply an overlong penalty"):
+        load_reward_manager(validate_config(compose_config(base + ["reward_model.overlong_buffer.enable=true",
+                                                                   "reward_model.overlong_buffer.len=4"])),
+                            tokenizer, 0)
+
+
+# ---------------------------------------------------------------------------------------------- math-verify
+
+def test_math_scorer_uses_math_verify_when_installed(monkeypatch):
+    pytest.importorskip("math_verify")
+    assert math_score.MATH_VERIFY_INSTALLED
+    cases = [("so \\boxed{2/4}", "\\frac{1}{2}", 1.0), ("\\boxed{\\frac{\\sqrt{8}}{2}}", "\\sqrt{2}", 1.0),
+             ("\\boxed{\\dfrac12}", "\\frac{1}{2}", 1.0), ("\\boxed{3}", "\\frac{1}{2}", 0.0),
+             ("2/4 without a box", "\\frac{1}{2}", 0.0)]
+    for response, ground_truth, expected in cases:
+        assert default_compute_score("lighteval/MATH", response, ground_truth) == expected, response
+    assert math_score.compute_score("\\boxed{2/4}", "\\frac{1}{2}") == 0.0  # the textual comparison alone
+    monkeypatch.setattr(math_score, "MATH_VERIFY_INSTALLED", False)
+    assert default_compute_score("lighteval/MATH", "\\boxed{2/4}", "\\frac{1}{2}") == 0.0
