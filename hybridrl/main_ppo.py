@@ -77,16 +77,22 @@ def run_ppo(config: PPOConfig) -> None:
     ray.get(runner.run.remote(config))
 
 
-@ray.remote(num_cpus=1)
+@ray.remote(num_cpus=0)
 class TaskRunner:
-    """The job's controller process: builds the trainer and runs its loop."""
+    """The job's controller process: builds the trainer and runs its loop.
 
-    def run(self, config: PPOConfig) -> None:
+    It reserves no CPU: it mostly waits on the workers, and on a 2-core laptop the workers' two
+    CPU bundles already take every logical CPU a local Ray has.
+    """
+
+    def run(self, config: PPOConfig) -> dict:
         # A fresh process: the registries only hold what the extensions register once imported here too.
         load_extensions(config.extensions)
         from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-        RayPPOTrainer(config).fit()
+        trainer = RayPPOTrainer(config)
+        trainer.init_workers()
+        return trainer.fit()
 
 
 def exit_with_config_errors(problems: list[str]) -> None:

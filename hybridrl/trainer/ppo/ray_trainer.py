@@ -1,0 +1,271 @@
+"""RayPPOTrainer: PPO / GRPO from one controller process.
+
+`fit()` is the algorithm, top to bottom: sample prompts, generate `n` responses each, score them,
+compute old / reference log-probs and values, turn scores into advantages, update the critic and
+the actor. The controller owns the loop and the small per-token tensors; the worker groups own
+every model (see workers/). Nothing here touches a weight.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+
+import numpy as np
+import ray
+import torch
+from transformers import AutoTokenizer
+
+from hybridrl.protocol import DataProto
+from hybridrl.single_controller.ray import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    create_colocated_worker_cls,
+)
+from hybridrl.trainer.ppo import core_algos
+from hybridrl.trainer.ppo.metric_utils import (
+    compute_data_metrics,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    compute_validation_metrics,
+    reduce_metrics,
+    timer,
+)
+from hybridrl.utils.dataset import RLHFDataset, make_dataloader
+from hybridrl.utils.progress import ProgressReporter
+from hybridrl.utils.tracking import Tracking
+from hybridrl.workers.reward_manager import load_reward_manager
+
+GEN_KEYS = ["input_ids", "attention_mask", "position_ids"]
+
+
+def resolve_device(requested: str) -> str:
+    """`auto` picks cuda when the Ray cluster has GPUs (the driver itself may have none)."""
+    has_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    if requested == "auto":
+        return "cuda" if has_gpu else "cpu"
+    if requested == "cuda" and not has_gpu:
+        raise RuntimeError("trainer.device=cuda but the Ray cluster reports no GPU; use trainer.device=auto or cpu")
+    return requested
+
+
+class RayPPOTrainer:
+    def __init__(self, config):
+        self.config = config
+        model_path = config.actor_rollout_ref.model.path
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            config.data.tokenizer or model_path, trust_remote_code=config.actor_rollout_ref.model.trust_remote_code)
+        self.tokenizer.padding_side = "left"
+        self.use_critic = config.critic.enable  # validation resolved null to (adv_estimator == gae)
+        self.use_kl_in_reward = config.algorithm.use_kl_in_reward
+        self.use_reference = config.actor_rollout_ref.actor.use_kl_loss or self.use_kl_in_reward
+        self.kl_ctrl_in_reward = core_algos.get_kl_controller(config.algorithm.kl_ctrl) if self.use_kl_in_reward else None
+        self.device = resolve_device(config.trainer.device)
+        self.world_size = config.trainer.nnodes * config.trainer.n_gpus_per_node
+
+        self.train_dataloader, self.val_dataloader = self._create_dataloaders()
+        self.total_training_steps = self._total_training_steps()
+        # The LR schedules need the run length; workers read it from their optim config.
+        config.actor_rollout_ref.actor.optim.total_training_steps = self.total_training_steps
+        config.critic.optim.total_training_steps = self.total_training_steps
+
+        self.reward_fn = load_reward_manager(config, self.tokenizer, num_examine=0)
+        self.val_reward_fn = load_reward_manager(config, self.tokenizer, num_examine=1)
+        self.global_steps = 0
+
+    # ------------------------------------------------------------------ set-up
+    def _create_dataloaders(self):
+        data = self.config.data
+        train_set = RLHFDataset(data.train_files, self.tokenizer, data)
+        val_set = RLHFDataset(data.val_files, self.tokenizer, data)
+        train = make_dataloader(train_set, batch_size=data.train_batch_size, shuffle=data.shuffle,
+                                seed=data.seed, drop_last=True)
+        val = make_dataloader(val_set, batch_size=data.val_batch_size or len(val_set), shuffle=False,
+                              seed=data.seed, drop_last=False)
+        if len(train) == 0:
+            raise ValueError(f"data.train_files has {len(train_set)} prompts, fewer than "
+                             f"data.train_batch_size={data.train_batch_size}: not one training batch")
+        return train, val
+
+    def _total_training_steps(self) -> int:
+        steps = len(self.train_dataloader) * self.config.trainer.total_epochs
+        if self.config.trainer.total_training_steps is not None:
+            steps = self.config.trainer.total_training_steps
+        return steps
+
+    def init_workers(self):
+        """One Ray actor per rank holds every role (actor, rollout, ref, critic): the hybrid engine."""
+        from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
+        from hybridrl.workers.critic import CriticWorker
+
+        trainer = self.config.trainer
+        self.resource_pool = pool = RayResourcePool(process_on_nodes=[trainer.n_gpus_per_node] * trainer.nnodes,
+                                                    use_gpu=self.device == "cuda", name_prefix="hybridrl")
+        role = "actor_rollout_ref" if self.use_reference else "actor_rollout"
+        common = dict(seed=trainer.seed, device=self.device, extensions=list(self.config.extensions))
+        roles = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, self.config.actor_rollout_ref,
+                                                       role=role, **common)}
+        if self.use_critic:
+            roles["critic"] = RayClassWithInitArgs(CriticWorker, self.config.critic,
+                                                   rollout_n=self.config.actor_rollout_ref.rollout.n, **common)
+        all_roles = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls(roles))
+        groups = all_roles.spawn(prefix_set=set(roles))
+        if self.use_critic:
+            self.critic_wg = groups["critic"]
+            self.critic_wg.init_model()
+        # The actor/rollout goes last so an inference engine sizes its cache after the critic is in memory.
+        self.actor_rollout_wg = groups["actor_rollout"]
+        self.actor_rollout_wg.init_model()
+
+    def shutdown(self):
+        """Stop the workers and free their placement groups (so a later trainer in this Ray can start)."""
+        self.resource_pool.remove()
+
+    # ------------------------------------------------------------------ the algorithm
+    def fit(self):
+        """Train for `total_training_steps`, validating before, every `test_freq` steps and at the end.
+
+        Call `init_workers()` first."""
+        trainer = self.config.trainer
+        start = time.perf_counter()
+        logger = Tracking(project_name=trainer.project_name, experiment_name=trainer.experiment_name,
+                          default_backend=list(trainer.logger), config=None, local_dir=trainer.default_local_dir)
+
+        val_before = val_after = None
+        if trainer.val_before_train:
+            val_metrics = self._validate()
+            val_before = val_after = _mean_val_score(val_metrics)
+            logger.log(val_metrics, step=0)
+        if trainer.val_only:
+            return self._finish(logger, start, val_before, val_after)
+
+        progress = ProgressReporter(self.total_training_steps, initial_step=self.global_steps)
+        while self.global_steps < self.total_training_steps:
+            for batch_dict in self.train_dataloader:
+                self.global_steps += 1
+                metrics = self.train_step(DataProto.from_single_dict(batch_dict))
+                is_last = self.global_steps >= self.total_training_steps
+                if trainer.test_freq > 0 and (self.global_steps % trainer.test_freq == 0 or is_last):
+                    val_metrics = self._validate()
+                    val_after = _mean_val_score(val_metrics)
+                    metrics.update(val_metrics)
+                logger.log(metrics, step=self.global_steps)
+                progress.update(self.global_steps, metrics)
+                if is_last:
+                    break
+        progress.close()
+        if trainer.test_freq <= 0 and trainer.val_before_train:
+            val_metrics = self._validate()
+            val_after = _mean_val_score(val_metrics)
+            logger.log(val_metrics, step=self.global_steps)
+        return self._finish(logger, start, val_before, val_after)
+
+    def train_step(self, batch: DataProto) -> dict[str, float]:
+        """One PPO/GRPO iteration on a batch of prompts; returns its metrics."""
+        actor, rollout = self.config.actor_rollout_ref.actor, self.config.actor_rollout_ref.rollout
+        timing: dict[str, float] = {}
+        metrics: dict[str, float] = {}
+        with timer("step", timing):
+            # Each prompt gets a uid so group estimators (GRPO, RLOO, …) know its n responses.
+            batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+            prompts = batch.pop(batch_keys=GEN_KEYS)
+            prompts.meta_info = self._generation_meta(validate=False)
+            batch = batch.repeat(rollout.n, interleave=True)
+            prompts = prompts.repeat(rollout.n, interleave=True)
+
+            with timer("gen", timing):
+                batch = batch.union(self.actor_rollout_wg.generate_sequences(prompts))
+            batch.meta_info["temperature"] = rollout.temperature
+
+            with timer("reward", timing):
+                reward = self.reward_fn(batch, return_dict=True)
+                batch.batch["token_level_scores"] = reward["reward_tensor"]
+                metrics.update(_reward_extra_metrics(reward.get("reward_extra_info", {})))
+
+            with timer("old_log_prob", timing):
+                batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
+            if self.use_reference:
+                with timer("ref", timing):
+                    batch = batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
+            if self.use_critic:
+                with timer("values", timing):
+                    batch = batch.union(self.critic_wg.compute_values(batch))
+
+            with timer("adv", timing):
+                if self.use_kl_in_reward:
+                    batch, kl_metrics = core_algos.apply_kl_penalty(
+                        batch, kl_ctrl=self.kl_ctrl_in_reward, kl_penalty=self.config.algorithm.kl_penalty)
+                    metrics.update(kl_metrics)
+                else:
+                    batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+                algo = self.config.algorithm
+                batch = core_algos.compute_advantage(
+                    batch, adv_estimator=algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
+                    norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo)
+
+            if self.use_critic:
+                with timer("update_critic", timing):
+                    critic_out = self.critic_wg.update_critic(batch)
+                metrics.update(reduce_metrics(critic_out.meta_info["metrics"]))
+            if self.global_steps > self.config.trainer.critic_warmup:
+                with timer("update_actor", timing):
+                    actor_out = self.actor_rollout_wg.update_actor(batch)
+                metrics.update(reduce_metrics(actor_out.meta_info["metrics"]))
+
+        metrics["training/global_step"] = self.global_steps
+        metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
+        metrics.update(compute_timing_metrics(timing))
+        metrics.update(compute_throughput_metrics(batch, timing, n_workers=self.world_size))
+        return metrics
+
+    def _validate(self) -> dict[str, float]:
+        """Generate with `rollout.val_kwargs` (greedy by default) on the whole validation set and score it."""
+        val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
+        sources, scores, extra = [], [], {}
+        for batch_dict in self.val_dataloader:
+            batch = DataProto.from_single_dict(batch_dict)
+            prompts = batch.pop(batch_keys=GEN_KEYS)
+            prompts.meta_info = self._generation_meta(validate=True)
+            batch = batch.repeat(val_kwargs.n, interleave=True)
+            prompts = prompts.repeat(val_kwargs.n, interleave=True)
+            batch = batch.union(self.actor_rollout_wg.generate_sequences(prompts))
+            reward = self.val_reward_fn(batch, return_dict=True)
+            scores.append(reward["reward_tensor"].sum(-1))
+            sources.append(batch.non_tensor_batch[self.config.data.reward_fn_key])
+            for key, values in reward.get("reward_extra_info", {}).items():
+                extra.setdefault(key, []).extend(values)
+        return compute_validation_metrics(np.concatenate(sources), torch.cat(scores), n=val_kwargs.n, extra=extra)
+
+    def _generation_meta(self, validate: bool) -> dict:
+        rollout = self.config.actor_rollout_ref.rollout
+        do_sample = rollout.val_kwargs.do_sample if validate else rollout.do_sample
+        return {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id,
+                "validate": validate, "do_sample": do_sample}
+
+    def _finish(self, logger, start: float, val_before, val_after) -> dict:
+        """Write `summary.json` in the run directory and return the summary."""
+        run_dir = self.config.trainer.default_local_dir
+        os.makedirs(run_dir, exist_ok=True)
+        summary = {"val_score_before": val_before, "val_score_after": val_after, "steps": self.global_steps,
+                   "wall_s": round(time.perf_counter() - start, 2), "checkpoint_dir": os.path.abspath(run_dir)}
+        path = os.path.join(run_dir, "summary.json")
+        with open(path, "w") as f:
+            json.dump(summary, f, indent=2)
+        logger.finish()
+        summary["summary_path"] = os.path.abspath(path)
+        return summary
+
+
+def _mean_val_score(val_metrics: dict[str, float]) -> float | None:
+    scores = [v for k, v in val_metrics.items() if k.startswith("val-core/")]
+    return float(np.mean(scores)) if scores else None
+
+
+def _reward_extra_metrics(extra: dict[str, list]) -> dict[str, float]:
+    metrics = {}
+    for key, values in extra.items():
+        if values and all(isinstance(v, (int, float, bool, np.number)) for v in values):
+            metrics[f"reward/{key}/mean"] = float(np.mean(values))
+    return metrics
