@@ -26,30 +26,20 @@ from hybridrl.utils.import_utils import load_extensions
 # any value other than the one given here is refused. Remove an entry when its feature lands.
 NOT_IMPLEMENTED: dict[str, Any] = {
     "actor_rollout_ref.hybrid_engine": True,
-    "actor_rollout_ref.model.use_remove_padding": False,
-    "actor_rollout_ref.model.use_liger": False,
     "actor_rollout_ref.model.use_fused_kernels": False,
     "actor_rollout_ref.model.enable_activation_offload": False,
-    "actor_rollout_ref.model.lora_rank": 0,
-    "actor_rollout_ref.actor.use_dynamic_bsz": False,
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 1,
     "actor_rollout_ref.actor.use_torch_compile": False,
     "actor_rollout_ref.actor.fsdp_config.param_offload": False,
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload": False,
     "actor_rollout_ref.rollout.mode": "sync",
-    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": False,
     "actor_rollout_ref.ref.fsdp_config.param_offload": False,
-    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": False,
-    "critic.use_dynamic_bsz": False,
-    "critic.model.use_remove_padding": False,
-    "critic.model.lora_rank": 0,
     "critic.model.fsdp_config.param_offload": False,
     "critic.model.fsdp_config.optimizer_offload": False,
-    "reward_model.enable": False,
     "reward_model.launch_reward_fn_async": False,
     "algorithm.use_pf_ppo": False,
-    "trainer.balance_batch": False,
     "trainer.default_hdfs_dir": None,
+    "trainer.del_local_ckpt_after_load": False,
     "ray_init.timeline_json_file": None,
 }
 
@@ -301,6 +291,67 @@ def _tensor_parallel_divides(values: _Values, problems: list[str]) -> None:
                         f"size trainer.nnodes * trainer.n_gpus_per_node = {world}, got {tp}")
 
 
+def _liger_runs_on_a_gpu(values: _Values, problems: list[str]) -> None:
+    """liger's kernels are Triton kernels: CUDA only, and the package comes with the gpu extra."""
+    if not values("actor_rollout_ref.model.use_liger"):
+        return
+    device = values("trainer.device")
+    if device == "cpu" or (values("ray_init.address") is None and not _cuda_available()):
+        problems.append(f"actor_rollout_ref.model.use_liger: expected false without a GPU (liger's kernels run only "
+                        f"on CUDA; trainer.device={device!r}, CUDA available: {_cuda_available()}), got True")
+    elif importlib.util.find_spec("liger_kernel") is None:
+        problems.append(f"actor_rollout_ref.model.use_liger: expected the liger-kernel package to be installed "
+                        f"({INSTALL_GPU_EXTRAS}), got True (liger_kernel is not importable)")
+
+
+def _reward_model_ready(values: _Values, problems: list[str]) -> None:
+    """An enabled reward model needs its checkpoint and a micro-batch size; it scores fixed-size padded batches."""
+    if not values("reward_model.enable"):
+        return
+    if values("reward_model.model.path") is None:
+        problems.append("reward_model.model.path: expected a sequence-classification model directory when "
+                        "reward_model.enable=true, got None")
+    if values("reward_model.micro_batch_size_per_gpu") is None:
+        problems.append("reward_model.micro_batch_size_per_gpu: expected rows per reward-model forward when "
+                        "reward_model.enable=true, got None")
+    for key in ("reward_model.use_dynamic_bsz", "reward_model.model.use_remove_padding"):
+        if values(key):
+            problems.append(f"{key}: expected False when reward_model.enable=true (the reward model scores padded "
+                            f"batches of micro_batch_size_per_gpu rows; set it to false), got True")
+
+
+# Token budgets of the dynamic batch size, each with the switch that puts it to use.
+TOKEN_BUDGETS: dict[str, str] = {
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "actor_rollout_ref.actor.use_dynamic_bsz",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
+    "critic.ppo_max_token_len_per_gpu": "critic.use_dynamic_bsz",
+    "critic.forward_max_token_len_per_gpu": "critic.use_dynamic_bsz",
+}
+
+
+def _token_budgets_hold_a_sequence(values: _Values, problems: list[str]) -> None:
+    """A token budget in use must hold the longest possible row, max_prompt_length + max_response_length."""
+    longest = values("data.max_prompt_length") + values("data.max_response_length")
+    for budget_key, switch_key in TOKEN_BUDGETS.items():
+        if budget_key.startswith("critic.") and not _critic_enabled(values):
+            continue
+        if values(switch_key) and values(budget_key) < longest:
+            problems.append(f"{budget_key}: expected at least data.max_prompt_length + data.max_response_length = "
+                            f"{longest} tokens (one whole sequence) with {switch_key}=true, got {values(budget_key)}")
+
+
+def _lora_settings(values: _Values, problems: list[str]) -> None:
+    rank = values("actor_rollout_ref.model.lora_rank")
+    if rank > 0 and values("actor_rollout_ref.rollout.name") == "sglang":
+        problems.append("actor_rollout_ref.model.lora_rank: expected 0 with actor_rollout_ref.rollout.name='sglang' "
+                        f"(syncing LoRA weights into SGLang is not implemented yet; use rollout.name=hf), got {rank}")
+    adapter = values("actor_rollout_ref.model.lora_adapter_path")
+    if rank == 0 and adapter is not None:
+        problems.append(f"actor_rollout_ref.model.lora_adapter_path: expected null when "
+                        f"actor_rollout_ref.model.lora_rank=0 (no LoRA to load the adapter into), got {adapter!r}")
+
+
 RULES: list[Callable[[_Values, list[str]], None]] = [
     _not_implemented,
     _registered_names,
@@ -310,6 +361,10 @@ RULES: list[Callable[[_Values, list[str]], None]] = [
     _ray_cluster_owns_its_cpus,
     _batch_sizes_divide,
     _tensor_parallel_divides,
+    _liger_runs_on_a_gpu,
+    _reward_model_ready,
+    _token_budgets_hold_a_sequence,
+    _lora_settings,
 ]
 
 
@@ -324,6 +379,13 @@ def check_paths(config: PPOConfig) -> None:
     _expect_model_dir("actor_rollout_ref.model.path", config.actor_rollout_ref.model.path, problems)
     if config.critic.enable:
         _expect_model_dir("critic.model.path", config.critic.model.path, problems)
+    if config.reward_model.enable:
+        _expect_model_dir("reward_model.model.path", config.reward_model.model.path, problems)
+    adapter = config.actor_rollout_ref.model.lora_adapter_path
+    if config.actor_rollout_ref.model.lora_rank > 0 and adapter is not None \
+            and not os.path.isfile(os.path.join(adapter, "adapter_config.json")):
+        problems.append(f"actor_rollout_ref.model.lora_adapter_path: expected a peft adapter directory containing "
+                        f"adapter_config.json, got {adapter!r}")
     for key, path in (("custom_reward_function.path", config.custom_reward_function.path),
                       ("data.custom_cls.path", config.data.custom_cls.path),
                       ("actor_rollout_ref.rollout.custom_cls.path", config.actor_rollout_ref.rollout.custom_cls.path)):

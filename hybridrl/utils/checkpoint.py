@@ -40,8 +40,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
 
 logger = logging.getLogger(__name__)
 
@@ -305,7 +305,7 @@ def load_sharded_model_state(model: torch.nn.Module, optimizer: torch.optim.Opti
         set_model_state_dict(model, model_state)
     if "optimizer" in contents:
         dcp.load(optimizer_state, checkpoint_id=os.path.join(path, "optimizer"), no_dist=not _distributed())
-        set_optimizer_state_dict(model, optimizer, optimizer_state)
+        set_optimizer_state_dict(model, optimizer, optimizer_state, options=_FLAT_OPTIMIZER)
     if "extra" in contents:
         _load_extra(path, rank, meta["world_size"], lr_scheduler)
 
@@ -324,11 +324,17 @@ def save_hf_config_and_tokenizer(path: str, hf_config, tokenizer, generation_con
     return hf_dir
 
 
+# Optimizer state as one flat dict ("state.<param>.exp_avg", "param_groups.<param>.lr"): DCP's own flattening of
+# the nested form treats the param_groups list as one opaque value on some models (an FSDP1 value model failed to
+# load with "Missing key in checkpoint state_dict: param_groups"), the flat form has no such ambiguity.
+_FLAT_OPTIMIZER = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 def _current_state(model, optimizer) -> tuple[dict, dict]:
     """Sharded state dicts keyed by parameter names (so DCP can reshard); optimizer state is created if empty."""
     if optimizer is None:
         return get_model_state_dict(model), {}
-    return get_state_dict(model, optimizer)
+    return get_state_dict(model, optimizer, options=_FLAT_OPTIMIZER)
 
 
 def _checked_contents(contents: list[str], key: str) -> set[str]:

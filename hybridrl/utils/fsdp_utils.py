@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import (CPUOffload, CPUOffloadPolicy, FullyShardedDataParallel, MixedPrecision,
@@ -70,6 +71,42 @@ def load_hf_model(model_path: str, *, value_head: bool = False, trust_remote_cod
     return model
 
 
+def apply_liger(model: nn.Module) -> None:
+    """Swap in liger-kernel's fused Triton kernels (RMSNorm, RoPE, SwiGLU, ...) in place. GPU only: the
+    config validation refuses `model.use_liger` without CUDA or without the liger-kernel package."""
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+    _apply_liger_kernel_to_instance(model=model)
+
+
+def apply_lora(model: nn.Module, *, lora_rank: int, lora_alpha: int, target_modules, exclude_modules=None,
+               adapter_path: str | None = None, value_head: bool = False) -> nn.Module:
+    """Wrap `model` in peft LoRA adapters (before sharding); only the adapters stay trainable.
+
+    A fresh adapter starts with B = 0 (peft's default), so the wrapped model computes exactly what the
+    base model does until the first update. `adapter_path` loads a saved peft adapter instead (trainable);
+    its rank must be `lora_rank`. The base model stays reachable unchanged under the adapters:
+    `model.disable_adapter()` is the reference policy, without a second copy of the weights.
+    value_head (the critic): the freshly initialised value head gets no adapter but is trained in
+    full (peft's modules_to_save), since a frozen random head could not learn values.
+    """
+    if adapter_path is not None:
+        saved_rank = PeftConfig.from_pretrained(adapter_path).r
+        if saved_rank != lora_rank:
+            raise ValueError(f"model.lora_adapter_path={adapter_path} holds a rank-{saved_rank} adapter, but "
+                             f"model.lora_rank={lora_rank}")
+        return PeftModel.from_pretrained(model, adapter_path, is_trainable=True)
+    task_type = "CAUSAL_LM"
+    if value_head:
+        if exclude_modules is not None:
+            raise ValueError(f"apply_lora: value_head=True excludes the value head itself; got exclude_modules="
+                             f"{exclude_modules!r} as well")
+        exclude_modules, task_type = ["score" if hasattr(model, "score") else "classifier"], "TOKEN_CLS"
+    config = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, target_modules=plain(target_modules),
+                        exclude_modules=plain(exclude_modules), bias="none", task_type=task_type)
+    return get_peft_model(model, config)
+
+
 def decoder_layer_classes(model: nn.Module) -> set[type[nn.Module]]:
     """The module classes to shard one by one: HF's `_no_split_modules` (e.g. Qwen2DecoderLayer)."""
     names = set(getattr(model, "_no_split_modules", None) or [])
@@ -91,6 +128,9 @@ def shard_model(model: nn.Module, *, strategy: str, device: str, mixed_precision
     the sharded master copy stays in the dtype it was loaded in.
     cpu_offload (GPU): the sharded parameters, gradients and optimizer state live in host memory
     (FSDP2 CPUOffloadPolicy / FSDP1 CPUOffload); the optimizer step then runs on the CPU.
+    A peft (LoRA) model under FSDP2 keeps its wrapper unsharded: the FSDP root is the HF model inside
+    (see `fsdp_root`), because HF generate on the wrapper runs the inner model's forward, and FSDP2
+    needs every forward to enter through its root.
     """
     if cpu_offload and device != "cuda":
         raise ValueError("cpu_offload only applies to a GPU run: on the CPU the parameters are in host memory already")
@@ -108,7 +148,7 @@ def shard_model(model: nn.Module, *, strategy: str, device: str, mixed_precision
                 shard(module)
         # The root is left to FSDP's own rule (reshard_after_forward=None): it keeps its parameters
         # (embeddings, head) after forward, since backward needs them right away.
-        shard(model, reshard_after_forward=None)
+        shard(fsdp_root(model), reshard_after_forward=None)
         return model
     # cast_forward_inputs on every unit: a layer run outside the root's forward (HF generate on the
     # inner model, see sharding_manager/fsdp_hf.py) must still get bf16 inputs for its bf16 weights.
@@ -122,13 +162,22 @@ def shard_model(model: nn.Module, *, strategy: str, device: str, mixed_precision
         cpu_offload=CPUOffload(offload_params=True) if cpu_offload else None)
 
 
+def fsdp_root(module: nn.Module) -> nn.Module:
+    """The module FSDP treats as its root, which generation runs and gathers: `module` itself, or under
+    FSDP2 with LoRA the HF model inside the peft wrapper (it carries the adapters, so it is the policy)."""
+    return module.get_base_model() if isinstance(module, PeftModel) else module
+
+
 def hf_module(module: nn.Module) -> nn.Module:
     """The HF model inside `module` (FSDP1 wraps it; FSDP2 keeps the model itself)."""
     return module.module if isinstance(module, FullyShardedDataParallel) else module
 
 
 def build_optimizer(module: nn.Module, optim_config) -> torch.optim.AdamW:
-    """AdamW over the (sharded) parameters with `optim.lr`, `optim.betas`, `optim.weight_decay`."""
+    """AdamW over the (sharded) parameters with `optim.lr`, `optim.betas`, `optim.weight_decay`.
+
+    Frozen parameters (the base model under LoRA) never get a gradient, and AdamW skips those entirely:
+    no state, no weight decay."""
     betas = tuple(optim_config.betas)
     if len(betas) != 2:
         raise ValueError(f"optim.betas must hold two floats, got {list(optim_config.betas)}")

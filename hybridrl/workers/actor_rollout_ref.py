@@ -5,7 +5,8 @@ One instance per rank, built by a RayWorkerGroup. `role` says which parts this i
 
     actor              trainable FSDP policy + AdamW + LR schedule (update_actor, compute_log_prob)
     rollout            FSDP policy + a rollout engine (generate_sequences)
-    ref                frozen FSDP copy of the initial policy (compute_ref_log_prob)
+    ref                frozen FSDP copy of the initial policy (compute_ref_log_prob); with LoRA
+                       (model.lora_rank > 0) the actor itself with its adapters disabled, no copy
     actor_rollout      actor and rollout share ONE model (the hybrid engine): the rollout
                        generates from the very weights being trained, no copy
     actor_rollout_ref  the above plus the reference
@@ -17,12 +18,18 @@ sampled from), whatever meta_info carries.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
+from transformers import AutoTokenizer
 
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller import Dispatch, Worker, register
 from hybridrl.utils.distributed import device_name, init_process_group_once
-from hybridrl.utils.fsdp_utils import build_lr_scheduler, build_optimizer, load_hf_model, shard_model
+from hybridrl.utils.checkpoint import (load_sharded_model_state, save_hf_config_and_tokenizer,
+                                       save_sharded_model_state)
+from hybridrl.utils.fsdp_utils import (apply_liger, apply_lora, build_lr_scheduler, build_optimizer, fsdp_root,
+                                       hf_module, load_hf_model, shard_model)
 from hybridrl.utils.import_utils import load_extensions
 from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
 from hybridrl.workers.rollout import build_rollout
@@ -63,45 +70,78 @@ class ActorRolloutRefWorker(Worker):
         if self._is_actor:
             self.actor_optimizer = build_optimizer(self.actor_module, actor.optim)
             self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, actor.optim)
+            rollout = self.config.rollout
             self.actor = DataParallelPPOActor(
-                actor, self.actor_module, self.actor_optimizer, rollout_n=self.config.rollout.n, device=self.device,
-                log_prob_micro_batch_size=(self.config.rollout.log_prob_micro_batch_size_per_gpu
-                                           or actor.ppo_micro_batch_size_per_gpu))
+                actor, self.actor_module, self.actor_optimizer, rollout_n=rollout.n, device=self.device,
+                log_prob_micro_batch_size=(rollout.log_prob_micro_batch_size_per_gpu
+                                           or actor.ppo_micro_batch_size_per_gpu),
+                log_prob_max_token_len=(rollout.log_prob_max_token_len_per_gpu if rollout.log_prob_use_dynamic_bsz
+                                        else None),
+                use_remove_padding=model.use_remove_padding)
         if self._is_rollout:
-            self.rollout = build_rollout(self.config.rollout, model, self.actor_module)
+            self.rollout = build_rollout(self.config.rollout, model, fsdp_root(self.actor_module))
             self.rollout_sharding_manager = self._rollout_sharding_manager()
         if self._is_ref:
             ref = self.config.ref
-            # On a GPU the frozen copy is kept in bf16 (it only ever computes in bf16); on CPU in fp32.
-            ref_dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
-            ref_module = self._load_and_shard(ref.strategy, ref_dtype, ref.fsdp_config.reshard_after_forward,
-                                              cpu_offload=False)
-            ref_module.requires_grad_(False)
             self.ref_policy = DataParallelPPOActor(
-                ref, ref_module, None, device=self.device,
-                log_prob_micro_batch_size=ref.log_prob_micro_batch_size_per_gpu or actor.ppo_micro_batch_size_per_gpu)
+                ref, self._reference_module(), None, device=self.device,
+                log_prob_micro_batch_size=ref.log_prob_micro_batch_size_per_gpu or actor.ppo_micro_batch_size_per_gpu,
+                log_prob_max_token_len=ref.log_prob_max_token_len_per_gpu if ref.log_prob_use_dynamic_bsz else None,
+                use_remove_padding=model.use_remove_padding)
+
+    def _reference_module(self):
+        """The frozen initial policy. With LoRA it is the actor's own module, run with its adapters disabled
+        (see `_adapters_disabled`), so no second copy of the weights exists; otherwise a frozen sharded copy."""
+        if self.config.model.lora_rank > 0:
+            self._require(self._is_actor, "a LoRA reference policy (the actor with adapters disabled)", "actor")
+            return self.actor_module
+        ref = self.config.ref
+        # On a GPU the frozen copy is kept in bf16 (it only ever computes in bf16); on CPU in fp32.
+        ref_dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
+        ref_module = self._load_and_shard(ref.strategy, ref_dtype, ref.fsdp_config.reshard_after_forward,
+                                          cpu_offload=False, with_lora=False)
+        ref_module.requires_grad_(False)
+        return ref_module
+
+    def _adapters_disabled(self):
+        """A context in which the LoRA actor computes as its base model (a no-op without LoRA)."""
+        if self.config.model.lora_rank > 0:
+            return hf_module(self.actor_module).disable_adapter()
+        return contextlib.nullcontext()
 
     def _rollout_sharding_manager(self):
         """The trainer<->rollout switch for the engine: SGLang's pushes the weights into its own engine;
         every other engine (hf, a user's class) generates from the FSDP module itself, gathered once."""
         rollout, fsdp_config = self.config.rollout, self.config.actor.fsdp_config
         if rollout.name == "sglang" and rollout.custom_cls.path is None:
+            if self.config.model.lora_rank > 0:
+                raise NotImplementedError("model.lora_rank > 0 with rollout.name=sglang: syncing merged LoRA weights "
+                                          "into SGLang is not implemented; use rollout.name=hf")
             from hybridrl.workers.sharding_manager.fsdp_sglang import FSDPSGLangShardingManager
 
             return FSDPSGLangShardingManager(self.actor_module, self.rollout,
                                              optimizer=getattr(self, "actor_optimizer", None),
                                              offload_params=fsdp_config.param_offload,
                                              offload_optimizer=fsdp_config.optimizer_offload)
-        return FSDPHFShardingManager(self.actor_module, reshard_after_forward=fsdp_config.reshard_after_forward)
+        return FSDPHFShardingManager(fsdp_root(self.actor_module),
+                                     reshard_after_forward=fsdp_config.reshard_after_forward)
 
-    def _load_and_shard(self, strategy: str, dtype: torch.dtype, reshard_after_forward: bool, cpu_offload: bool):
-        """The policy model from `model.path`, sharded over the ranks (see fsdp_utils.shard_model)."""
+    def _load_and_shard(self, strategy: str, dtype: torch.dtype, reshard_after_forward: bool, cpu_offload: bool,
+                        with_lora: bool = True):
+        """The policy model from `model.path` (with liger's kernels and, when with_lora and model.lora_rank > 0,
+        LoRA adapters), sharded over the ranks (see fsdp_utils.shard_model)."""
         model = self.config.model
         if model.external_lib:  # a module that registers a custom architecture with transformers' Auto classes
             load_extensions([model.external_lib])
         module = load_hf_model(model.path, trust_remote_code=model.trust_remote_code,
                                override_config=model.override_config, dtype=dtype,
                                gradient_checkpointing=model.enable_gradient_checkpointing, init_seed=self.seed)
+        if model.use_liger:
+            apply_liger(module)
+        if with_lora and model.lora_rank > 0:
+            module = apply_lora(module, lora_rank=model.lora_rank, lora_alpha=model.lora_alpha,
+                                target_modules=model.target_modules, exclude_modules=model.exclude_modules,
+                                adapter_path=model.lora_adapter_path)
         return shard_model(module, strategy=strategy, device=self.device, mixed_precision=self.device == "cuda",
                            reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload)
 
@@ -125,7 +165,8 @@ class ActorRolloutRefWorker(Worker):
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """The reference policy's log-probs of the responses: adds ref_log_prob."""
         self._require(self._is_ref, "compute_ref_log_prob", "ref")
-        log_probs, _ = self.ref_policy.compute_log_prob(self._at_rollout_temperature(data))
+        with self._adapters_disabled():
+            log_probs, _ = self.ref_policy.compute_log_prob(self._at_rollout_temperature(data))
         return DataProto.from_dict({"ref_log_prob": log_probs})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -142,6 +183,29 @@ class ActorRolloutRefWorker(Worker):
         metrics["actor/lr"] = self.actor_lr_scheduler.get_last_lr()[0]
         self.actor_lr_scheduler.step()
         return DataProto(meta_info={"metrics": metrics})
+
+    # ------------------------------------------------------------------ checkpoints
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str) -> None:
+        """Write this rank's shards of the actor (actor.checkpoint.save_contents: model, optimizer, extra = LR
+        schedule + RNG) into local_path; rank 0 also writes the HF config and tokenizer to local_path/huggingface
+        for the model merger. Every rank must be called (ONE_TO_ALL): the save is a collective."""
+        self._require(self._is_actor, "save_checkpoint", "actor")
+        save_sharded_model_state(self.actor_module, self.actor_optimizer, self.actor_lr_scheduler, local_path,
+                                 self.rank, list(self.config.actor.checkpoint.save_contents))
+        if self.rank == 0:
+            model = hf_module(self.actor_module)
+            tokenizer = AutoTokenizer.from_pretrained(self.config.model.path,
+                                                      trust_remote_code=self.config.model.trust_remote_code)
+            save_hf_config_and_tokenizer(local_path, model.config, tokenizer, model.generation_config)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str) -> None:
+        """Load what save_checkpoint wrote (actor.checkpoint.load_contents); a checkpoint from another world size
+        is resharded, its RNG states are then not restored (see utils/checkpoint.py)."""
+        self._require(self._is_actor, "load_checkpoint", "actor")
+        load_sharded_model_state(self.actor_module, self.actor_optimizer, self.actor_lr_scheduler, local_path,
+                                 self.rank, list(self.config.actor.checkpoint.load_contents))
 
     # ------------------------------------------------------------------ helpers
     def _at_rollout_temperature(self, data: DataProto) -> DataProto:

@@ -24,7 +24,8 @@ from hybridrl.single_controller.ray import (
     RayWorkerGroup,
     create_colocated_worker_cls,
 )
-from hybridrl.trainer.ppo import core_algos
+from hybridrl.trainer.ppo import checkpointing, core_algos
+from hybridrl.trainer.ppo.generation_dump import decode_generations, dump_generations, select_val_samples
 from hybridrl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_throughput_metrics,
@@ -33,8 +34,9 @@ from hybridrl.trainer.ppo.metric_utils import (
     reduce_metrics,
     timer,
 )
-from hybridrl.utils.dataset import RLHFDataset, make_dataloader
+from hybridrl.utils.dataset import create_rl_dataset, make_dataloader
 from hybridrl.utils.progress import ProgressReporter
+from hybridrl.utils.seqlen_balancing import balance_batch
 from hybridrl.utils.tracking import Tracking
 from hybridrl.workers.reward_manager import load_reward_manager
 
@@ -59,6 +61,7 @@ class RayPPOTrainer:
             config.data.tokenizer or model_path, trust_remote_code=config.actor_rollout_ref.model.trust_remote_code)
         self.tokenizer.padding_side = "left"
         self.use_critic = config.critic.enable  # validation resolved null to (adv_estimator == gae)
+        self.use_rm = config.reward_model.enable
         self.use_kl_in_reward = config.algorithm.use_kl_in_reward
         self.use_reference = config.actor_rollout_ref.actor.use_kl_loss or self.use_kl_in_reward
         self.kl_ctrl_in_reward = core_algos.get_kl_controller(config.algorithm.kl_ctrl) if self.use_kl_in_reward else None
@@ -74,12 +77,15 @@ class RayPPOTrainer:
         self.reward_fn = load_reward_manager(config, self.tokenizer, num_examine=0)
         self.val_reward_fn = load_reward_manager(config, self.tokenizer, num_examine=1)
         self.global_steps = 0
+        self.train_data_position = checkpointing.TrainDataPosition(self.train_dataloader)
+        self.tracking: Tracking | None = None  # set by fit(); _validate logs its generations to it
+        self.latest_checkpoint_dir: str | None = None  # the last checkpoint this run saved
 
     # ------------------------------------------------------------------ set-up
     def _create_dataloaders(self):
         data = self.config.data
-        train_set = RLHFDataset(data.train_files, self.tokenizer, data)
-        val_set = RLHFDataset(data.val_files, self.tokenizer, data)
+        train_set = create_rl_dataset(data.train_files, self.tokenizer, data, max_samples=data.train_max_samples)
+        val_set = create_rl_dataset(data.val_files, self.tokenizer, data, max_samples=data.val_max_samples)
         train = make_dataloader(train_set, batch_size=data.train_batch_size, shuffle=data.shuffle,
                                 seed=data.seed, drop_last=True)
         val = make_dataloader(val_set, batch_size=data.val_batch_size or len(val_set), shuffle=False,
@@ -96,9 +102,10 @@ class RayPPOTrainer:
         return steps
 
     def init_workers(self):
-        """One Ray actor per rank holds every role (actor, rollout, ref, critic): the hybrid engine."""
+        """One Ray actor per rank holds every role (actor, rollout, ref, critic, reward model): the hybrid engine."""
         from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
         from hybridrl.workers.critic import CriticWorker
+        from hybridrl.workers.reward_model import RewardModelWorker
 
         trainer = self.config.trainer
         self.resource_pool = pool = RayResourcePool(process_on_nodes=[trainer.n_gpus_per_node] * trainer.nnodes,
@@ -110,11 +117,16 @@ class RayPPOTrainer:
         if self.use_critic:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, self.config.critic,
                                                    rollout_n=self.config.actor_rollout_ref.rollout.n, **common)
+        if self.use_rm:
+            roles["rm"] = RayClassWithInitArgs(RewardModelWorker, self.config.reward_model, **common)
         all_roles = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls(roles))
         groups = all_roles.spawn(prefix_set=set(roles))
         if self.use_critic:
             self.critic_wg = groups["critic"]
             self.critic_wg.init_model()
+        if self.use_rm:
+            self.rm_wg = groups["rm"]
+            self.rm_wg.init_model()
         # The actor/rollout goes last so an inference engine sizes its cache after the critic is in memory.
         self.actor_rollout_wg = groups["actor_rollout"]
         self.actor_rollout_wg.init_model()
@@ -127,34 +139,41 @@ class RayPPOTrainer:
     def fit(self):
         """Train for `total_training_steps`, validating before, every `test_freq` steps and at the end.
 
-        Call `init_workers()` first."""
+        Call `init_workers()` first. It first resumes from a checkpoint as `trainer.resume_mode` says, and saves
+        one every `trainer.save_freq` steps and at the last step (see checkpointing.py)."""
         trainer = self.config.trainer
         start = time.perf_counter()
         logger = Tracking(project_name=trainer.project_name, experiment_name=trainer.experiment_name,
                           default_backend=list(trainer.logger), config=None, local_dir=trainer.default_local_dir)
+        self.tracking = logger
+        self.global_steps = checkpointing.load_checkpoint(self)
 
         val_before = val_after = None
         if trainer.val_before_train:
             val_metrics = self._validate()
             val_before = val_after = _mean_val_score(val_metrics)
-            logger.log(val_metrics, step=0)
+            logger.log(val_metrics, step=self.global_steps)
         if trainer.val_only:
             return self._finish(logger, start, val_before, val_after)
 
         progress = ProgressReporter(self.total_training_steps, initial_step=self.global_steps)
+        # An endless iterator over epochs that knows its position, so a checkpoint can resume mid-epoch.
+        batches = self.train_data_position.batches()
         while self.global_steps < self.total_training_steps:
-            for batch_dict in self.train_dataloader:
-                self.global_steps += 1
-                metrics = self.train_step(DataProto.from_single_dict(batch_dict))
-                is_last = self.global_steps >= self.total_training_steps
-                if trainer.test_freq > 0 and (self.global_steps % trainer.test_freq == 0 or is_last):
-                    val_metrics = self._validate()
-                    val_after = _mean_val_score(val_metrics)
-                    metrics.update(val_metrics)
-                logger.log(metrics, step=self.global_steps)
-                progress.update(self.global_steps, metrics)
-                if is_last:
-                    break
+            self.global_steps += 1
+            metrics = self.train_step(DataProto.from_single_dict(next(batches)))
+            is_last = self.global_steps >= self.total_training_steps
+            if trainer.test_freq > 0 and (self.global_steps % trainer.test_freq == 0 or is_last):
+                val_metrics = self._validate()
+                val_after = _mean_val_score(val_metrics)
+                metrics.update(val_metrics)
+            if checkpointing.should_save(self, is_last):
+                save_timing: dict[str, float] = {}
+                with timer("save_checkpoint", save_timing):
+                    self.latest_checkpoint_dir = checkpointing.save_checkpoint(self)
+                metrics.update(compute_timing_metrics(save_timing))
+            logger.log(metrics, step=self.global_steps)
+            progress.update(self.global_steps, metrics)
         progress.close()
         if trainer.test_freq <= 0 and trainer.val_before_train:
             val_metrics = self._validate()
@@ -178,10 +197,15 @@ class RayPPOTrainer:
             with timer("gen", timing):
                 batch = batch.union(self.actor_rollout_wg.generate_sequences(prompts))
             batch.meta_info["temperature"] = rollout.temperature
+            if self.config.trainer.balance_batch:  # equal tokens per rank in every pass below
+                metrics.update(balance_batch(batch, self.world_size))
 
             with timer("reward", timing):
+                if self.use_rm:  # the managers add rm_scores to the rule scores
+                    batch = batch.union(self.rm_wg.compute_rm_score(batch))
                 reward = self.reward_fn(batch, return_dict=True)
                 batch.batch["token_level_scores"] = reward["reward_tensor"]
+                metrics.update(reward.get("reward_metrics", {}))
                 metrics.update(_reward_extra_metrics(reward.get("reward_extra_info", {})))
 
             with timer("old_log_prob", timing):
@@ -218,12 +242,16 @@ class RayPPOTrainer:
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(timing))
         metrics.update(compute_throughput_metrics(batch, timing, n_workers=self.world_size))
+        if self.config.trainer.rollout_data_dir:
+            scores = batch.batch["token_level_scores"].sum(-1)
+            dump_generations(self.config.trainer.rollout_data_dir, self.global_steps,
+                             decode_generations(self.tokenizer, batch, scores))
         return metrics
 
     def _validate(self) -> dict[str, float]:
         """Generate with `rollout.val_kwargs` (greedy by default) on the whole validation set and score it."""
         val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
-        sources, scores, extra = [], [], {}
+        sources, scores, extra, samples, reward_metrics = [], [], {}, [], {}
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict)
             prompts = batch.pop(batch_keys=GEN_KEYS)
@@ -231,12 +259,28 @@ class RayPPOTrainer:
             batch = batch.repeat(val_kwargs.n, interleave=True)
             prompts = prompts.repeat(val_kwargs.n, interleave=True)
             batch = batch.union(self.actor_rollout_wg.generate_sequences(prompts))
+            if self.use_rm:
+                batch = batch.union(self.rm_wg.compute_rm_score(batch))
             reward = self.val_reward_fn(batch, return_dict=True)
+            for key, value in reward.get("reward_metrics", {}).items():  # counts (reward/errors): summed
+                reward_metrics[f"val-aux/{key}"] = reward_metrics.get(f"val-aux/{key}", 0.0) + value
             scores.append(reward["reward_tensor"].sum(-1))
+            samples.extend(decode_generations(self.tokenizer, batch, scores[-1]))
             sources.append(batch.non_tensor_batch[self.config.data.reward_fn_key])
             for key, values in reward.get("reward_extra_info", {}).items():
-                extra.setdefault(key, []).extend(values)
-        return compute_validation_metrics(np.concatenate(sources), torch.cat(scores), n=val_kwargs.n, extra=extra)
+                extra.setdefault(key, []).extend(value for value in values if value is not None)  # None: scorer raised
+        self._record_val_generations(samples)
+        metrics = compute_validation_metrics(np.concatenate(sources), torch.cat(scores), n=val_kwargs.n, extra=extra)
+        return {**metrics, **reward_metrics}
+
+    def _record_val_generations(self, samples: list[tuple[str, str, float]]) -> None:
+        """Dump them to `validation_data_dir`; log `log_val_generations` of them to the trackers."""
+        trainer = self.config.trainer
+        if trainer.validation_data_dir:
+            dump_generations(trainer.validation_data_dir, self.global_steps, samples)
+        if trainer.log_val_generations > 0 and self.tracking is not None:
+            self.tracking.log_generations(select_val_samples(samples, trainer.log_val_generations),
+                                          step=self.global_steps)
 
     def _generation_meta(self, validate: bool) -> dict:
         rollout = self.config.actor_rollout_ref.rollout
@@ -249,7 +293,7 @@ class RayPPOTrainer:
         run_dir = self.config.trainer.default_local_dir
         os.makedirs(run_dir, exist_ok=True)
         summary = {"val_score_before": val_before, "val_score_after": val_after, "steps": self.global_steps,
-                   "wall_s": round(time.perf_counter() - start, 2), "checkpoint_dir": os.path.abspath(run_dir)}
+                   "wall_s": round(time.perf_counter() - start, 2), "checkpoint_dir": self.latest_checkpoint_dir}
         path = os.path.join(run_dir, "summary.json")
         with open(path, "w") as f:
             json.dump(summary, f, indent=2)
@@ -264,8 +308,10 @@ def _mean_val_score(val_metrics: dict[str, float]) -> float | None:
 
 
 def _reward_extra_metrics(extra: dict[str, list]) -> dict[str, float]:
+    """The mean of each numeric per-sample extra; None (a sample whose scorer raised) is left out."""
     metrics = {}
     for key, values in extra.items():
+        values = [value for value in values if value is not None]
         if values and all(isinstance(v, (int, float, bool, np.number)) for v in values):
             metrics[f"reward/{key}/mean"] = float(np.mean(values))
     return metrics

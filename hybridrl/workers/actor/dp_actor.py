@@ -14,6 +14,13 @@ tokens (a micro-batch of long answers counts more than one of short answers, exa
 full mini-batch token mean), for the seq-mean modes the number of sequences, and none for
 seq-mean-token-sum-norm, whose constant divisor makes the loss a plain sum over micro-batches.
 
+Micro-batches are either `ppo_micro_batch_size_per_gpu` consecutive rows or, with `use_dynamic_bsz`,
+token-budget groups of at most `ppo_max_token_len_per_gpu` attended tokens, balanced by length
+(utils/seqlen_balancing.rearrange_micro_batches; the ranks agree on their number, since FSDP runs
+collectives in every forward). The share-of-weight scaling above is what keeps both exact; a
+forward pass puts the rows back in their order with the reverse index. With `use_remove_padding`
+each micro-batch runs as one packed row of its real tokens (utils/padding.py).
+
 Batch keys read: input_ids, attention_mask, position_ids, responses (all passes); response_mask,
 old_log_probs, advantages, and ref_log_prob with use_kl_loss (update). meta_info: temperature.
 """
@@ -30,6 +37,8 @@ from hybridrl.protocol import DataProto
 from hybridrl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from hybridrl.utils.distributed import device_name
 from hybridrl.utils.fsdp_utils import clip_grad_norm
+from hybridrl.utils.padding import response_log_probs_packed
+from hybridrl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches
 from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
 FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
@@ -38,24 +47,29 @@ FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
 class DataParallelPPOActor:
     def __init__(self, config: Any, actor_module: nn.Module, actor_optimizer: torch.optim.Optimizer | None = None, *,
                  rollout_n: int | None = None, log_prob_micro_batch_size: int | None = None,
+                 log_prob_max_token_len: int | None = None, use_remove_padding: bool = False,
                  device: str | None = None):
         """`config` is the actor section (or the ref section for a frozen reference, no optimizer).
 
         rollout_n (required with an optimizer): responses per prompt; `ppo_mini_batch_size` counts
         prompts, so a rank's mini-batch holds ppo_mini_batch_size * rollout_n / world_size rows.
-        log_prob_micro_batch_size: rows per forward in compute_log_prob (the worker resolves it from
-        the rollout/ref config).
+        log_prob_micro_batch_size: rows per forward in compute_log_prob; log_prob_max_token_len
+        (dynamic batch size) replaces it by a token budget per forward. The worker resolves both from
+        the rollout/ref config. use_remove_padding: `model.use_remove_padding` (packed forwards).
         """
         self.config = config
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.device = torch.device(device or device_name())
         self.log_prob_micro_batch_size = log_prob_micro_batch_size
+        self.log_prob_max_token_len = log_prob_max_token_len
+        self.use_remove_padding = use_remove_padding
         if actor_optimizer is not None:
             if rollout_n is None:
                 raise ValueError("DataParallelPPOActor with an optimizer needs rollout_n (actor_rollout_ref.rollout.n)")
             self.mini_batch_size = rows_per_rank(config.ppo_mini_batch_size, rollout_n, "actor.ppo_mini_batch_size")
             self.micro_batch_size = config.ppo_micro_batch_size_per_gpu
+            self.max_token_len = config.ppo_max_token_len_per_gpu if config.use_dynamic_bsz else None
             self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
 
     # ------------------------------------------------------------------ forward
@@ -68,6 +82,9 @@ class DataParallelPPOActor:
         `response_length` positions ending one before the last. The entropy carries a gradient
         only with entropy_grad (it is in the loss); otherwise it is a detached metric.
         """
+        if self.use_remove_padding:  # packed: 0 (not arbitrary numbers) at response padding; both are masked
+            inputs = [micro_batch[key].to(self.device) for key in FORWARD_KEYS]
+            return response_log_probs_packed(self.actor_module, *inputs, temperature, calculate_entropy, entropy_grad)
         response_length = micro_batch["responses"].shape[1]
         output = self.actor_module(input_ids=micro_batch["input_ids"].to(self.device),
                                    attention_mask=micro_batch["attention_mask"].to(self.device),
@@ -84,18 +101,21 @@ class DataParallelPPOActor:
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False
                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and per-token entropy) of `responses` under logits / meta_info["temperature"], on the CPU."""
-        if not self.log_prob_micro_batch_size:
-            raise ValueError("compute_log_prob needs log_prob_micro_batch_size (rows per forward)")
+        if not self.log_prob_micro_batch_size and self.log_prob_max_token_len is None:
+            raise ValueError("compute_log_prob needs log_prob_micro_batch_size (rows per forward) or "
+                             "log_prob_max_token_len (tokens per forward)")
         temperature = _temperature(data.meta_info)
         rows = take_keys(data, FORWARD_KEYS, "compute_log_prob")
+        micro_batches, order = micro_batches_of(rows, self.log_prob_micro_batch_size, self.log_prob_max_token_len)
         self.actor_module.eval()
         log_probs, entropies = [], []
         with torch.no_grad():
-            for micro_batch in split_rows(rows, self.log_prob_micro_batch_size):
+            for micro_batch in micro_batches:
                 log_prob, entropy = self._forward_micro_batch(micro_batch, temperature, calculate_entropy)
                 log_probs.append(log_prob.cpu())
                 entropies.append(entropy.cpu() if calculate_entropy else None)
-        return torch.cat(log_probs), (torch.cat(entropies) if calculate_entropy else None)
+        log_prob = in_row_order(torch.cat(log_probs), order)
+        return log_prob, (in_row_order(torch.cat(entropies), order) if calculate_entropy else None)
 
     # ------------------------------------------------------------------ update
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
@@ -131,7 +151,7 @@ class DataParallelPPOActor:
         mini_weight = aggregation_weight(mini_batch["response_mask"], mode)
         mini_tokens = mini_batch["response_mask"].sum()
         totals: dict[str, float] = defaultdict(float)
-        for micro_batch in split_rows(mini_batch, self.micro_batch_size):
+        for micro_batch in micro_batches_of(mini_batch, self.micro_batch_size, self.max_token_len)[0]:
             loss_share = share_of(aggregation_weight(micro_batch["response_mask"], mode), mini_weight)
             token_share = share_of(micro_batch["response_mask"].sum(), mini_tokens)
             loss, loss_terms, token_metrics = self._micro_batch_loss(micro_batch, temperature)
@@ -242,3 +262,21 @@ def split_rows(rows: dict[str, torch.Tensor], size: int) -> list[dict[str, torch
     """Consecutive slices of `size` rows (the last may be shorter)."""
     num_rows = len(next(iter(rows.values())))
     return [{key: value[start:start + size] for key, value in rows.items()} for start in range(0, num_rows, size)]
+
+
+def micro_batches_of(rows: dict[str, torch.Tensor], micro_batch_size: int | None, max_token_len: int | None
+                     ) -> tuple[list[dict[str, torch.Tensor]], list[int] | None]:
+    """(micro-batches, the flat row order they hold, or None when that is the original order).
+
+    max_token_len None: consecutive slices of micro_batch_size rows. Otherwise token-budget groups
+    (dynamic batch size, see rearrange_micro_batches); every data-parallel rank must call this in step.
+    """
+    if max_token_len is None:
+        return split_rows(rows, micro_batch_size), None
+    micro_batches, partitions = rearrange_micro_batches(DataProto.from_dict(rows), max_token_len)
+    return [micro_batch.batch for micro_batch in micro_batches], [row for group in partitions for row in group]
+
+
+def in_row_order(outputs: torch.Tensor, order: list[int] | None) -> torch.Tensor:
+    """Outputs computed in `order` (from micro_batches_of), put back in the rows' original order."""
+    return outputs if order is None else outputs[get_reverse_idx(order)]

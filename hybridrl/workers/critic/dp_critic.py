@@ -4,6 +4,9 @@ Same batch plumbing as the actor (see workers/actor/dp_actor.py): a rank's rows 
 mini-batches (one optimizer step each) and micro-batches (gradients accumulated, each micro loss
 scaled by its share of the mini-batch's aggregation weight, so the micro-batch size never changes
 the gradient). The model is a causal LM backbone with a one-output token-classification head.
+`use_dynamic_bsz` (token budgets `ppo_max_token_len_per_gpu` for updates,
+`forward_max_token_len_per_gpu` for compute_values) and `model.use_remove_padding` work as in
+the actor.
 
 Batch keys read: input_ids, attention_mask, position_ids, responses, response_mask (all passes);
 values (the rollout-time values, for clipping) and returns (update).
@@ -20,9 +23,10 @@ from hybridrl.protocol import DataProto
 from hybridrl.trainer.ppo.core_algos import compute_value_loss
 from hybridrl.utils.distributed import device_name
 from hybridrl.utils.fsdp_utils import clip_grad_norm
+from hybridrl.utils.padding import response_values_packed
 from hybridrl.utils.torch_functional import masked_mean
-from hybridrl.workers.actor.dp_actor import (aggregation_weight, mean_over_ranks, rows_per_rank, share_of,
-                                             split_rows, take_keys)
+from hybridrl.workers.actor.dp_actor import (aggregation_weight, in_row_order, mean_over_ranks, micro_batches_of,
+                                             rows_per_rank, share_of, take_keys)
 
 FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
 
@@ -36,6 +40,10 @@ class DataParallelPPOCritic:
         self.critic_optimizer = critic_optimizer
         self.device = torch.device(device or device_name())
         self.mini_batch_size = rows_per_rank(config.ppo_mini_batch_size, rollout_n, "critic.ppo_mini_batch_size")
+        dynamic = config.use_dynamic_bsz
+        self.max_token_len = config.ppo_max_token_len_per_gpu if dynamic else None
+        self.forward_max_token_len = config.forward_max_token_len_per_gpu if dynamic else None
+        self.use_remove_padding = config.model.use_remove_padding
 
     def _forward_micro_batch(self, micro_batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """V(state before each response token), (rows, response_length) float32.
@@ -44,6 +52,10 @@ class DataParallelPPOCritic:
         token t+1 is chosen; the response's values are the positions ending one before the last.
         """
         response_length = micro_batch["responses"].shape[1]
+        if self.use_remove_padding:
+            return response_values_packed(self.critic_module, micro_batch["input_ids"].to(self.device),
+                                          micro_batch["attention_mask"].to(self.device),
+                                          micro_batch["position_ids"].to(self.device), response_length)
         output = self.critic_module(input_ids=micro_batch["input_ids"].to(self.device),
                                     attention_mask=micro_batch["attention_mask"].to(self.device),
                                     position_ids=micro_batch["position_ids"].to(self.device), use_cache=False)
@@ -53,12 +65,14 @@ class DataParallelPPOCritic:
         """Values of the response tokens, 0 outside response_mask, on the CPU."""
         rows = take_keys(data, FORWARD_KEYS, "compute_values")
         self.critic_module.eval()
+        micro_batches, order = micro_batches_of(rows, self.config.forward_micro_batch_size_per_gpu,
+                                                self.forward_max_token_len)
         values = []
         with torch.no_grad():
-            for micro_batch in split_rows(rows, self.config.forward_micro_batch_size_per_gpu):
+            for micro_batch in micro_batches:
                 mask = micro_batch["response_mask"].to(self.device)
                 values.append((self._forward_micro_batch(micro_batch) * mask).cpu())
-        return torch.cat(values)
+        return in_row_order(torch.cat(values), order)
 
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:
         """ppo_epochs passes of mini-batch steps; metrics (one value per step) averaged over the ranks."""
@@ -83,7 +97,8 @@ class DataParallelPPOCritic:
         mini_weight = aggregation_weight(mini_batch["response_mask"], mode)
         mini_tokens = mini_batch["response_mask"].sum()
         totals: dict[str, float] = defaultdict(float)
-        for micro_batch in split_rows(mini_batch, self.config.ppo_micro_batch_size_per_gpu):
+        for micro_batch in micro_batches_of(mini_batch, self.config.ppo_micro_batch_size_per_gpu,
+                                            self.max_token_len)[0]:
             loss_share = share_of(aggregation_weight(micro_batch["response_mask"], mode), mini_weight)
             token_share = share_of(micro_batch["response_mask"].sum(), mini_tokens)
             response_mask = micro_batch["response_mask"].to(self.device)

@@ -10,8 +10,9 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller import Dispatch, Worker, register
+from hybridrl.utils.checkpoint import load_sharded_model_state, save_sharded_model_state
 from hybridrl.utils.distributed import device_name, init_process_group_once
-from hybridrl.utils.fsdp_utils import build_lr_scheduler, build_optimizer, load_hf_model, shard_model
+from hybridrl.utils.fsdp_utils import apply_lora, build_lr_scheduler, build_optimizer, load_hf_model, shard_model
 from hybridrl.utils.import_utils import load_extensions
 from hybridrl.workers.critic.dp_critic import DataParallelPPOCritic
 
@@ -40,6 +41,9 @@ class CriticWorker(Worker):
         module = load_hf_model(model.path, value_head=True, trust_remote_code=model.trust_remote_code,
                                override_config=model.override_config, dtype=torch.float32,
                                gradient_checkpointing=model.enable_gradient_checkpointing, init_seed=self.seed)
+        if model.lora_rank > 0:  # adapters on the backbone; the value head is trained in full
+            module = apply_lora(module, lora_rank=model.lora_rank, lora_alpha=model.lora_alpha,
+                                target_modules=model.target_modules, value_head=True)
         self.critic_module = shard_model(module, strategy=config.strategy, device=self.device,
                                          mixed_precision=self.device == "cuda",
                                          reshard_after_forward=model.fsdp_config.reshard_after_forward,
@@ -63,3 +67,15 @@ class CriticWorker(Worker):
         metrics["critic/lr"] = self.critic_lr_scheduler.get_last_lr()[0]
         self.critic_lr_scheduler.step()
         return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str) -> None:
+        """Write this rank's shards of the critic (critic.checkpoint.save_contents) into local_path (a collective)."""
+        save_sharded_model_state(self.critic_module, self.critic_optimizer, self.critic_lr_scheduler, local_path,
+                                 self.rank, list(self.config.checkpoint.save_contents))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str) -> None:
+        """Load what save_checkpoint wrote (critic.checkpoint.load_contents)."""
+        load_sharded_model_state(self.critic_module, self.critic_optimizer, self.critic_lr_scheduler, local_path,
+                                 self.rank, list(self.config.checkpoint.load_contents))

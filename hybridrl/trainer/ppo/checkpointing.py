@@ -1,0 +1,172 @@
+"""The trainer's checkpoints: what the controller saves next to the workers' shards, and how a run resumes.
+
+A checkpoint is ``{trainer.default_local_dir}/global_step_N/`` (layout and atomicity: utils/checkpoint.py)::
+
+    actor/     the actor worker group's shards + huggingface/ (ActorRolloutRefWorker.save_checkpoint)
+    critic/    the critic's shards, when the run has a critic
+    data.pt    the controller's state: the training dataloader's position and the in-reward KL coefficient
+
+Exact resume needs the controller to replay the same batches: a seeded sampler draws one permutation per epoch
+from its generator, so ``TrainDataPosition`` remembers the generator's state at the start of the current epoch and
+how many of the epoch's batches were trained on. On resume the generator is set back to that state and those
+batches are skipped, so the resumed run sees exactly the batches the uninterrupted run would have seen.
+
+``trainer.resume_mode``: ``auto`` resumes from the newest complete checkpoint under ``default_local_dir`` (or starts
+fresh when there is none), ``resume_path`` from ``trainer.resume_from_path`` (a ``global_step_N`` directory),
+``disable`` always starts fresh.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import torch
+
+from hybridrl.utils.checkpoint import (COMPLETE_MARKER_FILE, atomic_checkpoint_dir, checkpoint_step,
+                                       find_latest_checkpoint, prune_checkpoints, step_dir_name)
+
+DATA_STATE_FILE = "data.pt"
+
+
+class TrainDataPosition:
+    """Iterates the training dataloader epoch after epoch and knows where it is, so a resume can continue there."""
+
+    def __init__(self, dataloader):
+        self.dataloader = dataloader
+        self.epoch = 0
+        self.batches_done = 0  # batches of the current epoch already handed out
+        self.epoch_start_generator_state: torch.Tensor | None = None  # None: the epoch has not started
+
+    def batches(self) -> Iterator[dict]:
+        """Yield the remaining batches of the current epoch, then those of the next epochs, without end."""
+        while True:
+            yield from self._rest_of_epoch()
+            self.epoch += 1
+            self.batches_done = 0
+            self.epoch_start_generator_state = None
+
+    def _rest_of_epoch(self) -> Iterator[dict]:
+        generator = _sampler_generator(self.dataloader)
+        if generator is not None:
+            if self.epoch_start_generator_state is None:
+                self.epoch_start_generator_state = generator.get_state()
+            else:  # resuming inside this epoch: draw the same permutation again
+                generator.set_state(self.epoch_start_generator_state)
+        batch_iter = iter(self.dataloader)
+        for _ in range(self.batches_done):  # already trained on before the checkpoint: skip
+            next(batch_iter)
+        for batch in batch_iter:
+            self.batches_done += 1
+            yield batch
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batches_done": self.batches_done,
+                "epoch_start_generator_state": self.epoch_start_generator_state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = state["epoch"]
+        self.batches_done = state["batches_done"]
+        self.epoch_start_generator_state = state["epoch_start_generator_state"]
+
+
+def _sampler_generator(dataloader) -> torch.Generator | None:
+    """The generator a shuffling sampler draws its permutation from (None for a sampler that does not shuffle)."""
+    sampler = dataloader.sampler
+    if isinstance(sampler, torch.utils.data.RandomSampler) and sampler.generator is None:
+        raise ValueError("the training sampler shuffles with torch's global RNG: give it its own seeded generator "
+                         "(utils/dataset.py create_rl_sampler does) so its order can be saved and resumed")
+    return getattr(sampler, "generator", None)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Save
+# ----------------------------------------------------------------------------------------------------------------
+
+def should_save(trainer, is_last_step: bool) -> bool:
+    """Every ``save_freq`` steps and at the last step, when ``save_freq > 0``."""
+    save_freq = trainer.config.trainer.save_freq
+    return save_freq > 0 and (is_last_step or trainer.global_steps % save_freq == 0)
+
+
+def save_checkpoint(trainer) -> str:
+    """Save ``global_step_{trainer.global_steps}`` atomically, then prune old ones per role; returns its path.
+
+    Old checkpoints are pruned only after the new one is published, so a kill at any point leaves a loadable one.
+    The workers get absolute paths: their working directory need not be the controller's.
+    """
+    root = os.path.abspath(trainer.config.trainer.default_local_dir)
+    with atomic_checkpoint_dir(root, trainer.global_steps) as tmp_dir:
+        trainer.actor_rollout_wg.save_checkpoint(os.path.join(tmp_dir, "actor"))
+        if trainer.use_critic:
+            trainer.critic_wg.save_checkpoint(os.path.join(tmp_dir, "critic"))
+        save_data_state(os.path.join(tmp_dir, DATA_STATE_FILE), controller_state(trainer))
+    prune_checkpoints(root, trainer.config.trainer.max_actor_ckpt_to_keep, subdir="actor")
+    if trainer.use_critic:
+        prune_checkpoints(root, trainer.config.trainer.max_critic_ckpt_to_keep, subdir="critic")
+    return os.path.join(root, step_dir_name(trainer.global_steps))
+
+
+def controller_state(trainer) -> dict:
+    """What lives on the controller and changes during training (the workers save everything else)."""
+    kl_ctrl = trainer.kl_ctrl_in_reward
+    return {"global_step": trainer.global_steps, "dataloader": trainer.train_data_position.state_dict(),
+            "kl_ctrl_in_reward_value": None if kl_ctrl is None else kl_ctrl.value}
+
+
+def save_data_state(path: str, state: dict) -> None:
+    """Write data.pt (a module-level function so a test can slow it down to kill a save midway)."""
+    torch.save(state, path)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Load
+# ----------------------------------------------------------------------------------------------------------------
+
+def checkpoint_to_resume(trainer_config) -> str | None:
+    """The ``global_step_N`` directory ``trainer.resume_mode`` says to resume from, or None to start fresh."""
+    mode = trainer_config.resume_mode
+    if mode == "disable":
+        return None
+    if mode == "auto":
+        return find_latest_checkpoint(os.path.abspath(trainer_config.default_local_dir))
+    if mode == "resume_path":
+        path = os.path.abspath(trainer_config.resume_from_path)
+        checkpoint_step(path)  # raises unless the name is global_step_<N>
+        if not os.path.isfile(os.path.join(path, COMPLETE_MARKER_FILE)):
+            raise FileNotFoundError(f"trainer.resume_from_path={path!r} is not a complete checkpoint (no "
+                                    f"{COMPLETE_MARKER_FILE}): a save that was interrupted, or not a checkpoint")
+        return path
+    raise ValueError(f"trainer.resume_mode must be auto, disable or resume_path, got {mode!r}")
+
+
+def load_checkpoint(trainer) -> int:
+    """Restore workers and controller from the checkpoint ``resume_mode`` picks; returns the step to continue after.
+
+    Returns 0 (and changes nothing) when there is nothing to resume from.
+    """
+    path = checkpoint_to_resume(trainer.config.trainer)
+    if path is None:
+        print(f"checkpointing: nothing to resume from (trainer.resume_mode={trainer.config.trainer.resume_mode}): "
+              "training from scratch")
+        return 0
+    actor_dir, critic_dir = os.path.join(path, "actor"), os.path.join(path, "critic")
+    _require_dir(actor_dir, "the actor's shards")
+    trainer.actor_rollout_wg.load_checkpoint(actor_dir)
+    if trainer.use_critic:
+        _require_dir(critic_dir, "the critic's shards (this run has a critic)")
+        trainer.critic_wg.load_checkpoint(critic_dir)
+    state = torch.load(os.path.join(path, DATA_STATE_FILE), weights_only=True)
+    trainer.train_data_position.load_state_dict(state["dataloader"])
+    if trainer.kl_ctrl_in_reward is not None:
+        if state["kl_ctrl_in_reward_value"] is None:
+            raise ValueError(f"{path}/{DATA_STATE_FILE} has no in-reward KL coefficient, but this run uses "
+                             "algorithm.use_kl_in_reward=true: the checkpoint comes from a run without it")
+        trainer.kl_ctrl_in_reward.value = state["kl_ctrl_in_reward_value"]
+    print(f"checkpointing: resumed from {path} (global step {state['global_step']})")
+    return state["global_step"]
+
+
+def _require_dir(path: str, holds: str) -> None:
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path} is missing: the checkpoint has no {holds}; was it pruned "
+                                "(trainer.max_*_ckpt_to_keep) or written by a different kind of run?")

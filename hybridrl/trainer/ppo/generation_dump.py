@@ -1,0 +1,55 @@
+"""What the policy wrote, as text: jsonl dumps of each step's generations and the validation samples to log.
+
+``trainer.rollout_data_dir`` / ``trainer.validation_data_dir``: one file per step, ``{dir}/{step}.jsonl``, one JSON
+object per response: ``{"input": prompt text, "output": response text, "score": sequence score, "step": N}``.
+``trainer.log_val_generations=N``: N validation samples per validation go to ``Tracking.log_generations`` (a table
+in wandb / tensorboard / mlflow / jsonl). The N are a fixed choice across validations (same prompts every time,
+sorted by input then shuffled with a fixed seed), so a table shows how the answers to the same prompts change.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import torch
+
+from hybridrl.protocol import DataProto
+
+VAL_SAMPLE_SEED = 42
+
+
+def decode_generations(tokenizer, batch: DataProto, scores: torch.Tensor) -> list[tuple[str, str, float]]:
+    """(input, output, score) per row: the prompt and response without padding or special tokens.
+
+    ``batch`` holds ``prompts`` (left-padded), ``responses`` (right-padded) and ``attention_mask`` over both, as
+    generate_sequences returns them; ``scores`` has one number per row.
+    """
+    prompts, responses = batch.batch["prompts"], batch.batch["responses"]
+    if len(scores) != len(prompts):
+        raise ValueError(f"decode_generations: {len(scores)} scores for {len(prompts)} rows")
+    prompt_mask = batch.batch["attention_mask"][:, :prompts.shape[1]].bool()
+    response_mask = batch.batch["attention_mask"][:, prompts.shape[1]:].bool()
+    samples = []
+    for row in range(len(prompts)):
+        prompt_text = tokenizer.decode(prompts[row][prompt_mask[row]], skip_special_tokens=True)
+        response_text = tokenizer.decode(responses[row][response_mask[row]], skip_special_tokens=True)
+        samples.append((prompt_text, response_text, float(scores[row])))
+    return samples
+
+
+def dump_generations(directory: str, step: int, samples: list[tuple[str, str, float]]) -> str:
+    """Write ``{directory}/{step}.jsonl`` (replacing a file left by an earlier, interrupted run); returns its path."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{step}.jsonl")
+    with open(path, "w") as f:
+        for prompt_text, response_text, score in samples:
+            f.write(json.dumps({"input": prompt_text, "output": response_text, "score": score, "step": step}) + "\n")
+    return path
+
+
+def select_val_samples(samples: list[tuple[str, str, float]], n: int) -> list[tuple[str, str, float]]:
+    """``n`` of the samples: sorted by input, shuffled with a fixed seed, the first ``n`` (all when fewer)."""
+    ordered = sorted(samples, key=lambda sample: sample[0])
+    order = np.random.RandomState(VAL_SAMPLE_SEED).permutation(len(ordered))
+    return [ordered[i] for i in order[:n]]
