@@ -44,6 +44,7 @@ from omegaconf import DictConfig
 
 from hybridrl.config import ConfigError, PPOConfig, check_paths, validate_config
 from hybridrl.config.cli_errors import describe_hydra_error
+from hybridrl.utils.default_assets import ensure_default_assets
 from hybridrl.utils.import_utils import load_extensions
 
 # Set in every Ray worker process: tokenizers' own thread pool deadlocks after fork, and NCCL's
@@ -57,7 +58,7 @@ CONFIG_ERROR_EXIT_CODE = 2
 def main(cfg: DictConfig) -> None:
     try:
         config = validate_config(cfg)
-        # TODO(lead): prepare the embedded default task and model here, between validation and the path check.
+        ensure_default_assets(config)  # prepares the built-in task and tiny model when the defaults are used
         check_paths(config)
     except ConfigError as err:
         exit_with_config_errors(err.problems)
@@ -92,7 +93,12 @@ class TaskRunner:
 
         trainer = RayPPOTrainer(config)
         trainer.init_workers()
-        return trainer.fit()
+        summary = trainer.fit()
+        print(f"accuracy before -> after: {summary['val_score_before']} -> {summary['val_score_after']}; "
+              f"steps {summary['steps']}; wall {summary['wall_s']} s; checkpoint {summary['checkpoint_dir']}; "
+              f"logs {config.trainer.default_local_dir}")
+        print(f"summary: {summary['summary_path']}")
+        return summary
 
 
 def exit_with_config_errors(problems: list[str]) -> None:

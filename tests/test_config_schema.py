@@ -70,11 +70,11 @@ def test_attribute_names_are_yaml_keys_and_values_are_typed():
     config = validate_config(compose_config())
     actor = config.actor_rollout_ref.actor
     assert actor.ppo_mini_batch_size == 8 and actor.ppo_micro_batch_size_per_gpu == 4
-    assert actor.optim.lr == 1e-6 and type(actor.optim.lr) is float
+    assert actor.optim.lr == 2e-5 and type(actor.optim.lr) is float
     assert actor.optim.betas == [0.9, 0.999]
     assert actor.checkpoint.load_contents == ["model", "optimizer", "extra"]  # ${.save_contents} resolved
     assert config.critic.ppo_mini_batch_size == 8  # ${actor_rollout_ref.actor.ppo_mini_batch_size}
-    assert config.actor_rollout_ref.rollout.prompt_length == config.data.max_prompt_length == 128
+    assert config.actor_rollout_ref.rollout.prompt_length == config.data.max_prompt_length == 64
     assert config.trainer.logger == ["console"]
     assert config.data.train_files == [os.path.join(config.cache_dir, "data/default/train.parquet")]
     assert config.actor_rollout_ref.rollout.engine_kwargs.sglang == {}

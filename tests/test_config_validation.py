@@ -159,9 +159,9 @@ def test_train_batch_must_be_a_multiple_of_the_mini_batch():
 def test_mini_batch_times_n_and_train_batch_times_n_must_divide_by_world_size():
     assert problems_for("trainer.n_gpus_per_node=3") == [
         "data.train_batch_size: expected train_batch_size * actor_rollout_ref.rollout.n divisible by the world size "
-        "trainer.nnodes * trainer.n_gpus_per_node = 1 * 3 = 3, got 16 * 1 = 16",
+        "trainer.nnodes * trainer.n_gpus_per_node = 1 * 3 = 3, got 16 * 8 = 128",
         "actor_rollout_ref.actor.ppo_mini_batch_size: expected ppo_mini_batch_size * actor_rollout_ref.rollout.n "
-        "divisible by the world size trainer.nnodes * trainer.n_gpus_per_node = 1 * 3 = 3, got 8 * 1 = 8",
+        "divisible by the world size trainer.nnodes * trainer.n_gpus_per_node = 1 * 3 = 3, got 8 * 8 = 64",
     ]
     # n=3 makes both divisible: 16*3 = 48 and 8*3 = 24 split over 3 ranks into 8 per rank, 2 micro-batches of 4.
     config = validate_config(compose_config(["trainer.n_gpus_per_node=3", "actor_rollout_ref.rollout.n=3"]))
@@ -171,7 +171,7 @@ def test_mini_batch_times_n_and_train_batch_times_n_must_divide_by_world_size():
 def test_micro_batch_must_divide_the_per_gpu_mini_batch():
     assert problems_for("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3") == [
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu: expected a divisor of the per-GPU mini-batch "
-        "actor_rollout_ref.actor.ppo_mini_batch_size * actor_rollout_ref.rollout.n / world size = 8 * 1 / 2 = 4, "
+        "actor_rollout_ref.actor.ppo_mini_batch_size * actor_rollout_ref.rollout.n / world size = 8 * 8 / 2 = 32, "
         "got 3"]
     # n=3, 2 nodes x 2 ranks: 8 * 3 / 4 = 6 rows per rank, which 4 does not divide.
     assert problems_for("actor_rollout_ref.rollout.n=3", "trainer.nnodes=2")[0].endswith(
@@ -183,7 +183,7 @@ def test_critic_batches_are_checked_only_when_the_critic_is_on():
     assert validate_config(compose_config([critic_micro])).critic.enable is False  # grpo: no critic
     assert problems_for("algorithm=gae", critic_micro) == [
         "critic.ppo_micro_batch_size_per_gpu: expected a divisor of the per-GPU mini-batch "
-        "critic.ppo_mini_batch_size * actor_rollout_ref.rollout.n / world size = 8 * 1 / 2 = 4, got 3"]
+        "critic.ppo_mini_batch_size * actor_rollout_ref.rollout.n / world size = 8 * 8 / 2 = 32, got 3"]
     assert problems_for(critic_micro, "critic.enable=true")[0].startswith("critic.ppo_micro_batch_size_per_gpu:")
     assert problems_for("algorithm=gae", "critic.enable=false") == [
         "critic.enable: expected true or null when algorithm.adv_estimator='gae' "
