@@ -76,7 +76,7 @@ def make_config(model_dir: str, *overrides: str):
             f"data.max_response_length={RESPONSE_LENGTH}", "data.train_batch_size=8",
             f"actor_rollout_ref.rollout.temperature={TEMPERATURE}", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.optim.lr=1e-3",
-            "trainer.n_gpus_per_node=2"]
+            "actor_rollout_ref.rollout.n=1", "trainer.n_gpus_per_node=2"]
     return validate_config(compose_config(base + list(overrides)))
 
 
