@@ -34,16 +34,13 @@ The compose API takes the same file (searchpath lines included):
 """
 from __future__ import annotations
 
-import os
-import sys
 
 import hydra
 import ray
-from hydra.errors import HydraException
 from omegaconf import DictConfig
 
 from hybridrl.config import ConfigError, PPOConfig, check_paths, validate_config
-from hybridrl.config.cli_errors import describe_hydra_error
+from hybridrl.config.cli_errors import exit_with_config_errors, run_hydra_cli
 from hybridrl.utils.default_assets import ensure_default_assets
 from hybridrl.utils.import_utils import load_extensions
 
@@ -51,7 +48,6 @@ from hybridrl.utils.import_utils import load_extensions
 # INFO chatter would drown the training log.
 WORKER_ENV_VARS = {"TOKENIZERS_PARALLELISM": "false", "NCCL_DEBUG": "WARN"}
 
-CONFIG_ERROR_EXIT_CODE = 2
 
 
 @hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
@@ -101,24 +97,9 @@ class TaskRunner:
         return summary
 
 
-def exit_with_config_errors(problems: list[str]) -> None:
-    for problem in problems:
-        print(f"config error: {problem}", file=sys.stderr)
-    sys.exit(CONFIG_ERROR_EXIT_CODE)
-
 
 def cli() -> None:
-    """Run `main`, turning Hydra's multi-line composition errors (bad override, unknown key, unknown
-    group choice) into one `config error:` line. HYDRA_FULL_ERROR=1 set by the user keeps Hydra's own report;
-    either way an error raised by the job itself shows its full traceback."""
-    if os.environ.get("HYDRA_FULL_ERROR") == "1":
-        main()
-        return
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # makes Hydra raise instead of printing its report and exiting
-    try:
-        main()
-    except HydraException as err:
-        exit_with_config_errors([describe_hydra_error(err, sys.argv[1:])])
+    run_hydra_cli(main)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ prints this one line instead, so a bad override reads like any other config prob
 from __future__ import annotations
 
 import difflib
+import os
 import re
+import sys
 
 from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
@@ -92,3 +94,26 @@ def _one_line(message: str) -> str:
     message = message.split("Config search path:")[0]
     lines = [line.strip() for line in message.splitlines()]
     return " ".join(line for line in lines if line and not line.startswith("See https://"))
+
+
+CONFIG_ERROR_EXIT_CODE = 2
+
+
+def exit_with_config_errors(problems: list[str]) -> None:
+    for problem in problems:
+        print(f"config error: {problem}", file=sys.stderr)
+    sys.exit(CONFIG_ERROR_EXIT_CODE)
+
+
+def run_hydra_cli(main) -> None:
+    """Run a `@hydra.main` function, turning Hydra's multi-line composition errors (bad override, unknown
+    key, unknown group choice) into one `config error:` line. HYDRA_FULL_ERROR=1 set by the user keeps
+    Hydra's own report; either way an error raised by the job itself shows its full traceback."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        main()
+        return
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # makes Hydra raise instead of printing its report and exiting
+    try:
+        main()
+    except HydraException as err:
+        exit_with_config_errors([describe_hydra_error(err, sys.argv[1:])])

@@ -15,7 +15,6 @@ is how to use several nodes.
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from dataclasses import dataclass
 from collections.abc import Mapping
@@ -23,17 +22,15 @@ from typing import Any, Literal, Optional
 
 import hydra
 import torch
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrl.config.cli_errors import describe_hydra_error
+from hybridrl.config.cli_errors import exit_with_config_errors, run_hydra_cli
 from hybridrl.config.compose import CONFIG_DIR
 from hybridrl.config.schema import ConfigNode, at_least, between, one_or_list, positive
 from hybridrl.config.structure import build, check_structure, to_plain
 from hybridrl.config.validation import ConfigError
 from hybridrl.utils.tracking import VALID_LOGGERS
 
-CONFIG_ERROR_EXIT_CODE = 2
 
 
 # ---- typed config: one dataclass per YAML mapping of sft_trainer.yaml, defaults only in the YAML ----
@@ -197,22 +194,9 @@ def main(cfg: DictConfig) -> None:
         print(f"[hybridrl] SFT model saved to {model_dir}")
 
 
-def exit_with_config_errors(problems: list[str]) -> None:
-    for problem in problems:
-        print(f"config error: {problem}", file=sys.stderr)
-    sys.exit(CONFIG_ERROR_EXIT_CODE)
-
 
 def cli() -> None:
-    """Run `main`; Hydra's multi-line composition errors become one `config error:` line (as main_ppo does)."""
-    if os.environ.get("HYDRA_FULL_ERROR") == "1":
-        main()
-        return
-    os.environ["HYDRA_FULL_ERROR"] = "1"
-    try:
-        main()
-    except HydraException as err:
-        exit_with_config_errors([describe_hydra_error(err, sys.argv[1:])])
+    run_hydra_cli(main)
 
 
 if __name__ == "__main__":
