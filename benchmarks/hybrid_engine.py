@@ -6,8 +6,10 @@ Model: the Qwen2.5-0.5B architecture (hidden 896, 24 layers, 14 heads, 2 KV head
 of 151,936, tied embeddings) with random weights, saved in bf16. Prints one table:
 engine start, weight sync (s, GB/s), release, resume, the full rollout→train→rollout switch (with
 and without offloading the FSDP state), and generation tokens/s for 64 prompts × n=8 × 512 new
-tokens, then the same generation on a standalone `sglang.Engine` (same settings, its own weights
-from disk, no memory saver) started after the hybrid one is shut down, and the ratio.
+tokens, then the same generation on a standalone `sglang.Engine` started after the hybrid one is shut
+down, with the same engine arguments (memory saver included) except that it reads its weights from
+disk, and the ratio. `--standalone-without-memory-saver` adds a second standalone engine without
+torch_memory_saver, to show what the saver itself costs.
 
 The builders below (model, process group, config, actor, hybrid engine) are also what
 tests/gpu uses, so the tests and the numbers come from the same wiring.
@@ -156,6 +158,23 @@ def time_generation(generate, prompts, repeats: int) -> tuple[float, int]:
     return best, tokens
 
 
+def time_standalone(engine_kwargs: dict, token_lists: list[list[int]], params: dict, repeats: int) -> dict:
+    """Start a standalone sglang.Engine with `engine_kwargs`, time generating `token_lists`, shut it down."""
+    import sglang
+
+    started = time.perf_counter()
+    engine = sglang.Engine(**engine_kwargs)
+    start_s = time.perf_counter() - started
+
+    def generate(_):
+        outputs = engine.generate(input_ids=token_lists, sampling_params=params)
+        return sum(len(output["output_ids"]) for output in outputs)
+
+    seconds, tokens = time_generation(generate, None, repeats)
+    engine.shutdown()
+    return {"engine_start_s": start_s, "seconds": seconds, "tokens": tokens, "tok_per_s": tokens / seconds}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", required=True)
@@ -166,6 +185,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--switch-repeats", type=int, default=5)
     parser.add_argument("--gen-repeats", type=int, default=2)
+    parser.add_argument("--standalone-without-memory-saver", action="store_true",
+                        help="also time a standalone engine without torch_memory_saver")
     parser.add_argument("--override", action="append", default=[], help="extra config override (repeatable)")
     parser.add_argument("--out", help="write all numbers here as JSON")
     args = parser.parse_args()
@@ -204,24 +225,14 @@ def main() -> None:
     rollout.shutdown()
     results["hybrid_generate"] = {"seconds": hybrid_s, "tokens": hybrid_tokens, "tok_per_s": hybrid_tokens / hybrid_s}
 
-    import sglang
-
-    standalone_kwargs = dict(rollout.engine_kwargs, load_format="auto", enable_memory_saver=False)
-    started = time.perf_counter()
-    engine = sglang.Engine(**standalone_kwargs)
-    results["standalone_engine_start_s"] = time.perf_counter() - started
     token_lists = [row.tolist() for row in prompts.batch["input_ids"]]
     params = sampling_params(config.actor_rollout_ref.rollout, {}, [EOS_ID])
-
-    def standalone_generate(_):
-        outputs = engine.generate(input_ids=token_lists, sampling_params=params)
-        return sum(len(output["output_ids"]) for output in outputs)
-
-    standalone_s, standalone_tokens = time_generation(standalone_generate, prompts, args.gen_repeats)
-    engine.shutdown()
-    results["standalone_generate"] = {"seconds": standalone_s, "tokens": standalone_tokens,
-                                      "tok_per_s": standalone_tokens / standalone_s}
-    results["generation_ratio"] = results["hybrid_generate"]["tok_per_s"] / results["standalone_generate"]["tok_per_s"]
+    standalone = {"standalone": dict(rollout.engine_kwargs, load_format="auto")}
+    if args.standalone_without_memory_saver:
+        standalone["standalone_no_saver"] = dict(standalone["standalone"], enable_memory_saver=False)
+    for name, engine_kwargs in standalone.items():
+        results[name] = time_standalone(engine_kwargs, token_lists, params, args.gen_repeats)
+    results["generation_ratio"] = results["hybrid_generate"]["tok_per_s"] / results["standalone"]["tok_per_s"]
     print_table(results, args)
     if args.out:
         with open(args.out, "w") as handle:
@@ -233,7 +244,7 @@ def print_table(results: dict, args) -> None:
     rows = [
         ("device", results["device"]),
         ("hybrid engine start (s)", f"{results['engine_start_s']:.1f}"),
-        ("standalone engine start (s)", f"{results['standalone_engine_start_s']:.1f}"),
+        ("standalone engine start (s)", f"{results['standalone']['engine_start_s']:.1f}"),
         ("resume weights (s)", f"{switch['wake_weights_s']:.4f}"),
         ("weight sync (s)", f"{switch['sync_weights_s']:.4f}"),
         ("weight sync (GB/s)", f"{switch['sync_gbps']:.1f} ({switch['sync_gib']:.3f} GiB)"),
@@ -248,10 +259,13 @@ def print_table(results: dict, args) -> None:
                                                      f"{switch['engine_released_gib']:.2f}"),
         (f"hybrid generate {args.prompts}x{args.n}x{args.new_tokens} (tok/s)",
          f"{results['hybrid_generate']['tok_per_s']:,.0f} ({results['hybrid_generate']['seconds']:.2f} s)"),
-        ("standalone sglang.Engine, same batch (tok/s)",
-         f"{results['standalone_generate']['tok_per_s']:,.0f} ({results['standalone_generate']['seconds']:.2f} s)"),
+        ("standalone sglang.Engine, same settings (tok/s)",
+         f"{results['standalone']['tok_per_s']:,.0f} ({results['standalone']['seconds']:.2f} s)"),
         ("hybrid / standalone", f"{results['generation_ratio']:.3f}"),
     ]
+    if "standalone_no_saver" in results:
+        no_saver = results["standalone_no_saver"]
+        rows.append(("standalone without memory saver (tok/s)", f"{no_saver['tok_per_s']:,.0f} ({no_saver['seconds']:.2f} s)"))
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")

@@ -221,6 +221,15 @@ def test_sglang_says_what_it_needs():
         assert problems == [needs_gpu]
 
 
+def test_sglang_refuses_tensor_parallel_engines():
+    problems = problems_for("actor_rollout_ref.rollout.name=sglang", "trainer.device=cpu",
+                            "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
+    assert ("actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with actor_rollout_ref.rollout.name="
+            "'sglang' (one engine per GPU; tensor parallelism across ranks is not implemented), got 2") in problems
+    # the hf rollout generates from the FSDP module itself: nothing to split, tp=2 is accepted
+    validate_config(compose_config(["actor_rollout_ref.rollout.tensor_model_parallel_size=2"]))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_cuda_device_without_cuda():
     assert problems_for("trainer.device=cuda") == [

@@ -291,6 +291,15 @@ def _tensor_parallel_divides(values: _Values, problems: list[str]) -> None:
                         f"size trainer.nnodes * trainer.n_gpus_per_node = {world}, got {tp}")
 
 
+def _sglang_runs_one_engine_per_gpu(values: _Values, problems: list[str]) -> None:
+    """The sglang rollout starts one engine per GPU; tensor-parallel engines across ranks are not built yet."""
+    tp = values("actor_rollout_ref.rollout.tensor_model_parallel_size")
+    if values("actor_rollout_ref.rollout.name") == "sglang" and tp != 1:
+        problems.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with "
+                        f"actor_rollout_ref.rollout.name='sglang' (one engine per GPU; tensor parallelism across "
+                        f"ranks is not implemented), got {tp}")
+
+
 def _liger_runs_on_a_gpu(values: _Values, problems: list[str]) -> None:
     """liger's kernels are Triton kernels: CUDA only, and the package comes with the gpu extra."""
     if not values("actor_rollout_ref.model.use_liger"):
@@ -361,6 +370,7 @@ RULES: list[Callable[[_Values, list[str]], None]] = [
     _ray_cluster_owns_its_cpus,
     _batch_sizes_divide,
     _tensor_parallel_divides,
+    _sglang_runs_one_engine_per_gpu,
     _liger_runs_on_a_gpu,
     _reward_model_ready,
     _token_budgets_hold_a_sequence,

@@ -156,12 +156,17 @@ class SGLangRollout(BaseRollout):
                           tags=list(tags))
         self.awake_tags |= set(tags)
 
-    def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-        """Load HF-named CUDA tensors into the engine (CUDA IPC, no host copy). The radix cache is not flushed here."""
+    def update_weights_flattened(self, flat: torch.Tensor, metadata: list) -> None:
+        """Load one flat CUDA buffer of HF-named tensors (SGLang's FlattenedTensorMetadata says where each one
+        lies) into the engine: one CUDA IPC handle for the whole bucket. The radix cache is not flushed here."""
+        from sglang.srt.utils import MultiprocessingSerializer
+
+        payload = MultiprocessingSerializer.serialize({"flattened_tensor": flat, "metadata": metadata})
         success, message = self.monitor.call("update_weights_from_tensor", self.engine.update_weights_from_tensor,
-                                             named_tensors=named_tensors, flush_cache=False)
+                                             named_tensors=[payload], load_format="flattened_bucket",
+                                             flush_cache=False)
         if not success:
-            names = [name for name, _ in named_tensors]
+            names = [entry.name for entry in metadata]
             raise RuntimeError(f"sglang update_weights_from_tensor failed for {names[:3]}... ({len(names)} tensors): "
                                f"{message}")
 

@@ -7,8 +7,9 @@
 Enter (rollout mode), with `rollout.multi_stage_wake_up` (the order that keeps peak memory lowest):
   1. resume the engine's weight memory only (the contents were lost on release);
   2. stream the full FSDP parameters into it, `rollout.update_weights_bucket_megabytes` at a time,
-     in `rollout.dtype`, through `update_weights_from_tensor` (CUDA IPC: the engine copies straight
-     from our GPU tensors, no host round trip). HF names; a tied weight is sent once;
+     cast to `rollout.dtype` into one flat buffer per bucket, through `update_weights_from_tensor`
+     (CUDA IPC: the engine copies straight from our GPU buffer, no host round trip). HF names; a
+     tied weight is sent once;
   3. offload the FSDP parameters / optimizer state to the CPU if asked (frees room for the KV cache);
   4. resume the KV cache and CUDA graphs; flush the radix cache once (its entries predate the sync).
 Without multi_stage_wake_up, step 1 resumes everything at once and step 4 only flushes.
@@ -75,29 +76,31 @@ class FSDPSGLangShardingManager(BaseShardingManager):
         return self
 
     def sync_weights(self) -> int:
-        """Push every full parameter into the engine in buckets; returns the bytes pushed.
+        """Push every full parameter into the engine, one flat bucket at a time; returns the bytes pushed.
 
-        Every rank must run this (gathering a full parameter is a collective under FSDP). FSDP2
-        gathers one tensor at a time, so at most one bucket of full tensors exists at once.
+        Each full parameter is cast to `rollout.dtype` while it is copied into a flat buffer of
+        `rollout.update_weights_bucket_megabytes`; a full buffer goes to the engine as ONE CUDA IPC
+        handle (SGLang's "flattened_bucket" format) instead of one handle per tensor, which is what
+        costs time with ~300 tensors. Every rank must run this (gathering a full parameter is a
+        collective under FSDP); FSDP2 gathers one tensor at a time, so at most one bucket of full
+        tensors exists at once.
         """
-        dtype = DTYPES[self.config.dtype]
-        bucket_limit = self.config.update_weights_bucket_megabytes << 20
-        bucket: list[tuple[str, torch.Tensor]] = []
-        bucket_bytes = pushed = 0
-        for name, tensor in iter_full_state_dict(self.module, dtype=dtype):
+        bucket = FlatBucket(self.config.update_weights_bucket_megabytes << 20, DTYPES[self.config.dtype], self.device)
+        pushed = 0
+        for name, tensor in iter_full_state_dict(self.module):
             if name in self.tied_names:
                 continue
-            tensor = tensor.to(self.device, non_blocking=True)
-            bucket.append((name, tensor))
-            bucket_bytes += tensor.numel() * tensor.element_size()
-            if bucket_bytes >= bucket_limit:
-                self.rollout.update_weights(bucket)
-                pushed += bucket_bytes
-                bucket, bucket_bytes = [], 0
-        if bucket:
-            self.rollout.update_weights(bucket)
-            pushed += bucket_bytes
+            if not bucket.fits(tensor):
+                pushed += self._push(bucket)
+            bucket.add(name, tensor)
+        if bucket.metadata:
+            pushed += self._push(bucket)
         return pushed
+
+    def _push(self, bucket: "FlatBucket") -> int:
+        flat, metadata = bucket.take()
+        self.rollout.update_weights_flattened(flat, metadata)
+        return sum(entry.numel for entry in metadata)
 
     # ------------------------------------------------------------------ exit: trainer mode
     def __exit__(self, exc_type, exc_value, traceback) -> None:
@@ -143,6 +146,49 @@ class FSDPSGLangShardingManager(BaseShardingManager):
         for key, value in memory.items():
             self.last_switch[f"{stage}/{key}"] = value
         logger.info("GPU memory, %s: %s", stage, ", ".join(f"{key} {value:.2f} GiB" for key, value in memory.items()))
+
+
+class FlatBucket:
+    """Full tensors cast into one flat uint8 CUDA buffer, with SGLang's per-tensor metadata to cut it up again.
+
+    The buffer is allocated at the first `add` (at least `capacity` bytes, more for a larger tensor)
+    and handed over by `take`; each entry starts at a 256-byte boundary, so every view is aligned.
+    """
+
+    ALIGN = 256
+
+    def __init__(self, capacity: int, dtype: torch.dtype, device: torch.device):
+        self.capacity, self.dtype, self.device = capacity, dtype, device
+        self.buffer: torch.Tensor | None = None
+        self.metadata: list = []
+        self.used = 0
+
+    def fits(self, tensor: torch.Tensor) -> bool:
+        """True when the bucket is empty (a new buffer is sized to take it) or has room for `tensor`."""
+        return not self.metadata or self.used + self._size(tensor) <= self.buffer.numel()
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
+
+        if not self.fits(tensor):
+            raise RuntimeError(f"FlatBucket.add({name!r}): no room; take() the bucket first")
+        if self.buffer is None:
+            self.buffer = torch.empty(max(self.capacity, self._size(tensor)), dtype=torch.uint8, device=self.device)
+        numel = tensor.numel() * self.dtype.itemsize
+        self.buffer[self.used:self.used + numel].view(self.dtype).view(tensor.shape).copy_(tensor)
+        self.metadata.append(FlattenedTensorMetadata(name=name, shape=tensor.shape, dtype=self.dtype,
+                                                     start_idx=self.used, end_idx=self.used + numel, numel=numel))
+        self.used += self._size(tensor)
+
+    def take(self) -> tuple[torch.Tensor, list]:
+        """The filled part of the buffer and its metadata; the bucket is empty (and unallocated) afterwards."""
+        flat, metadata = self.buffer[:self.used], self.metadata
+        self.buffer, self.metadata, self.used = None, [], 0
+        return flat, metadata
+
+    def _size(self, tensor: torch.Tensor) -> int:
+        nbytes = tensor.numel() * self.dtype.itemsize
+        return -(-nbytes // self.ALIGN) * self.ALIGN
 
 
 def tied_parameter_names(model: nn.Module) -> set[str]:
