@@ -44,6 +44,8 @@ def hybrid(tmp_path_factory):
         f"data.max_prompt_length={PROMPT_LENGTH}", f"data.max_response_length={RESPONSE_LENGTH}",
         "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.rollout.multi_stage_wake_up=true",
         "actor_rollout_ref.actor.optim.lr=1e-5",
+        # the 20-step loop's batches: 8 groups x n=4 = one mini-batch of 32 rows
+        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         # prefill CUDA graphs only shorten the engine start here; decode graphs stay on
         "+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_prefill_cuda_graph=true",
     ])
