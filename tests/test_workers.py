@@ -22,7 +22,7 @@ from hybridrl.single_controller import Dispatch, register
 from hybridrl.single_controller.ray import (RayClassWithInitArgs, RayResourcePool, RayWorkerGroup,
                                             create_colocated_worker_cls)
 from hybridrl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
-from hybridrl.utils.fsdp_utils import iter_full_state_dict
+from hybridrl.utils.fsdp_utils import iter_full_state_dict, iter_unsharded_parameters
 from hybridrl.utils.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
@@ -42,6 +42,11 @@ class ProbeActor(ActorRolloutRefWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def actor_weights(self) -> dict[str, torch.Tensor]:
         return {name: tensor.clone() for name, tensor in iter_full_state_dict(self.actor_module, torch.float32)}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def unsharded_parameters(self) -> dict[str, torch.Tensor]:
+        """What the SGLang weight sync reads (one FSDP2 unit gathered at a time), copied as it streams by."""
+        return {name: tensor.clone() for name, tensor in iter_unsharded_parameters(self.actor_module)}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def count_all_gathers(self, prompts: DataProto, use_sharding_manager: bool) -> DataProto:
@@ -342,3 +347,17 @@ def test_critic_values_and_update(groups, tiny):
     assert losses[2] < losses[0]
     new_values = critic.compute_values(batch).batch["values"]
     assert (new_values - 1).abs()[mask == 1].mean() < (values - 1).abs()[mask == 1].mean()
+
+
+def test_unit_by_unit_gather_for_weight_sync_equals_the_full_state_dict(groups):
+    """iter_unsharded_parameters (FSDP2 unshard per unit; the sync's fast path) and iter_full_state_dict yield
+    the same names and values on both ranks, tied head included, and leave the model resharded and usable."""
+    for name in ("main", "fsdp1"):
+        full = groups[name].actor_weights()
+        streamed = groups[name].unsharded_parameters()
+        after = groups[name].actor_weights()  # gathering again after the stream: the model was resharded intact
+        for rank in range(2):
+            assert streamed[rank].keys() == full[rank].keys() == after[rank].keys()
+            assert "lm_head.weight" in streamed[rank]
+            for key, value in full[rank].items():
+                assert torch.equal(streamed[rank][key], value) and torch.equal(after[rank][key], value), (name, key)

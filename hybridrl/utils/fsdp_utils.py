@@ -22,7 +22,7 @@ import torch.distributed as dist
 from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import (CPUOffload, CPUOffloadPolicy, FullyShardedDataParallel, MixedPrecision,
+from torch.distributed.fsdp import (CPUOffload, CPUOffloadPolicy, FSDPModule, FullyShardedDataParallel, MixedPrecision,
                                     MixedPrecisionPolicy, OffloadPolicy, ShardingStrategy, fully_shard)
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 from torch.distributed.tensor import DTensor
@@ -245,3 +245,40 @@ def iter_full_state_dict(module: nn.Module, dtype: torch.dtype | None = None) ->
         full = value.full_tensor() if isinstance(value, DTensor) else value
         yield name, full if dtype is None else full.to(dtype)
 
+
+
+def iter_unsharded_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF name, full tensor) for every entry of the state dict, gathered the way FSDP2 gathers for compute.
+
+    The fast path for weight sync: each FSDP2 unit (a decoder layer, then the root's embeddings /
+    norm / head) is unsharded with FSDP2's own batched all-gather, in its compute dtype (bf16 under
+    mixed precision: half the bytes of gathering fp32 master weights, and no cast afterwards), its
+    parameters are yielded, and the unit is resharded before the next one, so at most one unit is
+    ever gathered. A yielded tensor is only valid until the iterator advances: copy it at once.
+    The tensors are in the compute dtype, not necessarily fp32. FSDP1 (and an unsharded module)
+    falls back to `iter_full_state_dict`. Tied weights appear under both names, as in `state_dict()`.
+    Collective: every rank runs the iterator to its end, in step, in trainer mode.
+    """
+    if not isinstance(module, FSDPModule):
+        yield from iter_full_state_dict(module)
+        return
+    for unit_name, unit in module.named_modules():
+        if isinstance(unit, FSDPModule):
+            unit.unshard()
+            for name, parameter in _own_parameters(unit, prefix=f"{unit_name}." if unit_name else ""):
+                yield name, parameter.detach()
+            unit.reshard()
+    for module_name, owner in module.named_modules():
+        for name, buffer in owner.named_buffers(recurse=False):
+            if name not in owner._non_persistent_buffers_set:  # e.g. rotary inv_freq is not in the state dict
+                yield f"{module_name}.{name}" if module_name else name, buffer
+
+
+def _own_parameters(unit: nn.Module, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Parameters of `unit` that are not inside a nested FSDP2 unit (which gathers them itself), tied ones
+    under every name."""
+    for name, parameter in unit.named_parameters(recurse=False, remove_duplicate=False):
+        yield prefix + name, parameter
+    for child_name, child in unit.named_children():
+        if not isinstance(child, FSDPModule):
+            yield from _own_parameters(child, f"{prefix}{child_name}.")
