@@ -199,9 +199,8 @@ def test_tensor_parallel_size_must_divide_world_size():
 # ---- keys accepted but not implemented ----
 
 def test_not_implemented_keys_fail_loudly():
-    assert problems_for("actor_rollout_ref.model.use_fused_kernels=true", "actor_rollout_ref.rollout.name=vllm",
+    assert problems_for("actor_rollout_ref.rollout.name=vllm",
                         "actor_rollout_ref.actor.ppo_micro_batch_size=16", "algorithm.use_pf_ppo=true") == [
-        "actor_rollout_ref.model.use_fused_kernels: expected False (other values are not implemented yet), got True",
         "algorithm.use_pf_ppo: expected False (other values are not implemented yet), got True",
         "actor_rollout_ref.rollout.name: expected a value other than 'vllm' (not implemented yet), got 'vllm'",
         "actor_rollout_ref.actor.ppo_micro_batch_size: expected null (deprecated, set "
@@ -255,12 +254,12 @@ def test_every_problem_is_reported_in_one_error():
     with pytest.raises(ConfigError) as caught:
         validate_config(compose_config([
             "data.train_batch_size=12", "+trainer.nnode=2", "actor_rollout_ref.actor.use_kl_loss=maybe",
-            "algorithm.kl_penalty=k9", "critic.model.fsdp_config.param_offload=true"]))
+            "algorithm.kl_penalty=k9", "trainer.del_local_ckpt_after_load=true"]))
     assert caught.value.problems == [
         "actor_rollout_ref.actor.use_kl_loss: expected bool, got 'maybe'",
         "algorithm.kl_penalty: expected one of 'kl', 'k1', 'abs', 'mse', 'k2', 'low_var_kl', 'k3', got 'k9'",
         "trainer.nnode: expected a known key, got unknown key (value 2); did you mean trainer.nnodes?",
-        "critic.model.fsdp_config.param_offload: expected False (other values are not implemented yet), got True",
+        "trainer.del_local_ckpt_after_load: expected False (other values are not implemented yet), got True",
         "data.train_batch_size: expected a multiple of actor_rollout_ref.actor.ppo_mini_batch_size = 8 "
         "(both count prompts), got 12",
     ]

@@ -10,7 +10,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from hybridrl.config import compose_config, validate_config
 from hybridrl.workers.rollout.sglang_rollout import engine_kwargs, sampling_params
-from hybridrl.workers.sharding_manager.fsdp_sglang import move_optimizer_state, tied_parameter_names
+from hybridrl.workers.sharding_manager.fsdp_sglang import tied_parameter_names
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +63,3 @@ def test_a_tied_weight_is_sent_once(tied):
                          num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tied)
     model = Qwen2ForCausalLM(config)
     assert tied_parameter_names(model) == ({"lm_head.weight"} if tied else set())
-
-
-def test_move_optimizer_state_moves_every_state_tensor():
-    parameter = torch.nn.Parameter(torch.ones(3))
-    optimizer = torch.optim.AdamW([parameter])
-    parameter.grad = torch.full((3,), 0.5)
-    optimizer.step()
-    move_optimizer_state(optimizer, torch.device("meta"))
-    state = optimizer.state[parameter]
-    assert state["exp_avg"].device.type == "meta" and state["exp_avg_sq"].device.type == "meta"

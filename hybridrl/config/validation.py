@@ -26,16 +26,10 @@ from hybridrl.utils.import_utils import load_extensions
 # any value other than the one given here is refused. Remove an entry when its feature lands.
 NOT_IMPLEMENTED: dict[str, Any] = {
     "actor_rollout_ref.hybrid_engine": True,
-    "actor_rollout_ref.model.use_fused_kernels": False,
     "actor_rollout_ref.model.enable_activation_offload": False,
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 1,
     "actor_rollout_ref.actor.use_torch_compile": False,
-    "actor_rollout_ref.actor.fsdp_config.param_offload": False,
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": False,
     "actor_rollout_ref.rollout.mode": "sync",
-    "actor_rollout_ref.ref.fsdp_config.param_offload": False,
-    "critic.model.fsdp_config.param_offload": False,
-    "critic.model.fsdp_config.optimizer_offload": False,
     "reward_model.launch_reward_fn_async": False,
     "algorithm.use_pf_ppo": False,
     "trainer.default_hdfs_dir": None,
@@ -361,6 +355,44 @@ def _lora_settings(values: _Values, problems: list[str]) -> None:
                         f"actor_rollout_ref.model.lora_rank=0 (no LoRA to load the adapter into), got {adapter!r}")
 
 
+# Models whose state param_offload / optimizer_offload park on the CPU between phases (utils/offload.py):
+# (strategy key, fsdp_config key, its parking flags, whether that fsdp_config has offload_policy).
+OFFLOAD_FLAGS = (
+    ("actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.fsdp_config", ("param_offload", "optimizer_offload"),
+     True),
+    ("actor_rollout_ref.ref.strategy", "actor_rollout_ref.ref.fsdp_config", ("param_offload",), False),
+    ("critic.strategy", "critic.model.fsdp_config", ("param_offload", "optimizer_offload"), True),
+)
+
+
+def _offload_settings(values: _Values, problems: list[str]) -> None:
+    """Parking between phases moves FSDP2's sharded DTensors; FSDP1 has its own permanent CPU offload
+    (offload_policy, torch's CPUOffload), and offload_policy already keeps everything on the CPU."""
+    for strategy_key, fsdp_key, flags, has_policy in OFFLOAD_FLAGS:
+        if strategy_key.startswith("critic.") and not _critic_enabled(values):
+            continue
+        for flag in flags:
+            key = f"{fsdp_key}.{flag}"
+            if not values(key):
+                continue
+            if values(strategy_key) == "fsdp":
+                instead = (f"set {fsdp_key}.offload_policy=true (FSDP1's own CPUOffload: parameters, gradients and "
+                           f"optimizer state on the CPU all the time) or {strategy_key}=fsdp2" if has_policy
+                           else f"set {strategy_key}=fsdp2")
+                problems.append(f"{key}: expected False with {strategy_key}='fsdp' (parking state on the CPU between "
+                                f"phases is implemented for fsdp2 only; {instead}), got True")
+            elif has_policy and values(f"{fsdp_key}.offload_policy"):
+                problems.append(f"{key}: expected False with {fsdp_key}.offload_policy=true (that keeps parameters, "
+                                f"gradients and optimizer state on the CPU all the time; {flag} parks them there "
+                                f"between phases only: choose one), got True")
+    ref_key = "actor_rollout_ref.ref.fsdp_config.param_offload"
+    actor_key = "actor_rollout_ref.actor.fsdp_config.param_offload"
+    if values("actor_rollout_ref.model.lora_rank") > 0 and values(ref_key) and not values(actor_key):
+        problems.append(f"{ref_key}: expected False when {actor_key}=false and actor_rollout_ref.model.lora_rank > 0 "
+                        f"(the LoRA reference is the actor's own module with its adapters disabled, so it is parked "
+                        f"exactly when the actor is), got True")
+
+
 RULES: list[Callable[[_Values, list[str]], None]] = [
     _not_implemented,
     _registered_names,
@@ -375,6 +407,7 @@ RULES: list[Callable[[_Values, list[str]], None]] = [
     _reward_model_ready,
     _token_budgets_hold_a_sequence,
     _lora_settings,
+    _offload_settings,
 ]
 
 

@@ -108,7 +108,7 @@ def forward_packed(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     return output.logits.squeeze(0), packed
 
 
-def _response_scoring_rows(attention_mask: torch.Tensor, response_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def response_scoring_rows(attention_mask: torch.Tensor, response_length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed rows whose output scores each attended response token, that tokens' (rows, R) mask).
 
     Response token j of a row sits at padded position seqlen - R + j and is scored by position
@@ -141,7 +141,7 @@ def response_log_probs_packed(model: nn.Module, input_ids: torch.Tensor, attenti
     With calculate_entropy also the per-token entropy; it carries a gradient only with entropy_grad
     (when it is part of the loss), otherwise it is computed from detached logits.
     """
-    scoring_rows, response_attended = _response_scoring_rows(attention_mask, responses.shape[1])
+    scoring_rows, response_attended = response_scoring_rows(attention_mask, responses.shape[1])
     logits, _ = forward_packed(model, input_ids, attention_mask, position_ids)
     response_logits = logits[scoring_rows] / temperature
     log_probs = torch.zeros(responses.shape, dtype=torch.float32, device=logits.device)
@@ -161,7 +161,7 @@ def response_values_packed(model: nn.Module, input_ids: torch.Tensor, attention_
                            position_ids: torch.Tensor, response_length: int) -> torch.Tensor:
     """Values V(state before each response token), (rows, R) float32, from one packed forward of a
     one-output token-classification model (the critic)."""
-    scoring_rows, response_attended = _response_scoring_rows(attention_mask, response_length)
+    scoring_rows, response_attended = response_scoring_rows(attention_mask, response_length)
     outputs, _ = forward_packed(model, input_ids, attention_mask, position_ids)
     values = torch.zeros(response_attended.shape, dtype=torch.float32, device=outputs.device)
     values[response_attended] = outputs[scoring_rows, 0].float()

@@ -14,7 +14,9 @@ One instance per rank, built by a RayWorkerGroup. `role` says which parts this i
 Every data method is Dispatch.DP_COMPUTE_PROTO (each rank gets its slice of the batch; results
 are concatenated) and returns only the keys it adds, so the trainer `union`s them into its batch.
 Log-probs are always taken under logits / `rollout.temperature` (the distribution the rollout
-sampled from), whatever meta_info carries.
+sampled from), whatever meta_info carries. With fsdp_config.param_offload / optimizer_offload the
+models' state waits in CPU memory and each method brings what it needs to the device for its own
+duration (utils/offload.py).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from hybridrl.utils.checkpoint import (load_sharded_model_state, save_hf_config_
 from hybridrl.utils.fsdp_utils import (apply_liger, apply_lora, build_lr_scheduler, build_optimizer, fsdp_root,
                                        hf_module, load_hf_model, shard_model)
 from hybridrl.utils.import_utils import load_extensions
+from hybridrl.utils.offload import FSDPOffload
 from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
 from hybridrl.workers.rollout import build_rollout
 from hybridrl.workers.sharding_manager.fsdp_hf import FSDPHFShardingManager
@@ -77,7 +80,7 @@ class ActorRolloutRefWorker(Worker):
                                            or actor.ppo_micro_batch_size_per_gpu),
                 log_prob_max_token_len=(rollout.log_prob_max_token_len_per_gpu if rollout.log_prob_use_dynamic_bsz
                                         else None),
-                use_remove_padding=model.use_remove_padding)
+                use_remove_padding=model.use_remove_padding, use_fused_kernels=model.use_fused_kernels)
         if self._is_rollout:
             self.rollout = build_rollout(self.config.rollout, model, fsdp_root(self.actor_module))
             self.rollout_sharding_manager = self._rollout_sharding_manager()
@@ -87,7 +90,27 @@ class ActorRolloutRefWorker(Worker):
                 ref, self._reference_module(), None, device=self.device,
                 log_prob_micro_batch_size=ref.log_prob_micro_batch_size_per_gpu or actor.ppo_micro_batch_size_per_gpu,
                 log_prob_max_token_len=ref.log_prob_max_token_len_per_gpu if ref.log_prob_use_dynamic_bsz else None,
-                use_remove_padding=model.use_remove_padding)
+                use_remove_padding=model.use_remove_padding, use_fused_kernels=model.use_fused_kernels)
+        self._park_offloaded_state()
+
+    def _park_offloaded_state(self) -> None:
+        """Build the parking rules of fsdp_config.param_offload / optimizer_offload (utils/offload.py) and park
+        what they name in CPU memory until a phase needs it. The LoRA reference is the actor's own module,
+        so it follows the actor's rules."""
+        fsdp_config = self.config.actor.fsdp_config
+        if self._is_actor or self._is_rollout:
+            self.actor_offload = FSDPOffload(self.actor_module, getattr(self, "actor_optimizer", None),
+                                             param_offload=fsdp_config.param_offload,
+                                             optimizer_offload=fsdp_config.optimizer_offload and self._is_actor,
+                                             device=self.device)
+            self.actor_offload.park()
+        if self._is_ref and self.config.model.lora_rank > 0:
+            self.ref_offload = self.actor_offload
+        elif self._is_ref:
+            self.ref_offload = FSDPOffload(self.ref_policy.actor_module,
+                                           param_offload=self.config.ref.fsdp_config.param_offload,
+                                           optimizer_offload=False, device=self.device)
+            self.ref_offload.park()
 
     def _reference_module(self):
         """The frozen initial policy. With LoRA it is the actor's own module, run with its adapters disabled
@@ -119,10 +142,11 @@ class ActorRolloutRefWorker(Worker):
                                           "into SGLang is not implemented; use rollout.name=hf")
             from hybridrl.workers.sharding_manager.fsdp_sglang import FSDPSGLangShardingManager
 
+            # generate_sequences brings parked parameters to the GPU for the weight sync; the manager parks
+            # them again for the rollout and leaves them parked (the next phase loads them). The optimizer
+            # state is never on the GPU outside an update with optimizer_offload: the manager leaves it alone.
             return FSDPSGLangShardingManager(self.actor_module, self.rollout,
-                                             optimizer=getattr(self, "actor_optimizer", None),
-                                             offload_params=fsdp_config.param_offload,
-                                             offload_optimizer=fsdp_config.optimizer_offload)
+                                             offload_params=fsdp_config.param_offload, reload_on_exit=False)
         return FSDPHFShardingManager(fsdp_root(self.actor_module),
                                      reshard_after_forward=fsdp_config.reshard_after_forward)
 
@@ -151,21 +175,23 @@ class ActorRolloutRefWorker(Worker):
         """One response per prompt row: adds prompts, responses, input_ids, attention_mask, position_ids,
         response_mask (and rollout_log_probs with rollout.calculate_log_probs)."""
         self._require(self._is_rollout, "generate_sequences", "rollout")
-        with self.rollout_sharding_manager:
+        with self.actor_offload.loaded(), self.rollout_sharding_manager:
             return self.rollout.generate_sequences(prompts)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """The current policy's log-probs of the responses: adds old_log_probs and entropys (per token)."""
         self._require(self._is_actor, "compute_log_prob", "actor")
-        log_probs, entropys = self.actor.compute_log_prob(self._at_rollout_temperature(data), calculate_entropy=True)
+        with self.actor_offload.loaded():
+            log_probs, entropys = self.actor.compute_log_prob(self._at_rollout_temperature(data),
+                                                              calculate_entropy=True)
         return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropys})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """The reference policy's log-probs of the responses: adds ref_log_prob."""
         self._require(self._is_ref, "compute_ref_log_prob", "ref")
-        with self._adapters_disabled():
+        with self.ref_offload.loaded(), self._adapters_disabled():
             log_probs, _ = self.ref_policy.compute_log_prob(self._at_rollout_temperature(data))
         return DataProto.from_dict({"ref_log_prob": log_probs})
 
@@ -179,7 +205,8 @@ class ActorRolloutRefWorker(Worker):
         ranks — and actor/lr, the learning rate this update used.
         """
         self._require(self._is_actor, "update_actor", "actor")
-        metrics = self.actor.update_policy(self._at_rollout_temperature(data))
+        with self.actor_offload.loaded(optimizer=True):
+            metrics = self.actor.update_policy(self._at_rollout_temperature(data))
         metrics["actor/lr"] = self.actor_lr_scheduler.get_last_lr()[0]
         self.actor_lr_scheduler.step()
         return DataProto(meta_info={"metrics": metrics})
@@ -191,8 +218,9 @@ class ActorRolloutRefWorker(Worker):
         schedule + RNG) into local_path; rank 0 also writes the HF config and tokenizer to local_path/huggingface
         for the model merger. Every rank must be called (ONE_TO_ALL): the save is a collective."""
         self._require(self._is_actor, "save_checkpoint", "actor")
-        save_sharded_model_state(self.actor_module, self.actor_optimizer, self.actor_lr_scheduler, local_path,
-                                 self.rank, list(self.config.actor.checkpoint.save_contents))
+        with self.actor_offload.loaded(optimizer=True):  # DCP reads the shards where training keeps them
+            save_sharded_model_state(self.actor_module, self.actor_optimizer, self.actor_lr_scheduler, local_path,
+                                     self.rank, list(self.config.actor.checkpoint.save_contents))
         if self.rank == 0:
             model = hf_module(self.actor_module)
             tokenizer = AutoTokenizer.from_pretrained(self.config.model.path,
@@ -204,8 +232,9 @@ class ActorRolloutRefWorker(Worker):
         """Load what save_checkpoint wrote (actor.checkpoint.load_contents); a checkpoint from another world size
         is resharded, its RNG states are then not restored (see utils/checkpoint.py)."""
         self._require(self._is_actor, "load_checkpoint", "actor")
-        load_sharded_model_state(self.actor_module, self.actor_optimizer, self.actor_lr_scheduler, local_path,
-                                 self.rank, list(self.config.actor.checkpoint.load_contents))
+        with self.actor_offload.loaded(optimizer=True):  # loaded state lands on the device, then is parked
+            load_sharded_model_state(self.actor_module, self.actor_optimizer, self.actor_lr_scheduler, local_path,
+                                     self.rank, list(self.config.actor.checkpoint.load_contents))
 
     # ------------------------------------------------------------------ helpers
     def _at_rollout_temperature(self, data: DataProto) -> DataProto:

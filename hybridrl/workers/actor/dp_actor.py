@@ -19,7 +19,9 @@ token-budget groups of at most `ppo_max_token_len_per_gpu` attended tokens, bala
 (utils/seqlen_balancing.rearrange_micro_batches; the ranks agree on their number, since FSDP runs
 collectives in every forward). The share-of-weight scaling above is what keeps both exact; a
 forward pass puts the rows back in their order with the reverse index. With `use_remove_padding`
-each micro-batch runs as one packed row of its real tokens (utils/padding.py).
+each micro-batch runs as one packed row of its real tokens (utils/padding.py). With `use_fused_kernels`
+the output layer is fused into the log-prob computation, so no full-vocabulary logits are ever held
+(utils/fused_logprob.py); it combines with either layout.
 
 Batch keys read: input_ids, attention_mask, position_ids, responses (all passes); response_mask,
 old_log_probs, advantages, and ref_log_prob with use_kl_loss (update). meta_info: temperature.
@@ -37,6 +39,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from hybridrl.utils.distributed import device_name
 from hybridrl.utils.fsdp_utils import clip_grad_norm
+from hybridrl.utils.fused_logprob import response_log_probs_fused
 from hybridrl.utils.padding import response_log_probs_packed
 from hybridrl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches
 from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
@@ -48,7 +51,7 @@ class DataParallelPPOActor:
     def __init__(self, config: Any, actor_module: nn.Module, actor_optimizer: torch.optim.Optimizer | None = None, *,
                  rollout_n: int | None = None, log_prob_micro_batch_size: int | None = None,
                  log_prob_max_token_len: int | None = None, use_remove_padding: bool = False,
-                 device: str | None = None):
+                 use_fused_kernels: bool = False, device: str | None = None):
         """`config` is the actor section (or the ref section for a frozen reference, no optimizer).
 
         rollout_n (required with an optimizer): responses per prompt; `ppo_mini_batch_size` counts
@@ -56,6 +59,7 @@ class DataParallelPPOActor:
         log_prob_micro_batch_size: rows per forward in compute_log_prob; log_prob_max_token_len
         (dynamic batch size) replaces it by a token budget per forward. The worker resolves both from
         the rollout/ref config. use_remove_padding: `model.use_remove_padding` (packed forwards).
+        use_fused_kernels: `model.use_fused_kernels` (log-probs fused with the output layer).
         """
         self.config = config
         self.actor_module = actor_module
@@ -64,6 +68,7 @@ class DataParallelPPOActor:
         self.log_prob_micro_batch_size = log_prob_micro_batch_size
         self.log_prob_max_token_len = log_prob_max_token_len
         self.use_remove_padding = use_remove_padding
+        self.use_fused_kernels = use_fused_kernels
         if actor_optimizer is not None:
             if rollout_n is None:
                 raise ValueError("DataParallelPPOActor with an optimizer needs rollout_n (actor_rollout_ref.rollout.n)")
@@ -82,6 +87,10 @@ class DataParallelPPOActor:
         `response_length` positions ending one before the last. The entropy carries a gradient
         only with entropy_grad (it is in the loss); otherwise it is a detached metric.
         """
+        if self.use_fused_kernels:
+            inputs = [micro_batch[key].to(self.device) for key in FORWARD_KEYS]
+            return response_log_probs_fused(self.actor_module, *inputs, temperature, calculate_entropy, entropy_grad,
+                                            remove_padding=self.use_remove_padding)
         if self.use_remove_padding:  # packed: 0 (not arbitrary numbers) at response padding; both are masked
             inputs = [micro_batch[key].to(self.device) for key in FORWARD_KEYS]
             return response_log_probs_packed(self.actor_module, *inputs, temperature, calculate_entropy, entropy_grad)

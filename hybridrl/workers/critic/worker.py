@@ -1,6 +1,8 @@
 """CriticWorker: the value model on one rank — a causal LM backbone with a one-output head.
 
 Data methods are Dispatch.DP_COMPUTE_PROTO and return only what they add (see workers/actor_rollout_ref.py).
+With model.fsdp_config.param_offload / optimizer_offload the parameters and the optimizer state wait in
+CPU memory between calls and come to the device only for the call that needs them (utils/offload.py).
 It lives in the critic package (not workers/critic.py, which the package would shadow) and is
 exported as hybridrl.workers.critic.CriticWorker.
 """
@@ -14,6 +16,7 @@ from hybridrl.utils.checkpoint import load_sharded_model_state, save_sharded_mod
 from hybridrl.utils.distributed import device_name, init_process_group_once
 from hybridrl.utils.fsdp_utils import apply_lora, build_lr_scheduler, build_optimizer, load_hf_model, shard_model
 from hybridrl.utils.import_utils import load_extensions
+from hybridrl.utils.offload import FSDPOffload
 from hybridrl.workers.critic.dp_critic import DataParallelPPOCritic
 
 
@@ -52,18 +55,24 @@ class CriticWorker(Worker):
         self.critic_lr_scheduler = build_lr_scheduler(self.critic_optimizer, config.optim)
         self.critic = DataParallelPPOCritic(config, self.critic_module, self.critic_optimizer,
                                             rollout_n=self.rollout_n, device=self.device)
+        self.critic_offload = FSDPOffload(self.critic_module, self.critic_optimizer,
+                                          param_offload=model.fsdp_config.param_offload,
+                                          optimizer_offload=model.fsdp_config.optimizer_offload, device=self.device)
+        self.critic_offload.park()
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
         """Adds values: V per response token, 0 outside response_mask."""
-        return DataProto.from_dict({"values": self.critic.compute_values(data)})
+        with self.critic_offload.loaded():
+            return DataProto.from_dict({"values": self.critic.compute_values(data)})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         """One value update, then one LR-schedule step. Returns only meta_info["metrics"]: critic/vf_loss,
         critic/vf_clipfrac, critic/vpred_mean, critic/grad_norm (per mini-batch step, averaged over
         the ranks) and critic/lr."""
-        metrics = self.critic.update_critic(data)
+        with self.critic_offload.loaded(optimizer=True):
+            metrics = self.critic.update_critic(data)
         metrics["critic/lr"] = self.critic_lr_scheduler.get_last_lr()[0]
         self.critic_lr_scheduler.step()
         return DataProto(meta_info={"metrics": metrics})
@@ -71,11 +80,13 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str) -> None:
         """Write this rank's shards of the critic (critic.checkpoint.save_contents) into local_path (a collective)."""
-        save_sharded_model_state(self.critic_module, self.critic_optimizer, self.critic_lr_scheduler, local_path,
-                                 self.rank, list(self.config.checkpoint.save_contents))
+        with self.critic_offload.loaded(optimizer=True):
+            save_sharded_model_state(self.critic_module, self.critic_optimizer, self.critic_lr_scheduler, local_path,
+                                     self.rank, list(self.config.checkpoint.save_contents))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str) -> None:
         """Load what save_checkpoint wrote (critic.checkpoint.load_contents)."""
-        load_sharded_model_state(self.critic_module, self.critic_optimizer, self.critic_lr_scheduler, local_path,
-                                 self.rank, list(self.config.checkpoint.load_contents))
+        with self.critic_offload.loaded(optimizer=True):
+            load_sharded_model_state(self.critic_module, self.critic_optimizer, self.critic_lr_scheduler, local_path,
+                                     self.rank, list(self.config.checkpoint.load_contents))

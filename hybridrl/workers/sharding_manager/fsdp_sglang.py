@@ -14,7 +14,8 @@ Enter (rollout mode), with `rollout.multi_stage_wake_up` (the order that keeps p
   4. resume the KV cache and CUDA graphs; flush the radix cache once (its entries predate the sync).
 Without multi_stage_wake_up, step 1 resumes everything at once and step 4 only flushes.
 Exit (trainer mode): release the engine's memory (weights, KV cache, CUDA graphs), bring the
-offloaded FSDP state back to the GPU, empty the CUDA cache.
+offloaded FSDP state back to the GPU (not with reload_on_exit=False: the worker with param_offload
+loads it per phase), empty the CUDA cache.
 With `rollout.free_cache_engine=false` the engine keeps its memory: enter only syncs weights.
 
 GPU memory (allocated/reserved by this process, held by the engine's processes, used on the device)
@@ -28,7 +29,9 @@ import time
 import torch
 from torch import nn
 
-from hybridrl.utils.fsdp_utils import hf_module, iter_full_state_dict
+from hybridrl.utils.fsdp_utils import hf_module, iter_unsharded_parameters
+from hybridrl.utils.offload import (load_fsdp_params, load_optimizer_state, offload_fsdp_params,
+                                    offload_optimizer_state)
 from hybridrl.workers.rollout.sglang_rollout import ALL_MEMORY_TAGS, EngineDiedError, SGLangRollout
 from hybridrl.workers.sharding_manager.base import BaseShardingManager
 
@@ -40,7 +43,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 class FSDPSGLangShardingManager(BaseShardingManager):
     def __init__(self, module: nn.Module, rollout: SGLangRollout, *, optimizer: torch.optim.Optimizer | None = None,
-                 offload_params: bool = False, offload_optimizer: bool = False):
+                 offload_params: bool = False, offload_optimizer: bool = False, reload_on_exit: bool = True):
         """`module` is the FSDP actor; the offload flags are the actor's fsdp_config.param_offload/optimizer_offload."""
         if offload_optimizer and optimizer is None:
             raise ValueError("offload_optimizer=True needs the actor's optimizer")
@@ -48,6 +51,9 @@ class FSDPSGLangShardingManager(BaseShardingManager):
         self.rollout = rollout
         self.optimizer = optimizer
         self.offload_params = offload_params
+        # False when the caller keeps the state parked after the rollout and loads it per phase itself
+        # (the worker with fsdp_config.param_offload): a reload here would be undone right away.
+        self.reload_on_exit = reload_on_exit
         self.offload_optimizer = offload_optimizer
         self.config = rollout.config
         self.device = torch.device("cuda", torch.cuda.current_device())
@@ -82,12 +88,12 @@ class FSDPSGLangShardingManager(BaseShardingManager):
         `rollout.update_weights_bucket_megabytes`; a full buffer goes to the engine as ONE CUDA IPC
         handle (SGLang's "flattened_bucket" format) instead of one handle per tensor, which is what
         costs time with ~300 tensors. Every rank must run this (gathering a full parameter is a
-        collective under FSDP); FSDP2 gathers one tensor at a time, so at most one bucket of full
-        tensors exists at once.
+        collective under FSDP). FSDP2 gathers one unit (decoder layer) at a time in its compute dtype
+        (`iter_unsharded_parameters`), so at most one unit and one bucket of full tensors exist at once.
         """
         bucket = FlatBucket(self.config.update_weights_bucket_megabytes << 20, DTYPES[self.config.dtype], self.device)
         pushed = 0
-        for name, tensor in iter_full_state_dict(self.module):
+        for name, tensor in iter_unsharded_parameters(self.module):
             if name in self.tied_names:
                 continue
             if not bucket.fits(tensor):
@@ -112,24 +118,26 @@ class FSDPSGLangShardingManager(BaseShardingManager):
                 raise
             logger.error("could not release the sglang engine while handling %r", exc_value)
         finally:
-            if self.offload_params or self.offload_optimizer:
+            if (self.offload_params or self.offload_optimizer) and self.reload_on_exit:
                 self._timed("reload_trainer", self._reload_trainer)
             torch.cuda.empty_cache()
             self._log_memory("trainer mode restored")
 
     # ------------------------------------------------------------------ FSDP state offload
     def _offload_trainer(self) -> None:
+        """Park what the flags name in CPU memory for the rollout (see utils/offload.py)."""
         if self.offload_params:
-            self.module.to("cpu")  # FSDP2 moves the local shards (and their gradients)
+            offload_fsdp_params(self.module)
         if self.offload_optimizer:
-            move_optimizer_state(self.optimizer, torch.device("cpu"))
+            offload_optimizer_state(self.optimizer)
         torch.cuda.synchronize()
 
     def _reload_trainer(self) -> None:
+        """Bring back what _offload_trainer parked, for the trainer-mode phases."""
         if self.offload_params:
-            self.module.to(self.device)
+            load_fsdp_params(self.module, self.device)
         if self.offload_optimizer:
-            move_optimizer_state(self.optimizer, self.device)
+            load_optimizer_state(self.optimizer, self.device)
         torch.cuda.synchronize()
 
     # ------------------------------------------------------------------ timings and memory
@@ -203,14 +211,6 @@ def tied_parameter_names(model: nn.Module) -> set[str]:
             tied.add(name)
         seen.add(id(parameter))
     return tied
-
-
-def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """Move every tensor of the optimizer's state (e.g. Adam's moments) to `device`, in place."""
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor):
-                state[key] = value.to(device, non_blocking=True)
 
 
 def gpu_memory(engine_pids: list[int]) -> dict[str, float]:
