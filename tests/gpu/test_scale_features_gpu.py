@@ -242,3 +242,55 @@ def test_fused_kernels_worker_matches_the_plain_worker_on_gpu(setup):
     assert fused_metrics["actor/pg_loss"][0] == pytest.approx(plain_metrics["actor/pg_loss"][0], abs=0.02)
     after = fused.compute_log_prob(batch).batch["old_log_probs"]
     assert (after - old_fused)[mask].abs().max() > 1e-3, "the fused update did not change the policy"
+
+
+# ---------------------------------------------------------------------- liger-kernel
+
+LIGER = "actor_rollout_ref.model.use_liger=true"
+
+
+def test_liger_kernels_keep_the_model_function_and_gradients(setup):
+    """apply_liger swaps RMSNorm / RoPE / SwiGLU for liger's Triton kernels in place: in fp32 the swapped model
+    computes the same logits and parameter gradients as the HF one (Triton's fp32 math, not bit-identical)."""
+    pytest.importorskip("liger_kernel")
+    from hybridrl.utils.fsdp_utils import apply_liger, load_hf_model
+
+    model_dir, tokenizer = setup
+    input_ids = prompts(tokenizer).batch["input_ids"].cuda()
+    results = {}
+    for name in ("hf", "liger"):
+        model = load_hf_model(model_dir, dtype=torch.float32).cuda()
+        if name == "liger":
+            apply_liger(model)
+            assert model.model.norm._get_name() == "LigerRMSNorm", model.model.norm  # swapped in place
+        logits = model(input_ids=input_ids).logits
+        logits.logsumexp(-1).mean().backward()
+        results[name] = (logits.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()})
+    (hf_logits, hf_grads), (liger_logits, liger_grads) = results["hf"], results["liger"]
+    assert (liger_logits - hf_logits).abs().max() < 1e-3
+    for name, grad in hf_grads.items():
+        assert (liger_grads[name] - grad).norm() <= 1e-3 * grad.norm() + 1e-6, name
+
+
+def test_liger_worker_matches_the_plain_worker_on_gpu(setup):
+    """use_liger through the worker (FSDP2, bf16 compute): log-probs and one update track the plain worker."""
+    pytest.importorskip("liger_kernel")
+    model_dir, tokenizer = setup
+    common = ["actor_rollout_ref.rollout.n=1"]
+    plain = ActorRolloutRefWorker(config(model_dir, *common).actor_rollout_ref, role="actor_rollout", seed=1,
+                                  device="cuda")
+    plain.init_model()
+    liger = ActorRolloutRefWorker(config(model_dir, *common, LIGER).actor_rollout_ref, role="actor", seed=1,
+                                  device="cuda")
+    liger.init_model()
+    batch = DataProto.from_dict(dict(plain.generate_sequences(prompts(tokenizer)).batch))
+    mask = batch.batch["response_mask"].bool()
+    old_plain = plain.compute_log_prob(batch).batch["old_log_probs"]
+    old_liger = liger.compute_log_prob(batch).batch["old_log_probs"]
+    assert (old_liger - old_plain)[mask].abs().mean() < 0.02
+    batch.union(DataProto.from_dict({"old_log_probs": old_plain}))
+    batch.batch["advantages"] = torch.linspace(-1, 1, len(batch)).unsqueeze(-1) * batch.batch["response_mask"]
+    batch.batch["ref_log_prob"] = old_plain
+    plain_metrics = plain.update_actor(batch).meta_info["metrics"]
+    liger_metrics = liger.update_actor(batch).meta_info["metrics"]
+    assert liger_metrics["actor/grad_norm"][0] == pytest.approx(plain_metrics["actor/grad_norm"][0], rel=0.05)
