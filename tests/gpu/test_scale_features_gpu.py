@@ -54,7 +54,8 @@ def config(model_dir, *overrides):
         f"data.max_prompt_length={PROMPT_LENGTH}", f"data.max_response_length={RESPONSE_LENGTH}",
         "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "actor_rollout_ref.actor.optim.lr=1e-2",
-        "actor_rollout_ref.actor.use_kl_loss=true", "trainer.n_gpus_per_node=1", "algorithm=gae", *overrides]))
+        "actor_rollout_ref.actor.use_kl_loss=true", "trainer.n_gpus_per_node=1", "algorithm=gae",
+        "actor_rollout_ref.rollout.n=1", *overrides]))
 
 
 def prompts(tokenizer):
@@ -216,10 +217,9 @@ def test_fused_kernels_worker_matches_the_plain_worker_on_gpu(setup):
     """FSDP2 with bf16 compute: the output weight is the gathered bf16 one inside the root's forward. Generation
     (HF generate on the same module) is untouched; log-probs, ref log-probs and one update track the plain worker."""
     model_dir, tokenizer = setup
-    common = ["actor_rollout_ref.rollout.n=1"]
-    plain = ActorRolloutRefWorker(config(model_dir, *common).actor_rollout_ref, role="actor", seed=1, device="cuda")
+    plain = ActorRolloutRefWorker(config(model_dir).actor_rollout_ref, role="actor", seed=1, device="cuda")
     plain.init_model()
-    fused = ActorRolloutRefWorker(config(model_dir, *common, FUSED).actor_rollout_ref, role="actor_rollout_ref",
+    fused = ActorRolloutRefWorker(config(model_dir, FUSED).actor_rollout_ref, role="actor_rollout_ref",
                                   seed=1, device="cuda")
     fused.init_model()
     assert fused.actor.use_fused_kernels and fused.ref_policy.use_fused_kernels
@@ -276,11 +276,10 @@ def test_liger_worker_matches_the_plain_worker_on_gpu(setup):
     """use_liger through the worker (FSDP2, bf16 compute): log-probs and one update track the plain worker."""
     pytest.importorskip("liger_kernel")
     model_dir, tokenizer = setup
-    common = ["actor_rollout_ref.rollout.n=1"]
-    plain = ActorRolloutRefWorker(config(model_dir, *common).actor_rollout_ref, role="actor_rollout", seed=1,
+    plain = ActorRolloutRefWorker(config(model_dir).actor_rollout_ref, role="actor_rollout", seed=1,
                                   device="cuda")
     plain.init_model()
-    liger = ActorRolloutRefWorker(config(model_dir, *common, LIGER).actor_rollout_ref, role="actor", seed=1,
+    liger = ActorRolloutRefWorker(config(model_dir, LIGER).actor_rollout_ref, role="actor", seed=1,
                                   device="cuda")
     liger.init_model()
     batch = DataProto.from_dict(dict(plain.generate_sequences(prompts(tokenizer)).batch))
