@@ -58,11 +58,18 @@ def main(cfg: DictConfig) -> None:
         check_paths(config)
     except ConfigError as err:
         exit_with_config_errors(err.problems)
-    run_ppo(config)
+    summary = run_ppo(config)
+    # Printed by the driver, not the actor, so that the last line is exactly `summary: <path>` (no Ray prefix);
+    # shutting Ray down first lets the workers' last forwarded log lines arrive before it.
+    ray.shutdown()
+    print(f"accuracy before -> after: {summary['val_score_before']} -> {summary['val_score_after']}; "
+          f"steps {summary['steps']}; wall {summary['wall_s']} s; checkpoint {summary['checkpoint_dir']}; "
+          f"logs {config.trainer.default_local_dir}")
+    print(f"summary: {summary['summary_path']}", flush=True)
 
 
-def run_ppo(config: PPOConfig) -> None:
-    """Start (or join) Ray, then run the whole job inside one TaskRunner actor.
+def run_ppo(config: PPOConfig) -> dict:
+    """Start (or join) Ray, then run the whole job inside one TaskRunner actor; returns the trainer's summary.
 
     The driver only launches: the trainer lives in a Ray actor so that it is scheduled by Ray
     like everything else and its logs and failures go through Ray too.
@@ -71,7 +78,7 @@ def run_ppo(config: PPOConfig) -> None:
         ray.init(address=config.ray_init.address, num_cpus=config.ray_init.num_cpus,
                  runtime_env={"env_vars": WORKER_ENV_VARS})
     runner = TaskRunner.remote()
-    ray.get(runner.run.remote(config))
+    return ray.get(runner.run.remote(config))
 
 
 @ray.remote(num_cpus=0)
@@ -89,12 +96,7 @@ class TaskRunner:
 
         trainer = RayPPOTrainer(config)
         trainer.init_workers()
-        summary = trainer.fit()
-        print(f"accuracy before -> after: {summary['val_score_before']} -> {summary['val_score_after']}; "
-              f"steps {summary['steps']}; wall {summary['wall_s']} s; checkpoint {summary['checkpoint_dir']}; "
-              f"logs {config.trainer.default_local_dir}")
-        print(f"summary: {summary['summary_path']}")
-        return summary
+        return trainer.fit()
 
 
 
