@@ -59,6 +59,20 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]
     return metrics
 
 
+def compute_rollout_probs_diff(batch: DataProto) -> dict[str, float]:
+    """|p_rollout - p_actor| per response token (verl's training/rollout_probs_diff_*), when the rollout reported
+    its log-probs (rollout.calculate_log_probs): how far the engine's distribution is from the one the trainer
+    scores. Near bf16 noise it says the weight sync worked; a sync that sent stale weights shows here first."""
+    if "rollout_log_probs" not in batch.batch.keys():
+        return {}
+    mask = batch.batch["response_mask"].bool()
+    diff = (batch.batch["rollout_log_probs"].exp() - batch.batch["old_log_probs"].exp()).abs()[mask]
+    if diff.numel() == 0:
+        return {}
+    return {"training/rollout_probs_diff_mean": diff.mean().item(), "training/rollout_probs_diff_max": diff.max().item(),
+            "training/rollout_probs_diff_std": diff.std().item() if diff.numel() > 1 else 0.0}
+
+
 def compute_timing_metrics(timing: dict[str, float]) -> dict[str, float]:
     return {f"timing_s/{name}": seconds for name, seconds in timing.items()}
 

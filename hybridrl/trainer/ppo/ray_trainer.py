@@ -28,6 +28,7 @@ from hybridrl.trainer.ppo import checkpointing, core_algos
 from hybridrl.trainer.ppo.generation_dump import decode_generations, dump_generations, select_val_samples
 from hybridrl.trainer.ppo.metric_utils import (
     compute_data_metrics,
+    compute_rollout_probs_diff,
     compute_throughput_metrics,
     compute_timing_metrics,
     compute_validation_metrics,
@@ -210,6 +211,7 @@ class RayPPOTrainer:
 
             with timer("old_log_prob", timing):
                 batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
+            metrics.update(compute_rollout_probs_diff(batch))
             if self.use_reference:
                 with timer("ref", timing):
                     batch = batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
