@@ -52,7 +52,8 @@ def config(model_dir, *overrides):
         f"data.max_prompt_length={PROMPT_LENGTH}", f"data.max_response_length={RESPONSE_LENGTH}",
         "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "actor_rollout_ref.actor.optim.lr=1e-3",
-        "actor_rollout_ref.actor.use_kl_loss=true", "trainer.n_gpus_per_node=1", *overrides]))
+        "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.rollout.n=1", "trainer.n_gpus_per_node=1",
+        *overrides]))
 
 
 def prompts(tokenizer, **meta):
