@@ -22,7 +22,7 @@ from hybridrl.single_controller import Dispatch, register
 from hybridrl.single_controller.ray import (RayClassWithInitArgs, RayResourcePool, RayWorkerGroup,
                                             create_colocated_worker_cls)
 from hybridrl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
-from hybridrl.utils.fsdp_utils import iter_full_state_dict, iter_unsharded_parameters
+from hybridrl.utils.fsdp_utils import iter_full_state_dict, iter_hf_weights, iter_unsharded_parameters
 from hybridrl.utils.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
@@ -47,6 +47,11 @@ class ProbeActor(ActorRolloutRefWorker):
     def unsharded_parameters(self) -> dict[str, torch.Tensor]:
         """What the SGLang weight sync reads (one FSDP2 unit gathered at a time), copied as it streams by."""
         return {name: tensor.clone() for name, tensor in iter_unsharded_parameters(self.actor_module)}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def hf_weights(self) -> dict[str, torch.Tensor]:
+        """What the SGLang weight sync sends: HF names, LoRA adapters merged into their base weights."""
+        return {name: tensor.clone() for name, tensor in iter_hf_weights(self.actor_module)}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def count_all_gathers(self, prompts: DataProto, use_sharding_manager: bool) -> DataProto:
@@ -96,6 +101,8 @@ def groups(ray_local, tiny):
     mb4 = make_config(model_dir, *exact, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4")
     fsdp1 = make_config(model_dir, "actor_rollout_ref.actor.strategy=fsdp")
     gae = make_config(model_dir, "algorithm=gae", "critic.optim.lr=3e-3", "critic.ppo_micro_batch_size_per_gpu=1")
+    lora = make_config(model_dir, "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
+                       "actor_rollout_ref.actor.optim.lr=1e-2")
     common = {"seed": 1, "device": "cpu"}
     roles = {
         "main": RayClassWithInitArgs(ProbeActor, main.actor_rollout_ref, role="actor_rollout_ref", **common),
@@ -103,6 +110,7 @@ def groups(ray_local, tiny):
         "mb4": RayClassWithInitArgs(ProbeActor, mb4.actor_rollout_ref, role="actor", **common),
         "fsdp1": RayClassWithInitArgs(ProbeActor, fsdp1.actor_rollout_ref, role="actor_rollout", **common),
         "critic": RayClassWithInitArgs(CriticWorker, gae.critic, rollout_n=1, **common),
+        "lora": RayClassWithInitArgs(ProbeActor, lora.actor_rollout_ref, role="actor", **common),
     }
     pool = RayResourcePool(process_on_nodes=[2], use_gpu=False, name_prefix="test_workers")
     spawned = RayWorkerGroup(pool, create_colocated_worker_cls(roles)).spawn(prefix_set=set(roles))
@@ -361,3 +369,25 @@ def test_unit_by_unit_gather_for_weight_sync_equals_the_full_state_dict(groups):
             assert "lm_head.weight" in streamed[rank]
             for key, value in full[rank].items():
                 assert torch.equal(streamed[rank][key], value) and torch.equal(after[rank][key], value), (name, key)
+
+
+def test_lora_weights_for_an_engine_are_merged_under_hf_names(groups, tiny):
+    """After an update (B != 0) the stream an inference engine loads (iter_hf_weights) has exactly the base
+    model's HF names, and a plain HF model loaded with it computes the LoRA policy's log-probs."""
+    model_dir, tokenizer = tiny
+    group = groups["lora"]
+    out = groups["main"].generate_sequences(make_prompts(tokenizer, TEXTS[:4] * 2, validate=False))
+    batch = DataProto.from_dict(dict(out.batch), meta_info={"temperature": TEMPERATURE})
+    batch.union(group.compute_log_prob(batch))
+    batch.batch["advantages"] = torch.linspace(-1, 1, len(batch)).unsqueeze(-1) * batch.batch["response_mask"]
+    batch.batch["ref_log_prob"] = batch.batch["old_log_probs"]
+    group.update_actor(batch)
+
+    merged = group.hf_weights()
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+    assert merged[0].keys() == base.keys() and merged[1].keys() == base.keys()
+    changed = [name for name in base if not torch.equal(merged[0][name], base[name])]
+    assert changed and all(name.endswith("proj.weight") for name in changed)  # only adapted linear layers moved
+    policy_log_probs = group.compute_log_prob(batch).batch["old_log_probs"]
+    engine_log_probs, _ = hf_log_probs(model_dir, merged[0], batch, TEMPERATURE)
+    torch.testing.assert_close(engine_log_probs, policy_log_probs, atol=1e-5, rtol=0)

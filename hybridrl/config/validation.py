@@ -346,9 +346,6 @@ def _token_budgets_hold_a_sequence(values: _Values, problems: list[str]) -> None
 
 def _lora_settings(values: _Values, problems: list[str]) -> None:
     rank = values("actor_rollout_ref.model.lora_rank")
-    if rank > 0 and values("actor_rollout_ref.rollout.name") == "sglang":
-        problems.append("actor_rollout_ref.model.lora_rank: expected 0 with actor_rollout_ref.rollout.name='sglang' "
-                        f"(syncing LoRA weights into SGLang is not implemented yet; use rollout.name=hf), got {rank}")
     adapter = values("actor_rollout_ref.model.lora_adapter_path")
     if rank == 0 and adapter is not None:
         problems.append(f"actor_rollout_ref.model.lora_adapter_path: expected null when "

@@ -259,15 +259,15 @@ def iter_unsharded_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Te
     falls back to `iter_full_state_dict`. Tied weights appear under both names, as in `state_dict()`.
     Collective: every rank runs the iterator to its end, in step, in trainer mode.
     """
-    if not isinstance(module, FSDPModule):
+    units = [(name, unit) for name, unit in module.named_modules() if isinstance(unit, FSDPModule)]
+    if not units:  # FSDP1 or not sharded (a peft wrapper around FSDP2 units does count as FSDP2)
         yield from iter_full_state_dict(module)
         return
-    for unit_name, unit in module.named_modules():
-        if isinstance(unit, FSDPModule):
-            unit.unshard()
-            for name, parameter in _own_parameters(unit, prefix=f"{unit_name}." if unit_name else ""):
-                yield name, parameter.detach()
-            unit.reshard()
+    for unit_name, unit in units:
+        unit.unshard()
+        for name, parameter in _own_parameters(unit, prefix=f"{unit_name}." if unit_name else ""):
+            yield name, parameter.detach()
+        unit.reshard()
     for module_name, owner in module.named_modules():
         for name, buffer in owner.named_buffers(recurse=False):
             if name not in owner._non_persistent_buffers_set:  # e.g. rotary inv_freq is not in the state dict
@@ -282,3 +282,30 @@ def _own_parameters(unit: nn.Module, prefix: str) -> Iterator[tuple[str, torch.T
     for child_name, child in unit.named_children():
         if not isinstance(child, FSDPModule):
             yield from _own_parameters(child, f"{prefix}{child_name}.")
+
+
+PEFT_PREFIX = "base_model.model."
+
+
+def iter_hf_weights(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """`iter_unsharded_parameters` as a plain HF checkpoint names it: what an inference engine loads.
+
+    Without LoRA that is the stream itself. Under a peft LoRA wrapper each adapted layer is sent
+    merged, W + B·A·scaling (peft's own `get_delta_weight`, computed while its FSDP unit is gathered),
+    under the base layer's HF name; the adapter tensors themselves are not sent, and the peft prefix
+    is stripped. So an engine that knows nothing of LoRA generates from exactly the trained policy.
+    """
+    if not isinstance(module, PeftModel):
+        yield from iter_unsharded_parameters(module)
+        return
+    adapter = module.active_adapter
+    adapted = {name: layer for name, layer in module.named_modules() if hasattr(layer, "get_delta_weight")}
+    for name, tensor in iter_unsharded_parameters(module):
+        if ".lora_" in name:  # lora_A / lora_B / lora_embedding_*: folded into their base weight below
+            continue
+        layer_name, _, leaf = name.rpartition(".base_layer.")
+        if layer_name in adapted:
+            if leaf == "weight":
+                tensor = tensor + adapted[layer_name].get_delta_weight(adapter).to(tensor.dtype)
+            name = f"{layer_name}.{leaf}"
+        yield name.removeprefix(PEFT_PREFIX), tensor

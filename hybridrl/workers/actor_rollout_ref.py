@@ -137,9 +137,6 @@ class ActorRolloutRefWorker(Worker):
         every other engine (hf, a user's class) generates from the FSDP module itself, gathered once."""
         rollout, fsdp_config = self.config.rollout, self.config.actor.fsdp_config
         if rollout.name == "sglang" and rollout.custom_cls.path is None:
-            if self.config.model.lora_rank > 0:
-                raise NotImplementedError("model.lora_rank > 0 with rollout.name=sglang: syncing merged LoRA weights "
-                                          "into SGLang is not implemented; use rollout.name=hf")
             from hybridrl.workers.sharding_manager.fsdp_sglang import FSDPSGLangShardingManager
 
             # generate_sequences brings parked parameters to the GPU for the weight sync; the manager parks

@@ -29,7 +29,7 @@ import time
 import torch
 from torch import nn
 
-from hybridrl.utils.fsdp_utils import hf_module, iter_unsharded_parameters
+from hybridrl.utils.fsdp_utils import fsdp_root, hf_module, iter_hf_weights
 from hybridrl.utils.offload import (load_fsdp_params, load_optimizer_state, offload_fsdp_params,
                                     offload_optimizer_state)
 from hybridrl.workers.rollout.sglang_rollout import ALL_MEMORY_TAGS, EngineDiedError, SGLangRollout
@@ -57,7 +57,7 @@ class FSDPSGLangShardingManager(BaseShardingManager):
         self.offload_optimizer = offload_optimizer
         self.config = rollout.config
         self.device = torch.device("cuda", torch.cuda.current_device())
-        self.tied_names = tied_parameter_names(hf_module(module))
+        self.tied_names = tied_parameter_names(hf_module(fsdp_root(module)))  # HF names, as iter_hf_weights
         self.last_switch: dict[str, float] = {}
 
     # ------------------------------------------------------------------ enter: rollout mode
@@ -90,10 +90,11 @@ class FSDPSGLangShardingManager(BaseShardingManager):
         costs time with ~300 tensors. Every rank must run this (gathering a full parameter is a
         collective under FSDP). FSDP2 gathers one unit (decoder layer) at a time in its compute dtype
         (`iter_unsharded_parameters`), so at most one unit and one bucket of full tensors exist at once.
+        A LoRA policy is sent with its adapters merged into the base weights (`iter_hf_weights`).
         """
         bucket = FlatBucket(self.config.update_weights_bucket_megabytes << 20, DTYPES[self.config.dtype], self.device)
         pushed = 0
-        for name, tensor in iter_unsharded_parameters(self.module):
+        for name, tensor in iter_hf_weights(self.module):
             if name in self.tied_names:
                 continue
             if not bucket.fits(tensor):
