@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from hybridrl.utils.offload import FSDPOffload
 from hybridrl.workers.rollout.sglang_rollout import SGLangRollout, sampling_params
 from hybridrl.workers.sharding_manager.fsdp_sglang import FSDPSGLangShardingManager
 
@@ -89,13 +90,18 @@ def build_actor(config):
     return module, optimizer, actor
 
 
-def build_hybrid(config, module, optimizer, offload: bool = False):
+def build_hybrid(config, module):
     """The SGLang rollout and the FSDP↔SGLang sharding manager for `module` (what the worker wires)."""
     section = config.actor_rollout_ref
     rollout = SGLangRollout(config=section.rollout, model_config=section.model, module=module)
-    manager = FSDPSGLangShardingManager(module, rollout, optimizer=optimizer, offload_params=offload,
-                                        offload_optimizer=offload)
-    return rollout, manager
+    return rollout, FSDPSGLangShardingManager(module, rollout)
+
+
+def offloading_manager(module, optimizer, rollout):
+    """A sharding manager that parks the FSDP parameters and Adam state in CPU memory for the rollout and
+    brings them back when it ends."""
+    state = FSDPOffload(module, optimizer, param_offload=True, optimizer_offload=True, device="cuda")
+    return FSDPSGLangShardingManager(module, rollout, trainer_state=state)
 
 
 def random_prompts(num_prompts: int, prompt_length: int, vocab_size: int, seed: int = 0, ragged: bool = False):
@@ -204,9 +210,8 @@ def main() -> None:
         *args.override])
     module, optimizer, _ = build_actor(config)
     train_step(module, optimizer)
-    rollout, manager = build_hybrid(config, module, optimizer)
-    offload_manager = FSDPSGLangShardingManager(module, rollout, optimizer=optimizer, offload_params=True,
-                                                offload_optimizer=True)
+    rollout, manager = build_hybrid(config, module)
+    offload_manager = offloading_manager(module, optimizer, rollout)
     results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
                "engine_kwargs": {k: v for k, v in rollout.engine_kwargs.items() if k != "model_path"},
                "engine_start_s": rollout.engine_start_s}

@@ -123,15 +123,23 @@ class FSDPOffload:
         if self.optimizer_offload:
             offload_optimizer_state(self.optimizer)
 
+    @property
+    def parks_anything(self) -> bool:
+        return self.param_offload or self.optimizer_offload
+
+    def load(self, optimizer: bool = False) -> None:
+        """Bring the parked parameters (and with `optimizer=True` the parked optimizer state) to the device."""
+        if self.param_offload:
+            load_fsdp_params(self.module, self.device)
+        if optimizer and self.optimizer_offload:
+            load_optimizer_state(self.optimizer, self.device)
+
     @contextlib.contextmanager
     def loaded(self, *, optimizer: bool = False) -> Iterator[None]:
         """The parameters (and with `optimizer=True` the optimizer state) on the device for the body of the
         `with`; parked again afterwards, also when the body raises, so a failed phase leaves the GPU as free
         as a finished one. Without the flags this costs nothing."""
-        if self.param_offload:
-            load_fsdp_params(self.module, self.device)
-        if optimizer and self.optimizer_offload:
-            load_optimizer_state(self.optimizer, self.device)
+        self.load(optimizer)
         try:
             yield
         finally:

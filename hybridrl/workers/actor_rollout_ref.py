@@ -81,6 +81,11 @@ class ActorRolloutRefWorker(Worker):
                 log_prob_max_token_len=(rollout.log_prob_max_token_len_per_gpu if rollout.log_prob_use_dynamic_bsz
                                         else None),
                 use_remove_padding=model.use_remove_padding, use_fused_kernels=model.use_fused_kernels)
+        if self._is_actor or self._is_rollout:
+            self.actor_offload = FSDPOffload(self.actor_module, getattr(self, "actor_optimizer", None),
+                                             param_offload=actor.fsdp_config.param_offload,
+                                             optimizer_offload=actor.fsdp_config.optimizer_offload and self._is_actor,
+                                             device=self.device)
         if self._is_rollout:
             self.rollout = build_rollout(self.config.rollout, model, fsdp_root(self.actor_module))
             self.rollout_sharding_manager = self._rollout_sharding_manager()
@@ -94,15 +99,9 @@ class ActorRolloutRefWorker(Worker):
         self._park_offloaded_state()
 
     def _park_offloaded_state(self) -> None:
-        """Build the parking rules of fsdp_config.param_offload / optimizer_offload (utils/offload.py) and park
-        what they name in CPU memory until a phase needs it. The LoRA reference is the actor's own module,
-        so it follows the actor's rules."""
-        fsdp_config = self.config.actor.fsdp_config
+        """Park what fsdp_config.param_offload / optimizer_offload name (utils/offload.py) in CPU memory until a
+        phase needs it. The LoRA reference is the actor's own module, so it follows the actor's rules."""
         if self._is_actor or self._is_rollout:
-            self.actor_offload = FSDPOffload(self.actor_module, getattr(self, "actor_optimizer", None),
-                                             param_offload=fsdp_config.param_offload,
-                                             optimizer_offload=fsdp_config.optimizer_offload and self._is_actor,
-                                             device=self.device)
             self.actor_offload.park()
         if self._is_ref and self.config.model.lora_rank > 0:
             self.ref_offload = self.actor_offload
@@ -140,10 +139,9 @@ class ActorRolloutRefWorker(Worker):
             from hybridrl.workers.sharding_manager.fsdp_sglang import FSDPSGLangShardingManager
 
             # generate_sequences brings parked parameters to the GPU for the weight sync; the manager parks
-            # them again for the rollout and leaves them parked (the next phase loads them). The optimizer
-            # state is never on the GPU outside an update with optimizer_offload: the manager leaves it alone.
-            return FSDPSGLangShardingManager(self.actor_module, self.rollout,
-                                             offload_params=fsdp_config.param_offload, reload_on_exit=False)
+            # them again for the rollout and leaves them parked (the next phase loads what it needs).
+            return FSDPSGLangShardingManager(self.actor_module, self.rollout, trainer_state=self.actor_offload,
+                                             reload_on_exit=False)
         return FSDPHFShardingManager(fsdp_root(self.actor_module),
                                      reshard_after_forward=fsdp_config.reshard_after_forward)
 

@@ -25,10 +25,9 @@ pytest.importorskip("sglang")
 
 from benchmarks.hybrid_engine import (EOS_ID, PAD_ID, QWEN25_05B, build_actor, build_hybrid,  # noqa: E402
                                       hybrid_config, init_single_gpu_process_group, make_qwen05b_model,
-                                      random_prompts, train_step)
+                                      offloading_manager, random_prompts, train_step)
 from hybridrl.trainer.ppo.core_algos import compute_advantage  # noqa: E402
 from hybridrl.workers.rollout.sglang_rollout import EngineDiedError  # noqa: E402
-from hybridrl.workers.sharding_manager.fsdp_sglang import FSDPSGLangShardingManager  # noqa: E402
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 64, 64
 VOCAB = QWEN25_05B["vocab_size"]
@@ -50,7 +49,7 @@ def hybrid(tmp_path_factory):
         "+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_prefill_cuda_graph=true",
     ])
     module, optimizer, actor = build_actor(config)
-    rollout, manager = build_hybrid(config, module, optimizer)
+    rollout, manager = build_hybrid(config, module)
     yield SimpleNamespace(config=config, module=module, optimizer=optimizer, actor=actor, rollout=rollout,
                           manager=manager)
     rollout.shutdown()
@@ -170,8 +169,7 @@ def test_release_frees_the_engine_and_offload_round_trips_the_fsdp_state(hybrid)
     with hybrid.manager:
         reference = hybrid.rollout.generate_sequences(prompts)
     scores_before = fsdp_log_probs(hybrid, reference)
-    offload = FSDPSGLangShardingManager(hybrid.module, hybrid.rollout, optimizer=hybrid.optimizer,
-                                        offload_params=True, offload_optimizer=True)
+    offload = offloading_manager(hybrid.module, hybrid.optimizer, hybrid.rollout)
     trainer_allocated = torch.cuda.memory_allocated()
     with offload:
         rollout_allocated = torch.cuda.memory_allocated()

@@ -6,16 +6,12 @@ parameters, reduces gradients in fp32 and the reference policy is held in bf16.
 """
 from __future__ import annotations
 
-import os
-import socket
-
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
-import torch.distributed as dist  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
@@ -23,27 +19,16 @@ from hybridrl.config.compose import compose_config  # noqa: E402
 from hybridrl.config.validation import validate_config  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
 from hybridrl.utils.fsdp_utils import iter_full_state_dict  # noqa: E402
-from hybridrl.utils.tiny_model import build_tiny_model, build_tokenizer  # noqa: E402
 from hybridrl.utils.torch_functional import logprobs_from_logits  # noqa: E402
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker  # noqa: E402
 from hybridrl.workers.critic import CriticWorker  # noqa: E402
+from tiny_gpu import PROMPT_LENGTH, RESPONSE_LENGTH, prompts, single_gpu_tiny_model  # noqa: E402
 
-PROMPT_LENGTH, RESPONSE_LENGTH = 8, 16
-TEXTS = ["what is 12 plus 7 ? the answer is 19", "count to five : 1 2 3 4 5", "the cat sat on the mat",
-         "seven times six is 42"]
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    tokenizer = build_tokenizer(TEXTS * 20, vocab_size=128)
-    model_dir = build_tiny_model(str(tmp_path_factory.mktemp("tiny")), tokenizer, hidden_size=64)
-    yield model_dir, tokenizer
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    yield from single_gpu_tiny_model(str(tmp_path_factory.mktemp("tiny")))
 
 
 def config(model_dir, *overrides):
@@ -55,14 +40,6 @@ def config(model_dir, *overrides):
         "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.rollout.n=1", "trainer.n_gpus_per_node=1",
         *overrides]))
 
-
-def prompts(tokenizer, **meta):
-    encoded = tokenizer(TEXTS, padding="max_length", max_length=PROMPT_LENGTH, truncation=True, return_tensors="pt")
-    mask = encoded["attention_mask"]
-    return DataProto.from_dict({"input_ids": encoded["input_ids"], "attention_mask": mask,
-                                "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
-                               meta_info={"eos_token_id": tokenizer.eos_token_id,
-                                          "pad_token_id": tokenizer.pad_token_id, **meta})
 
 
 def fp32_reference(model_dir, weights, batch, temperature):

@@ -1,6 +1,6 @@
 """The hybrid-engine switch between the FSDP actor (trainer mode) and a colocated SGLang engine (rollout mode).
 
-    with FSDPSGLangShardingManager(actor_module, rollout, optimizer=...):   # enter: rollout mode
+    with FSDPSGLangShardingManager(actor_module, rollout, trainer_state=...):   # enter: rollout mode
         output = rollout.generate_sequences(prompts)
     # exit: trainer mode
 
@@ -10,12 +10,12 @@ Enter (rollout mode), with `rollout.multi_stage_wake_up` (the order that keeps p
      cast to `rollout.dtype` into one flat buffer per bucket, through `update_weights_from_tensor`
      (CUDA IPC: the engine copies straight from our GPU buffer, no host round trip). HF names; a
      tied weight is sent once;
-  3. offload the FSDP parameters / optimizer state to the CPU if asked (frees room for the KV cache);
+  3. park the FSDP parameters / optimizer state in CPU memory if asked (frees room for the KV cache);
   4. resume the KV cache and CUDA graphs; flush the radix cache once (its entries predate the sync).
 Without multi_stage_wake_up, step 1 resumes everything at once and step 4 only flushes.
 Exit (trainer mode): release the engine's memory (weights, KV cache, CUDA graphs), bring the
-offloaded FSDP state back to the GPU (not with reload_on_exit=False: the worker with param_offload
-loads it per phase), empty the CUDA cache.
+parked FSDP state back to the GPU (not with reload_on_exit=False: the worker loads it per phase),
+empty the CUDA cache.
 With `rollout.free_cache_engine=false` the engine keeps its memory: enter only syncs weights.
 
 GPU memory (allocated/reserved by this process, held by the engine's processes, used on the device)
@@ -30,8 +30,7 @@ import torch
 from torch import nn
 
 from hybridrl.utils.fsdp_utils import fsdp_root, hf_module, iter_hf_weights
-from hybridrl.utils.offload import (load_fsdp_params, load_optimizer_state, offload_fsdp_params,
-                                    offload_optimizer_state)
+from hybridrl.utils.offload import FSDPOffload
 from hybridrl.workers.rollout.sglang_rollout import ALL_MEMORY_TAGS, EngineDiedError, SGLangRollout
 from hybridrl.workers.sharding_manager.base import BaseShardingManager
 
@@ -42,19 +41,16 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 
 class FSDPSGLangShardingManager(BaseShardingManager):
-    def __init__(self, module: nn.Module, rollout: SGLangRollout, *, optimizer: torch.optim.Optimizer | None = None,
-                 offload_params: bool = False, offload_optimizer: bool = False, reload_on_exit: bool = True):
-        """`module` is the FSDP actor; the offload flags are the actor's fsdp_config.param_offload/optimizer_offload."""
-        if offload_optimizer and optimizer is None:
-            raise ValueError("offload_optimizer=True needs the actor's optimizer")
+    def __init__(self, module: nn.Module, rollout: SGLangRollout, *, trainer_state: FSDPOffload | None = None,
+                 reload_on_exit: bool = True):
+        """`module` is the FSDP actor. trainer_state: its parking rules (fsdp_config.param_offload /
+        optimizer_offload, utils/offload.py); what they name is parked in CPU memory right after the weight
+        sync, so the KV cache gets that room. reload_on_exit brings it back when the rollout ends; the worker
+        passes False, since each of its phases loads what it needs (a reload here would be undone at once)."""
         self.module = module
         self.rollout = rollout
-        self.optimizer = optimizer
-        self.offload_params = offload_params
-        # False when the caller keeps the state parked after the rollout and loads it per phase itself
-        # (the worker with fsdp_config.param_offload): a reload here would be undone right away.
+        self.trainer_state = trainer_state if trainer_state is not None and trainer_state.parks_anything else None
         self.reload_on_exit = reload_on_exit
-        self.offload_optimizer = offload_optimizer
         self.config = rollout.config
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.tied_names = tied_parameter_names(hf_module(fsdp_root(module)))  # HF names, as iter_hf_weights
@@ -72,8 +68,8 @@ class FSDPSGLangShardingManager(BaseShardingManager):
         pushed = self._timed("sync_weights", self.sync_weights)
         self.last_switch["sync_gbps"] = pushed / max(self.last_switch["sync_weights_s"], 1e-9) / 1e9
         self.last_switch["sync_gib"] = pushed / GiB
-        if self.offload_params or self.offload_optimizer:
-            self._timed("offload_trainer", self._offload_trainer)
+        if self.trainer_state is not None:
+            self._timed("offload_trainer", self.trainer_state.park)
         torch.cuda.empty_cache()  # the KV cache needs the memory our allocator keeps cached
         if self.config.free_cache_engine and not wake_all_at_once:
             self._timed("wake_kv_cache", self.rollout.resume_memory, ("kv_cache", "cuda_graph"))
@@ -119,27 +115,10 @@ class FSDPSGLangShardingManager(BaseShardingManager):
                 raise
             logger.error("could not release the sglang engine while handling %r", exc_value)
         finally:
-            if (self.offload_params or self.offload_optimizer) and self.reload_on_exit:
-                self._timed("reload_trainer", self._reload_trainer)
+            if self.trainer_state is not None and self.reload_on_exit:
+                self._timed("reload_trainer", self.trainer_state.load, True)
             torch.cuda.empty_cache()
             self._log_memory("trainer mode restored")
-
-    # ------------------------------------------------------------------ FSDP state offload
-    def _offload_trainer(self) -> None:
-        """Park what the flags name in CPU memory for the rollout (see utils/offload.py)."""
-        if self.offload_params:
-            offload_fsdp_params(self.module)
-        if self.offload_optimizer:
-            offload_optimizer_state(self.optimizer)
-        torch.cuda.synchronize()
-
-    def _reload_trainer(self) -> None:
-        """Bring back what _offload_trainer parked, for the trainer-mode phases."""
-        if self.offload_params:
-            load_fsdp_params(self.module, self.device)
-        if self.offload_optimizer:
-            load_optimizer_state(self.optimizer, self.device)
-        torch.cuda.synchronize()
 
     # ------------------------------------------------------------------ timings and memory
     def _timed(self, stage: str, fn, *args):
@@ -167,6 +146,9 @@ class FlatBucket:
     ALIGN = 256
 
     def __init__(self, capacity: int, dtype: torch.dtype, device: torch.device):
+        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
+
+        self.metadata_cls = FlattenedTensorMetadata
         self.capacity, self.dtype, self.device = capacity, dtype, device
         self.buffer: torch.Tensor | None = None
         self.metadata: list = []
@@ -177,16 +159,14 @@ class FlatBucket:
         return not self.metadata or self.used + self._size(tensor) <= self.buffer.numel()
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
-        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
-
         if not self.fits(tensor):
             raise RuntimeError(f"FlatBucket.add({name!r}): no room; take() the bucket first")
         if self.buffer is None:
             self.buffer = torch.empty(max(self.capacity, self._size(tensor)), dtype=torch.uint8, device=self.device)
         numel = tensor.numel() * self.dtype.itemsize
         self.buffer[self.used:self.used + numel].view(self.dtype).view(tensor.shape).copy_(tensor)
-        self.metadata.append(FlattenedTensorMetadata(name=name, shape=tensor.shape, dtype=self.dtype,
-                                                     start_idx=self.used, end_idx=self.used + numel, numel=numel))
+        self.metadata.append(self.metadata_cls(name=name, shape=tensor.shape, dtype=self.dtype,
+                                               start_idx=self.used, end_idx=self.used + numel, numel=numel))
         self.used += self._size(tensor)
 
     def take(self) -> tuple[torch.Tensor, list]:
