@@ -17,6 +17,6 @@ bash .stage/gpu/make_bundle_ray.sh .whl/ray .stage/ray | tail -1
 # hybridrl's own dependencies that the host image does not have (pure Python; antlr4 4.9.3 is an sdist: build it)
 mkdir -p .whl/deps .stage/deps
 python3 -m pip download -q --no-deps -d .whl/deps hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3
-python3 -m pip wheel -q --no-deps --no-build-isolation -w .whl/deps .whl/deps/antlr4-python3-runtime-4.9.3.tar.gz
+python3 -m pip wheel -q --no-deps -w .whl/deps .whl/deps/antlr4-python3-runtime-4.9.3.tar.gz
 cp .whl/deps/*.whl .stage/deps/
 du -sh .stage/slim .stage/ray .stage/deps
