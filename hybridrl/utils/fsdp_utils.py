@@ -46,7 +46,8 @@ def plain(value: Any) -> Any:
 
 def load_hf_model(model_path: str, *, value_head: bool = False, trust_remote_code: bool = False,
                   override_config: Mapping | None = None, dtype: torch.dtype = torch.float32,
-                  gradient_checkpointing: bool = False, init_seed: int = 0) -> nn.Module:
+                  gradient_checkpointing: bool = False, init_seed: int = 0,
+                  attn_implementation: str = "sdpa") -> nn.Module:
     """The HF model in `model_path` (a local directory), on the CPU, in `dtype`.
 
     value_head=False: AutoModelForCausalLM (actor, reference, rollout).
@@ -54,7 +55,8 @@ def load_hf_model(model_path: str, *, value_head: bool = False, trust_remote_cod
     backbone plus a freshly initialised linear value head. Its dropout is set to 0 so values are
     deterministic. Weights missing from the checkpoint (the value head) are drawn from a private RNG
     seeded with `init_seed`: every rank builds the same ones, whatever its global RNG did before,
-    which FSDP needs (each rank keeps its own shard of what it built).
+    which FSDP needs (each rank keeps its own shard of what it built). attn_implementation: see
+    models/attention.py (`attention_implementation` picks it from the device and the batch layout).
     """
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     overrides = plain(override_config or {})
@@ -65,7 +67,8 @@ def load_hf_model(model_path: str, *, value_head: bool = False, trust_remote_cod
     model_cls = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(init_seed)
-        model = model_cls.from_pretrained(model_path, config=config, dtype=dtype, trust_remote_code=trust_remote_code)
+        model = model_cls.from_pretrained(model_path, config=config, dtype=dtype, trust_remote_code=trust_remote_code,
+                                          attn_implementation=attn_implementation)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model

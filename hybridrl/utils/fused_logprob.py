@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridrl.models.attention import padded_attention_mask
 from hybridrl.utils.fsdp_utils import hf_module
 from hybridrl.utils.padding import response_scoring_rows, unpad_input
 
@@ -147,7 +148,7 @@ def response_log_probs_fused(model: nn.Module, input_ids: torch.Tensor, attentio
     if remove_padding:
         scoring_rows, response_attended = response_scoring_rows(attention_mask, response_length)
         packed = unpad_input(input_ids, attention_mask, position_ids)
-        inputs = {"input_ids": packed.input_ids, "attention_mask": None, "position_ids": packed.position_ids}
+        inputs = packed.model_inputs()
         per_token = _forward_fused(model, inputs, lambda hidden: hidden[0, scoring_rows],
                                    responses[response_attended], temperature, calculate_entropy, entropy_grad)
         per_position = per_token.new_zeros(rows, response_length, per_token.shape[-1])
@@ -158,7 +159,8 @@ def response_log_probs_fused(model: nn.Module, input_ids: torch.Tensor, attentio
         def response_scoring(hidden: torch.Tensor) -> torch.Tensor:  # output t scores token t + 1
             return hidden[:, seqlen - response_length - 1:seqlen - 1].reshape(-1, hidden.shape[-1])
 
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        inputs = {"input_ids": input_ids, "attention_mask": padded_attention_mask(attention_mask),
+                  "position_ids": position_ids, "use_cache": False}
         per_token = _forward_fused(model, inputs, response_scoring, responses.reshape(-1), temperature,
                                    calculate_entropy, entropy_grad)
         per_position = per_token.reshape(rows, response_length, per_token.shape[-1])
@@ -185,7 +187,7 @@ def _forward_fused(model: nn.Module, inputs: dict, select: Callable[[torch.Tenso
 
     head.forward = fused_head
     try:
-        output = model(**inputs, use_cache=False)
+        output = model(**inputs)
     finally:
         del head.forward
     if output.logits is not fused.get("per_token"):

@@ -10,10 +10,10 @@ for every sequence, and runs the model once with attention_mask=None:
   position does not step by +1, and `create_causal_mask` builds a block-diagonal causal mask, so no
   token attends across a sequence boundary (checked against the padded forward in
   tests/test_padding.py, fp32, 1e-5). That mask is a dense nnz x nnz boolean: fine for CPU tests
-  and short batches; on GPUs use flash attention.
-- `flash_attention_2` / `flash_attention_3` take the same input: transformers finds the sequence
-  starts where position_ids return to 0 and calls flash-attn's varlen kernel with those
-  cu_seqlens (no mask is ever built). Not exercised on CPU.
+  and short batches, never for GPU-sized micro-batches.
+- On CUDA the model is loaded with a varlen attention (models/varlen_attention.py: flash-attn's
+  `flash_attention_2` where installed, else PyTorch's own flash varlen kernel): it reads the
+  sequence boundaries (`cu_seqlens`, passed with the packed row) and no mask is ever built.
 - The forward must get `use_cache=False`: with a KV cache, transformers skips the packed-sequence
   detection and the sequences would attend to each other. Every helper here passes it.
 
@@ -47,6 +47,13 @@ class PackedInputs(NamedTuple):
     indices: torch.Tensor       # (nnz,) where each packed token sat in the flattened (rows * seqlen) batch
     cu_seqlens: torch.Tensor    # (rows + 1,) int32 sequence boundaries, flash-attn's varlen convention
     max_seqlen: int             # the longest sequence's token count
+
+    def model_inputs(self) -> dict:
+        """The forward's keyword arguments: the packed row with no mask, plus the sequence boundaries that
+        varlen attention kernels read (transformers' FlashAttentionKwargs; sdpa ignores them)."""
+        return {"input_ids": self.input_ids, "attention_mask": None, "position_ids": self.position_ids,
+                "cu_seq_lens_q": self.cu_seqlens, "cu_seq_lens_k": self.cu_seqlens,
+                "max_length_q": self.max_seqlen, "max_length_k": self.max_seqlen, "use_cache": False}
 
 
 def unpad_input(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> PackedInputs:
@@ -103,8 +110,7 @@ def forward_packed(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
                    position_ids: torch.Tensor) -> tuple[torch.Tensor, PackedInputs]:
     """One packed forward: the model's per-token output (`logits`) as (nnz, ...), and the packing."""
     packed = unpad_input(input_ids, attention_mask, position_ids)
-    output = model(input_ids=packed.input_ids, attention_mask=None, position_ids=packed.position_ids,
-                   use_cache=False)
+    output = model(**packed.model_inputs())
     return output.logits.squeeze(0), packed
 
 

@@ -25,6 +25,7 @@ import contextlib
 import torch
 from transformers import AutoTokenizer
 
+from hybridrl.models.attention import attention_implementation
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller import Dispatch, Worker, register
 from hybridrl.utils.distributed import device_name, init_process_group_once
@@ -154,7 +155,8 @@ class ActorRolloutRefWorker(Worker):
             load_extensions([model.external_lib])
         module = load_hf_model(model.path, trust_remote_code=model.trust_remote_code,
                                override_config=model.override_config, dtype=dtype,
-                               gradient_checkpointing=model.enable_gradient_checkpointing, init_seed=self.seed)
+                               gradient_checkpointing=model.enable_gradient_checkpointing, init_seed=self.seed,
+                               attn_implementation=attention_implementation(self.device, model.use_remove_padding))
         if model.use_liger:
             apply_liger(module)
         if with_lora and model.lora_rank > 0:

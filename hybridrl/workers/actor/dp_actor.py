@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hybridrl.models.attention import padded_attention_mask
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from hybridrl.utils.distributed import device_name
@@ -96,7 +97,7 @@ class DataParallelPPOActor:
             return response_log_probs_packed(self.actor_module, *inputs, temperature, calculate_entropy, entropy_grad)
         response_length = micro_batch["responses"].shape[1]
         output = self.actor_module(input_ids=micro_batch["input_ids"].to(self.device),
-                                   attention_mask=micro_batch["attention_mask"].to(self.device),
+                                   attention_mask=padded_attention_mask(micro_batch["attention_mask"].to(self.device)),
                                    position_ids=micro_batch["position_ids"].to(self.device), use_cache=False)
         logits = output.logits[:, -response_length - 1:-1, :] / temperature
         log_probs = logprobs_from_logits(logits, micro_batch["responses"].to(self.device))

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hybridrl.models.attention import padded_attention_mask
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.ppo.core_algos import compute_value_loss
 from hybridrl.utils.distributed import device_name
@@ -57,7 +58,7 @@ class DataParallelPPOCritic:
                                           micro_batch["attention_mask"].to(self.device),
                                           micro_batch["position_ids"].to(self.device), response_length)
         output = self.critic_module(input_ids=micro_batch["input_ids"].to(self.device),
-                                    attention_mask=micro_batch["attention_mask"].to(self.device),
+                                    attention_mask=padded_attention_mask(micro_batch["attention_mask"].to(self.device)),
                                     position_ids=micro_batch["position_ids"].to(self.device), use_cache=False)
         return output.logits[:, -response_length - 1:-1, 0].float()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from hybridrl.models.attention import attention_implementation
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller import Dispatch, Worker, register
 from hybridrl.utils.checkpoint import load_sharded_model_state, save_sharded_model_state
@@ -43,7 +44,8 @@ class CriticWorker(Worker):
             load_extensions([model.external_lib])
         module = load_hf_model(model.path, value_head=True, trust_remote_code=model.trust_remote_code,
                                override_config=model.override_config, dtype=torch.float32,
-                               gradient_checkpointing=model.enable_gradient_checkpointing, init_seed=self.seed)
+                               gradient_checkpointing=model.enable_gradient_checkpointing, init_seed=self.seed,
+                               attn_implementation=attention_implementation(self.device, model.use_remove_padding))
         if model.lora_rank > 0:  # adapters on the backbone; the value head is trained in full
             module = apply_lora(module, lora_rank=model.lora_rank, lora_alpha=model.lora_alpha,
                                 target_modules=model.target_modules, value_head=True)

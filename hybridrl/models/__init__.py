@@ -1,0 +1,1 @@
+"""Model state on a device: attention kernels for packed rows, FLOP counts."""
