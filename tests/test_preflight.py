@@ -207,13 +207,20 @@ def test_warns_when_keeping_every_checkpoint_will_fill_the_disk(inputs, tmp_path
     one = 12 * count_elements(os.path.join(inputs["model"], "model.safetensors"))  # fp32 weights + AdamW's moments
     assert warning.startswith(
         f"trainer.default_local_dir: this run saves {steps} checkpoints (trainer.save_freq=1) and holds up to {steps} "
-        f"at once (trainer.max_actor_ckpt_to_keep=None keeps all), about {human_bytes(steps * one)} at "
+        f"at once (trainer.max_actor_ckpt_to_keep=null: all), about {human_bytes(steps * one)} at "
         f"{human_bytes(one)} each, but '{tmp_path / 'run'}' has ")
-    assert warning.endswith(" free; lower trainer.max_actor_ckpt_to_keep (and max_critic_ckpt_to_keep) or free "
-                            "space, or saves will fail with 'No space left on device'")
+    assert warning.endswith(" free; lower trainer.max_actor_ckpt_to_keep or free space, or saves will fail with 'No "
+                            "space left on device'")
     # Keeping 3 holds at most 4 at once (the new one is published before the oldest is pruned): they fit.
     assert check_before_start(config_for(inputs, tmp_path, f"trainer.total_training_steps={steps}",
                                          "trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=3")) == []
+    # With a critic (it reads the same tiny model), its checkpoints count too, under its own limit.
+    (warning,) = check_before_start(config_for(inputs, tmp_path, f"trainer.total_training_steps={steps}",
+                                               "trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=3",
+                                               "algorithm=gae"))
+    assert f"(trainer.max_actor_ckpt_to_keep=3, trainer.max_critic_ckpt_to_keep=null: all), about " \
+           f"{human_bytes(4 * one + steps * one)} at {human_bytes(2 * one)} each" in warning
+    assert "lower trainer.max_actor_ckpt_to_keep and trainer.max_critic_ckpt_to_keep or free space" in warning
 
 
 # ---- point 6: reward function, resources, model files ----

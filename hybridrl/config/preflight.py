@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -284,58 +285,67 @@ def _check_run_dir(path: str, problems: list[str]) -> None:
 
 # ---- disk space ----
 
+@dataclass
+class _SavedRole:
+    """One model a checkpoint holds (the actor, the critic) and how many of its checkpoints are kept."""
+    model_key: str
+    parameters: int | None  # None: not read from safetensors, so its size is unknown
+    bytes_per_parameter: int
+    keep_key: str
+    keep: int | None  # None keeps all (verl's default)
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        return self.parameters * self.bytes_per_parameter
+
+    def held_at_once(self, saves: int) -> int:
+        """A save is published before the old ones are pruned: keep + 1 exist for a moment."""
+        return saves if self.keep is None else min(saves, self.keep + 1)
+
+
 def _disk_space_warnings(config: PPOConfig, train_rows: int | None, parameters: dict[str, int | None]) -> list[str]:
-    """Warn when one checkpoint, or all the checkpoints the run keeps at once, will not fit in the free space."""
+    """Warn when one checkpoint, or all the checkpoints the run holds at once, will not fit in the free space."""
     trainer = config.trainer
     roles = _saved_roles(config, parameters)
-    if trainer.save_freq <= 0 or not roles or any(count is None for _, count, _, _ in roles):
+    if trainer.save_freq <= 0 or any(role.parameters is None for role in roles):
         return []
     path, free = trainer.default_local_dir, free_bytes(trainer.default_local_dir)
-    one = sum(count * per_parameter for _, count, per_parameter, _ in roles)
-    sizes = "; ".join(f"{key}: {count / 1e6:.2f}M parameters x {per_parameter} B" for key, count, per_parameter, _
-                      in roles)
+    one = sum(role.checkpoint_bytes for role in roles)
     if one > free:
+        sizes = "; ".join(f"{role.model_key}: {role.parameters / 1e6:.2f}M parameters x {role.bytes_per_parameter} B"
+                          for role in roles)
         return [f"trainer.default_local_dir: one checkpoint needs about {human_bytes(one)} ({sizes}), but {path!r} "
                 f"has {human_bytes(free)} free: the first save (step {trainer.save_freq}) will fail"]
     saves = _number_of_saves(config, train_rows)
     if saves is None:
         return []
-    # A save is published before the old ones are pruned: max_to_keep + 1 exist for a moment.
-    held = {key: saves if keep is None else min(saves, keep + 1) for key, _, _, keep in roles}
-    peak = sum(held[key] * count * per_parameter for key, count, per_parameter, _ in roles)
+    peak = sum(role.held_at_once(saves) * role.checkpoint_bytes for role in roles)
     if peak <= free:
         return []
-    keeps = ", ".join(f"{keep_key}={keep}" + (" keeps all" if keep is None else "")
-                      for keep_key, keep in _keep_keys(config))
-    return [f"trainer.default_local_dir: this run saves {saves} checkpoints (trainer.save_freq="
-            f"{trainer.save_freq}) and holds up to {max(held.values())} at once ({keeps}), about {human_bytes(peak)} "
-            f"at {human_bytes(one)} each, but {path!r} has {human_bytes(free)} free; lower trainer.max_actor_ckpt_to_keep"
-            f" (and max_critic_ckpt_to_keep) or free space, or saves will fail with 'No space left on device'"]
+    keeps = ", ".join(f"{role.keep_key}={'null: all' if role.keep is None else role.keep}" for role in roles)
+    return [f"trainer.default_local_dir: this run saves {saves} checkpoints (trainer.save_freq={trainer.save_freq}) "
+            f"and holds up to {max(role.held_at_once(saves) for role in roles)} at once ({keeps}), about "
+            f"{human_bytes(peak)} at {human_bytes(one)} each, but {path!r} has {human_bytes(free)} free; lower "
+            f"{' and '.join(role.keep_key for role in roles)} or free space, or saves will fail with 'No space left "
+            f"on device'"]
 
 
-def _saved_roles(config: PPOConfig, parameters: dict[str, int | None]) -> list[tuple[str, int | None, int, int | None]]:
-    """(model key, parameters, checkpoint bytes per parameter, max checkpoints kept) of each role a checkpoint holds.
-    Under LoRA the optimizer holds only the adapters: not counted."""
-    actor, critic = config.actor_rollout_ref, config.critic
-    roles = [("actor_rollout_ref.model.path", actor.actor.checkpoint.save_contents, actor.model.lora_rank,
-              config.trainer.max_actor_ckpt_to_keep)]
+def _saved_roles(config: PPOConfig, parameters: dict[str, int | None]) -> list[_SavedRole]:
+    actor, critic, trainer = config.actor_rollout_ref, config.critic, config.trainer
+    roles = [_SavedRole("actor_rollout_ref.model.path", parameters.get("actor_rollout_ref.model.path"),
+                        _bytes_per_parameter(actor.actor.checkpoint.save_contents, actor.model.lora_rank),
+                        "trainer.max_actor_ckpt_to_keep", trainer.max_actor_ckpt_to_keep)]
     if critic.enable:
-        roles.append(("critic.model.path", critic.checkpoint.save_contents, critic.model.lora_rank,
-                      config.trainer.max_critic_ckpt_to_keep))
-    return [(key, parameters.get(key), _bytes_per_parameter(contents, lora_rank), keep)
-            for key, contents, lora_rank, keep in roles]
+        roles.append(_SavedRole("critic.model.path", parameters.get("critic.model.path"),
+                                _bytes_per_parameter(critic.checkpoint.save_contents, critic.model.lora_rank),
+                                "trainer.max_critic_ckpt_to_keep", trainer.max_critic_ckpt_to_keep))
+    return roles
 
 
 def _bytes_per_parameter(save_contents: list[str], lora_rank: int) -> int:
+    """Under LoRA the optimizer holds only the adapters' moments: not counted."""
     return sum(CHECKPOINT_BYTES_PER_PARAMETER[content] for content in save_contents
                if not (content == "optimizer" and lora_rank > 0))
-
-
-def _keep_keys(config: PPOConfig) -> list[tuple[str, int | None]]:
-    keys = [("trainer.max_actor_ckpt_to_keep", config.trainer.max_actor_ckpt_to_keep)]
-    if config.critic.enable:
-        keys.append(("trainer.max_critic_ckpt_to_keep", config.trainer.max_critic_ckpt_to_keep))
-    return keys
 
 
 def _number_of_saves(config: PPOConfig, train_rows: int | None) -> int | None:
