@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 import ray
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from hybridrl.trainer.ppo import checkpointing
 from hybridrl.utils.checkpoint import (LATEST_POINTER_FILE, load_sharded_model_state, save_sharded_model_state,
                                        step_dir_name)
-from hybridrl.utils.checkpoint_io import CheckpointSaveError, load_file
+from hybridrl.utils.checkpoint_io import CheckpointSaveError, load_file, save_failures_named
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
 
@@ -66,6 +67,18 @@ def test_a_full_disk_is_named_with_the_directory_and_errno(tmp_path, full_file, 
     assert caught.value.errno == errno.ENOSPC
     crossed = pickle.loads(pickle.dumps(caught.value))  # as it travels from a Ray worker to the controller
     assert (str(crossed), crossed.errno) == (message, errno.ENOSPC)
+
+
+def test_only_file_system_failures_are_renamed(tmp_path):
+    """A bug is not a full disk: it passes unchanged; DCP's CheckpointException (a BaseException) is always named."""
+    with pytest.raises(ValueError, match="a bug"):
+        with save_failures_named(str(tmp_path), "saving"):
+            raise ValueError("a bug")
+    failure = CheckpointException("CheckpointException ranks:dict_keys([1])", {1: (KeyError("w"), None)})
+    with pytest.raises(CheckpointSaveError) as caught:
+        with save_failures_named(str(tmp_path), "saving"):
+            raise failure
+    assert (str(caught.value), caught.value.errno) == ("saving: KeyError: 'w'", None)
 
 
 @ray.remote(num_cpus=0)

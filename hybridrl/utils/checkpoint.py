@@ -25,7 +25,7 @@ Who calls what: the single controller owns the directory (``atomic_checkpoint_di
 (``save_sharded_model_state``). The context manager also works inside a torch.distributed group (rank 0 renames,
 after a barrier). All writers must see one file system: a single node, or a shared file system across nodes.
 
-A save that fails raises ``CheckpointSaveError`` naming the directory and the OS error underneath; our own files
+A save the file system fails raises ``CheckpointSaveError`` naming the directory and the OS error; our own files
 are read with ``torch.load(weights_only=True)`` (see checkpoint_io.py). torch's distributed-checkpoint metadata
 (``model/.metadata``, ``optimizer/.metadata``) is still unpickled by torch itself: resume only from a checkpoint
 directory you trust.
