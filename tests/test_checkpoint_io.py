@@ -22,7 +22,7 @@ from hybridrl.utils.checkpoint import (LATEST_POINTER_FILE, load_sharded_model_s
                                        step_dir_name)
 from hybridrl.utils.checkpoint_io import CheckpointSaveError, load_file, save_failures_named
 
-pytestmark = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+needs_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
 
 FREE_SPACE = r"\d+(\.\d)? (B|KiB|MiB|GiB|TiB) free on that file system\)"  # the free space itself varies
 
@@ -43,12 +43,14 @@ def _linear_with_optimizer():
     return model, optimizer, scheduler
 
 
+@needs_dev_full
 def test_torch_save_on_a_full_disk_said_unexpected_pos():
     """The old failure: torch's own file writer hides the errno."""
     with pytest.raises(RuntimeError, match="unexpected pos"):
         torch.save({"w": torch.zeros(1000)}, "/dev/full")
 
 
+@needs_dev_full
 @pytest.mark.parametrize("full_file, contents", [
     ("model/__0_0.distcp", ["model"]),  # torch distributed checkpoint's shard of rank 0
     ("extra/rank_0.pt", ["model", "extra"]),  # hybridrl's own file: LR schedule and RNG states
@@ -105,6 +107,7 @@ def _trainer(root, step, group):
         train_data_position=SimpleNamespace(state_dict=lambda: {"epoch": 0}))
 
 
+@needs_dev_full
 def test_a_full_disk_in_a_worker_reaches_the_trainer_named_and_loses_nothing(ray_local, tmp_path):
     root = tmp_path / "run"
     group = _OneRankGroup(full_disk_at_step=3)
@@ -113,8 +116,8 @@ def test_a_full_disk_in_a_worker_reaches_the_trainer_named_and_loses_nothing(ray
         checkpointing.save_checkpoint(_trainer(root, 3, group))
     worker_dir = root / ".tmp_global_step_3" / "actor"
     expected = (f"checkpoint global_step_3 was not saved in {root} (the newest complete checkpoint there is still the "
-                f"one a rerun resumes from): could not write checkpoint files to {worker_dir}: [Errno 28] No space left "
-                f"on device (")
+                f"one a rerun resumes from): could not write checkpoint files to {worker_dir}: [Errno 28] No space "
+                f"left on device (")
     assert re.fullmatch(re.escape(expected) + FREE_SPACE, str(caught.value)), str(caught.value)
     assert caught.value.errno == errno.ENOSPC
     assert (root / LATEST_POINTER_FILE).read_text() == "2"

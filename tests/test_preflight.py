@@ -53,7 +53,8 @@ def config_for(inputs, tmp_path, *overrides):
     return validate_config(compose_config([
         f"actor_rollout_ref.model.path={inputs['model']}", f"data.train_files={inputs['train']}",
         f"data.val_files={inputs['val']}", f"custom_reward_function.path={inputs['reward']}",
-        "custom_reward_function.name=letter_a", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "custom_reward_function.name=letter_a", "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.n=2",
         "trainer.n_gpus_per_node=2", "ray_init.num_cpus=2", "trainer.device=cpu",
         f"trainer.default_local_dir={tmp_path / 'run'}", *overrides]))
@@ -193,7 +194,8 @@ def test_warns_when_one_checkpoint_does_not_fit_the_free_disk(inputs, tmp_path):
     assert warning.endswith(" free: the first save (step 5) will fail")
     # model only, no optimizer state: 4 B a parameter
     (warning,) = check_before_start(config_for(inputs, tmp_path, f"actor_rollout_ref.model.path={model}",
-                                               "trainer.save_freq=5", "actor_rollout_ref.actor.checkpoint.save_contents=[model]"))
+                                               "trainer.save_freq=5",
+                                               "actor_rollout_ref.actor.checkpoint.save_contents=[model]"))
     assert "about 4.0 TiB (actor_rollout_ref.model.path: 1099511.63M parameters x 4 B)" in warning
     # no saves, nothing to warn about
     assert check_before_start(config_for(inputs, tmp_path, f"actor_rollout_ref.model.path={model}")) == []
@@ -250,9 +252,9 @@ def test_more_ranks_than_the_local_ray_has_cpus(inputs, tmp_path):
     assert problems_for(inputs, tmp_path, f"trainer.n_gpus_per_node={ranks}", "ray_init.num_cpus=null",
                         f"data.train_files={enough_rows}", f"data.train_batch_size={ranks}",
                         f"actor_rollout_ref.actor.ppo_mini_batch_size={ranks}", *batches) == [
-        f"trainer.n_gpus_per_node: expected at most {detected} ranks in all (one CPU each; the local Ray has {detected} "
-        f"CPUs, ray_init.num_cpus=null: the CPUs Ray detects), got trainer.nnodes * trainer.n_gpus_per_node = 1 * "
-        f"{ranks} = {ranks}"]
+        f"trainer.n_gpus_per_node: expected at most {detected} ranks in all (one CPU each; the local Ray has "
+        f"{detected} CPUs, ray_init.num_cpus=null: the CPUs Ray detects), got trainer.nnodes * "
+        f"trainer.n_gpus_per_node = 1 * {ranks} = {ranks}"]
     # A running cluster declares its own resources: checked once joined, not here.
     assert check_before_start(config_for(inputs, tmp_path, "trainer.n_gpus_per_node=4", "ray_init.address=auto",
                                          "ray_init.num_cpus=null", *batches)) == []

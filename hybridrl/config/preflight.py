@@ -210,7 +210,8 @@ def _safetensors_files(key: str, path: str, problems: list[str]) -> list[str] | 
             problems.append(f"{key}: expected a safetensors index with a weight_map, got {index_path!r} ({err!r})")
             return None
         return [os.path.join(path, shard) for shard in shards]
-    if not any(os.path.isfile(os.path.join(path, name)) for name in ("pytorch_model.bin", "pytorch_model.bin.index.json")):
+    pickled = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+    if not any(os.path.isfile(os.path.join(path, name)) for name in pickled):
         problems.append(f"{key}: expected model weights (model.safetensors, model.safetensors.index.json or "
                         f"pytorch_model.bin) in the directory, got {path!r} without any")
     return None

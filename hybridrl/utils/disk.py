@@ -51,6 +51,5 @@ def exception_chain(err: BaseException) -> Iterator[BaseException]:
 def underlying_os_error(err: BaseException) -> OSError | None:
     """The first OSError in `err`'s chain (see exception_chain), or None. A Ray wrapper that merely poses as its
     cause's class is passed over for the cause itself, which carries the errno."""
-    return next((candidate for candidate in exception_chain(err)
-                 if isinstance(candidate, OSError) and not isinstance(getattr(candidate, "cause", None), BaseException)),
-                None)
+    return next((candidate for candidate in exception_chain(err) if isinstance(candidate, OSError)
+                 and not isinstance(getattr(candidate, "cause", None), BaseException)), None)
