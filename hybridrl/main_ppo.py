@@ -4,9 +4,10 @@ Groups are chosen as Hydra does it: `algorithm=gae`; the groups placed under act
 named with their package, `actor@actor_rollout_ref.actor=dp_actor` (likewise rollout@..., ref@...).
 
 Wiring only: Hydra composes hybridrl/config/ppo_trainer.yaml with the command-line overrides,
-`validate_config` turns it into a typed PPOConfig (or prints one `config error:` line per
-problem and exits with code 2), then `run_ppo` starts Ray and hands the config to a TaskRunner
-actor, which builds the trainer. `--cfg job` prints the composed config and starts nothing.
+`validate_config` turns it into a typed PPOConfig, `check_before_start` checks the files, models,
+resources and run directory it names (either prints one `config error:` line per problem and exits
+with code 2), then `run_ppo` starts Ray and hands the config to a TaskRunner actor, which builds the
+trainer. `--cfg job` prints the composed config and starts nothing.
 
 Your own YAML on top of ours, e.g. my_configs/my_run.yaml:
 
@@ -34,13 +35,15 @@ The compose API takes the same file (searchpath lines included):
 """
 from __future__ import annotations
 
+import sys
 
 import hydra
 import ray
 from omegaconf import DictConfig
 
-from hybridrl.config import ConfigError, PPOConfig, check_paths, validate_config
+from hybridrl.config import ConfigError, PPOConfig, validate_config
 from hybridrl.config.cli_errors import exit_with_config_errors, run_hydra_cli
+from hybridrl.config.preflight import check_before_start
 from hybridrl.utils.default_assets import ensure_default_assets
 from hybridrl.utils.import_utils import load_extensions
 
@@ -55,9 +58,11 @@ def main(cfg: DictConfig) -> None:
     try:
         config = validate_config(cfg)
         ensure_default_assets(config)  # prepares the built-in task and tiny model when the defaults are used
-        check_paths(config)
+        warnings = check_before_start(config)
     except ConfigError as err:
         exit_with_config_errors(err.problems)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     summary = run_ppo(config)
     # Printed by the driver, not the actor, so that the last line is exactly `summary: <path>` (no Ray prefix);
     # shutting Ray down first lets the workers' last forwarded log lines arrive before it.

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridrl.config import compose_config, validate_config
 from hybridrl.utils.default_assets import (MARKER_FILE, DefaultRecipe, default_paths, ensure_default_assets,
-                                           prepare_default_assets, safetensors_problem, sft_rows_from_rl)
+                                           prepare_default_assets, sft_rows_from_rl)
 
 SMALL = DefaultRecipe(
     train_size=120, test_size=40, vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
@@ -134,21 +134,3 @@ def test_sft_rows_tag_exactly_the_asked_fraction_evenly():
     assert not any(r["messages"][-1]["content"].startswith("<answer>") for r in sft_rows_from_rl(rl_rows, 0.0))
     with pytest.raises(ValueError, match=r"tagged_fraction must be in \[0, 1\], got 1.5"):
         sft_rows_from_rl(rl_rows, 1.5)
-
-
-def test_safetensors_check_reads_the_header_not_the_weights(tmp_path):
-    from safetensors.torch import save_file
-    import torch
-
-    path = str(tmp_path / "model.safetensors")
-    save_file({"w": torch.zeros(4, 4)}, path)
-    assert safetensors_problem(path) is None
-    size = os.path.getsize(path)
-    with open(path, "ab") as f:
-        f.write(b"\0")
-    assert safetensors_problem(path) == (f"model.safetensors is {size + 1} bytes, its header describes {size} "
-                                         "(truncated or damaged)")
-    with open(path, "r+b") as f:
-        f.truncate(4)
-    assert safetensors_problem(path) == "model.safetensors has an unreadable header (unpack requires a buffer of 8 bytes)"
-    assert safetensors_problem(str(tmp_path / "none.safetensors")) == "none.safetensors is missing"

@@ -6,12 +6,14 @@ compose API can show is tested in test_config_*.py instead.
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from omegaconf import OmegaConf
 
 from hybridrl.config import compose_config
 from tests.test_config_compose import USER_YAML
+from tests.test_preflight import copy_model, empty_parquet, inputs  # noqa: F401 (inputs is a fixture)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -74,3 +76,36 @@ def test_validation_problems_exit_2_with_one_line_each(tmp_path):
         "config error: data.train_batch_size: expected a multiple of actor_rollout_ref.actor.ppo_mini_batch_size = 8 "
         "(both count prompts), got 12",
     ]
+
+
+def test_bad_inputs_exit_2_before_ray_starts_naming_each(inputs, tmp_path):
+    """Issue 19: an empty parquet, a wrong reward function name, truncated weights and an unwritable run directory
+    used to surface one at a time, after Ray and the workers had started; now all at once, in seconds, no Ray."""
+    empty = empty_parquet(inputs, tmp_path / "empty.parquet")
+    model = copy_model(inputs, tmp_path / "model")
+    weights = os.path.join(model, "model.safetensors")
+    size = os.path.getsize(weights)
+    with open(weights, "r+b") as f:
+        f.truncate(size // 2)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    start = time.monotonic()
+    result = run_main([f"actor_rollout_ref.model.path={model}", f"data.train_files={empty}",
+                       f"data.val_files={inputs['val']}", f"custom_reward_function.path={inputs['reward']}",
+                       "custom_reward_function.name=letter_b", "trainer.device=cpu",
+                       f"trainer.default_local_dir={blocker / 'run'}"], cwd=tmp_path)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    assert result.stderr.splitlines() == [
+        f"config error: data.train_files[0]: expected a parquet file with rows, got '{empty}' (0 rows)",
+        f"config error: data.train_files: expected at least data.train_batch_size=16 rows in all (one training "
+        f"batch), got 0 ({empty}: 0)",
+        f"config error: actor_rollout_ref.model.path: expected complete safetensors weights, got '{weights}' "
+        f"(model.safetensors is {size // 2} bytes, its header describes {size} (truncated or damaged))",
+        f"config error: custom_reward_function.name: expected a function defined in custom_reward_function.path, got "
+        f"'letter_b' ({inputs['reward']} defines no 'letter_b'; names it defines: ['letter_a', 'threshold'])",
+        f"config error: trainer.default_local_dir: expected a directory this process can create and write "
+        f"(checkpoints, metrics and summary.json go there), got '{blocker / 'run'}' ([Errno 20] Not a directory: "
+        f"'{blocker / 'run'}')",
+    ]
+    assert elapsed < 60, f"took {elapsed:.1f} s to fail"  # a local Ray and two workers alone take longer on CI

@@ -3,8 +3,10 @@
     cfg = compose_config(["algorithm=gae"])   # DictConfig, as `python -m hybridrl.main_ppo algorithm=gae` builds
     config = validate_config(cfg)             # PPOConfig, or ConfigError listing every problem
     check_paths(config)                       # files and model directories exist
+    check_before_start(config)                # ... and data, models, reward function, resources, run dir are usable
 """
 from hybridrl.config.compose import CONFIG_DIR, compose_config
+from hybridrl.config.preflight import check_before_start
 from hybridrl.config.schema import PPOConfig
 from hybridrl.config.validation import (
     NOT_IMPLEMENTED,
@@ -20,6 +22,7 @@ __all__ = [
     "NOT_IMPLEMENTED_VALUES",
     "ConfigError",
     "PPOConfig",
+    "check_before_start",
     "check_paths",
     "compose_config",
     "validate_config",

@@ -421,6 +421,11 @@ class TrainerConfig(ConfigNode):
     esi_redundant_time: float = at_least(0)
     ray_wait_register_center_timeout: float = positive()
 
+    def runs_validation(self) -> bool:
+        """Whether the trainer validates at all: before training or every test_freq steps (val_only validates
+        through val_before_train)."""
+        return self.val_before_train or self.test_freq > 0
+
 
 @dataclass
 class RayInitConfig(ConfigNode):

@@ -24,6 +24,11 @@ Who calls what: the single controller owns the directory (``atomic_checkpoint_di
 ``prune_checkpoints``); the workers of each role write their shards into the directory it hands them
 (``save_sharded_model_state``). The context manager also works inside a torch.distributed group (rank 0 renames,
 after a barrier). All writers must see one file system: a single node, or a shared file system across nodes.
+
+A save the file system fails raises ``CheckpointSaveError`` naming the directory and the OS error; our own files
+are read with ``torch.load(weights_only=True)`` (see checkpoint_io.py). torch's distributed-checkpoint metadata
+(``model/.metadata``, ``optimizer/.metadata``) is still unpickled by torch itself: resume only from a checkpoint
+directory you trust.
 """
 from __future__ import annotations
 
@@ -42,6 +47,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
+
+from hybridrl.utils.checkpoint_io import load_file, save_failures_named, save_file
 
 logger = logging.getLogger(__name__)
 
@@ -267,20 +274,21 @@ def save_sharded_model_state(model: torch.nn.Module, optimizer: torch.optim.Opti
     """
     contents = _checked_contents(save_contents, "save_contents")
     _check_needs_optimizer(contents, optimizer, "save")
-    os.makedirs(path, exist_ok=True)
-    model_state, optimizer_state = _current_state(model, optimizer if "optimizer" in contents else None)
-    if "model" in contents:
-        dcp.save(model_state, checkpoint_id=os.path.join(path, "model"), no_dist=not _distributed())
-    if "optimizer" in contents:
-        dcp.save(optimizer_state, checkpoint_id=os.path.join(path, "optimizer"), no_dist=not _distributed())
-    if "extra" in contents:
-        os.makedirs(os.path.join(path, "extra"), exist_ok=True)
-        extra = {"lr_scheduler": None if lr_scheduler is None else lr_scheduler.state_dict(),
-                 "rng": _rng_states()}
-        torch.save(extra, os.path.join(path, "extra", f"rank_{rank}.pt"))
-    if rank == 0:
-        _write_json(os.path.join(path, SHARD_META_FILE),
-                    {"world_size": _world_size(), "save_contents": sorted(contents)})
+    with save_failures_named(path, f"could not write checkpoint files to {path}"):
+        os.makedirs(path, exist_ok=True)
+        model_state, optimizer_state = _current_state(model, optimizer if "optimizer" in contents else None)
+        if "model" in contents:
+            dcp.save(model_state, checkpoint_id=os.path.join(path, "model"), no_dist=not _distributed())
+        if "optimizer" in contents:
+            dcp.save(optimizer_state, checkpoint_id=os.path.join(path, "optimizer"), no_dist=not _distributed())
+        if "extra" in contents:
+            os.makedirs(os.path.join(path, "extra"), exist_ok=True)
+            extra = {"lr_scheduler": None if lr_scheduler is None else lr_scheduler.state_dict(),
+                     "rng": _rng_states()}
+            save_file(extra, os.path.join(path, "extra", f"rank_{rank}.pt"))
+        if rank == 0:
+            _write_json(os.path.join(path, SHARD_META_FILE),
+                        {"world_size": _world_size(), "save_contents": sorted(contents)})
     _barrier()
 
 
@@ -361,8 +369,8 @@ def _read_shard_meta(path: str) -> dict:
 def _load_extra(path: str, rank: int, saved_world_size: int, lr_scheduler) -> None:
     same_world = saved_world_size == _world_size()
     extra_path = os.path.join(path, "extra", f"rank_{rank if same_world else 0}.pt")
-    # Our own files: they hold numpy/python RNG tuples, which the weights-only unpickler refuses.
-    extra = torch.load(extra_path, weights_only=False)
+    extra = load_file(extra_path, hint="to resume without the LR schedule and RNG states, leave 'extra' out of "
+                                       "checkpoint.load_contents")
     if (extra["lr_scheduler"] is None) != (lr_scheduler is None):
         saved = "no lr_scheduler state" if extra["lr_scheduler"] is None else "lr_scheduler state"
         raise ValueError(f"{extra_path} has {saved} but the caller passed lr_scheduler={lr_scheduler!r}")
@@ -377,13 +385,18 @@ def _load_extra(path: str, rank: int, saved_world_size: int, lr_scheduler) -> No
 
 
 def _rng_states() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch_cpu": torch.get_rng_state(),
+    """This process's RNG states as tensors, ints, floats, strings and tuples: what load_file reads back (numpy's
+    key array becomes a list of ints)."""
+    name, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    return {"python": random.getstate(), "numpy": (name, keys.tolist(), position, has_gauss, cached_gaussian),
+            "torch_cpu": torch.get_rng_state(),
             "torch_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
 def _set_rng_states(states: dict) -> None:
     random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
+    name, keys, position, has_gauss, cached_gaussian = states["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached_gaussian))
     torch.set_rng_state(states["torch_cpu"])
     if states["torch_cuda"] is None:
         return

@@ -32,15 +32,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import shutil
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow.parquet as pq
+
+from hybridrl.utils.safetensors_header import count_elements, safetensors_problem
 
 MARKER_FILE = ".hybridrl_prepared.json"
 SFT_METRICS_FILE = "sft_metrics.jsonl"
@@ -197,30 +197,6 @@ def _model_problem(model_dir: str) -> str | None:
     return safetensors_problem(os.path.join(model_dir, "model.safetensors"))
 
 
-def safetensors_problem(path: str) -> str | None:
-    """None when the file's size matches what its header describes; else what is wrong (missing, truncated...).
-
-    A safetensors file is an 8-byte little-endian header length, a JSON header giving each tensor's
-    [begin, end) byte range in the data section, then the data section.
-    """
-    name = os.path.basename(path)
-    if not os.path.isfile(path):
-        return f"{name} is missing"
-    size = os.path.getsize(path)
-    try:
-        with open(path, "rb") as f:
-            (header_length,) = struct.unpack("<Q", f.read(8))
-            if 8 + header_length > size:
-                return f"{name} is truncated ({size} bytes, shorter than its {header_length}-byte header)"
-            header = json.loads(f.read(header_length))
-    except (struct.error, ValueError) as err:
-        return f"{name} has an unreadable header ({err})"
-    data_end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
-    if size != 8 + header_length + data_end:
-        return f"{name} is {size} bytes, its header describes {8 + header_length + data_end} (truncated or damaged)"
-    return None
-
-
 # ---- the three builds ----
 
 def _build_data(out_dir: str, recipe: DefaultRecipe) -> str:
@@ -274,7 +250,7 @@ def _build_init_model(out_dir: str, paths: DefaultPaths, recipe: DefaultRecipe) 
     build_tiny_model(out_dir, tokenizer, arch="qwen2", hidden_size=recipe.hidden_size, num_layers=recipe.num_layers,
                      num_heads=recipe.num_heads, num_kv_heads=recipe.num_kv_heads,
                      intermediate_size=recipe.intermediate_size, seed=recipe.model_seed)
-    num_params = _count_parameters(os.path.join(out_dir, "model.safetensors"))
+    num_params = count_elements(os.path.join(out_dir, "model.safetensors"))
     return f"{num_params / 1e6:.2f}M parameters, vocab {len(tokenizer)}"
 
 
@@ -322,13 +298,6 @@ def _sft_ranks() -> int:
     import torch
 
     return min(2, torch.cuda.device_count()) if torch.cuda.is_available() else 2
-
-
-def _count_parameters(safetensors_path: str) -> int:
-    from safetensors import safe_open
-
-    with safe_open(safetensors_path, framework="pt") as f:
-        return sum(math.prod(f.get_slice(key).get_shape()) for key in f.keys())
 
 
 def _same_path(first: str, second: str) -> bool:

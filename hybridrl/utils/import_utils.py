@@ -14,8 +14,12 @@ import os
 from typing import Any
 
 
+class NameNotDefined(AttributeError):
+    """The user's file ran, but defines no object of the configured name."""
+
+
 def load_extern_object(path: str, name: str) -> Any:
-    """Execute the file at `path` as a fresh module and return its attribute `name`.
+    """Execute the file at `path` as a fresh module and return its attribute `name` (NameNotDefined if it has none).
 
     The module is deliberately NOT put in `sys.modules`: cloudpickle then ships the returned
     function by value, so Ray workers that never saw the file can still run it.
@@ -28,7 +32,7 @@ def load_extern_object(path: str, name: str) -> Any:
     module = _exec_file_as_module(abs_path)
     if not hasattr(module, name):
         public = sorted(n for n in vars(module) if not n.startswith("_"))
-        raise AttributeError(f"{abs_path} defines no {name!r}; names it defines: {public}")
+        raise NameNotDefined(f"{abs_path} defines no {name!r}; names it defines: {public}")
     return getattr(module, name)
 
 

@@ -13,7 +13,8 @@ batches are skipped, so the resumed run sees exactly the batches the uninterrupt
 
 ``trainer.resume_mode``: ``auto`` resumes from the newest complete checkpoint under ``default_local_dir`` (or starts
 fresh when there is none), ``resume_path`` from ``trainer.resume_from_path`` (a ``global_step_N`` directory),
-``disable`` always starts fresh.
+``disable`` always starts fresh. Every file of the checkpoint directory is read back, some of them (torch's
+distributed-checkpoint metadata) with pickle: resume only from a directory you trust.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import torch
 
 from hybridrl.utils.checkpoint import (COMPLETE_MARKER_FILE, atomic_checkpoint_dir, checkpoint_step,
                                        find_latest_checkpoint, prune_checkpoints, step_dir_name)
+from hybridrl.utils.checkpoint_io import load_file, save_failures_named, save_file
 
 DATA_STATE_FILE = "data.pt"
 
@@ -92,14 +94,17 @@ def save_checkpoint(trainer) -> str:
     """Save ``global_step_{trainer.global_steps}`` atomically, then prune old ones per role; returns its path.
 
     Old checkpoints are pruned only after the new one is published, so a kill at any point leaves a loadable one.
-    The workers get absolute paths: their working directory need not be the controller's.
+    The workers get absolute paths: their working directory need not be the controller's. A failed save raises
+    CheckpointSaveError naming the checkpoint and the OS error under the failure (a full disk: errno.ENOSPC).
     """
     root = os.path.abspath(trainer.config.trainer.default_local_dir)
-    with atomic_checkpoint_dir(root, trainer.global_steps) as tmp_dir:
-        trainer.actor_rollout_wg.save_checkpoint(os.path.join(tmp_dir, "actor"))
-        if trainer.use_critic:
-            trainer.critic_wg.save_checkpoint(os.path.join(tmp_dir, "critic"))
-        save_data_state(os.path.join(tmp_dir, DATA_STATE_FILE), controller_state(trainer))
+    with save_failures_named(root, f"checkpoint {step_dir_name(trainer.global_steps)} was not saved in {root} (the "
+                                   f"newest complete checkpoint there is still the one a rerun resumes from)"):
+        with atomic_checkpoint_dir(root, trainer.global_steps) as tmp_dir:
+            trainer.actor_rollout_wg.save_checkpoint(os.path.join(tmp_dir, "actor"))
+            if trainer.use_critic:
+                trainer.critic_wg.save_checkpoint(os.path.join(tmp_dir, "critic"))
+            save_data_state(os.path.join(tmp_dir, DATA_STATE_FILE), controller_state(trainer))
     prune_checkpoints(root, trainer.config.trainer.max_actor_ckpt_to_keep, subdir="actor")
     if trainer.use_critic:
         prune_checkpoints(root, trainer.config.trainer.max_critic_ckpt_to_keep, subdir="critic")
@@ -115,7 +120,7 @@ def controller_state(trainer) -> dict:
 
 def save_data_state(path: str, state: dict) -> None:
     """Write data.pt (a module-level function so a test can slow it down to kill a save midway)."""
-    torch.save(state, path)
+    save_file(state, path)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -155,7 +160,7 @@ def load_checkpoint(trainer) -> int:
     if trainer.use_critic:
         _require_dir(critic_dir, "the critic's shards (this run has a critic)")
         trainer.critic_wg.load_checkpoint(critic_dir)
-    state = torch.load(os.path.join(path, DATA_STATE_FILE), weights_only=True)
+    state = load_file(os.path.join(path, DATA_STATE_FILE))
     trainer.train_data_position.load_state_dict(state["dataloader"])
     if trainer.kl_ctrl_in_reward is not None:
         if state["kl_ctrl_in_reward_value"] is None:

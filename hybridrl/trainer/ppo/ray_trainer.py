@@ -84,16 +84,19 @@ class RayPPOTrainer:
 
     # ------------------------------------------------------------------ set-up
     def _create_dataloaders(self):
+        """The training loader, and the validation loader when the run validates (else None: not even read)."""
         data = self.config.data
         train_set = create_rl_dataset(data.train_files, self.tokenizer, data, max_samples=data.train_max_samples)
-        val_set = create_rl_dataset(data.val_files, self.tokenizer, data, max_samples=data.val_max_samples)
         train = make_dataloader(train_set, batch_size=data.train_batch_size, shuffle=data.shuffle,
                                 seed=data.seed, drop_last=True)
-        val = make_dataloader(val_set, batch_size=data.val_batch_size or len(val_set), shuffle=False,
-                              seed=data.seed, drop_last=False)
         if len(train) == 0:
             raise ValueError(f"data.train_files has {len(train_set)} prompts, fewer than "
                              f"data.train_batch_size={data.train_batch_size}: not one training batch")
+        if not self.config.trainer.runs_validation():
+            return train, None
+        val_set = create_rl_dataset(data.val_files, self.tokenizer, data, max_samples=data.val_max_samples)
+        val = make_dataloader(val_set, batch_size=data.val_batch_size or len(val_set), shuffle=False,
+                              seed=data.seed, drop_last=False)
         return train, val
 
     def _total_training_steps(self) -> int:
