@@ -144,7 +144,7 @@ def time_switches(manager, repeats: int) -> dict[str, float]:
         manager.__enter__()
         full_switch_s = time.perf_counter() - started
         awake = dict(manager.last_switch)
-        records.append({**{key: released[key] for key in ("release_s", "reload_trainer_s") if key in released},
+        records.append({**{key: released[key] for key in ("release_engine_s", "reload_trainer_s") if key in released},
                         **{key: value for key, value in awake.items() if "/" not in key},
                         "full_switch_s": full_switch_s,
                         "engine_released_gib": released["trainer mode restored/engine"],
@@ -250,12 +250,12 @@ def print_table(results: dict, args) -> None:
         ("device", results["device"]),
         ("hybrid engine start (s)", f"{results['engine_start_s']:.1f}"),
         ("standalone engine start (s)", f"{results['standalone']['engine_start_s']:.1f}"),
-        ("resume weights (s)", f"{switch['wake_weights_s']:.4f}"),
-        ("weight sync (s)", f"{switch['sync_weights_s']:.4f}"),
+        ("resume weights (s)", f"{switch['resume_weights_s']:.4f}"),
+        ("weight sync (s)", f"{switch['update_weights_s']:.4f}"),
         ("weight sync (GB/s)", f"{switch['sync_gbps']:.1f} ({switch['sync_gib']:.3f} GiB)"),
-        ("resume KV cache + CUDA graphs (s)", f"{switch['wake_kv_cache_s']:.4f}"),
+        ("resume KV cache + CUDA graphs (s)", f"{switch['resume_kv_cache_s']:.4f}"),
         ("flush radix cache (s)", f"{switch['flush_cache_s']:.4f}"),
-        ("release (s)", f"{switch['release_s']:.4f}"),
+        ("release (s)", f"{switch['release_engine_s']:.4f}"),
         ("full switch rollout→train→rollout (s)", f"{switch['full_switch_s']:.4f}"),
         ("  same, FSDP params+Adam offloaded (s)", f"{offload['full_switch_s']:.4f} "
                                                     f"(offload {offload['offload_trainer_s']:.3f}, "

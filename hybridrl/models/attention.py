@@ -10,9 +10,8 @@ bf16 calls with a boolean mask) the *backward* of a fully-masked row returns NaN
 (`ScaledDotProductCudnnAttentionBackward0 returned nan values`, found with anomaly detection). Those
 rows carry zero loss, yet the NaN reaches every weight gradient through the following matmuls
 (0 x NaN = NaN), so every step's grad norm was NaN and every update was skipped.
-`padded_attention_mask` builds the 4-D mask itself and lets every position attend to itself as well:
-no row is empty, the real tokens' rows are exactly transformers' mask, and no backend can produce
-the NaN. The actor's and the critic's padded forwards use it (SFT batches are right-padded: no empty row).
+`padded_attention_mask` builds the 4-D mask itself and lets a query with no key attend to itself:
+no row is empty, every other row is exactly transformers' mask, and no backend can produce the NaN. The actor's and the critic's padded forwards use it (SFT batches are right-padded: no empty row).
 
 Packed rows: variable-length attention
 --------------------------------------
@@ -49,11 +48,13 @@ import torch
 
 
 def padded_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """(rows, 1, seqlen, seqlen) bool for sdpa: causal attention to real tokens, plus each position to itself."""
+    """(rows, 1, seqlen, seqlen) bool for sdpa: causal attention to real tokens; a query that has none (left
+    padding) attends to itself."""
     seqlen = attention_mask.shape[-1]
     allowed = torch.ones(seqlen, seqlen, dtype=torch.bool, device=attention_mask.device).tril()
     allowed = allowed & attention_mask.bool()[:, None, :]
-    allowed |= torch.eye(seqlen, dtype=torch.bool, device=attention_mask.device)
+    empty = ~allowed.any(dim=-1, keepdim=True)
+    allowed |= empty & torch.eye(seqlen, dtype=torch.bool, device=attention_mask.device)
     return allowed.unsqueeze(1)
 
 

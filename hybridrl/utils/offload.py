@@ -37,6 +37,7 @@ keeps about one optimizer state's worth of page-locked host memory.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 
 import torch
@@ -114,14 +115,17 @@ class FSDPOffload:
         self.param_offload = param_offload
         self.optimizer_offload = optimizer_offload
         self.device = torch.device(device)
+        self.seconds = {"offload": 0.0, "reload": 0.0}  # time spent moving state, since take_timing()
 
     def park(self) -> None:
         """Put what the flags name into CPU memory (gradients, with param_offload, are dropped)."""
+        started = time.perf_counter()
         if self.param_offload:
             free_gradients(self.module)
             offload_fsdp_params(self.module)
         if self.optimizer_offload:
             offload_optimizer_state(self.optimizer)
+        self.seconds["offload"] += self._since(started)
 
     @property
     def parks_anything(self) -> bool:
@@ -129,10 +133,23 @@ class FSDPOffload:
 
     def load(self, optimizer: bool = False) -> None:
         """Bring the parked parameters (and with `optimizer=True` the parked optimizer state) to the device."""
+        started = time.perf_counter()
         if self.param_offload:
             load_fsdp_params(self.module, self.device)
         if optimizer and self.optimizer_offload:
             load_optimizer_state(self.optimizer, self.device)
+        self.seconds["reload"] += self._since(started)
+
+    def _since(self, started: float) -> float:
+        if self.parks_anything and self.device.type == "cuda":  # the copies are asynchronous
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - started
+
+    def take_timing(self, name: str) -> dict[str, float]:
+        """timing_s/offload_<name> and timing_s/reload_<name> since the previous call (none when nothing parks)."""
+        timing = {f"timing_s/{kind}_{name}": seconds for kind, seconds in self.seconds.items()}
+        self.seconds = {"offload": 0.0, "reload": 0.0}
+        return timing if self.parks_anything else {}
 
     @contextlib.contextmanager
     def loaded(self, *, optimizer: bool = False) -> Iterator[None]:

@@ -21,11 +21,13 @@ duration (utils/offload.py).
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 from transformers import AutoTokenizer
 
 from hybridrl.models.attention import attention_implementation
+from hybridrl.models.flops import model_flops_utilization
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller import Dispatch, Worker, register
 from hybridrl.utils.distributed import device_name, init_process_group_once
@@ -34,6 +36,7 @@ from hybridrl.utils.checkpoint import (load_sharded_model_state, save_hf_config_
 from hybridrl.utils.fsdp_utils import (apply_liger, apply_lora, build_lr_scheduler, build_optimizer, fsdp_root,
                                        hf_module, load_hf_model, shard_model)
 from hybridrl.utils.import_utils import load_extensions
+from hybridrl.utils.memory import memory_metrics
 from hybridrl.utils.offload import FSDPOffload
 from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
 from hybridrl.workers.rollout import build_rollout
@@ -170,27 +173,40 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """One response per prompt row: adds prompts, responses, input_ids, attention_mask, position_ids,
-        response_mask (and rollout_log_probs with rollout.calculate_log_probs)."""
+        response_mask (and rollout_log_probs with rollout.calculate_log_probs). meta_info["metrics"]: the
+        switch's parts as timing_s/<part> (weight sync, engine resume and release, offload/reload)."""
         self._require(self._is_rollout, "generate_sequences", "rollout")
         with self.actor_offload.loaded(), self.rollout_sharding_manager:
-            return self.rollout.generate_sequences(prompts)
+            output = self.rollout.generate_sequences(prompts)
+        output.meta_info["metrics"] = {**self.rollout_sharding_manager.switch_timing(),
+                                       **self.actor_offload.take_timing("actor")}
+        return output
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """The current policy's log-probs of the responses: adds old_log_probs and entropys (per token)."""
         self._require(self._is_actor, "compute_log_prob", "actor")
         with self.actor_offload.loaded():
+            started = time.perf_counter()
             log_probs, entropys = self.actor.compute_log_prob(self._at_rollout_temperature(data),
                                                               calculate_entropy=True)
-        return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropys})
+            seconds = time.perf_counter() - started
+        output = DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropys})
+        output.meta_info["metrics"] = {**self._mfu("actor_infer", data, seconds, passes=1),
+                                       **self.actor_offload.take_timing("actor")}
+        return output
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """The reference policy's log-probs of the responses: adds ref_log_prob."""
         self._require(self._is_ref, "compute_ref_log_prob", "ref")
         with self.ref_offload.loaded(), self._adapters_disabled():
+            started = time.perf_counter()
             log_probs, _ = self.ref_policy.compute_log_prob(self._at_rollout_temperature(data))
-        return DataProto.from_dict({"ref_log_prob": log_probs})
+            seconds = time.perf_counter() - started
+        output = DataProto.from_dict({"ref_log_prob": log_probs})
+        output.meta_info["metrics"] = {**self._mfu("ref", data, seconds, passes=1), **self.ref_offload.take_timing("ref")}
+        return output
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
@@ -199,11 +215,17 @@ class ActorRolloutRefWorker(Worker):
         Returns no rows, only meta_info["metrics"]: actor/pg_loss, actor/pg_clipfrac, actor/ppo_kl,
         actor/pg_clipfrac_lower (vanilla loss), actor/entropy, actor/kl_loss and actor/kl_coef (with
         use_kl_loss), actor/grad_norm — one value per mini-batch step, already averaged over the
-        ranks — and actor/lr, the learning rate this update used.
+        ranks — and actor/lr, the learning rate this update used; perf/mfu/actor, the memory peaks since
+        the previous update (perf/max_memory_*_gb) and the offload/reload times.
         """
         self._require(self._is_actor, "update_actor", "actor")
         with self.actor_offload.loaded(optimizer=True):
+            started = time.perf_counter()
             metrics = self.actor.update_policy(self._at_rollout_temperature(data))
+            seconds = time.perf_counter() - started
+        metrics.update(self._mfu("actor", data, seconds, passes=3 * self.config.actor.ppo_epochs))
+        metrics.update(memory_metrics(self.device))
+        metrics.update(self.actor_offload.take_timing("actor"))
         metrics["actor/lr"] = self.actor_lr_scheduler.get_last_lr()[0]
         self.actor_lr_scheduler.step()
         return DataProto(meta_info={"metrics": metrics})
@@ -238,6 +260,12 @@ class ActorRolloutRefWorker(Worker):
         """`data` (same tensors) with meta_info["temperature"] = rollout.temperature."""
         return DataProto(data.batch, data.non_tensor_batch, {**data.meta_info,
                                                              "temperature": self.config.rollout.temperature})
+
+    def _mfu(self, name: str, data: DataProto, seconds: float, passes: float) -> dict[str, float]:
+        """perf/mfu/<name> over all ranks for `passes` forward-equivalents of this rank's rows (none on a CPU)."""
+        seqlens = data.batch["attention_mask"].sum(-1).tolist()
+        mfu = model_flops_utilization(hf_module(self.actor_module).config, seqlens, seconds, self.device, passes)
+        return {} if mfu is None else {f"perf/mfu/{name}": mfu}
 
     def _require(self, present: bool, method: str, part: str) -> None:
         if not present:

@@ -101,6 +101,13 @@ def reduce_metrics(metrics: dict[str, list | float]) -> dict[str, float]:
     return reduced
 
 
+def pop_worker_metrics(output: DataProto, metrics: dict[str, float]) -> DataProto:
+    """Move a worker group's own metrics (perf/*, timing_s/<part of the phase>) from output.meta_info into
+    `metrics`, averaged over the ranks; returns `output`, ready to be joined to the batch."""
+    metrics.update(reduce_metrics(output.meta_info.pop("metrics", {})))
+    return output
+
+
 def compute_validation_metrics(data_sources: np.ndarray, scores: torch.Tensor, n: int,
                                extra: dict[str, list] | None = None) -> dict[str, float]:
     """`val-core/{data_source}/reward/mean@n` (plus extras under val-aux) grouped by data source."""

@@ -32,6 +32,7 @@ from hybridrl.trainer.ppo.metric_utils import (
     compute_throughput_metrics,
     compute_timing_metrics,
     compute_validation_metrics,
+    pop_worker_metrics,
     reduce_metrics,
     timer,
 )
@@ -199,7 +200,7 @@ class RayPPOTrainer:
             prompts = prompts.repeat(rollout.n, interleave=True)
 
             with timer("gen", timing):
-                batch = batch.union(self.actor_rollout_wg.generate_sequences(prompts))
+                batch = batch.union(pop_worker_metrics(self.actor_rollout_wg.generate_sequences(prompts), metrics))
             batch.meta_info["temperature"] = rollout.temperature
             if self.config.trainer.balance_batch:  # equal tokens per rank in every pass below
                 metrics.update(balance_batch(batch, self.world_size))
@@ -213,11 +214,11 @@ class RayPPOTrainer:
                 metrics.update(_reward_extra_metrics(reward.get("reward_extra_info", {})))
 
             with timer("old_log_prob", timing):
-                batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
+                batch = batch.union(pop_worker_metrics(self.actor_rollout_wg.compute_log_prob(batch), metrics))
             metrics.update(compute_rollout_probs_diff(batch))
             if self.use_reference:
                 with timer("ref", timing):
-                    batch = batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
+                    batch = batch.union(pop_worker_metrics(self.actor_rollout_wg.compute_ref_log_prob(batch), metrics))
             if self.use_critic:
                 with timer("values", timing):
                     batch = batch.union(self.critic_wg.compute_values(batch))
@@ -263,7 +264,7 @@ class RayPPOTrainer:
             prompts.meta_info = self._generation_meta(validate=True)
             batch = batch.repeat(val_kwargs.n, interleave=True)
             prompts = prompts.repeat(val_kwargs.n, interleave=True)
-            batch = batch.union(self.actor_rollout_wg.generate_sequences(prompts))
+            batch = batch.union(pop_worker_metrics(self.actor_rollout_wg.generate_sequences(prompts), {}))
             if self.use_rm:
                 batch = batch.union(self.rm_wg.compute_rm_score(batch))
             reward = self.val_reward_fn(batch, return_dict=True)

@@ -70,6 +70,11 @@ class EngineDiedError(RuntimeError):
     """An SGLang engine process died; the message names it and its exit code."""
 
 
+class EngineMemoryError(RuntimeError):
+    """The engine cannot resume: the device has less free memory than the resume takes. Raised before trying,
+    since a resume that runs out of memory kills the engine's scheduler (torch_memory_saver: cudaError 2)."""
+
+
 @register_rollout("sglang")
 class SGLangRollout(BaseRollout):
     def __init__(self, config, model_config=None, module=None):
@@ -91,8 +96,9 @@ class SGLangRollout(BaseRollout):
         self.awake_tags = set(ALL_MEMORY_TAGS)
         self.generation_config = _generation_config(model_config.path)
         logger.info("sglang engine started in %.1f s with %s", self.engine_start_s, self.engine_kwargs)
+        self.resume_bytes: dict[str, int] = {}  # what resuming each tag takes from the device (measured below)
         if config.free_cache_engine:
-            self.release_memory()
+            self.resume_bytes = self._measure_resume_bytes()
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
@@ -141,6 +147,30 @@ class SGLangRollout(BaseRollout):
         if value is None:
             raise ValueError(f"generate_sequences needs meta_info[{key!r}] (the model's generation_config has none)")
         return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+    def _measure_resume_bytes(self) -> dict[str, int]:
+        """Release everything, then resume the weights and the rest once each, reading the device's free memory
+        around each step: the bytes a later resume of each tag will need (the switch checks them first). Ends
+        released, the state the worker rests in."""
+        def free_bytes() -> int:
+            torch.cuda.synchronize()
+            return torch.cuda.mem_get_info()[0]
+
+        self.release_memory()
+        released = free_bytes()
+        self.resume_memory(("weights",))
+        with_weights = free_bytes()
+        self.resume_memory(("kv_cache", "cuda_graph"))
+        awake = free_bytes()
+        self.release_memory()
+        return {"weights": max(released - with_weights, 0), "kv_cache+cuda_graph": max(with_weights - awake, 0)}
+
+    def bytes_to_resume(self, tags: tuple[str, ...]) -> int:
+        """Device bytes that resume_memory(tags) will take (0 when the engine never releases)."""
+        need = self.resume_bytes.get("weights", 0) if "weights" in tags else 0
+        if {"kv_cache", "cuda_graph"} & set(tags):
+            need += self.resume_bytes.get("kv_cache+cuda_graph", 0)
+        return need
 
     # ------------------------------------------------------------------ engine side (driven by the sharding manager)
     def release_memory(self) -> None:

@@ -18,3 +18,7 @@ class BaseShardingManager:
 
     def __exit__(self, exc_type, exc_value, traceback) -> None:
         return None
+
+    def switch_timing(self) -> dict[str, float]:
+        """The last switch's parts as timing_s/<part> metrics; none for a manager without parts worth timing."""
+        return {}

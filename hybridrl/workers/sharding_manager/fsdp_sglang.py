@@ -31,12 +31,13 @@ from torch import nn
 
 from hybridrl.utils.fsdp_utils import fsdp_root, hf_module, iter_hf_weights
 from hybridrl.utils.offload import FSDPOffload
-from hybridrl.workers.rollout.sglang_rollout import ALL_MEMORY_TAGS, EngineDiedError, SGLangRollout
+from hybridrl.workers.rollout.sglang_rollout import ALL_MEMORY_TAGS, EngineDiedError, EngineMemoryError, SGLangRollout
 from hybridrl.workers.sharding_manager.base import BaseShardingManager
 
 logger = logging.getLogger(__name__)
 
 GiB = 1 << 30
+RESUME_HEADROOM = 256 << 20  # CUDA contexts and allocation granularity: never resume into the last bytes
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -62,20 +63,40 @@ class FSDPSGLangShardingManager(BaseShardingManager):
         self._log_memory("trainer mode")
         wake_all_at_once = not self.config.multi_stage_wake_up
         if self.config.free_cache_engine:
-            self._timed("wake_weights", self.rollout.resume_memory,
-                        ALL_MEMORY_TAGS if wake_all_at_once else ("weights",))
+            self._resume("resume_weights", ALL_MEMORY_TAGS if wake_all_at_once else ("weights",))
             self._log_memory("engine weights resumed")
-        pushed = self._timed("sync_weights", self.sync_weights)
-        self.last_switch["sync_gbps"] = pushed / max(self.last_switch["sync_weights_s"], 1e-9) / 1e9
+        pushed = self._timed("update_weights", self.sync_weights)
+        self.last_switch["sync_gbps"] = pushed / max(self.last_switch["update_weights_s"], 1e-9) / 1e9
         self.last_switch["sync_gib"] = pushed / GiB
         if self.trainer_state is not None:
             self._timed("offload_trainer", self.trainer_state.park)
-        torch.cuda.empty_cache()  # the KV cache needs the memory our allocator keeps cached
         if self.config.free_cache_engine and not wake_all_at_once:
-            self._timed("wake_kv_cache", self.rollout.resume_memory, ("kv_cache", "cuda_graph"))
+            self._resume("resume_kv_cache", ("kv_cache", "cuda_graph"))
         self._timed("flush_cache", self.rollout.flush_cache)
         self._log_memory("rollout mode")
         return self
+
+    def _resume(self, stage: str, tags: tuple[str, ...]) -> None:
+        """Resume the engine's `tags` once the device has room for them, else fail now with the numbers.
+
+        The trainer's cached blocks go back to the device first (the engine allocates outside torch's
+        allocator). A resume that does not fit would kill the engine's scheduler with a CUDA OOM
+        (EngineDiedError, the run's real cause buried in its log); this names the cause and the keys instead.
+        """
+        torch.cuda.empty_cache()
+        need = self.rollout.bytes_to_resume(tags)
+        free, total = torch.cuda.mem_get_info(self.device)
+        if free < need + RESUME_HEADROOM:
+            raise EngineMemoryError(
+                f"rollout mode: resuming the sglang engine's {list(tags)} needs {need / GiB:.2f} GiB on {self.device}, "
+                f"but only {free / GiB:.2f} GiB of {total / GiB:.2f} GiB are free after the trainer returned its cached "
+                f"memory (the trainer holds {torch.cuda.memory_allocated(self.device) / GiB:.2f} GiB allocated). "
+                f"Make room: lower actor_rollout_ref.rollout.gpu_memory_utilization (now "
+                f"{self.config.gpu_memory_utilization}), lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu / "
+                f"ppo_micro_batch_size_per_gpu (activation peaks the allocator keeps), or set "
+                f"actor_rollout_ref.actor.fsdp_config.param_offload=true and optimizer_offload=true (the trainer's "
+                f"state waits in CPU memory during the rollout)")
+        self._timed(stage, self.rollout.resume_memory, tags)
 
     def sync_weights(self) -> int:
         """Push every full parameter into the engine, one flat bucket at a time; returns the bytes pushed.
@@ -109,7 +130,7 @@ class FSDPSGLangShardingManager(BaseShardingManager):
     def __exit__(self, exc_type, exc_value, traceback) -> None:
         try:
             if self.config.free_cache_engine:
-                self._timed("release", self.rollout.release_memory)
+                self._timed("release_engine", self.rollout.release_memory)
         except EngineDiedError:
             if exc_value is None:
                 raise
@@ -121,6 +142,12 @@ class FSDPSGLangShardingManager(BaseShardingManager):
             self._log_memory("trainer mode restored")
 
     # ------------------------------------------------------------------ timings and memory
+    def switch_timing(self) -> dict[str, float]:
+        """The last switch's stages as `timing_s/<stage>` metrics (resume_weights, update_weights, offload_trainer,
+        resume_kv_cache, flush_cache, release_engine, reload_trainer: whichever ran)."""
+        return {f"timing_s/{key[:-2]}": value for key, value in self.last_switch.items()
+                if key.endswith("_s") and "/" not in key}
+
     def _timed(self, stage: str, fn, *args):
         torch.cuda.synchronize()
         started = time.perf_counter()
