@@ -155,7 +155,12 @@ class DataParallelPPOActor:
         return mean_over_ranks(metrics, self.device)
 
     def _update_mini_batch(self, mini_batch: dict[str, torch.Tensor], temperature: float) -> dict[str, float]:
-        """Accumulate the micro-batch gradients, clip, step. Returns the mini-batch's metrics."""
+        """Accumulate the micro-batch gradients, clip, step. Returns the mini-batch's metrics.
+
+        A step whose global gradient norm is NaN/inf is skipped on every rank alike (the norm is global);
+        actor/grad_norm shows it, and the trainer counts such steps and stops the run after
+        trainer.max_consecutive_nonfinite_steps in a row (trainer/ppo/nonfinite_guard.py).
+        """
         self.actor_optimizer.zero_grad()
         batch_info = mini_batch_global_info(mini_batch["response_mask"], self.device)
         self.config.global_batch_info = batch_info  # what the policy loss aggregates by (losses.global_batch_info)

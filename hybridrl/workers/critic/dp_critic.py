@@ -92,6 +92,7 @@ class DataParallelPPOCritic:
         return mean_over_ranks(metrics, self.device)
 
     def _update_mini_batch(self, mini_batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Accumulate, clip, step; a NaN/inf global gradient norm skips the step, as in the actor."""
         self.critic_optimizer.zero_grad()
         batch_info = mini_batch_global_info(mini_batch["response_mask"], self.device)
         totals: dict[str, float] = defaultdict(float)
