@@ -45,7 +45,8 @@ def update_batch(vocab_size: int) -> DataProto:
 
 
 def configs(model_dir: str, mode: str, world_size: int, micro_batch: int):
-    overrides = [f"trainer.n_gpus_per_node={world_size}", f"actor_rollout_ref.model.path={model_dir}", "data.train_files=x.parquet", "data.val_files=x.parquet",
+    overrides = [f"trainer.n_gpus_per_node={world_size}", f"actor_rollout_ref.model.path={model_dir}",
+                 "data.train_files=x.parquet", "data.val_files=x.parquet",
                  "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
                  f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro_batch}",
                  f"actor_rollout_ref.actor.loss_agg_mode={mode}", "actor_rollout_ref.actor.entropy_coeff=0.01",

@@ -69,7 +69,7 @@ def test_remax_baseline_is_the_greedy_score_and_advantages_are_score_minus_basel
 
 
 def test_remax_learns_the_toy_task(ray_local, toy_task, tmp_path):
-    """30 ReMax steps must raise the share of "a" by 0.4 (it went 0.07 -> 0.80 when written; a wrong sign makes it fall)."""
+    """30 ReMax steps must raise the share of "a" by 0.4 (0.07 -> 0.80 when written; a wrong sign makes it fall)."""
     config = make_config(toy_task, str(tmp_path), "algorithm.adv_estimator=remax", f"actor_rollout_ref.rollout.n={N}",
                          "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
                          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",

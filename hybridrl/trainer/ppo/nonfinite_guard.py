@@ -13,10 +13,11 @@ Two kinds of event, checked after the phases of a training step:
 - A non-finite log-prob at a response position (compute_log_prob: old_log_probs; ref: ref_log_prob;
   likewise the critic's compute_values). This stops the run at once instead of being counted: no
   optimizer step was skipped that a later step could make up for. The forward pass of the current
-  (or the frozen reference) weights on this batch is itself broken: either the weights already hold NaN/inf, which every later step inherits,
-  or the forward overflows on these inputs; and every loss term that reads the value would be NaN,
-  so the update would only burn the skipped-step budget and then blame the gradient for what the
-  forward pass did. Stopping here names the phase that produced the first bad number.
+  (or the frozen reference) weights on this batch is itself broken: either the weights already hold
+  NaN/inf, which every later step inherits, or the forward overflows on these inputs; and every loss
+  term that reads the value would be NaN, so the update would only burn the skipped-step budget and
+  then blame the gradient for what the forward pass did. Stopping here names the phase that
+  produced the first bad number.
 
 Each error names the training step, the phase, what was not finite (with the batch keys that hold
 non-finite values at response positions, where there are any) and the likely causes.
@@ -109,7 +110,7 @@ class NonFiniteStepGuard:
 
 
 def check_finite_at_responses(batch: DataProto, key: str, phase: str, step: int) -> None:
-    """Raise NonFiniteTrainingError at once if batch[key] (a forward pass's output) is NaN/inf at a response position."""
+    """Raise NonFiniteTrainingError at once if batch[key] (a forward pass's output) is NaN/inf at a response."""
     mask = batch.batch["response_mask"].bool()
     bad = mask & ~torch.isfinite(batch.batch[key])
     if bad.any():
@@ -130,7 +131,8 @@ def _non_finite_loss_inputs(batch: DataProto) -> list[str]:
         per_token = values.dim() == 2  # (rows, response positions); reward_baselines has one value per row
         bad = ~torch.isfinite(values) & mask if per_token else ~torch.isfinite(values)
         if bad.any():
-            found.append(f"{key} at {int(bad.sum())} {'response positions' if per_token else 'rows'} (rows {_rows(bad)})")
+            where = "response positions" if per_token else "rows"
+            found.append(f"{key} at {int(bad.sum())} {where} (rows {_rows(bad)})")
     return found
 
 

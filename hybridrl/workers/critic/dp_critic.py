@@ -3,8 +3,8 @@
 Same batch plumbing as the actor (see workers/actor/dp_actor.py): a rank's rows are split into
 mini-batches (one optimizer step each) and micro-batches (gradients accumulated, each micro loss
 normalised by the counts of the whole global mini-batch, so neither the micro-batch size nor the
-number of data-parallel ranks changes the gradient). The model is a causal LM backbone with a one-output token-classification head.
-`use_dynamic_bsz` (token budgets `ppo_max_token_len_per_gpu` for updates,
+number of data-parallel ranks changes the gradient). The model is a causal LM backbone with a
+one-output token-classification head. `use_dynamic_bsz` (token budgets `ppo_max_token_len_per_gpu` for updates,
 `forward_max_token_len_per_gpu` for compute_values) and `model.use_remove_padding` work as in
 the actor.
 
