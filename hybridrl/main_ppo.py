@@ -44,6 +44,7 @@ from omegaconf import DictConfig
 from hybridrl.config import ConfigError, PPOConfig, validate_config
 from hybridrl.config.cli_errors import exit_with_config_errors, run_hydra_cli
 from hybridrl.config.preflight import check_before_start
+from hybridrl.trainer.ppo.nonfinite_guard import NonFiniteTrainingError
 from hybridrl.utils.default_assets import ensure_default_assets
 from hybridrl.utils.import_utils import load_extensions
 
@@ -63,7 +64,12 @@ def main(cfg: DictConfig) -> None:
         exit_with_config_errors(err.problems)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    summary = run_ppo(config)
+    try:
+        summary = run_ppo(config)
+    except NonFiniteTrainingError as err:  # a run that stopped learning: its reason as the last line, exit 1
+        ray.shutdown()
+        print(f"training stopped: {getattr(err, 'cause', err)}", file=sys.stderr, flush=True)
+        sys.exit(1)
     # Printed by the driver, not the actor, so that the last line is exactly `summary: <path>` (no Ray prefix);
     # shutting Ray down first lets the workers' last forwarded log lines arrive before it.
     ray.shutdown()

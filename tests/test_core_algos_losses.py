@@ -37,12 +37,12 @@ def _reference_agg(token_losses, mask, mode):
     rows = [[token_losses[(i, t)] for t in range(mask.shape[1]) if mask[i, t]] for i in range(mask.shape[0])]
     if mode == "token-mean":
         return math.fsum(token_losses.values()) / len(token_losses)
+    non_empty = [row for row in rows if row]  # a fully-masked row is in no mean
     if mode == "seq-mean-token-sum":
-        return math.fsum(math.fsum(row) for row in rows) / len(rows)
+        return math.fsum(math.fsum(row) for row in non_empty) / len(non_empty)
     if mode == "seq-mean-token-mean":
-        non_empty = [row for row in rows if row]
         return math.fsum(math.fsum(row) / len(row) for row in non_empty) / len(non_empty)
-    return math.fsum(token_losses.values()) / mask.shape[1]
+    return math.fsum(math.fsum(row) / mask.shape[1] for row in non_empty) / len(non_empty)
 
 
 def _floats(*tensors, at):
@@ -59,14 +59,31 @@ def test_agg_loss_matches_reference(mode):
 
 
 def test_agg_loss_literals_and_invalid_mode():
+    """The third row is fully masked: it is in no mean (verl leaves it out too); its 9s never count."""
     loss_mat = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [9.0, 9.0, 9.0]])
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])
     assert core_algos.agg_loss(loss_mat, mask, "token-mean").item() == pytest.approx(10 / 4)
-    assert core_algos.agg_loss(loss_mat, mask, "seq-mean-token-sum").item() == pytest.approx((6 + 4 + 0) / 3)
+    assert core_algos.agg_loss(loss_mat, mask, "seq-mean-token-sum").item() == pytest.approx((6 + 4) / 2)
     assert core_algos.agg_loss(loss_mat, mask, "seq-mean-token-mean").item() == pytest.approx((2 + 4) / 2)
-    assert core_algos.agg_loss(loss_mat, mask, "seq-mean-token-sum-norm").item() == pytest.approx(10 / 3)
+    assert core_algos.agg_loss(loss_mat, mask, "seq-mean-token-sum-norm").item() == pytest.approx((6 / 3 + 4 / 3) / 2)
     with pytest.raises(ValueError, match="'seq-mean-token-sum-norm'"):
         core_algos.agg_loss(loss_mat, mask, "sum")
+
+
+def test_agg_loss_with_global_counts_and_an_empty_batch():
+    """A micro-batch of one rank: its sum over the global count, times the number of ranks."""
+    loss_mat = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [9.0, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])
+    agg = core_algos.agg_loss
+    assert agg(loss_mat, mask, "token-mean", dp_size=2, batch_num_tokens=8).item() == pytest.approx(10 / 8 * 2)
+    assert agg(loss_mat, mask, "seq-mean-token-sum", dp_size=2, global_batch_size=5).item() == pytest.approx(10 / 5 * 2)
+    assert agg(loss_mat, mask, "seq-mean-token-mean", dp_size=4,
+               global_batch_size=8).item() == pytest.approx((2 + 4) / 8 * 4)
+    assert agg(loss_mat, mask, "seq-mean-token-sum-norm", global_batch_size=4,
+               loss_scale_factor=10).item() == pytest.approx((6 + 4) / 10 / 4)
+    empty = torch.zeros_like(mask)
+    for mode in MODES:  # nothing to learn from: 0, never NaN (even with a NaN under the padding)
+        assert agg(torch.full((3, 3), float("nan")), empty, mode).item() == 0.0
 
 
 def _reference_vanilla_token(old, new, advantage, eps_low, eps_high, clip_ratio_c):

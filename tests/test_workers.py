@@ -273,7 +273,7 @@ def fixed_update_batch(model_dir, tokenizer, weights) -> DataProto:
     prompts = make_prompts(tokenizer, (TEXTS * 3)[:16])
     generator = torch.Generator().manual_seed(0)
     responses = torch.randint(4, len(tokenizer), (16, RESPONSE_LENGTH), generator=generator)
-    lengths = torch.tensor([1, 8, 2, 7, 3, 6, 4, 5, 8, 1, 5, 2, 6, 3, 7, 4])
+    lengths = torch.tensor([1, 8, 2, 7, 3, 6, 4, 5, 2, 1, 3, 2, 1, 3, 2, 4])  # rank 0: 36 tokens, rank 1: 18
     response_mask = (torch.arange(RESPONSE_LENGTH) < lengths.unsqueeze(-1)).long()
     attention_mask = torch.cat([prompts.batch["attention_mask"], response_mask], dim=1)
     last = prompts.batch["position_ids"][:, -1:]
@@ -290,28 +290,29 @@ def fixed_update_batch(model_dir, tokenizer, weights) -> DataProto:
 
 
 def expected_grad_norm(model_dir, weights, batch: DataProto, config) -> float:
-    """By hand, in one process: each rank's loss over its 8 rows at once (token-mean), gradients averaged
-    over the 2 ranks as FSDP does, then the global L2 norm."""
+    """By hand, in one process: the loss of all 16 rows at once (token-mean over the response tokens of both
+    ranks' rows together), then the L2 norm of its gradient. The 2 ranks hold unequal token counts, so this
+    is what the globally normalised update must give, not the mean of the ranks' own token means."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.load_state_dict(weights)
-    for rank_rows in (slice(0, 8), slice(8, 16)):
-        rows = {key: value[rank_rows] for key, value in batch.batch.items()}
-        logits = model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
-                       position_ids=rows["position_ids"]).logits[:, -RESPONSE_LENGTH - 1:-1] / TEMPERATURE
-        log_prob = logprobs_from_logits(logits, rows["responses"])
-        mask = rows["response_mask"]
-        pg_loss, _ = get_policy_loss_fn("vanilla")(rows["old_log_probs"], log_prob, rows["advantages"], mask,
-                                                   "token-mean", config)
-        loss = (pg_loss - config.entropy_coeff * agg_loss(entropy_from_logits(logits), mask, "token-mean")
-                + config.kl_loss_coef * agg_loss(kl_penalty(log_prob, rows["ref_log_prob"], "low_var_kl"), mask,
-                                                 "token-mean"))
-        (loss / 2).backward()
+    rows = batch.batch
+    logits = model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
+                   position_ids=rows["position_ids"]).logits[:, -RESPONSE_LENGTH - 1:-1] / TEMPERATURE
+    log_prob = logprobs_from_logits(logits, rows["responses"])
+    mask = rows["response_mask"]
+    pg_loss, _ = get_policy_loss_fn("vanilla")(rows["old_log_probs"], log_prob, rows["advantages"], mask,
+                                               "token-mean", config)
+    loss = (pg_loss - config.entropy_coeff * agg_loss(entropy_from_logits(logits), mask, "token-mean")
+            + config.kl_loss_coef * agg_loss(kl_penalty(log_prob, rows["ref_log_prob"], "low_var_kl"), mask,
+                                             "token-mean"))
+    loss.backward()
     return torch.sqrt(sum((p.grad ** 2).sum() for p in model.parameters() if p.grad is not None)).item()
 
 
 def test_micro_batch_1_and_4_give_the_same_update(groups, tiny):
-    """THE numeric test: one mini-batch step per rank (8 rows), micro-batches of 1 vs 4 rows with unequal
-    token counts; the gradient (its norm, checked against a by-hand value) and the new weights must agree."""
+    """THE numeric test: one mini-batch step per rank (8 rows; rank 0 holds 36 response tokens, rank 1 18),
+    micro-batches of 1 vs 4 rows with unequal token counts; the gradient (its norm, checked against the
+    by-hand gradient of the global token mean) and the new weights must agree."""
     model_dir, tokenizer = tiny
     start = groups["mb1"].actor_weights()[0]
     batch = fixed_update_batch(model_dir, tokenizer, start)

@@ -1,5 +1,5 @@
 """Worker building blocks that need no process group: rollout registry and user classes, EOS masks,
-LR schedules, and the micro-batch loss shares that make gradient accumulation exact."""
+LR schedules, and the global loss normalisation that makes gradient accumulation and data parallelism exact."""
 import textwrap
 
 import pytest
@@ -9,7 +9,6 @@ from hybridrl.config.compose import compose_config
 from hybridrl.config.validation import validate_config
 from hybridrl.trainer.ppo.core_algos import agg_loss
 from hybridrl.utils.fsdp_utils import build_lr_scheduler, warmup_steps
-from hybridrl.workers.actor.dp_actor import aggregation_weight, share_of
 from hybridrl.workers.rollout import (BaseRollout, HFRollout, build_rollout, get_rollout_class, load_rollout_class,
                                       register_rollout)
 from hybridrl.workers.rollout.hf_rollout import mask_through_first_eos
@@ -128,15 +127,19 @@ def test_cosine_schedule_decays_to_min_lr_ratio():
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                                   "seq-mean-token-sum-norm"])
-def test_micro_losses_scaled_by_their_share_add_up_to_the_mini_batch_loss(mode):
-    """The rule update_policy relies on: sum over micro-batches of agg_loss(micro) * share = agg_loss(mini),
-    for micro-batches with different token counts (and one empty row)."""
+def test_micro_losses_with_global_counts_add_up_to_the_mini_batch_loss(mode):
+    """The rule update_policy relies on: split the mini-batch over R ranks, each rank into micro-batches,
+    aggregate each micro-batch with the global counts and dp_size=R, sum per rank, average over the ranks
+    (what FSDP does to the gradients): that is agg_loss of the whole mini-batch, for unequal token counts
+    and a fully-masked row."""
     generator = torch.Generator().manual_seed(0)
-    losses = torch.randn(6, 5, generator=generator)
-    mask = (torch.arange(5) < torch.tensor([1, 5, 0, 3, 2, 4]).unsqueeze(-1)).long()
+    losses = torch.randn(8, 5, generator=generator)
+    mask = (torch.arange(5) < torch.tensor([1, 5, 0, 3, 2, 4, 5, 1]).unsqueeze(-1)).long()
     whole = agg_loss(losses, mask, mode)
-    for size in (1, 2, 4):
-        accumulated = sum(agg_loss(losses[i:i + size], mask[i:i + size], mode)
-                          * share_of(aggregation_weight(mask[i:i + size], mode), aggregation_weight(mask, mode))
-                          for i in range(0, 6, size))
-        assert accumulated.item() == pytest.approx(whole.item(), rel=1e-6)
+    info = {"batch_num_tokens": float(mask.sum()), "global_batch_size": float((mask.sum(-1) > 0).sum())}
+    for ranks, micro_size in ((1, 1), (1, 8), (2, 1), (2, 3), (4, 2)):
+        rank_rows = torch.arange(8).chunk(ranks)
+        rank_sums = [sum(agg_loss(losses[rows[i:i + micro_size]], mask[rows[i:i + micro_size]], mode,
+                                  dp_size=ranks, **info) for i in range(0, len(rows), micro_size))
+                     for rows in rank_rows]
+        assert (sum(rank_sums) / ranks).item() == pytest.approx(whole.item(), rel=1e-6)

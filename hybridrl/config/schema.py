@@ -410,6 +410,7 @@ class TrainerConfig(ConfigNode):
     val_before_train: bool
     val_only: bool
     critic_warmup: int = at_least(0)
+    max_consecutive_nonfinite_steps: int = positive()
     seed: int
     resume_mode: Literal["auto", "disable", "resume_path"]
     resume_from_path: Optional[str]

@@ -26,7 +26,7 @@ from hybridrl.trainer.ppo.losses import (POLICY_LOSS_REGISTRY, agg_loss, compute
                                          compute_policy_loss_clip_cov, compute_policy_loss_gpg,
                                          compute_policy_loss_gspo, compute_policy_loss_kl_cov,
                                          compute_policy_loss_vanilla, compute_value_loss, get_policy_loss_fn,
-                                         register_policy_loss)
+                                         global_batch_info, register_policy_loss)
 from hybridrl.utils.torch_functional import masked_whiten
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ __all__ = [
     "compute_reinforce_plus_plus_baseline_outcome_advantage", "compute_remax_outcome_advantage",
     "compute_opo_outcome_advantage",
     # losses (losses.py)
-    "agg_loss", "POLICY_LOSS_REGISTRY", "register_policy_loss", "get_policy_loss_fn", "compute_policy_loss_vanilla",
+    "agg_loss", "global_batch_info", "POLICY_LOSS_REGISTRY", "register_policy_loss", "get_policy_loss_fn", "compute_policy_loss_vanilla",
     "compute_policy_loss_gspo", "compute_policy_loss_gpg", "compute_policy_loss_clip_cov",
     "compute_policy_loss_kl_cov", "compute_value_loss", "compute_entropy_loss",
     # KL (kl.py)

@@ -10,6 +10,13 @@ Every policy loss has the signature
     fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None)
         -> (pg_loss: 0-dim Tensor, metrics: dict[str, float | 0-dim Tensor])
 
+and aggregates its per-token loss with
+`agg_loss(loss_mat, response_mask, loss_agg_mode, **global_batch_info(config))` (verl writes
+`**config.global_batch_info`, the same dict): inside the actor's update that normalises the
+micro-batch by the counts of the whole global mini-batch, which is what keeps the gradient the same
+for any data-parallel size and micro-batch size (see `agg_loss`). A loss that aggregates on its own
+counts instead trains with a gradient that depends on how the batch was split.
+
 The built-in losses return metrics as detached 0-dim tensors (no device sync here; the caller turns
 them into floats when it logs). `config` is any object with these attributes (the actor config):
 
@@ -34,27 +41,59 @@ PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
 POLICY_LOSS_REGISTRY: dict[str, PolicyLossFn] = {}
 
 
-def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
-    """Reduce a (batch, length) loss matrix to a scalar.
+def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str, dp_size: int = 1,
+             batch_num_tokens: float | torch.Tensor | None = None,
+             global_batch_size: float | torch.Tensor | None = None,
+             loss_scale_factor: float | None = None) -> torch.Tensor:
+    """Reduce a (batch, length) loss matrix to a scalar, normalised over the whole global batch.
 
-    token-mean               mean over all masked tokens of the batch (long answers weigh more)
-    seq-mean-token-sum       per-sequence sum, then mean over sequences
-    seq-mean-token-mean      per-sequence mean, then mean over sequences (fully-masked rows are left out)
-    seq-mean-token-sum-norm  sum over all tokens / response_length, a constant divisor (Dr.GRPO)
+    token-mean               sum over the masked tokens / batch_num_tokens (long answers weigh more)
+    seq-mean-token-sum       per-sequence token sum, then mean over the sequences that have a token
+    seq-mean-token-mean      per-sequence token mean, then mean over the sequences that have a token
+    seq-mean-token-sum-norm  per-sequence token sum / loss_scale_factor (default: the padded response
+                             length, a constant), then mean over the sequences that have a token (Dr.GRPO)
+
+    A fully-masked row (no response token) is left out of every mean: it has no loss to average.
+
+    The same signature as verl's. Called on a whole batch with the defaults, every count is this
+    batch's own. Called on one rank's micro-batch, `batch_num_tokens` (token-mean) or
+    `global_batch_size` (the seq-mean modes: sequences with a token) is the count over the whole
+    mini-batch on all data-parallel ranks, and `dp_size` the number of ranks: the result is then this
+    micro-batch's share of the global loss times dp_size, so that summing it over micro-batches and
+    letting FSDP average the gradients over the ranks gives exactly the gradient of the loss of the
+    whole global mini-batch at once, whatever the data-parallel size or micro-batching. A global count
+    of 0 (nothing to learn from) gives a loss of 0.
     """
-    mask = loss_mask.to(loss_mat.dtype)
+    mask = loss_mask.bool()
+    token_losses = torch.where(mask, loss_mat, torch.zeros_like(loss_mat))  # a NaN under padding stays out
     if loss_agg_mode == "token-mean":
-        return masked_mean(loss_mat, mask)
-    seq_sums = (loss_mat * mask).sum(dim=-1)
-    if loss_agg_mode == "seq-mean-token-sum":
-        return seq_sums.mean()
+        count = mask.sum() if batch_num_tokens is None else batch_num_tokens
+        return token_losses.sum() / _at_least_one(count) * dp_size
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg_mode={loss_agg_mode!r} is not one of {list(LOSS_AGG_MODES)}")
+    tokens_per_seq = mask.sum(dim=-1)
+    seq_losses = token_losses.sum(dim=-1)
     if loss_agg_mode == "seq-mean-token-mean":
-        tokens_per_seq = mask.sum(dim=-1)
-        has_tokens = (tokens_per_seq > 0).to(loss_mat.dtype)
-        return masked_mean(seq_sums / tokens_per_seq.clamp(min=1e-8), has_tokens)
-    if loss_agg_mode == "seq-mean-token-sum-norm":
-        return seq_sums.sum() / loss_mask.shape[-1]
-    raise ValueError(f"loss_agg_mode={loss_agg_mode!r} is not one of {list(LOSS_AGG_MODES)}")
+        seq_losses = seq_losses / tokens_per_seq.clamp(min=1)
+    elif loss_agg_mode == "seq-mean-token-sum-norm":
+        seq_losses = seq_losses / (loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor)
+    count = (tokens_per_seq > 0).sum() if global_batch_size is None else global_batch_size
+    return seq_losses.sum() / _at_least_one(count) * dp_size  # an empty row's sum is 0: it adds nothing
+
+
+def _at_least_one(count: float | torch.Tensor) -> float | torch.Tensor:
+    """A divisor for a count that may be 0 (then the sum it divides is 0 as well)."""
+    return count.clamp(min=1) if isinstance(count, torch.Tensor) else max(count, 1)
+
+
+def global_batch_info(config: Any) -> dict[str, Any]:
+    """The keyword arguments of `agg_loss` that make a micro-batch's loss a share of the global loss.
+
+    The actor sets `config.global_batch_info` (as verl does) for each mini-batch it updates on:
+    dp_size, batch_num_tokens and global_batch_size over all data-parallel ranks. Outside an update
+    (a loss called on a whole batch) there is none, and the loss aggregates over what it is given.
+    """
+    return getattr(config, "global_batch_info", None) or {}
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
@@ -116,7 +155,7 @@ def compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mas
         "actor/ppo_kl": masked_mean(-log_ratio, response_mask).detach(),
         "actor/pg_clipfrac_lower": masked_mean(dual_clipped.float(), response_mask).detach(),
     }
-    return agg_loss(pg_losses, response_mask, loss_agg_mode), metrics
+    return agg_loss(pg_losses, response_mask, loss_agg_mode, **global_batch_info(config)), metrics
 
 
 @register_policy_loss("gspo")
@@ -142,7 +181,7 @@ def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask,
         "actor/pg_clipfrac": masked_mean((clipped > unclipped).float(), response_mask).detach(),
         "actor/ppo_kl": masked_mean(-log_ratio, response_mask).detach(),
     }
-    return agg_loss(pg_losses, response_mask, loss_agg_mode), metrics
+    return agg_loss(pg_losses, response_mask, loss_agg_mode, **global_batch_info(config)), metrics
 
 
 @register_policy_loss("gpg")
@@ -151,7 +190,7 @@ def compute_policy_loss_gpg(old_log_prob, log_prob, advantages, response_mask,
     """GPG: plain policy gradient -A * log pi, no ratio and no clip (Chu et al., 2025)."""
     pg_losses = -advantages * log_prob
     metrics = {"actor/ppo_kl": masked_mean(old_log_prob - log_prob, response_mask).detach()}
-    return agg_loss(pg_losses, response_mask, loss_agg_mode), metrics
+    return agg_loss(pg_losses, response_mask, loss_agg_mode, **global_batch_info(config)), metrics
 
 
 @register_policy_loss("clip_cov")
@@ -186,7 +225,7 @@ def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_ma
         "actor/pg_clipfrac": masked_mean((keep == 0).float(), response_mask).detach(),
         "actor/ppo_kl": masked_mean(-log_ratio, response_mask).detach(),
     }
-    return agg_loss(pg_losses, response_mask, loss_agg_mode), metrics
+    return agg_loss(pg_losses, response_mask, loss_agg_mode, **global_batch_info(config)), metrics
 
 
 @register_policy_loss("kl_cov")
@@ -216,17 +255,22 @@ def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask
         "actor/pg_clipfrac": masked_mean(penalised, response_mask).detach(),
         "actor/ppo_kl": masked_mean(-log_ratio, response_mask).detach(),
     }
-    return agg_loss(pg_losses, response_mask, loss_agg_mode), metrics
+    return agg_loss(pg_losses, response_mask, loss_agg_mode, **global_batch_info(config)), metrics
 
 
 def compute_value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values: torch.Tensor,
-                       response_mask: torch.Tensor, cliprange_value: float,
-                       loss_agg_mode: str = "token-mean") -> tuple[torch.Tensor, torch.Tensor]:
-    """Clipped value loss 0.5 * max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2), and the clipped fraction."""
+                       response_mask: torch.Tensor, cliprange_value: float, loss_agg_mode: str = "token-mean",
+                       global_batch_info: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped value loss 0.5 * max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2), and the clipped fraction.
+
+    global_batch_info: agg_loss's dp_size / batch_num_tokens / global_batch_size for a micro-batch of a
+    data-parallel update (the critic passes them; None aggregates over the rows given).
+    """
     vpred_clipped = clip_by_value(vpreds, values - cliprange_value, values + cliprange_value)
     unclipped_error = (vpreds - returns) ** 2
     clipped_error = (vpred_clipped - returns) ** 2
-    vf_loss = 0.5 * agg_loss(torch.maximum(unclipped_error, clipped_error), response_mask, loss_agg_mode)
+    vf_loss = 0.5 * agg_loss(torch.maximum(unclipped_error, clipped_error), response_mask, loss_agg_mode,
+                             **(global_batch_info or {}))
     vf_clipfrac = masked_mean((clipped_error > unclipped_error).float(), response_mask)
     return vf_loss, vf_clipfrac
 

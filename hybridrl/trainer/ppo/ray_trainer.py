@@ -2,8 +2,10 @@
 
 `fit()` is the algorithm, top to bottom: sample prompts, generate `n` responses each, score them,
 compute old / reference log-probs and values, turn scores into advantages, update the critic and
-the actor. The controller owns the loop and the small per-token tensors; the worker groups own
-every model (see workers/). Nothing here touches a weight.
+the actor (ReMax first generates each prompt greedily too: its score is the baseline). Numbers that
+are not finite stop the run with a reason instead of training on without learning
+(nonfinite_guard.py). The controller owns the loop and the small per-token tensors; the worker
+groups own every model (see workers/). Nothing here touches a weight.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from hybridrl.trainer.ppo.metric_utils import (
     reduce_metrics,
     timer,
 )
+from hybridrl.trainer.ppo.nonfinite_guard import NonFiniteStepGuard, check_finite_at_responses
 from hybridrl.utils.dataset import create_rl_dataset, make_dataloader
 from hybridrl.utils.progress import ProgressReporter
 from hybridrl.utils.seqlen_balancing import balance_batch
@@ -70,6 +73,7 @@ class RayPPOTrainer:
         self.device = resolve_device(config.trainer.device)
         self.world_size = config.trainer.nnodes * config.trainer.n_gpus_per_node
 
+        self.nonfinite_guard = NonFiniteStepGuard(config.trainer.max_consecutive_nonfinite_steps, self.world_size)
         self.train_dataloader, self.val_dataloader = self._create_dataloaders()
         self.total_training_steps = self._total_training_steps()
         # The LR schedules need the run length; workers read it from their optim config.
@@ -196,6 +200,9 @@ class RayPPOTrainer:
             batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
             prompts = batch.pop(batch_keys=GEN_KEYS)
             prompts.meta_info = self._generation_meta(validate=False)
+            if self.config.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX:
+                with timer("gen_max", timing):
+                    batch.batch["reward_baselines"] = self._greedy_baseline_scores(batch, prompts)
             batch = batch.repeat(rollout.n, interleave=True)
             prompts = prompts.repeat(rollout.n, interleave=True)
 
@@ -215,13 +222,16 @@ class RayPPOTrainer:
 
             with timer("old_log_prob", timing):
                 batch = batch.union(pop_worker_metrics(self.actor_rollout_wg.compute_log_prob(batch), metrics))
+            check_finite_at_responses(batch, "old_log_probs", "compute_log_prob", self.global_steps)
             metrics.update(compute_rollout_probs_diff(batch))
             if self.use_reference:
                 with timer("ref", timing):
                     batch = batch.union(pop_worker_metrics(self.actor_rollout_wg.compute_ref_log_prob(batch), metrics))
+                check_finite_at_responses(batch, "ref_log_prob", "ref", self.global_steps)
             if self.use_critic:
                 with timer("values", timing):
                     batch = batch.union(self.critic_wg.compute_values(batch))
+                check_finite_at_responses(batch, "values", "compute_values", self.global_steps)
 
             with timer("adv", timing):
                 if self.use_kl_in_reward:
@@ -238,10 +248,14 @@ class RayPPOTrainer:
             if self.use_critic:
                 with timer("update_critic", timing):
                     critic_out = self.critic_wg.update_critic(batch)
+                metrics.update(self.nonfinite_guard.after_update("update_critic", critic_out.meta_info["metrics"],
+                                                                 batch, self.global_steps))
                 metrics.update(reduce_metrics(critic_out.meta_info["metrics"]))
             if self.global_steps > self.config.trainer.critic_warmup:
                 with timer("update_actor", timing):
                     actor_out = self.actor_rollout_wg.update_actor(batch)
+                metrics.update(self.nonfinite_guard.after_update("update_actor", actor_out.meta_info["metrics"],
+                                                                 batch, self.global_steps))
                 metrics.update(reduce_metrics(actor_out.meta_info["metrics"]))
 
         metrics["training/global_step"] = self.global_steps
@@ -253,6 +267,16 @@ class RayPPOTrainer:
             dump_generations(self.config.trainer.rollout_data_dir, self.global_steps,
                              decode_generations(self.tokenizer, batch, scores))
         return metrics
+
+    def _greedy_baseline_scores(self, batch: DataProto, prompts: DataProto) -> torch.Tensor:
+        """ReMax's baseline (verl's REMAX branch), one per prompt: the sequence score of the prompt's greedy
+        response (do_sample=False, same weights as the sampled ones), scored as a sampled response is."""
+        greedy_prompts = prompts.select()
+        greedy_prompts.meta_info = {**prompts.meta_info, "do_sample": False}
+        greedy = batch.select().union(pop_worker_metrics(self.actor_rollout_wg.generate_sequences(greedy_prompts), {}))
+        if self.use_rm:
+            greedy = greedy.union(self.rm_wg.compute_rm_score(greedy))
+        return self.reward_fn(greedy, return_dict=True)["reward_tensor"].sum(dim=-1)
 
     def _validate(self) -> dict[str, float]:
         """Generate with `rollout.val_kwargs` (greedy by default) on the whole validation set and score it."""

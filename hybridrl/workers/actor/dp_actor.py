@@ -6,18 +6,19 @@ averages gradients over the ranks during backward. Within a rank:
     batch --(ppo_epochs x [shuffle], split)--> mini-batches, one optimizer step each
     mini-batch --(split)--> micro-batches, one forward/backward each, gradients accumulated
 
-Gradient accumulation is exact: each micro-batch's loss is multiplied by its share of the
-mini-batch's aggregation weight, so the accumulated gradient equals the gradient of the loss
-aggregated over the whole mini-batch at once, whatever the micro-batch size. The weight is what
-`loss_agg_mode` divides by (see `aggregation_weight`): for token-mean the number of response
-tokens (a micro-batch of long answers counts more than one of short answers, exactly as in the
-full mini-batch token mean), for the seq-mean modes the number of sequences, and none for
-seq-mean-token-sum-norm, whose constant divisor makes the loss a plain sum over micro-batches.
+The loss is invariant to the data-parallel size and to micro-batching: before a mini-batch's
+micro-batches run, one all-reduce counts its response tokens and its sequences that have a response
+over all ranks (`mini_batch_global_info`), and every micro-batch aggregates its loss by those global
+counts times the number of ranks (`agg_loss`'s batch_num_tokens / global_batch_size / dp_size, as
+in verl; the policy loss reads them from `config.global_batch_info`). Summing the micro-batch
+gradients and FSDP's average over the ranks then give exactly the gradient of the loss of the whole
+global mini-batch at once: for token-mean every response token weighs the same whichever rank or
+micro-batch holds it, for the seq-mean modes every sequence with a response does.
 
 Micro-batches are either `ppo_micro_batch_size_per_gpu` consecutive rows or, with `use_dynamic_bsz`,
 token-budget groups of at most `ppo_max_token_len_per_gpu` attended tokens, balanced by length
 (utils/seqlen_balancing.rearrange_micro_batches; the ranks agree on their number, since FSDP runs
-collectives in every forward). The share-of-weight scaling above is what keeps both exact; a
+collectives in every forward). The global normalisation above keeps both exact; a
 forward pass puts the rows back in their order with the reverse index. With `use_remove_padding`
 each micro-batch runs as one packed row of its real tokens (utils/padding.py). With `use_fused_kernels`
 the output layer is fused into the log-prob computation, so no full-vocabulary logits are ever held
@@ -155,20 +156,23 @@ class DataParallelPPOActor:
         return mean_over_ranks(metrics, self.device)
 
     def _update_mini_batch(self, mini_batch: dict[str, torch.Tensor], temperature: float) -> dict[str, float]:
-        """Accumulate the micro-batch gradients, clip, step. Returns the mini-batch's metrics."""
+        """Accumulate the micro-batch gradients, clip, step. Returns the mini-batch's metrics.
+
+        A step whose global gradient norm is NaN/inf is skipped on every rank alike (the norm is global);
+        actor/grad_norm shows it, and the trainer counts such steps and stops the run after
+        trainer.max_consecutive_nonfinite_steps in a row (trainer/ppo/nonfinite_guard.py).
+        """
         self.actor_optimizer.zero_grad()
-        mode = self.config.loss_agg_mode
-        mini_weight = aggregation_weight(mini_batch["response_mask"], mode)
-        mini_tokens = mini_batch["response_mask"].sum()
+        batch_info = mini_batch_global_info(mini_batch["response_mask"], self.device)
+        self.config.global_batch_info = batch_info  # what the policy loss aggregates by (losses.global_batch_info)
         totals: dict[str, float] = defaultdict(float)
         for micro_batch in micro_batches_of(mini_batch, self.micro_batch_size, self.max_token_len)[0]:
-            loss_share = share_of(aggregation_weight(micro_batch["response_mask"], mode), mini_weight)
-            token_share = share_of(micro_batch["response_mask"].sum(), mini_tokens)
-            loss, loss_terms, token_metrics = self._micro_batch_loss(micro_batch, temperature)
-            (loss * loss_share).backward()
-            for key, value in loss_terms.items():
-                totals[key] += float(value) * loss_share
-            for key, value in token_metrics.items():
+            loss, loss_terms, token_metrics = self._micro_batch_loss(micro_batch, temperature, batch_info)
+            loss.backward()
+            token_share = share_of_global_tokens(micro_batch["response_mask"], batch_info)
+            for key, value in loss_terms.items():  # already shares of the global loss: they add up
+                totals[key] += float(value)
+            for key, value in token_metrics.items():  # token means of the micro-batch, weighted by its tokens
                 totals[key] += float(value) * token_share
         grad_norm = clip_grad_norm(self.actor_module, self.config.grad_clip)
         if torch.isfinite(torch.tensor(grad_norm)):
@@ -180,9 +184,11 @@ class DataParallelPPOActor:
             totals["actor/kl_coef"] = float(self.config.kl_loss_coef)
         return dict(totals)
 
-    def _micro_batch_loss(self, micro_batch: dict[str, torch.Tensor], temperature: float
+    def _micro_batch_loss(self, micro_batch: dict[str, torch.Tensor], temperature: float,
+                          batch_info: dict[str, float]
                           ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, Any]]:
-        """(loss, its aggregated terms, token-mean metrics of the policy loss) for one micro-batch."""
+        """(loss, its aggregated terms, token-mean metrics of the policy loss) for one micro-batch; the loss
+        and its terms are this micro-batch's share of the global mini-batch's loss (times dp_size)."""
         config, mode = self.config, self.config.loss_agg_mode
         entropy_in_loss = config.entropy_coeff != 0  # else the entropy is only reported
         log_prob, entropy = self._forward_micro_batch(micro_batch, temperature, calculate_entropy=True,
@@ -192,12 +198,12 @@ class DataParallelPPOActor:
             old_log_prob=micro_batch["old_log_probs"].to(self.device), log_prob=log_prob,
             advantages=micro_batch["advantages"].to(self.device), response_mask=response_mask,
             loss_agg_mode=mode, config=config)
-        entropy_loss = agg_loss(entropy, response_mask, mode)
+        entropy_loss = agg_loss(entropy, response_mask, mode, **batch_info)
         loss = pg_loss - config.entropy_coeff * entropy_loss if entropy_in_loss else pg_loss
         terms = {"actor/pg_loss": pg_loss.detach(), "actor/entropy": entropy_loss.detach()}
         if config.use_kl_loss:
             kl = kl_penalty(log_prob, micro_batch["ref_log_prob"].to(self.device), config.kl_loss_type)
-            kl_loss = agg_loss(kl, response_mask, mode)
+            kl_loss = agg_loss(kl, response_mask, mode, **batch_info)
             loss = loss + config.kl_loss_coef * kl_loss
             terms["actor/kl_loss"] = kl_loss.detach()
         return loss, terms, pg_metrics
@@ -215,24 +221,25 @@ def rows_per_rank(mini_batch_prompts: int, rollout_n: int, key: str) -> int:
     return rows // world_size
 
 
-def aggregation_weight(response_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor | None:
-    """What `agg_loss` divides by for these rows (None: a constant divisor, the loss adds up over rows)."""
-    if loss_agg_mode == "token-mean":
-        return response_mask.sum()
-    if loss_agg_mode == "seq-mean-token-sum":
-        return torch.tensor(len(response_mask))
-    if loss_agg_mode == "seq-mean-token-mean":
-        return (response_mask.sum(dim=-1) > 0).sum()
-    if loss_agg_mode == "seq-mean-token-sum-norm":
-        return None
-    raise ValueError(f"loss_agg_mode={loss_agg_mode!r} has no known aggregation weight")
+def mini_batch_global_info(response_mask: torch.Tensor, device: torch.device) -> dict[str, float]:
+    """agg_loss's global counts for the mini-batch that all data-parallel ranks step on together.
+
+    dp_size: the number of ranks; batch_num_tokens: response tokens on all ranks; global_batch_size:
+    sequences with at least one response token on all ranks (fully-masked rows are in no mean).
+    One all-reduce; every rank must call it for every mini-batch.
+    """
+    counts = torch.stack([response_mask.sum(), (response_mask.sum(dim=-1) > 0).sum()]).to(device, torch.float64)
+    dp_size = dist.get_world_size() if dist.is_initialized() else 1
+    if dp_size > 1:
+        dist.all_reduce(counts)
+    tokens, sequences = counts.tolist()
+    return {"dp_size": dp_size, "batch_num_tokens": tokens, "global_batch_size": sequences}
 
 
-def share_of(part: torch.Tensor | None, whole: torch.Tensor | None) -> float:
-    """part / whole as a float; 1 for an additive loss (no weight); 0 when the whole is empty."""
-    if whole is None:
-        return 1.0
-    return float(part) / float(whole) if float(whole) > 0 else 0.0
+def share_of_global_tokens(response_mask: torch.Tensor, batch_info: dict[str, float]) -> float:
+    """This micro-batch's response tokens / the global mini-batch's, times dp_size: the weight that makes a
+    token-mean metric summed over micro-batches, then averaged over the ranks, the global token mean."""
+    return float(response_mask.sum()) / max(batch_info["batch_num_tokens"], 1) * batch_info["dp_size"]
 
 
 def mean_over_ranks(metrics: dict[str, list[float]], device: torch.device) -> dict[str, list[float]]:

@@ -2,9 +2,9 @@
 
 Same batch plumbing as the actor (see workers/actor/dp_actor.py): a rank's rows are split into
 mini-batches (one optimizer step each) and micro-batches (gradients accumulated, each micro loss
-scaled by its share of the mini-batch's aggregation weight, so the micro-batch size never changes
-the gradient). The model is a causal LM backbone with a one-output token-classification head.
-`use_dynamic_bsz` (token budgets `ppo_max_token_len_per_gpu` for updates,
+normalised by the counts of the whole global mini-batch, so neither the micro-batch size nor the
+number of data-parallel ranks changes the gradient). The model is a causal LM backbone with a
+one-output token-classification head. `use_dynamic_bsz` (token budgets `ppo_max_token_len_per_gpu` for updates,
 `forward_max_token_len_per_gpu` for compute_values) and `model.use_remove_padding` work as in
 the actor.
 
@@ -26,8 +26,8 @@ from hybridrl.utils.distributed import device_name
 from hybridrl.utils.fsdp_utils import clip_grad_norm
 from hybridrl.utils.padding import response_values_packed
 from hybridrl.utils.torch_functional import masked_mean
-from hybridrl.workers.actor.dp_actor import (aggregation_weight, in_row_order, mean_over_ranks, micro_batches_of,
-                                             rows_per_rank, share_of, take_keys)
+from hybridrl.workers.actor.dp_actor import (in_row_order, mean_over_ranks, micro_batches_of, mini_batch_global_info,
+                                             rows_per_rank, share_of_global_tokens, take_keys)
 
 FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
 
@@ -93,23 +93,22 @@ class DataParallelPPOCritic:
         return mean_over_ranks(metrics, self.device)
 
     def _update_mini_batch(self, mini_batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Accumulate, clip, step; a NaN/inf global gradient norm skips the step, as in the actor."""
         self.critic_optimizer.zero_grad()
-        mode = self.config.loss_agg_mode
-        mini_weight = aggregation_weight(mini_batch["response_mask"], mode)
-        mini_tokens = mini_batch["response_mask"].sum()
+        batch_info = mini_batch_global_info(mini_batch["response_mask"], self.device)
         totals: dict[str, float] = defaultdict(float)
         for micro_batch in micro_batches_of(mini_batch, self.config.ppo_micro_batch_size_per_gpu,
                                             self.max_token_len)[0]:
-            loss_share = share_of(aggregation_weight(micro_batch["response_mask"], mode), mini_weight)
-            token_share = share_of(micro_batch["response_mask"].sum(), mini_tokens)
+            token_share = share_of_global_tokens(micro_batch["response_mask"], batch_info)
             response_mask = micro_batch["response_mask"].to(self.device)
             vpreds = self._forward_micro_batch(micro_batch)
             vf_loss, vf_clipfrac = compute_value_loss(
                 vpreds=vpreds, returns=micro_batch["returns"].to(self.device),
                 values=micro_batch["values"].to(self.device), response_mask=response_mask,
-                cliprange_value=self.config.cliprange_value, loss_agg_mode=mode)
-            (vf_loss * loss_share).backward()
-            totals["critic/vf_loss"] += float(vf_loss.detach()) * loss_share
+                cliprange_value=self.config.cliprange_value, loss_agg_mode=self.config.loss_agg_mode,
+                global_batch_info=batch_info)
+            vf_loss.backward()
+            totals["critic/vf_loss"] += float(vf_loss.detach())  # a share of the global loss: they add up
             totals["critic/vf_clipfrac"] += float(vf_clipfrac) * token_share
             totals["critic/vpred_mean"] += float(masked_mean(vpreds.detach(), response_mask)) * token_share
         grad_norm = clip_grad_norm(self.critic_module, self.config.grad_clip)
