@@ -27,7 +27,7 @@ from benchmarks.hybrid_engine import (EOS_ID, PAD_ID, QWEN25_05B, build_actor, b
                                       hybrid_config, init_single_gpu_process_group, make_qwen05b_model,
                                       offloading_manager, random_prompts, train_step)
 from hybridrl.trainer.ppo.core_algos import compute_advantage  # noqa: E402
-from hybridrl.workers.rollout.sglang_rollout import EngineDiedError  # noqa: E402
+from hybridrl.workers.rollout.sglang_rollout import EngineDiedError, EngineMemoryError  # noqa: E402
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 64, 64
 VOCAB = QWEN25_05B["vocab_size"]
@@ -214,6 +214,32 @@ def test_twenty_grpo_steps_keep_memory_flat_and_every_sync_exact(hybrid):
     used = [used for used, _ in trainer_memory[2:]]  # from step 2 the Adam state and allocator pools exist
     allocated = [allocated for _, allocated in trainer_memory[2:]]
     assert max(used) - min(used) < 0.5 and max(allocated) - min(allocated) < 0.1
+
+
+def test_a_resume_that_cannot_fit_fails_at_once_with_the_numbers_and_keys(hybrid):
+    """Before the engine resumes, the switch checks the device has room; short of it, EngineMemoryError names
+    the need, what is free and the keys to change, and the engine is left released and alive (not killed by a
+    CUDA OOM in its scheduler, the old failure)."""
+    weights, rest = hybrid.rollout.resume_bytes["weights"], hybrid.rollout.resume_bytes["kv_cache+cuda_graph"]
+    assert weights > 0.9 * GiB and rest > weights  # measured at start: 0.5B bf16 weights, then the KV cache
+    torch.cuda.empty_cache()
+    # room for the weights, not for the KV cache: the second stage of the multi-stage wake-up must refuse
+    hog = torch.empty(torch.cuda.mem_get_info()[0] - weights - rest // 2, dtype=torch.uint8, device="cuda")
+    started = time.perf_counter()
+    with pytest.raises(EngineMemoryError) as error:
+        with hybrid.manager:
+            pass
+    message = str(error.value)
+    print(f"refused in {time.perf_counter() - started:.2f} s: {message}")
+    assert time.perf_counter() - started < 10
+    for key in ("gpu_memory_utilization", "ppo_max_token_len_per_gpu", "param_offload", "GiB"):
+        assert key in message
+    assert hybrid.rollout.awake_tags == set()  # what did resume was given back
+    del hog
+    torch.cuda.empty_cache()
+    with hybrid.manager:  # the engine is alive and resumes once there is room
+        output = hybrid.rollout.generate_sequences(random_prompts(4, PROMPT_LENGTH, VOCAB))
+    assert output.batch["response_mask"].sum() > 0
 
 
 def test_a_killed_scheduler_fails_the_step_within_60_s_naming_the_cause(hybrid):

@@ -174,8 +174,11 @@ class SGLangRollout(BaseRollout):
 
     # ------------------------------------------------------------------ engine side (driven by the sharding manager)
     def release_memory(self) -> None:
-        """Give the GPU back: weights, KV cache and CUDA graphs (contents of the weights are lost)."""
-        self.monitor.call("release_memory_occupation", self.engine.release_memory_occupation)
+        """Give the GPU back: whatever is awake of weights, KV cache and CUDA graphs (weight contents are lost)."""
+        awake = [tag for tag in ALL_MEMORY_TAGS if tag in self.awake_tags]
+        if awake:
+            self.monitor.call(f"release_memory_occupation({awake})", self.engine.release_memory_occupation,
+                              tags=awake)
         self.awake_tags = set()
 
     def resume_memory(self, tags: tuple[str, ...] = ALL_MEMORY_TAGS) -> None:

@@ -59,6 +59,13 @@ class FSDPSGLangShardingManager(BaseShardingManager):
 
     # ------------------------------------------------------------------ enter: rollout mode
     def __enter__(self) -> "FSDPSGLangShardingManager":
+        try:
+            return self._enter_rollout_mode()
+        except EngineMemoryError:  # nothing generated: give back what did resume, the trainer keeps its state
+            self.rollout.release_memory()
+            raise
+
+    def _enter_rollout_mode(self) -> "FSDPSGLangShardingManager":
         self.last_switch = {}
         self._log_memory("trainer mode")
         wake_all_at_once = not self.config.multi_stage_wake_up

@@ -1,0 +1,198 @@
+"""The whole GRPO trainer step at real model shapes, per phase: seconds, tokens/s/GPU, MFU, memory; padded vs
+remove padding; and generation against a standalone SGLang engine on the same prompts, in one invocation.
+
+    PYTHONPATH=. python benchmarks/ppo_step.py --data-dir DIR --tokenizer DIR --shape 0.5b --gpus 1 \
+        --layouts rmpad,padded --out $OUT/ppo_step.json
+
+Each layout is one real run of `python -m hybridrl.main_ppo` (Ray, FSDP2 actor, colocated SGLang rollout,
+GRPO, no validation) for --steps steps; the table reports the mean of the steps after the first (the first
+carries the kernels' warm-up). The model is random bf16 weights of the Qwen2.5 layer shapes with the
+vocabulary of --tokenizer (the built-in task's, 336 tokens, unless a Qwen tokenizer is given: no offline
+package here ships Qwen2.5's tokenizer in transformers' format). The standalone engine then generates
+from the same prompts with the same sampling parameters and engine settings in this process.
+Columns: seconds per phase (timing_s/*), tokens/s/GPU over the whole step (verl's perf/throughput: prompt
+and response tokens), MFU of the update and of the log-prob pass (perf/mfu/*), peak GPU memory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+SHAPES = {
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, tie_word_embeddings=True),
+    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, tie_word_embeddings=False),
+}
+LAYOUTS = {
+    "padded": ["actor_rollout_ref.model.use_remove_padding=false"],
+    "rmpad": ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+              "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384"],
+}
+PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "step"]
+SWITCH = ["update_weights", "resume_weights", "resume_kv_cache", "release_engine", "offload_trainer",
+          "reload_actor", "offload_actor"]
+
+
+def make_model(shape: str, tokenizer_dir: str, out: str) -> str:
+    """Random-weight bf16 Qwen2 of `shape` with the tokenizer's vocabulary, saved with that tokenizer."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    if os.path.exists(os.path.join(out, "config.json")):
+        return out
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = Qwen2Config(**SHAPES[shape], vocab_size=len(tokenizer), max_position_embeddings=32768,
+                         rms_norm_eps=1e-6, rope_theta=1e6, bos_token_id=tokenizer.eos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                         use_sliding_window=False)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    del model
+    torch.cuda.empty_cache()
+    return out
+
+
+def trainer_overrides(args, model_dir: str, run_dir: str) -> list[str]:
+    offload = ["actor_rollout_ref.actor.fsdp_config.param_offload=true",
+               "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+               "actor_rollout_ref.model.enable_gradient_checkpointing=true"] if args.shape == "7b" else []
+    return [
+        f"data.train_files=[{args.data_dir}/train.parquet]", f"data.val_files=[{args.data_dir}/test.parquet]",
+        f"actor_rollout_ref.model.path={model_dir}", "trainer.device=cuda", f"trainer.n_gpus_per_node={args.gpus}",
+        f"data.train_batch_size={args.prompts}", f"actor_rollout_ref.rollout.n={args.n}",
+        f"data.max_response_length={args.response_length}", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts // 2}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
+        "actor_rollout_ref.rollout.name=sglang", f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_memory_utilization}",
+        "+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_prefill_cuda_graph=true",
+        f"trainer.total_training_steps={args.steps}", "trainer.val_before_train=false", "trainer.test_freq=-1",
+        "trainer.save_freq=-1", "trainer.logger=[console,jsonl]", f"trainer.default_local_dir={run_dir}", *offload]
+
+
+def run_trainer(args, model_dir: str, layout: str) -> dict:
+    """One main_ppo run; the mean of each metric over the steps after the first."""
+    run_dir = os.path.join(args.work_dir, f"run_{args.shape}_{args.gpus}gpu_{layout}")
+    command = [sys.executable, "-m", "hybridrl.main_ppo", *trainer_overrides(args, model_dir, run_dir), *LAYOUTS[layout]]
+    started = time.perf_counter()
+    completed = subprocess.run(command, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    with open(os.path.join(args.work_dir, f"{layout}.log"), "w") as log:
+        log.write(completed.stdout + completed.stderr)
+    if completed.returncode != 0:
+        return {"error": completed.stderr.strip().splitlines()[-1] if completed.stderr.strip() else "exit "
+                f"{completed.returncode}", "wall_s": wall}
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        steps = [json.loads(line) for line in f if line.strip()]
+    measured = steps[1:] or steps
+    keys = {key for step in measured for key in step if isinstance(step[key], (int, float))}
+    return {"wall_s": wall, **{key: statistics.mean(step[key] for step in measured if key in step) for key in keys}}
+
+
+def standalone_generation(args, model_dir: str) -> dict:
+    """tok/s of a standalone sglang.Engine (the trainer's engine settings) on the same prompts and sampling."""
+    import pyarrow.parquet as pq
+    import sglang
+    from transformers import AutoTokenizer
+
+    from hybridrl.config import compose_config, validate_config
+    from hybridrl.workers.rollout.sglang_rollout import engine_kwargs, sampling_params
+
+    config = validate_config(compose_config(trainer_overrides(args, model_dir, "/tmp/unused")))
+    rollout = config.actor_rollout_ref.rollout
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows = pq.read_table(f"{args.data_dir}/train.parquet").slice(0, args.prompts).column("prompt").to_pylist()
+    prompts = [tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True) for messages in rows]
+    prompts = [list(ids["input_ids"] if isinstance(ids, dict) else ids) for ids in prompts for _ in range(args.n)]
+    kwargs = engine_kwargs(rollout, model_dir, gpu_id=0, seed=0)
+    kwargs["load_format"] = "auto"
+    engine = sglang.Engine(**kwargs)
+    params = sampling_params(rollout, {"validate": False}, [tokenizer.eos_token_id])  # what the trainer sends
+    results = []
+    for _ in range(3):
+        engine.flush_cache()
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        outputs = engine.generate(input_ids=prompts, sampling_params=params)
+        seconds = time.perf_counter() - started
+        tokens = sum(len(output["output_ids"]) for output in outputs)
+        results.append({"seconds": seconds, "tokens": tokens, "tok_per_s": tokens / seconds})
+    engine.shutdown()
+    best = max(results, key=lambda result: result["tok_per_s"])
+    return {**best, "mean_response_length": best["tokens"] / len(prompts)}
+
+
+def print_table(results: dict, args) -> None:
+    layouts = [layout for layout in args.layouts.split(",") if layout in results]
+    print(f"\n{args.shape} shape, {args.gpus} GPU(s), {torch.cuda.get_device_name()}, {args.prompts} prompts x "
+          f"{args.n}, responses <= {args.response_length} tokens, steps 2..{args.steps} averaged")
+    rows = [("response length (mean tokens)", "response_length/mean", "{:.0f}")]
+    rows += [(f"{phase} (s)", f"timing_s/{phase}", "{:.2f}") for phase in PHASES]
+    rows += [(f"  switch: {part} (s)", f"timing_s/{part}", "{:.3f}") for part in SWITCH]
+    rows += [("tokens/s/GPU (whole step)", "perf/throughput", "{:,.0f}"), ("MFU update_actor", "perf/mfu/actor", "{:.1%}"),
+             ("MFU old_log_prob", "perf/mfu/actor_infer", "{:.1%}"),
+             ("peak GPU memory allocated (GiB)", "perf/max_memory_allocated_gb", "{:.1f}"),
+             ("actor/grad_norm", "actor/grad_norm", "{:.4g}")]
+    print(f"| {'measure':<36} | " + " | ".join(f"{layout:>12}" for layout in layouts) + " |")
+    print(f"|{'-' * 38}|" + "|".join("-" * 14 for _ in layouts) + "|")
+    for name, key, fmt in rows:
+        cells = [fmt.format(results[layout][key]) if key in results[layout] else "-" for layout in layouts]
+        if any(cell != "-" for cell in cells):
+            print(f"| {name:<36} | " + " | ".join(f"{cell:>12}" for cell in cells) + " |")
+    for layout in layouts:
+        if "error" in results[layout]:
+            print(f"{layout}: FAILED: {results[layout]['error']}")
+    if "standalone" in results:
+        standalone = results["standalone"]
+        print(f"standalone sglang.Engine, same prompts and settings: {standalone['tok_per_s']:,.0f} tok/s "
+              f"({standalone['tokens']} tokens in {standalone['seconds']:.2f} s, mean length "
+              f"{standalone['mean_response_length']:.0f})")
+        for layout in layouts:
+            layout_result = results[layout]
+            if "timing_s/gen" in layout_result:
+                generated = layout_result["response_length/mean"] * args.prompts * args.n
+                trainer_rate = generated / layout_result["timing_s/gen"]
+                print(f"  trainer generation ({layout}): {trainer_rate:,.0f} tok/s = "
+                      f"{trainer_rate / standalone['tok_per_s']:.2f} of standalone (timing_s/gen includes the switch)")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", required=True, help="train.parquet / test.parquet in verl's layout")
+    parser.add_argument("--tokenizer", required=True, help="tokenizer directory (its vocabulary sizes the model)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
+    parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--layouts", default="rmpad,padded")
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--response-length", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    parser.add_argument("--no-standalone", action="store_true")
+    parser.add_argument("--work-dir", default="/tmp/ppo_step")
+    parser.add_argument("--out", default=None, help="write the results as JSON here too")
+    args = parser.parse_args()
+    os.makedirs(args.work_dir, exist_ok=True)
+    model_dir = make_model(args.shape, args.tokenizer, os.path.join(args.work_dir, f"model_{args.shape}"))
+    results = {layout: run_trainer(args, model_dir, layout) for layout in args.layouts.split(",")}
+    if not args.no_standalone:
+        results["standalone"] = standalone_generation(args, model_dir)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
+    print_table(results, args)
+
+
+if __name__ == "__main__":
+    main()
