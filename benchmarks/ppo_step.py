@@ -112,8 +112,8 @@ def standalone_generation(args, model_dir: str) -> dict:
     rollout = config.actor_rollout_ref.rollout
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rows = pq.read_table(f"{args.data_dir}/train.parquet").slice(0, args.prompts).column("prompt").to_pylist()
-    prompts = [tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True) for messages in rows]
-    prompts = [list(ids["input_ids"] if isinstance(ids, dict) else ids) for ids in prompts for _ in range(args.n)]
+    texts = [tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) for messages in rows]
+    prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts for _ in range(args.n)]
     kwargs = engine_kwargs(rollout, model_dir, gpu_id=0, seed=0)
     kwargs["load_format"] = "auto"
     engine = sglang.Engine(**kwargs)

@@ -152,13 +152,17 @@ class DataProto:
         return popped
 
     def union(self, other: DataProto) -> DataProto:
-        """Add other's keys to self (in place, returns self). A key present in both must hold equal values."""
+        """Add other's keys to self (in place, returns self). A key present in both must hold equal values, except
+        meta_info["metrics"] (each worker call's own report), whose keys are merged, other's winning."""
         if _has_rows(self) and _has_rows(other) and len(self) != len(other):
             raise ValueError(f"union: DataProtos have {len(self)} and {len(other)} rows; they must be equal")
         for part, other_part, name in ((self.batch, other.batch, "batch"),
                                        (self.non_tensor_batch, other.non_tensor_batch, "non_tensor_batch"),
                                        (self.meta_info, other.meta_info, "meta_info")):
             for key, value in other_part.items():
+                if part is self.meta_info and key == "metrics" and isinstance(value, dict):
+                    part[key] = {**part.get(key, {}), **value}
+                    continue
                 if key in part and not _values_equal(part[key], value):
                     raise ValueError(f"union: {name}[{key!r}] holds different values in the two DataProtos")
                 part[key] = value

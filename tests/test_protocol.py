@@ -133,6 +133,10 @@ def test_union_adds_keys_and_rejects_conflicts():
         data.union(DataProto(meta_info={"temperature": 1.0}))
     with pytest.raises(ValueError, match="union: DataProtos have 4 and 2 rows"):
         data.union(DataProto({"z": torch.zeros(2)}))
+    # each worker call reports its own metrics: they merge (the later call's value wins) instead of conflicting
+    data.union(DataProto(meta_info={"metrics": {"perf/mfu/actor_infer": 0.1, "timing_s/a": 1.0}}))
+    data.union(DataProto(meta_info={"metrics": {"perf/mfu/ref": 0.2, "timing_s/a": 2.0}}))
+    assert data.meta_info["metrics"] == {"perf/mfu/actor_infer": 0.1, "perf/mfu/ref": 0.2, "timing_s/a": 2.0}
 
 
 # --------------------------------------------------------------------------------------------------
