@@ -35,6 +35,8 @@ LAYOUTS = {
     "padded": ["actor_rollout_ref.model.use_remove_padding=false"],
     "rmpad": ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
               "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384"],
+    "rmpad32k": ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                 "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768"],
 }
 PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "step"]
 SWITCH = ["update_weights", "resume_weights", "resume_kv_cache", "release_engine", "offload_trainer",
