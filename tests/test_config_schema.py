@@ -70,7 +70,7 @@ def test_attribute_names_are_yaml_keys_and_values_are_typed():
     config = validate_config(compose_config())
     actor = config.actor_rollout_ref.actor
     assert actor.ppo_mini_batch_size == 8 and actor.ppo_micro_batch_size_per_gpu == 4
-    assert actor.optim.lr == 2e-5 and type(actor.optim.lr) is float
+    assert actor.optim.lr == 1e-4 and type(actor.optim.lr) is float
     assert actor.optim.betas == [0.9, 0.999]
     assert actor.checkpoint.load_contents == ["model", "optimizer", "extra"]  # ${.save_contents} resolved
     assert config.critic.ppo_mini_batch_size == 8  # ${actor_rollout_ref.actor.ppo_mini_batch_size}

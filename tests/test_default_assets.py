@@ -56,7 +56,7 @@ def test_first_run_prepares_every_stage_with_a_log_line(prepared):
     sft = pq.read_table(paths.sft_train_file).column("messages").to_pylist()
     assert [messages[:-1] for messages in sft] == [row["prompt"] for row in train]
     tagged = [m[-1]["content"] == f"<answer>{row['reward_model']['ground_truth']}</answer>" for m, row in zip(sft, train)]
-    assert tagged == [False, True] * 60  # tagged_fraction 0.5, spread evenly
+    assert tagged == [False, False, False, False, True] * 24  # tagged_fraction 0.2: one row in five, spread evenly
     model = AutoModelForCausalLM.from_pretrained(paths.sft_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(paths.sft_model_dir)
     assert model.config.hidden_size == 32 and model.config.vocab_size == len(tokenizer)

@@ -5,7 +5,7 @@
 
 Each row becomes {"messages": prompt + [assistant answer]}. The answer is the ground truth in the
 graded format, `<answer>N</answer>`, for --tagged_fraction of the rows (spread evenly), and
-`The answer is N.` for the rest; the embedded default uses 0.5 to leave GRPO a format to learn
+`The answer is N.` for the rest; the embedded default uses 0.2 to leave GRPO a format to learn
 (see hybridrl/utils/default_assets.py). Then:
 
     python -m hybridrl.trainer.main_sft data.train_files=~/data/chain_sum/sft_train.parquet \

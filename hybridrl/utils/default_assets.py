@@ -18,15 +18,26 @@ integers. It is chosen over `chain_sum` (same questions) for its verifier: exact
 anything else 0, whereas chain_sum's pays partial credit when the right answer is a substring of the
 given one, which GRPO learns to exploit by answering digit strings like "1110".
 
-The warm-start data answers half of the questions in the graded format (`<answer>N</answer>`) and
-the other half as "The answer is N." (no tags: reward 0). This stands for a model that has learned
-the arithmetic but not the grader's format, as a base model meeting a new answer format. After SFT
-the tiny model computes most sums right, and greedy decoding picks the tagged format on only some
-questions, so its validation score starts low but not at zero. GRPO then learns the format from the
-reward (and sharpens the arithmetic) within tens of steps: 20% -> 80% greedy accuracy in 10 steps of
-16 prompts x 8 samples, seen with hybridrl's GRPO on 2 CPU ranks. Without that format gap (all answers
-tagged, SFT stopped early at 13% accuracy), GRPO improved the arithmetic itself by only about 10 points
-in 150 steps of 64 x 8 samples: too slow for a 10-minute CPU demo.
+The warm-start data answers one question in five in the graded format (`<answer>N</answer>`) and the
+other four as "The answer is N." (no tags: reward 0). This stands for a model that has learned the
+arithmetic but rarely uses the grader's format, as a base model meeting a new answer format. The
+format is chosen at the first answer token and the data gives no reason to prefer it for any
+question, so after SFT the tag's first token has probability about 0.2 on every question (0.19 to
+0.21 measured). Greedy decoding then never picks the graded format: the validation score starts at 0,
+while sampling (temperature 1) still writes it one time in five, enough for GRPO's groups of 8 to
+find rewarded answers, and RL learns the format from the reward. With the default GRPO settings (30
+steps of 16 prompts x 8 samples, actor lr 1e-4) greedy accuracy went from 0% to 55-76% for seeds 1-3,
+on 2 CPU ranks, on 1, and on 1 with the GPU path's bf16 forced on the CPU; from step 20 on every greedy
+answer was tagged, so the score is then the tiny model's arithmetic in that format (70% when the SFT
+model's answer is forced to start with the tag).
+
+Why a clear minority and not half. With half the answers tagged, the first token's two choices end
+up within a few thousandths of each other, and greedy decoding follows whichever wins by rounding:
+the same SFT model scored 20% greedy in fp32 and 72% cast to bf16 (the GPU path's precision), so the
+run's start, and with it RL's visible gain, depended on the device. At 0.2 against 0.8 the greedy
+choice is the same in both precisions, on 1 or 2 SFT ranks. Without any format gap (all answers
+tagged, SFT stopped early at 13% accuracy), GRPO improved the arithmetic itself by only about 10
+points in 150 steps of 64 x 8 samples: too slow for a 10-minute CPU demo.
 """
 from __future__ import annotations
 
@@ -56,7 +67,7 @@ class DefaultRecipe:
     train_size: int = 2000
     test_size: int = 400          # before dropping the test questions that also occur in train
     seed: int = 0
-    tagged_fraction: float = 0.5  # share of warm-start answers written in the graded <answer></answer> format
+    tagged_fraction: float = 0.2  # share of warm-start answers in the graded <answer></answer> format (docstring: why)
     vocab_size: int = 512
     hidden_size: int = 128
     num_layers: int = 2
