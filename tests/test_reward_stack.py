@@ -162,8 +162,75 @@ def test_dapo_failed_sample_keeps_its_length_penalty(tokenizer):
     assert out["reward_metrics"] == {"reward/errors": 1.0}
 
 
+def nan_for_boom(data_source, solution_str, ground_truth, extra_info):
+    """1 per digit equal to the ground truth, but NaN for a response with "boom" in it."""
+    return float("nan") if "boom" in solution_str else float(solution_str.count(ground_truth))
+
+
+def nan_for_boom_batch(data_sources, solution_strs, ground_truths, extra_infos):
+    return [nan_for_boom(*sample) for sample in zip(data_sources, solution_strs, ground_truths, extra_infos)]
+
+
+@pytest.mark.parametrize("make_manager, scorer", [
+    (lambda tok: NaiveRewardManager(tok, 0, compute_score=nan_for_boom), "nan_for_boom"),
+    (lambda tok: BatchRewardManager(tok, 0, compute_score=nan_for_boom_batch), "nan_for_boom_batch"),
+], ids=["naive", "batch"])
+def test_a_nan_score_for_one_sample_in_four_is_a_counted_error(tokenizer, make_manager, scorer, caplog):
+    """Before: the NaN went into the reward tensor (the batch's loss became NaN, every optimizer step was skipped)
+    and reward/errors stayed 0. Now that sample follows the policy of a scorer that raises."""
+    batch = make_batch(tokenizer, ["1 1", "boom 1", "1", "2"])
+    with caplog.at_level(logging.ERROR, logger="hybridrl.workers.reward_manager.base"):
+        out = make_manager(tokenizer)(batch, return_dict=True)
+
+    assert torch.isfinite(out["reward_tensor"]).all()
+    assert torch.equal(out["reward_tensor"], on_last_token([2.0, 0.0, 1.0, 0.0], [3, 3, 1, 1]))
+    assert out["reward_metrics"] == {"reward/errors": 1.0}
+    # the log names the scorer (function and file) and the offending sample
+    assert f"reward scorer {scorer} (" in caplog.text and "test_reward_stack.py)" in caplog.text
+    assert "returned nan (not finite) for sample 1 (data_source 'src', response 'boom 1')" in caplog.text
+
+
+@pytest.mark.parametrize("bad_score, problem", [
+    (float("inf"), "inf (not finite)"),
+    (float("-inf"), "-inf (not finite)"),
+    ("0.5", "the string '0.5' (not a number)"),
+    (None, "None of type NoneType (not a number)"),
+    (torch.tensor(1.0), "tensor(1.) of type Tensor (not a number)"),
+    ({"score": float("nan"), "index": 0, "len": 1}, "nan (not finite)"),
+])
+def test_scores_that_are_not_finite_numbers_are_counted_errors(tokenizer, bad_score, problem, caplog):
+    def score(data_source, solution_str, ground_truth, extra_info):
+        if "boom" in solution_str:
+            return bad_score
+        return {"score": 1.0, "index": 0, "len": 1} if isinstance(bad_score, dict) else 1.0
+
+    with caplog.at_level(logging.ERROR, logger="hybridrl.workers.reward_manager.base"):
+        out = NaiveRewardManager(tokenizer, 0, compute_score=score)(make_batch(tokenizer, ["1", "boom"]),
+                                                                    return_dict=True)
+    assert torch.equal(out["reward_tensor"], on_last_token([1.0, 0.0], [1, 1]))
+    assert out["reward_metrics"] == {"reward/errors": 1.0}
+    assert f"returned {problem} for sample 1" in caplog.text
+    if isinstance(bad_score, dict):
+        assert out["reward_extra_info"] == {"index": [0, None], "len": [1, None]}
+
+
+def test_numbers_of_every_kind_are_valid_scores(tokenizer):
+    import numpy as np
+
+    scores = iter([True, 3, np.float32(0.25), np.int64(-2)])
+    out = NaiveRewardManager(tokenizer, 0, compute_score=lambda **_: next(scores))(
+        make_batch(tokenizer, ["1", "1", "1", "1"]), return_dict=True)
+    assert torch.equal(out["reward_tensor"], on_last_token([1.0, 3.0, 0.25, -2.0], [1, 1, 1, 1]))
+    assert out["reward_metrics"] == {"reward/errors": 0.0}
+
+
+def test_a_scorer_returning_nan_for_every_sample_fails_the_batch(tokenizer):
+    with pytest.raises(RuntimeError, match=r"failed on all 2 samples.*nan_for_boom.*returned nan \(not finite\)"):
+        NaiveRewardManager(tokenizer, 0, compute_score=nan_for_boom)(make_batch(tokenizer, ["boom", "boom"]))
+
+
 def test_a_scorer_raising_on_every_sample_fails_the_batch(tokenizer):
-    with pytest.raises(RuntimeError, match=r"raised for all 2 samples.*ZeroDivisionError"):
+    with pytest.raises(RuntimeError, match=r"failed on all 2 samples.*ZeroDivisionError"):
         NaiveRewardManager(tokenizer, 0, compute_score=digit_count_score)(make_batch(tokenizer, ["boom", "boom"]))
     with pytest.raises(RuntimeError, match="scorer itself is broken"):
         NaiveRewardManager(tokenizer, 0)(make_batch(tokenizer, ["1"], data_sources=["no/such/source"]))
