@@ -18,6 +18,13 @@ are None), the failures of the batch are counted in `reward_metrics["reward/erro
 manager sees is logged once, naming the scorer and the sample. If every sample of a batch fails, the scorer
 itself is broken (a wrong data_source, a typo in a custom function): that raises, with the first error
 attached, instead of training on zeros.
+
+A scorer that hangs (a judge that never answers, a sandbox that never returns) is reported, not waited on in
+silence: with `reward_model.score_timeout` set, the samples are scored on a helper thread while the calling thread
+logs, every `trainer.heartbeat_interval` seconds, which sample the scorer has been busy with and for how long, and
+raises ScoreTimeoutError, naming the scorer and that sample, once no scorer call has begun or ended for
+`score_timeout` seconds. (A scorer that holds the GIL in C code stops the logging too; math-verify's own
+per-sample timeouts need the main thread, so they are off on the helper thread.)
 """
 from __future__ import annotations
 
@@ -25,6 +32,8 @@ import inspect
 import logging
 import math
 import numbers
+import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -63,6 +72,10 @@ class InvalidScoreError(ValueError):
     """A scorer returned something other than a finite number as a sample's score."""
 
 
+class ScoreTimeoutError(TimeoutError):
+    """No scorer call began or ended for `reward_model.score_timeout` seconds."""
+
+
 def decode_responses(data, tokenizer, reward_fn_key: str) -> DecodedResponses:
     """The scorer inputs of `data` (prompts, responses, attention_mask; non-tensor reward_model, reward_fn_key)."""
     responses = data.batch["responses"]
@@ -98,6 +111,16 @@ class RewardManagerBase:
         self.compute_score = compute_score
         self.reward_fn_key = reward_fn_key
         self._failure_logged = False
+        self.score_timeout: Optional[float] = None  # None: score on the calling thread, unwatched
+        self.heartbeat_interval = 30.0
+        # What the scorer is busy with (set around each scorer call; read by the watching thread).
+        self._busy_with = "score_samples"
+        self._busy_since = time.monotonic()
+
+    def set_score_timeout(self, score_timeout: Optional[float], heartbeat_interval: float) -> None:
+        """Watch every scoring (see the module docstring); the loader sets them from the config."""
+        self.score_timeout = score_timeout
+        self.heartbeat_interval = heartbeat_interval
 
     def score_samples(self, decoded: DecodedResponses) -> list:
         """One result per sample: a float, a dict with "score", or a ScorerFailure (from `call_scorer`)."""
@@ -109,15 +132,18 @@ class RewardManagerBase:
 
     def call_scorer(self, what: str, function: Callable, **kwargs):
         """`function(**kwargs)`, or a ScorerFailure when it raises; the first failure is logged, once."""
+        self._busy_with, self._busy_since = what, time.monotonic()
         try:
             return function(**kwargs)
         except Exception as error:  # noqa: BLE001 — any scorer bug costs its sample(s), not the run
             self._log_first_failure(f"raised for {what}", error)
             return ScorerFailure(error)
+        finally:
+            self._busy_with, self._busy_since = "score_samples (between scorer calls)", time.monotonic()
 
     def __call__(self, data, return_dict: bool = False):
         decoded = decode_responses(data, self.tokenizer, self.reward_fn_key)
-        results = self.score_samples(decoded)
+        results = self.score_samples(decoded) if self.score_timeout is None else self._score_watched(decoded)
         if len(results) != len(decoded):
             raise ValueError(f"{type(self).__name__}.score_samples returned {len(results)} results "
                              f"for {len(decoded)} samples")
@@ -139,6 +165,41 @@ class RewardManagerBase:
             return reward_tensor
         return {"reward_tensor": reward_tensor, "reward_extra_info": {**score_extras, **manager_extras},
                 "reward_metrics": {ERRORS_METRIC: float(errors)}}
+
+    def _score_watched(self, decoded: DecodedResponses) -> list:
+        """`score_samples(decoded)` on a helper thread; this thread logs a slow scorer and fails a stuck one."""
+        outcome: dict[str, Any] = {}
+
+        def score() -> None:
+            try:
+                outcome["results"] = self.score_samples(decoded)
+            except BaseException as error:  # noqa: BLE001 — handed to the calling thread as is
+                outcome["error"] = error
+
+        self._busy_with, self._busy_since = "score_samples", time.monotonic()
+        scoring = threading.Thread(target=score, name="reward-scoring", daemon=True)
+        scoring.start()
+        next_report = time.monotonic() + self.heartbeat_interval
+        while True:
+            busy_for = time.monotonic() - self._busy_since
+            scoring.join(max(0.0, min(next_report - time.monotonic(), self.score_timeout - busy_for)))
+            if not scoring.is_alive():
+                break
+            busy_for = time.monotonic() - self._busy_since
+            if busy_for >= self.score_timeout:
+                # The stuck thread cannot be stopped; it is a daemon, and the run fails now.
+                raise ScoreTimeoutError(
+                    f"reward_model.score_timeout={self.score_timeout:g} s exceeded: scorer "
+                    f"{scorer_name(self.compute_score)} has been busy for {busy_for:.1f} s with {self._busy_with}; "
+                    f"fix the scorer or raise reward_model.score_timeout (null: no limit)")
+            if time.monotonic() >= next_report:
+                logger.warning("reward scoring: scorer %s has been busy for %.1f s with %s (the run fails at "
+                               "reward_model.score_timeout=%g s)", scorer_name(self.compute_score), busy_for,
+                               self._busy_with, self.score_timeout)
+                next_report += self.heartbeat_interval
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["results"]
 
     def _checked(self, result, sample: int, decoded: DecodedResponses):
         """The scorer's result, or a ScorerFailure when its score is not a finite number."""
