@@ -18,6 +18,7 @@ import torch
 from transformers import AutoTokenizer
 
 from hybridrl.protocol import DataProto
+from hybridrl.single_controller.heartbeat import WorkerWatch
 from hybridrl.single_controller.ray import (
     RayClassWithInitArgs,
     RayResourcePool,
@@ -120,7 +121,8 @@ class RayPPOTrainer:
                                                    rollout_n=self.config.actor_rollout_ref.rollout.n, **common)
         if self.use_rm:
             roles["rm"] = RayClassWithInitArgs(RewardModelWorker, self.config.reward_model, **common)
-        all_roles = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls(roles))
+        all_roles = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls(roles),
+                                   watch=WorkerWatch.from_trainer_config(trainer))
         groups = all_roles.spawn(prefix_set=set(roles))
         if self.use_critic:
             self.critic_wg = groups["critic"]
