@@ -32,7 +32,7 @@ from tests.test_default_assets import file_times
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARGIN = 0.25
 GRPO_STEPS = 10  # validation runs every trainer.test_freq = 10 steps: before training and after the last step
-SUMMARY_KEYS = {"val_score_before", "val_score_after", "steps", "wall_s", "checkpoint_dir"}
+SUMMARY_KEYS = {"val_score_before", "val_score_after", "steps", "wall_s", "checkpoint_dir", "stopped_early"}
 STAGES = {"data": "data/default", "tiny model": "models/default_init", "SFT warm start": "models/default_sft"}
 
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import os
 
-from hybridrl.single_controller.heartbeat import start_heartbeat
-
 WORKER_ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -31,6 +29,10 @@ class Worker:
             raise RuntimeError(f"{type(self).__name__}: environment variable(s) {missing} are not set; a "
                                f"RayWorkerGroup sets them, or set {list(WORKER_ENV_VARS)} to run one worker alone")
         self._rank = int(os.environ["RANK"])
+        # Imported here, not at the top: importing this package must not import ray, because the driver sets
+        # Ray's single-machine mode before its first `import ray` (local_cluster.py).
+        from hybridrl.single_controller.heartbeat import start_heartbeat
+
         start_heartbeat(self._rank)
         self._world_size = int(os.environ["WORLD_SIZE"])
         self._local_rank = int(os.environ["LOCAL_RANK"])
