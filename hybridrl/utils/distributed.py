@@ -4,9 +4,9 @@ The CPU path and the GPU path are the same code: only the device ("cpu"/"cuda") 
 backend ("gloo"/"nccl") differ, and both are chosen here.
 
 Nothing listens on more interfaces than the run needs: torch's rendezvous store (env://) listens on every interface
-of rank 0's machine, so rank 0 hosts it on MASTER_ADDR alone; and when MASTER_ADDR is a loopback address (a
-single-machine cluster on 127.0.0.1), gloo's and NCCL's own sockets are kept on the loopback interface too
-(GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, unless already set).
+of rank 0's machine, so rank 0 hosts it on MASTER_ADDR alone (under torchrun, whose agent hosts the store, env:// is
+used as is); and when MASTER_ADDR is a loopback address (a single-machine cluster on 127.0.0.1), gloo's and NCCL's
+own sockets are kept on the loopback interface too (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, unless already set).
 """
 from __future__ import annotations
 
@@ -52,6 +52,10 @@ def init_process_group_once(backend: str | None = None) -> None:
         loopback = _loopback_interface()
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
         os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # Started by torchrun / torch's elastic launcher (main_sft): its agent already hosts the store on MASTER_PORT.
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
+        return
     dist.init_process_group(backend=backend, store=_rendezvous_store(master_addr, master_port, rank, world_size),
                             rank=rank, world_size=world_size)
 
