@@ -38,7 +38,6 @@ The compose API takes the same file (searchpath lines included):
 """
 from __future__ import annotations
 
-import signal
 import sys
 
 import hydra
@@ -87,9 +86,9 @@ def run_ppo(config: PPOConfig) -> dict:
     local = config.ray_init.address is None
     if local:
         prepare_driver_process(config.ray_init.node_ip_address)
-    import ray
+    import ray  # only now: Ray reads its single-machine mode when it is imported (local_cluster.py)
 
-    from hybridrl.trainer.run_control import StopSignals
+    from hybridrl.trainer.run_control import RunControl, StopSignals, wait_or_stop
 
     signals = StopSignals()
     signals.install()
@@ -98,7 +97,9 @@ def run_ppo(config: PPOConfig) -> dict:
         address = cluster.start() if cluster else config.ray_init.address
         ray.init(address=address, runtime_env={"env_vars": WORKER_ENV_VARS})
         signals.install()  # ray.init sets a SIGTERM handler of its own
-        return _run_until_done_or_stopped(config, signals)
+        control = RunControl.remote()
+        result = ray.remote(num_cpus=0)(TaskRunner).remote().run.remote(config, control)
+        return wait_or_stop(result, control, signals, config.trainer)
     finally:
         ray.shutdown()
         if cluster is not None:
@@ -106,42 +107,8 @@ def run_ppo(config: PPOConfig) -> dict:
         signals.uninstall()
 
 
-def _run_until_done_or_stopped(config: PPOConfig, signals) -> dict:
-    """Wait for the TaskRunner; on a signal ask it to stop after its step, or stop at once (see run_control.py)."""
-    import ray
-
-    from hybridrl.trainer.run_control import RunControl, stop_report
-
-    control = RunControl.remote()
-    result = ray.remote(num_cpus=0)(TaskRunner).remote().run.remote(config, control)
-    asked_to_stop = False
-    while True:
-        received = list(signals.received)  # one snapshot per round: a signal may land at any line
-        if _must_stop_now(received, config.trainer.stop_on_signal):
-            break
-        if ray.wait([result], timeout=0.25)[0]:
-            summary = ray.get(result)
-            report = stop_report(summary["steps"], config.trainer) if summary["stopped_early"] else None
-            return {**summary, "stopped_by_signal": signals.first if report else None, "stop_report": report}
-        if received and not asked_to_stop:
-            control.request_stop.remote()
-            asked_to_stop = True
-            print(f"received {signal.Signals(signals.first).name}: stopping after the current step "
-                  f"(trainer.stop_on_signal=after_step); send it again to stop at once", flush=True)
-    print(f"received {signal.Signals(signals.received[-1]).name}: stopping now", flush=True)
-    try:
-        step = ray.get(control.last_step.remote(), timeout=5)
-    except ray.exceptions.GetTimeoutError:
-        step = None
-    return {"stopped_by_signal": signals.first, "stop_report": stop_report(step, config.trainer)}
-
-
-def _must_stop_now(received: list[int], stop_on_signal: str) -> bool:
-    return len(received) >= 2 or (len(received) == 1 and stop_on_signal == "now")
-
-
 class TaskRunner:
-    """The job's controller process (a Ray actor reserving no CPU): builds the trainer and runs its loop.
+    """The job's controller process, a Ray actor: builds the trainer and runs its loop.
 
     It reserves no CPU: it mostly waits on the workers, and on a 2-core laptop the workers' two
     CPU bundles already take every logical CPU a local Ray has.

@@ -49,7 +49,8 @@ class Driver:
     def wait_for_output(self, text: str, timeout: float = 240) -> None:
         deadline = time.monotonic() + timeout
         while text not in self.output():
-            assert self.process.poll() is None, f"the driver exited ({self.process.returncode}):\n{self.output()[-4000:]}"
+            assert self.process.poll() is None, \
+                f"the driver exited ({self.process.returncode}):\n{self.output()[-4000:]}"
             assert time.monotonic() < deadline, f"no {text!r} within {timeout} s:\n{self.output()[-4000:]}"
             time.sleep(0.3)
 
@@ -152,9 +153,11 @@ def test_ctrl_c_with_stop_on_signal_now_stops_at_once_and_exits_130(toy_task, ru
     assert match, output[-2000:]
     step, checkpoint = int(match.group(1)), match.group(2)
     assert step >= 3 and read_steps(run_dir)[:step] == list(range(1, step + 1))
-    saved = step if step % 2 == 0 else step - 1  # save_freq=2; a save cut short leaves only a .tmp_ directory
-    assert checkpoint in (os.path.join(run_dir, f"global_step_{saved}"), os.path.join(run_dir, f"global_step_{saved - 2}"))
+    # save_freq=2: the last even step saved is the checkpoint (a save cut short leaves only a .tmp_ directory);
+    # the step the trainer last reported may lag the step being saved by one
     assert checkpoint == find_latest_checkpoint(run_dir)
+    saved = int(checkpoint.rsplit("_", 1)[1])
+    assert saved % 2 == 0 and step - 2 < saved <= step + 1
     assert "Traceback" not in output and "KeyboardInterrupt" not in output
     seconds_until_gone(processes, timeout=20)
 

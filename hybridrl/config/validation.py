@@ -249,8 +249,8 @@ def _ray_cluster_owns_its_cpus(values: _Values, problems: list[str]) -> None:
 def _heartbeats_fit_in_their_timeout(values: _Values, problems: list[str]) -> None:
     interval, timeout = values("trainer.heartbeat_interval"), values("trainer.heartbeat_timeout")
     if timeout < 2 * interval:
-        problems.append(f"trainer.heartbeat_timeout: expected at least 2 * trainer.heartbeat_interval = {2 * interval:g} "
-                        f"(a rank is silent only after missing heartbeats), got {timeout:g}")
+        problems.append(f"trainer.heartbeat_timeout: expected at least 2 * trainer.heartbeat_interval = "
+                        f"{2 * interval:g} (a rank is silent only after missing heartbeats), got {timeout:g}")
 
 
 def _batch_sizes_divide(values: _Values, problems: list[str]) -> None:

@@ -146,9 +146,9 @@ def _silence(monitor, ranks: list[int], watch: WorkerWatch) -> dict[int, dict[st
         return {}
     try:
         return ray.get(monitor.silence.remote(ranks), timeout=watch.heartbeat_interval)
-    except ray.exceptions.GetTimeoutError:
-        logger.warning("the heartbeat monitor did not answer within %g s; rank silence unknown this time",
-                       watch.heartbeat_interval)
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as error:
+        logger.warning("the heartbeat monitor did not answer within %g s (%s); rank silence unknown this time",
+                       watch.heartbeat_interval, type(error).__name__)
         return {}
 
 

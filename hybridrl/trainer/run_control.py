@@ -67,6 +67,35 @@ class StopSignals:
         return self.received[0] if self.received else None
 
 
+def wait_or_stop(result: ray.ObjectRef, control, signals: StopSignals, trainer_config) -> dict:
+    """The TaskRunner's summary (``result``), plus ``stopped_by_signal`` (None, or the first signal's number) and
+    ``stop_report``; on a signal, first ask the trainer to stop after its step, or stop at once (module docstring)."""
+    asked_to_stop = False
+    while True:
+        received = list(signals.received)  # one snapshot per round: a signal may land at any line
+        if _must_stop_now(received, trainer_config.stop_on_signal):
+            break
+        if ray.wait([result], timeout=0.25)[0]:
+            summary = ray.get(result)
+            report = stop_report(summary["steps"], trainer_config) if summary["stopped_early"] else None
+            return {**summary, "stopped_by_signal": signals.first if report else None, "stop_report": report}
+        if received and not asked_to_stop:
+            control.request_stop.remote()
+            asked_to_stop = True
+            print(f"received {signal.Signals(received[0]).name}: stopping after the current step "
+                  f"(trainer.stop_on_signal=after_step); send it again to stop at once", flush=True)
+    print(f"received {signal.Signals(received[-1]).name}: stopping now", flush=True)
+    try:
+        step = ray.get(control.last_step.remote(), timeout=5)
+    except ray.exceptions.GetTimeoutError:
+        step = None
+    return {"stopped_by_signal": signals.first, "stop_report": stop_report(step, trainer_config)}
+
+
+def _must_stop_now(received: list[int], stop_on_signal: str) -> bool:
+    return len(received) >= 2 or (len(received) == 1 and stop_on_signal == "now")
+
+
 def stop_report(step: Optional[int], trainer_config) -> str:
     """The line the driver prints after a stop: the step, the checkpoint a rerun resumes from, how to rerun."""
     checkpoint = find_latest_checkpoint(os.path.abspath(trainer_config.default_local_dir))

@@ -268,7 +268,8 @@ def _resolve(results: list, data_sources: list) -> tuple[list[float], dict[str, 
     failures = [result for result in results if isinstance(result, ScorerFailure)]
     if results and len(failures) == len(results):
         raise RuntimeError(f"the reward scorer failed on all {len(results)} samples of the batch (it raised or "
-                           f"returned no finite number), so the scorer itself is broken (first error: {failures[0].error!r})") from failures[0].error
+                           f"returned no finite number), so the scorer itself is broken (first error: "
+                           f"{failures[0].error!r})") from failures[0].error
     scores, extras_per_sample = [], []
     for result, data_source in zip(results, data_sources):
         if isinstance(result, ScorerFailure):
