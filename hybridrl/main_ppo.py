@@ -9,6 +9,10 @@ resources and run directory it names (either prints one `config error:` line per
 with code 2), then `run_ppo` starts Ray and hands the config to a TaskRunner actor, which builds the
 trainer. `--cfg job` prints the composed config and starts nothing.
 
+Without `ray_init.address` the driver starts a Ray cluster of this machine alone, on 127.0.0.1, that dies with it
+(single_controller/local_cluster.py). SIGTERM and SIGINT stop the run as `trainer.stop_on_signal` says and exit with
+143 / 130 (trainer/run_control.py). Ray is imported only once the driver's process is set up for that.
+
 Your own YAML on top of ours, e.g. my_configs/my_run.yaml:
 
     hydra:
@@ -38,12 +42,12 @@ from __future__ import annotations
 import sys
 
 import hydra
-import ray
 from omegaconf import DictConfig
 
 from hybridrl.config import ConfigError, PPOConfig, validate_config
 from hybridrl.config.cli_errors import exit_with_config_errors, run_hydra_cli
 from hybridrl.config.preflight import check_before_start
+from hybridrl.single_controller.local_cluster import LocalRayCluster, prepare_driver_process
 from hybridrl.trainer.ppo.nonfinite_guard import NonFiniteTrainingError
 from hybridrl.utils.default_assets import ensure_default_assets
 from hybridrl.utils.import_utils import load_extensions
@@ -67,12 +71,13 @@ def main(cfg: DictConfig) -> None:
     try:
         summary = run_ppo(config)
     except NonFiniteTrainingError as err:  # a run that stopped learning: its reason as the last line, exit 1
-        ray.shutdown()
         print(f"training stopped: {getattr(err, 'cause', err)}", file=sys.stderr, flush=True)
         sys.exit(1)
-    # Printed by the driver, not the actor, so that the last line is exactly `summary: <path>` (no Ray prefix);
-    # shutting Ray down first lets the workers' last forwarded log lines arrive before it.
-    ray.shutdown()
+    # Printed by the driver, not the actor, so that the last line is exactly `summary: <path>` or the stop report
+    # (no Ray prefix); run_ppo shut Ray down first, so the workers' last forwarded log lines arrive before it.
+    if summary["stopped_by_signal"] is not None:
+        print(summary["stop_report"], flush=True)
+        sys.exit(128 + summary["stopped_by_signal"])
     print(f"accuracy before -> after: {summary['val_score_before']} -> {summary['val_score_after']}; "
           f"steps {summary['steps']}; wall {summary['wall_s']} s; checkpoint {summary['checkpoint_dir']}; "
           f"logs {config.trainer.default_local_dir}")
@@ -80,32 +85,50 @@ def main(cfg: DictConfig) -> None:
 
 
 def run_ppo(config: PPOConfig) -> dict:
-    """Start (or join) Ray, then run the whole job inside one TaskRunner actor; returns the trainer's summary.
+    """Start (or join) Ray, run the whole job inside one TaskRunner actor, shut Ray down; returns the trainer's
+    summary, with ``stopped_by_signal`` (None, or the number of the signal that stopped the run) and, after a stop,
+    ``stop_report`` (the line to print).
 
     The driver only launches: the trainer lives in a Ray actor so that it is scheduled by Ray
     like everything else and its logs and failures go through Ray too.
     """
-    if not ray.is_initialized():
-        ray.init(address=config.ray_init.address, num_cpus=config.ray_init.num_cpus,
-                 runtime_env={"env_vars": WORKER_ENV_VARS})
-    runner = TaskRunner.remote()
-    return ray.get(runner.run.remote(config))
+    local = config.ray_init.address is None
+    if local:
+        prepare_driver_process(config.ray_init.node_ip_address)
+    import ray  # only now: Ray reads its single-machine mode when it is imported (local_cluster.py)
+
+    from hybridrl.trainer.run_control import RunControl, StopSignals, wait_or_stop
+
+    signals = StopSignals()
+    signals.install()
+    cluster = LocalRayCluster(config.ray_init.num_cpus, config.ray_init.node_ip_address) if local else None
+    try:
+        address = cluster.start() if cluster else config.ray_init.address
+        ray.init(address=address, runtime_env={"env_vars": WORKER_ENV_VARS})
+        signals.install()  # ray.init sets a SIGTERM handler of its own
+        control = RunControl.remote()
+        result = ray.remote(num_cpus=0)(TaskRunner).remote().run.remote(config, control)
+        return wait_or_stop(result, control, signals, config.trainer)
+    finally:
+        ray.shutdown()
+        if cluster is not None:
+            cluster.stop()
+        signals.uninstall()
 
 
-@ray.remote(num_cpus=0)
 class TaskRunner:
-    """The job's controller process: builds the trainer and runs its loop.
+    """The job's controller process, a Ray actor: builds the trainer and runs its loop.
 
     It reserves no CPU: it mostly waits on the workers, and on a 2-core laptop the workers' two
     CPU bundles already take every logical CPU a local Ray has.
     """
 
-    def run(self, config: PPOConfig) -> dict:
+    def run(self, config: PPOConfig, run_control) -> dict:
         # A fresh process: the registries only hold what the extensions register once imported here too.
         load_extensions(config.extensions)
         from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-        trainer = RayPPOTrainer(config)
+        trainer = RayPPOTrainer(config, run_control=run_control)
         trainer.init_workers()
         return trainer.fit()
 

@@ -59,7 +59,7 @@ def test_unknown_key_suggests_the_close_one():
         "data.train_batch_sise: expected a known key, got unknown key (value 32); did you mean data.train_batch_size?"]
     (problem,) = problems_for("+ray_init.qqq=1")
     assert problem == ("ray_init.qqq: expected a known key, got unknown key (value 1); "
-                       "known keys here: address, num_cpus, timeline_json_file")
+                       "known keys here: address, node_ip_address, num_cpus, timeline_json_file")
 
 
 def test_added_keys_inside_free_form_mappings_are_kept():
@@ -247,6 +247,26 @@ def test_num_cpus_only_for_a_local_ray():
         "ray_init.num_cpus: expected null when ray_init.address is set (a running cluster declares its own CPUs), "
         "got 4"]
 
+
+
+def test_node_ip_address_only_for_a_local_ray():
+    assert problems_for("ray_init.address=10.0.0.5:6379", "ray_init.node_ip_address=10.0.0.7") == [
+        "ray_init.node_ip_address: expected null when ray_init.address is set (the nodes of a running cluster have "
+        "their own addresses), got '10.0.0.7'"]
+    assert validate_config(compose_config(["ray_init.node_ip_address=10.0.0.7"])).ray_init.node_ip_address == \
+        "10.0.0.7"
+
+
+def test_heartbeat_timeout_spans_missed_heartbeats():
+    assert problems_for("trainer.heartbeat_interval=10", "trainer.heartbeat_timeout=15") == [
+        "trainer.heartbeat_timeout: expected at least 2 * trainer.heartbeat_interval = 20 (a rank is silent only "
+        "after missing heartbeats), got 15"]
+    assert problems_for("trainer.heartbeat_interval=0", "trainer.worker_call_timeout=-1",
+                        "reward_model.score_timeout=0", "trainer.stop_on_signal=later") == [
+        "reward_model.score_timeout: expected > 0, got 0.0",
+        "trainer.worker_call_timeout: expected > 0, got -1.0",
+        "trainer.heartbeat_interval: expected > 0, got 0.0",
+        "trainer.stop_on_signal: expected one of 'after_step', 'now', got 'later'"]
 
 # ---- everything at once ----
 

@@ -92,8 +92,9 @@ def toy_task(tmp_path_factory):
             "reward": str(root / "reward.py")}
 
 
-def make_config(task, run_dir, *overrides):
-    base = [
+def base_overrides(task, run_dir) -> list[str]:
+    """The toy task's run: 2 CPU ranks, batches of 8 prompts x 2 responses, 2 steps, metrics in metrics.jsonl."""
+    return [
         f"actor_rollout_ref.model.path={task['model']}",
         f"data.train_files={task['train']}", f"data.val_files={task['val']}",
         f"custom_reward_function.path={task['reward']}", "custom_reward_function.name=share_of_a",
@@ -104,7 +105,10 @@ def make_config(task, run_dir, *overrides):
         "trainer.n_gpus_per_node=2", "trainer.total_training_steps=2", "trainer.val_before_train=false",
         "trainer.logger=[console,jsonl]", f"trainer.default_local_dir={run_dir}", "trainer.device=cpu",
     ]
-    config = validate_config(compose_config(base + list(overrides)))
+
+
+def make_config(task, run_dir, *overrides):
+    config = validate_config(compose_config(base_overrides(task, run_dir) + list(overrides)))
     check_paths(config)
     return config
 

@@ -1,5 +1,7 @@
 """Reward managers batch and dapo, scorer failures, rm_scores, loading from the real config, math-verify."""
 import logging
+import re
+import time
 
 import pytest
 import torch
@@ -12,7 +14,8 @@ from hybridrl.utils.reward_score import default_compute_score
 from hybridrl.utils.reward_score import math as math_score
 from hybridrl.utils.tiny_model import build_tokenizer
 from hybridrl.workers.reward_manager import (BatchRewardManager, DAPORewardManager, NaiveRewardManager,
-                                             load_reward_manager)
+                                             load_reward_manager, register_reward_manager)
+from hybridrl.workers.reward_manager.base import ScoreTimeoutError
 
 PROMPT_LEN, RESPONSE_LEN = 4, 8
 
@@ -162,8 +165,75 @@ def test_dapo_failed_sample_keeps_its_length_penalty(tokenizer):
     assert out["reward_metrics"] == {"reward/errors": 1.0}
 
 
+def nan_for_boom(data_source, solution_str, ground_truth, extra_info):
+    """1 per digit equal to the ground truth, but NaN for a response with "boom" in it."""
+    return float("nan") if "boom" in solution_str else float(solution_str.count(ground_truth))
+
+
+def nan_for_boom_batch(data_sources, solution_strs, ground_truths, extra_infos):
+    return [nan_for_boom(*sample) for sample in zip(data_sources, solution_strs, ground_truths, extra_infos)]
+
+
+@pytest.mark.parametrize("make_manager, scorer", [
+    (lambda tok: NaiveRewardManager(tok, 0, compute_score=nan_for_boom), "nan_for_boom"),
+    (lambda tok: BatchRewardManager(tok, 0, compute_score=nan_for_boom_batch), "nan_for_boom_batch"),
+], ids=["naive", "batch"])
+def test_a_nan_score_for_one_sample_in_four_is_a_counted_error(tokenizer, make_manager, scorer, caplog):
+    """Before: the NaN went into the reward tensor (the batch's loss became NaN, every optimizer step was skipped)
+    and reward/errors stayed 0. Now that sample follows the policy of a scorer that raises."""
+    batch = make_batch(tokenizer, ["1 1", "boom 1", "1", "2"])
+    with caplog.at_level(logging.ERROR, logger="hybridrl.workers.reward_manager.base"):
+        out = make_manager(tokenizer)(batch, return_dict=True)
+
+    assert torch.isfinite(out["reward_tensor"]).all()
+    assert torch.equal(out["reward_tensor"], on_last_token([2.0, 0.0, 1.0, 0.0], [3, 3, 1, 1]))
+    assert out["reward_metrics"] == {"reward/errors": 1.0}
+    # the log names the scorer (function and file) and the offending sample
+    assert f"reward scorer {scorer} (" in caplog.text and "test_reward_stack.py)" in caplog.text
+    assert "returned nan (not finite) for sample 1 (data_source 'src', response 'boom 1')" in caplog.text
+
+
+@pytest.mark.parametrize("bad_score, problem", [
+    (float("inf"), "inf (not finite)"),
+    (float("-inf"), "-inf (not finite)"),
+    ("0.5", "the string '0.5' (not a number)"),
+    (None, "None of type NoneType (not a number)"),
+    (torch.tensor(1.0), "tensor(1.) of type Tensor (not a number)"),
+    ({"score": float("nan"), "index": 0, "len": 1}, "nan (not finite)"),
+])
+def test_scores_that_are_not_finite_numbers_are_counted_errors(tokenizer, bad_score, problem, caplog):
+    def score(data_source, solution_str, ground_truth, extra_info):
+        if "boom" in solution_str:
+            return bad_score
+        return {"score": 1.0, "index": 0, "len": 1} if isinstance(bad_score, dict) else 1.0
+
+    with caplog.at_level(logging.ERROR, logger="hybridrl.workers.reward_manager.base"):
+        out = NaiveRewardManager(tokenizer, 0, compute_score=score)(make_batch(tokenizer, ["1", "boom"]),
+                                                                    return_dict=True)
+    assert torch.equal(out["reward_tensor"], on_last_token([1.0, 0.0], [1, 1]))
+    assert out["reward_metrics"] == {"reward/errors": 1.0}
+    assert f"returned {problem} for sample 1" in caplog.text
+    if isinstance(bad_score, dict):
+        assert out["reward_extra_info"] == {"index": [0, None], "len": [1, None]}
+
+
+def test_numbers_of_every_kind_are_valid_scores(tokenizer):
+    import numpy as np
+
+    scores = iter([True, 3, np.float32(0.25), np.int64(-2)])
+    out = NaiveRewardManager(tokenizer, 0, compute_score=lambda **_: next(scores))(
+        make_batch(tokenizer, ["1", "1", "1", "1"]), return_dict=True)
+    assert torch.equal(out["reward_tensor"], on_last_token([1.0, 3.0, 0.25, -2.0], [1, 1, 1, 1]))
+    assert out["reward_metrics"] == {"reward/errors": 0.0}
+
+
+def test_a_scorer_returning_nan_for_every_sample_fails_the_batch(tokenizer):
+    with pytest.raises(RuntimeError, match=r"failed on all 2 samples.*nan_for_boom.*returned nan \(not finite\)"):
+        NaiveRewardManager(tokenizer, 0, compute_score=nan_for_boom)(make_batch(tokenizer, ["boom", "boom"]))
+
+
 def test_a_scorer_raising_on_every_sample_fails_the_batch(tokenizer):
-    with pytest.raises(RuntimeError, match=r"raised for all 2 samples.*ZeroDivisionError"):
+    with pytest.raises(RuntimeError, match=r"failed on all 2 samples.*ZeroDivisionError"):
         NaiveRewardManager(tokenizer, 0, compute_score=digit_count_score)(make_batch(tokenizer, ["boom", "boom"]))
     with pytest.raises(RuntimeError, match="scorer itself is broken"):
         NaiveRewardManager(tokenizer, 0)(make_batch(tokenizer, ["1"], data_sources=["no/such/source"]))
@@ -210,6 +280,82 @@ def test_load_reward_manager_from_the_real_config(tokenizer, tmp_path):
         load_reward_manager(validate_config(compose_config(base + ["reward_model.overlong_buffer.enable=true",
                                                                    "reward_model.overlong_buffer.len=4"])),
                             tokenizer, 0)
+
+    # the scorer watch comes from the config: reward_model.score_timeout and trainer.heartbeat_interval
+    watched = load_reward_manager(validate_config(compose_config(base + [
+        "reward_model.score_timeout=7", "trainer.heartbeat_interval=2"])), tokenizer, 0)
+    assert (watched.score_timeout, watched.heartbeat_interval) == (7.0, 2.0)
+    assert load_reward_manager(validate_config(compose_config(base + ["reward_model.score_timeout=null"])),
+                               tokenizer, 0).score_timeout is None
+
+
+@register_reward_manager("not_derived_from_the_base")
+class ForeignRewardManager:
+    def __init__(self, tokenizer, num_examine, compute_score=None, reward_fn_key="data_source"):
+        pass
+
+
+def test_a_watched_scorer_needs_a_manager_derived_from_the_base(tokenizer):
+    base = ["actor_rollout_ref.model.path=unused", "data.train_files=unused.parquet", "data.val_files=unused.parquet",
+            "trainer.n_gpus_per_node=1", "reward_model.reward_manager=not_derived_from_the_base"]
+    with pytest.raises(ValueError, match=r"reward_model.score_timeout=300.0 needs a reward manager derived from "
+                                         r"hybridrl's RewardManagerBase, which ForeignRewardManager is not"):
+        load_reward_manager(validate_config(compose_config(base)), tokenizer, 0)
+    manager = load_reward_manager(validate_config(compose_config(base + ["reward_model.score_timeout=null"])),
+                                  tokenizer, 0)
+    assert isinstance(manager, ForeignRewardManager)
+
+
+# ---------------------------------------------------------------------------------------------- slow scorers
+
+def sleepy_score(data_source, solution_str, ground_truth, extra_info):
+    """Scores 1, after sleeping as many tenths of a second as a "boom" response says ("boom 5": 0.5 s)."""
+    if solution_str.startswith("boom"):
+        time.sleep(int(solution_str.split()[1]) / 10)
+    return 1.0
+
+
+def sleepy_batch(data_sources, solution_strs, ground_truths, extra_infos):
+    return [sleepy_score(*sample) for sample in zip(data_sources, solution_strs, ground_truths, extra_infos)]
+
+
+@pytest.mark.parametrize("manager_cls, scorer, busy_with", [
+    (NaiveRewardManager, sleepy_score, "sample 2 (data_source 'src')"),
+    (BatchRewardManager, sleepy_batch, "the batch of 3 samples"),
+], ids=["naive", "batch"])
+def test_a_scorer_that_hangs_fails_the_batch_after_the_timeout_naming_it(tokenizer, manager_cls, scorer, busy_with,
+                                                                         caplog):
+    """Before: a scorer sleeping 30 s passed unnoticed. Now it is logged while it runs and fails the run at the
+    timeout, naming the scorer and what it was busy with."""
+    manager = manager_cls(tokenizer, 0, compute_score=scorer)
+    manager.set_score_timeout(1.0, heartbeat_interval=0.4)
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="hybridrl.workers.reward_manager.base"), \
+            pytest.raises(ScoreTimeoutError) as caught:
+        manager(make_batch(tokenizer, ["1", "1", "boom 300"]))
+    took = time.monotonic() - start
+    assert 1.0 <= took < 3.0
+    assert str(caught.value).startswith(f"reward_model.score_timeout=1 s exceeded: scorer {scorer.__name__} (")
+    assert f"has been busy for 1.0 s with {busy_with}" in str(caught.value)
+    assert f"reward scoring: scorer {scorer.__name__} (" in caplog.text
+    assert re.search(rf"has been busy for 0\.[3-9] s with {re.escape(busy_with)} \(the run fails at "
+                     rf"reward_model.score_timeout=1 s\)", caplog.text)
+
+
+def test_a_slow_scorer_within_the_timeout_is_reported_and_scores(tokenizer, caplog):
+    manager = NaiveRewardManager(tokenizer, 0, compute_score=sleepy_score)
+    manager.set_score_timeout(5.0, heartbeat_interval=0.2)
+    with caplog.at_level(logging.WARNING, logger="hybridrl.workers.reward_manager.base"):
+        out = manager(make_batch(tokenizer, ["boom 5", "1"]), return_dict=True)
+    assert torch.equal(out["reward_tensor"], on_last_token([1.0, 1.0], [4, 1]))  # "boom 5": 4 tokens
+    assert re.search(r"has been busy for 0\.\d s with sample 0 \(data_source 'src'\)", caplog.text)
+
+
+def test_a_watched_scorer_that_raises_for_every_sample_still_fails_the_batch(tokenizer):
+    manager = NaiveRewardManager(tokenizer, 0, compute_score=digit_count_score)
+    manager.set_score_timeout(5.0, heartbeat_interval=1.0)
+    with pytest.raises(RuntimeError, match=r"failed on all 2 samples.*ZeroDivisionError"):
+        manager(make_batch(tokenizer, ["boom", "boom"]))
 
 
 # ---------------------------------------------------------------------------------------------- math-verify

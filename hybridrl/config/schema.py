@@ -359,6 +359,7 @@ class RewardModelConfig(ConfigNode):
     reward_manager: str
     launch_reward_fn_async: bool
     overlong_buffer: OverlongBufferConfig
+    score_timeout: Optional[float] = positive()
 
 
 @dataclass
@@ -421,6 +422,10 @@ class TrainerConfig(ConfigNode):
     default_hdfs_dir: Optional[str]
     esi_redundant_time: float = at_least(0)
     ray_wait_register_center_timeout: float = positive()
+    worker_call_timeout: Optional[float] = positive()
+    heartbeat_interval: float = positive()
+    heartbeat_timeout: float = positive()
+    stop_on_signal: Literal["after_step", "now"]
 
     def runs_validation(self) -> bool:
         """Whether the trainer validates at all: before training or every test_freq steps (val_only validates
@@ -432,6 +437,7 @@ class TrainerConfig(ConfigNode):
 class RayInitConfig(ConfigNode):
     address: Optional[str]
     num_cpus: Optional[int] = positive()
+    node_ip_address: Optional[str]
     timeline_json_file: Optional[str]
 
 

@@ -240,6 +240,17 @@ def _ray_cluster_owns_its_cpus(values: _Values, problems: list[str]) -> None:
     if address is not None and num_cpus is not None:
         problems.append(f"ray_init.num_cpus: expected null when ray_init.address is set (a running cluster "
                         f"declares its own CPUs), got {num_cpus}")
+    node_ip_address = values("ray_init.node_ip_address")
+    if address is not None and node_ip_address is not None:
+        problems.append(f"ray_init.node_ip_address: expected null when ray_init.address is set (the nodes of a "
+                        f"running cluster have their own addresses), got {node_ip_address!r}")
+
+
+def _heartbeats_fit_in_their_timeout(values: _Values, problems: list[str]) -> None:
+    interval, timeout = values("trainer.heartbeat_interval"), values("trainer.heartbeat_timeout")
+    if timeout < 2 * interval:
+        problems.append(f"trainer.heartbeat_timeout: expected at least 2 * trainer.heartbeat_interval = "
+                        f"{2 * interval:g} (a rank is silent only after missing heartbeats), got {timeout:g}")
 
 
 def _batch_sizes_divide(values: _Values, problems: list[str]) -> None:
@@ -397,6 +408,7 @@ RULES: list[Callable[[_Values, list[str]], None]] = [
     _critic_matches_estimator,
     _resume_path_given,
     _ray_cluster_owns_its_cpus,
+    _heartbeats_fit_in_their_timeout,
     _batch_sizes_divide,
     _tensor_parallel_divides,
     _sglang_runs_one_engine_per_gpu,

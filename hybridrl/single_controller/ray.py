@@ -4,6 +4,9 @@ and the controller-side handle that calls them (RayWorkerGroup).
 One Ray actor is one rank. Several roles (actor/rollout/ref, critic, reward model) can share
 each rank's process: create_colocated_worker_cls builds one actor class that holds an instance
 of every role, and RayWorkerGroup.spawn hands back one group view per role.
+
+A group made with a WorkerWatch waits for its ranks to start within ``start_timeout`` and watches every call
+(heartbeats, timeouts: heartbeat.py); without one, calls wait as long as they take.
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller.decorator import REGISTER_ATTRIBUTE, Registration, plan_call, registered_methods
+from hybridrl.single_controller.heartbeat import (INTERVAL_ENV, MONITOR_ENV, HeartbeatMonitor, WorkerWatch,
+                                                  wait_for_ranks)
 from hybridrl.single_controller.worker import Worker
 from hybridrl.utils.distributed import get_node_ip_and_free_port
 
@@ -96,14 +101,16 @@ class RayClassWithInitArgs:
 
 class WorkerGroupFuture:
     """What a blocking=False method returns: ``refs`` (one per rank that runs, for ray.wait) and
-    ``get()``, which waits and gathers them as the blocking call would have."""
+    ``get()``, which waits (watched as the group's calls are) and gathers them as the blocking call would have."""
 
-    def __init__(self, refs: list[ray.ObjectRef], collect: Callable[[list], Any]):
+    def __init__(self, refs: list[ray.ObjectRef], collect: Callable[[list], Any],
+                 wait: Callable[[list[ray.ObjectRef]], list]):
         self.refs = refs
         self._collect = collect
+        self._wait = wait
 
-    def get(self, timeout: float | None = None) -> Any:
-        return self._collect(ray.get(self.refs, timeout=timeout))
+    def get(self) -> Any:
+        return self._collect(self._wait(self.refs))
 
 
 class RayWorkerGroup:
@@ -111,20 +118,24 @@ class RayWorkerGroup:
     @register-ed method of the worker class bound as a method of this group."""
 
     def __init__(self, resource_pool: RayResourcePool, ray_cls_with_init: RayClassWithInitArgs,
-                 name_prefix: str | None = None):
+                 name_prefix: str | None = None, watch: WorkerWatch | None = None):
         _check_method_names(ray_cls_with_init.cls)
         name_prefix = name_prefix or f"{ray_cls_with_init.cls.__name__}_{uuid.uuid4().hex[:8]}"
-        self._attach(_create_workers(resource_pool, ray_cls_with_init, name_prefix), ray_cls_with_init.cls, "")
+        workers, monitor = _create_workers(resource_pool, ray_cls_with_init, name_prefix, watch)
+        self._attach(_RankWatch(workers, monitor, watch, name_prefix), ray_cls_with_init.cls, "")
+        if watch is not None:
+            self._rank_watch.wait_started(f"starting {ray_cls_with_init.cls.__name__}")
 
     @classmethod
-    def _view(cls, workers: list, worker_cls: type, method_prefix: str) -> RayWorkerGroup:
+    def _view(cls, rank_watch: _RankWatch, worker_cls: type, method_prefix: str) -> RayWorkerGroup:
         # A view shares the actors of another group; it needs no resources of its own, so skip __init__.
         view = cls.__new__(cls)
-        view._attach(workers, worker_cls, method_prefix)
+        view._attach(rank_watch, worker_cls, method_prefix)
         return view
 
-    def _attach(self, workers: list, worker_cls: type, method_prefix: str) -> None:
-        self._workers = workers
+    def _attach(self, rank_watch: _RankWatch, worker_cls: type, method_prefix: str) -> None:
+        self._rank_watch = rank_watch
+        self._workers = rank_watch.workers
         self._worker_cls = worker_cls
         self._method_prefix = method_prefix
         for name, registration in registered_methods(worker_cls).items():
@@ -133,8 +144,10 @@ class RayWorkerGroup:
     def _bound_method(self, name: str, registration: Registration) -> Callable:
         def call(*args, **kwargs):
             planned = plan_call(registration, self.world_size, name, args, kwargs)
-            future = WorkerGroupFuture(self._submit(self._method_prefix + name, planned.rank_arguments),
-                                       planned.collect)
+            method_name = self._method_prefix + name
+            refs = self._submit(method_name, planned.rank_arguments)
+            future = WorkerGroupFuture(refs, planned.collect,
+                                       lambda refs: self._rank_watch.wait(refs, list(range(len(refs))), method_name))
             return future.get() if registration.blocking else future
 
         call.__name__ = name
@@ -167,7 +180,8 @@ class RayWorkerGroup:
 
     def execute_all_sync(self, method_name: str, *args, **kwargs) -> list:
         """Call any method (registered or not) on every rank with the same arguments; the list of results."""
-        return ray.get(self._submit(self._method_prefix + method_name, [(args, kwargs)] * self.world_size))
+        refs = self._submit(self._method_prefix + method_name, [(args, kwargs)] * self.world_size)
+        return self._rank_watch.wait(refs, list(range(self.world_size)), self._method_prefix + method_name)
 
     def spawn(self, prefix_set: list[str] | set[str]) -> dict[str, RayWorkerGroup]:
         """For a group of create_colocated_worker_cls(...): one view per role, whose methods are the
@@ -181,7 +195,28 @@ class RayWorkerGroup:
             raise KeyError(f"spawn: no role(s) {unknown}; the colocated class has {sorted(role_classes)}")
         for role in prefix_set:
             _check_method_names(role_classes[role])
-        return {role: RayWorkerGroup._view(self._workers, role_classes[role], f"{role}_") for role in prefix_set}
+        return {role: RayWorkerGroup._view(self._rank_watch, role_classes[role], f"{role}_") for role in prefix_set}
+
+
+class _RankWatch:
+    """The actors of a group (shared by its views) and how to wait for their calls (heartbeat.py)."""
+
+    def __init__(self, workers: list, monitor, watch: WorkerWatch | None, name_prefix: str):
+        self.workers = workers
+        self.monitor = monitor
+        self.watch = watch
+        self.actor_names = {rank: f"{name_prefix}_{rank}" for rank in range(len(workers))}
+
+    def wait(self, refs: list[ray.ObjectRef], ranks: list[int], what: str) -> list:
+        """The results of refs (rank ranks[i] computes refs[i])."""
+        return wait_for_ranks(refs, ranks, what, self.monitor, self.watch, self.actor_names)
+
+    def wait_started(self, what: str) -> None:
+        """Until every rank's actor is constructed (its __init__ ran; an error in it is raised here). A rank not
+        yet scheduled cannot beat, so only trainer.ray_wait_register_center_timeout applies."""
+        ready = [worker.__ray_ready__.remote() for worker in self.workers]
+        wait_for_ranks(ready, list(range(len(ready))), what, None, self.watch, self.actor_names,
+                       limit=self.watch.start_timeout, limit_key="trainer.ray_wait_register_center_timeout")
 
 
 def _check_method_names(worker_cls: type) -> None:
@@ -226,9 +261,15 @@ def _forward_to_role(role: str, name: str, registration: Registration | None) ->
     return forward
 
 
-def _create_workers(pool: RayResourcePool, ray_cls_with_init: RayClassWithInitArgs, name_prefix: str) -> list:
+def _create_workers(pool: RayResourcePool, ray_cls_with_init: RayClassWithInitArgs, name_prefix: str,
+                    watch: WorkerWatch | None) -> tuple[list, Any]:
+    """The group's actors, one per bundle, and its heartbeat monitor (None without a watch)."""
     groups = pool.placement_groups()
     master_addr, master_port = _pick_rendezvous(groups[0])
+    monitor, heartbeat_env = None, {}
+    if watch is not None:
+        monitor = HeartbeatMonitor.options(name=f"{name_prefix}_heartbeat").remote()
+        heartbeat_env = {MONITOR_ENV: f"{name_prefix}_heartbeat", INTERVAL_ENV: str(watch.heartbeat_interval)}
     remote_cls = ray.remote(ray_cls_with_init.cls)
     share = 1 / pool.max_colocate_count
     workers = []
@@ -236,14 +277,14 @@ def _create_workers(pool: RayResourcePool, ray_cls_with_init: RayClassWithInitAr
         for local_rank in range(count):
             rank = len(workers)
             env_vars = {"RANK": str(rank), "WORLD_SIZE": str(pool.world_size), "LOCAL_RANK": str(local_rank),
-                        "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)}
+                        "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), **heartbeat_env}
             options = {"num_cpus": share, "name": f"{name_prefix}_{rank}", "runtime_env": {"env_vars": env_vars},
                        "scheduling_strategy": PlacementGroupSchedulingStrategy(
                            group, placement_group_bundle_index=local_rank)}
             if pool.use_gpu:
                 options["num_gpus"] = share
             workers.append(remote_cls.options(**options).remote(*ray_cls_with_init.args, **ray_cls_with_init.kwargs))
-    return workers
+    return workers, monitor
 
 
 def _pick_rendezvous(rank_zero_group: PlacementGroup) -> tuple[str, int]:

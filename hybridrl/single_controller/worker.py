@@ -8,6 +8,9 @@ node's placement group) and MASTER_ADDR/MASTER_PORT (the torch.distributed rende
 To run a worker outside a group (a unit test in one process), set the five variables yourself,
 e.g. RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=<a free port>.
 
+A group that watches its ranks also names its heartbeat monitor (HYBRIDRL_HEARTBEAT_MONITOR/_INTERVAL); the
+worker then starts the process's heartbeat thread first thing, so it beats while its roles load (heartbeat.py).
+
 CPU threads follow Ray's default: OMP_NUM_THREADS is the actor's CPU share (1 per bundle, so a
 2-core machine is not oversubscribed). Set OMP_NUM_THREADS in ``ray_init.runtime_env.env_vars``
 to give workers more threads.
@@ -26,6 +29,11 @@ class Worker:
             raise RuntimeError(f"{type(self).__name__}: environment variable(s) {missing} are not set; a "
                                f"RayWorkerGroup sets them, or set {list(WORKER_ENV_VARS)} to run one worker alone")
         self._rank = int(os.environ["RANK"])
+        # Imported here, not at the top: importing this package must not import ray, because the driver sets
+        # Ray's single-machine mode before its first `import ray` (local_cluster.py).
+        from hybridrl.single_controller.heartbeat import start_heartbeat
+
+        start_heartbeat(self._rank)
         self._world_size = int(os.environ["WORLD_SIZE"])
         self._local_rank = int(os.environ["LOCAL_RANK"])
 

@@ -2,9 +2,16 @@
 
 The CPU path and the GPU path are the same code: only the device ("cpu"/"cuda") and the
 backend ("gloo"/"nccl") differ, and both are chosen here.
+
+Nothing listens on more interfaces than the run needs: torch's rendezvous store (env://) listens on every interface
+of rank 0's machine, so rank 0 hosts it on MASTER_ADDR alone (under torchrun, whose agent hosts the store, env:// is
+used as is); and when MASTER_ADDR is a loopback address (a single-machine cluster on 127.0.0.1), gloo's and NCCL's
+own sockets are kept on the loopback interface too (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, unless already set).
 """
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import os
 import socket
 
@@ -39,8 +46,50 @@ def init_process_group_once(backend: str | None = None) -> None:
                            f"a RayWorkerGroup sets them for its workers")
     if device_name() == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-    dist.init_process_group(backend=backend, rank=int(os.environ["RANK"]),
-                            world_size=int(os.environ["WORLD_SIZE"]))
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    master_addr, master_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if _is_loopback(master_addr):
+        loopback = _loopback_interface()
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # Started by torchrun / torch's elastic launcher (main_sft): its agent already hosts the store on MASTER_PORT.
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
+        return
+    dist.init_process_group(backend=backend, store=_rendezvous_store(master_addr, master_port, rank, world_size),
+                            rank=rank, world_size=world_size)
+
+
+def _rendezvous_store(master_addr: str, master_port: int, rank: int, world_size: int) -> dist.TCPStore:
+    """The TCPStore env:// would make, except that rank 0 listens on MASTER_ADDR alone (torch's own listens on every
+    interface): it hands the store a socket already bound there."""
+    timeout = datetime.timedelta(minutes=30)  # torch's default for the default process group
+    if rank != 0:
+        return dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
+    listener = socket.create_server((master_addr, master_port), family=_family(master_addr))
+    return dist.TCPStore(master_addr, master_port, world_size, is_master=True, timeout=timeout,
+                         master_listen_fd=listener.detach())  # the store owns the socket from here on
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(address)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def _family(address: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in address else socket.AF_INET
+
+
+def _loopback_interface() -> str:
+    """The name of this machine's loopback interface ("lo" on Linux, "lo0" on macOS)."""
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(address.family == socket.AF_INET and address.address.startswith("127.") for address in addresses):
+            return name
+    raise RuntimeError("MASTER_ADDR is a loopback address but this machine has no interface with a 127.x address")
 
 
 def get_node_ip_and_free_port() -> tuple[str, int]:

@@ -111,6 +111,12 @@ def save_checkpoint(trainer) -> str:
     return os.path.join(root, step_dir_name(trainer.global_steps))
 
 
+def has_checkpoint(default_local_dir: str, step: int) -> bool:
+    """Whether ``global_step_{step}`` under ``default_local_dir`` is a complete checkpoint."""
+    path = os.path.join(os.path.abspath(default_local_dir), step_dir_name(step), COMPLETE_MARKER_FILE)
+    return os.path.isfile(path)
+
+
 def controller_state(trainer) -> dict:
     """What lives on the controller and changes during training (the workers save everything else)."""
     kl_ctrl = trainer.kl_ctrl_in_reward

@@ -20,6 +20,7 @@ import torch
 from transformers import AutoTokenizer
 
 from hybridrl.protocol import DataProto
+from hybridrl.single_controller.heartbeat import WorkerWatch
 from hybridrl.single_controller.ray import (
     RayClassWithInitArgs,
     RayResourcePool,
@@ -59,8 +60,11 @@ def resolve_device(requested: str) -> str:
 
 
 class RayPPOTrainer:
-    def __init__(self, config):
+    def __init__(self, config, run_control=None):
+        """run_control: the driver's RunControl actor (trainer/run_control.py), asked between steps whether to stop;
+        None (a trainer run in-process) never stops early."""
         self.config = config
+        self.run_control = run_control
         model_path = config.actor_rollout_ref.model.path
         self.tokenizer = AutoTokenizer.from_pretrained(
             config.data.tokenizer or model_path, trust_remote_code=config.actor_rollout_ref.model.trust_remote_code)
@@ -128,7 +132,8 @@ class RayPPOTrainer:
                                                    rollout_n=self.config.actor_rollout_ref.rollout.n, **common)
         if self.use_rm:
             roles["rm"] = RayClassWithInitArgs(RewardModelWorker, self.config.reward_model, **common)
-        all_roles = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls(roles))
+        all_roles = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls(roles),
+                                   watch=WorkerWatch.from_trainer_config(trainer))
         groups = all_roles.spawn(prefix_set=set(roles))
         if self.use_critic:
             self.critic_wg = groups["critic"]
@@ -149,13 +154,16 @@ class RayPPOTrainer:
         """Train for `total_training_steps`, validating before, every `test_freq` steps and at the end.
 
         Call `init_workers()` first. It first resumes from a checkpoint as `trainer.resume_mode` says, and saves
-        one every `trainer.save_freq` steps and at the last step (see checkpointing.py)."""
+        one every `trainer.save_freq` steps and at the last step (see checkpointing.py). When the driver asks it to
+        stop (a signal), it stops after the running step, saves that step first when `save_freq > 0`, and returns
+        with `stopped_early` set in the summary."""
         trainer = self.config.trainer
         start = time.perf_counter()
         logger = Tracking(project_name=trainer.project_name, experiment_name=trainer.experiment_name,
                           default_backend=list(trainer.logger), config=None, local_dir=trainer.default_local_dir)
         self.tracking = logger
         self.global_steps = checkpointing.load_checkpoint(self)
+        self._record_step()
 
         val_before = val_after = None
         if trainer.val_before_train:
@@ -169,6 +177,10 @@ class RayPPOTrainer:
         # An endless iterator over epochs that knows its position, so a checkpoint can resume mid-epoch.
         batches = self.train_data_position.batches()
         while self.global_steps < self.total_training_steps:
+            if self._stop_requested():
+                progress.close()
+                self._save_before_stopping()
+                return self._finish(logger, start, val_before, val_after, stopped_early=True)
             self.global_steps += 1
             metrics = self.train_step(DataProto.from_single_dict(next(batches)))
             is_last = self.global_steps >= self.total_training_steps
@@ -183,12 +195,29 @@ class RayPPOTrainer:
                 metrics.update(compute_timing_metrics(save_timing))
             logger.log(metrics, step=self.global_steps)
             progress.update(self.global_steps, metrics)
+            self._record_step()
         progress.close()
         if trainer.test_freq <= 0 and trainer.val_before_train:
             val_metrics = self._validate()
             val_after = _mean_val_score(val_metrics)
             logger.log(val_metrics, step=self.global_steps)
         return self._finish(logger, start, val_before, val_after)
+
+    def _stop_requested(self) -> bool:
+        return self.run_control is not None and ray.get(self.run_control.stop_requested.remote())
+
+    def _record_step(self) -> None:
+        """Tell the driver the last step done, so a stop at once can report it."""
+        if self.run_control is not None:
+            self.run_control.record_step.remote(self.global_steps)
+
+    def _save_before_stopping(self) -> None:
+        """A checkpoint of the last step done, unless checkpoints are off or that step already has one."""
+        trainer = self.config.trainer
+        if trainer.save_freq > 0 and self.global_steps > 0 \
+                and not checkpointing.has_checkpoint(trainer.default_local_dir, self.global_steps):
+            print(f"stopping: saving a checkpoint of step {self.global_steps}", flush=True)
+            self.latest_checkpoint_dir = checkpointing.save_checkpoint(self)
 
     def train_step(self, batch: DataProto) -> dict[str, float]:
         """One PPO/GRPO iteration on a batch of prompts; returns its metrics."""
@@ -318,12 +347,13 @@ class RayPPOTrainer:
         return {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id,
                 "validate": validate, "do_sample": do_sample}
 
-    def _finish(self, logger, start: float, val_before, val_after) -> dict:
+    def _finish(self, logger, start: float, val_before, val_after, stopped_early: bool = False) -> dict:
         """Write `summary.json` in the run directory and return the summary."""
         run_dir = self.config.trainer.default_local_dir
         os.makedirs(run_dir, exist_ok=True)
         summary = {"val_score_before": val_before, "val_score_after": val_after, "steps": self.global_steps,
-                   "wall_s": round(time.perf_counter() - start, 2), "checkpoint_dir": self.latest_checkpoint_dir}
+                   "wall_s": round(time.perf_counter() - start, 2), "checkpoint_dir": self.latest_checkpoint_dir,
+                   "stopped_early": stopped_early}
         path = os.path.join(run_dir, "summary.json")
         with open(path, "w") as f:
             json.dump(summary, f, indent=2)

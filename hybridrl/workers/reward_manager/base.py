@@ -11,19 +11,34 @@ One call, `manager(data, return_dict=True)`:
      `rm_scores` when the batch has them (RewardModelWorker puts its score on the same token),
      so rule and model rewards combine by a plain sum.
 
-A scorer that raises for one sample costs that sample, not the run: the sample scores 0 (its dict
-extras are None), the failures of the batch are counted in `reward_metrics["reward/errors"]`, and
-the first traceback a manager sees is logged once. If every sample of a batch fails, the scorer
-itself is broken (a wrong data_source, a typo in a custom function): that raises, with the first
-error attached, instead of training on zeros.
+A sample the scorer fails on costs that sample, not the run. It fails when the scorer raises, or when it returns
+a score that is not a finite number: NaN or inf (one NaN reward makes the whole batch's loss NaN, so every
+optimizer step would be skipped), a string (even "0.5"), None, a tensor. The sample scores 0 (its dict extras
+are None), the failures of the batch are counted in `reward_metrics["reward/errors"]`, and the first failure a
+manager sees is logged once, naming the scorer and the sample. If every sample of a batch fails, the scorer
+itself is broken (a wrong data_source, a typo in a custom function): that raises, with the first error
+attached, instead of training on zeros.
+
+A scorer that hangs (a judge that never answers, a sandbox that never returns) is reported, not waited on in
+silence: with `reward_model.score_timeout` set, the samples are scored on a helper thread while the calling thread
+logs, every `trainer.heartbeat_interval` seconds, which sample the scorer has been busy with and for how long, and
+raises ScoreTimeoutError, naming the scorer and that sample, once no scorer call has begun or ended for
+`score_timeout` seconds. (A scorer that holds the GIL in C code stops the logging too; math-verify's own
+per-sample timeouts need the main thread, so they are off on the helper thread.)
 """
 from __future__ import annotations
 
+import inspect
 import logging
+import math
+import numbers
+import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
 
 logger = logging.getLogger(__name__)
@@ -46,10 +61,19 @@ class DecodedResponses:
 
 
 class ScorerFailure:
-    """The result of a scorer call that raised (kept so the batch can still be scored)."""
+    """A sample the scorer could not score: its call raised, or it returned an invalid score (kept so the batch
+    can still be scored)."""
 
     def __init__(self, error: Exception):
         self.error = error
+
+
+class InvalidScoreError(ValueError):
+    """A scorer returned something other than a finite number as a sample's score."""
+
+
+class ScoreTimeoutError(TimeoutError):
+    """No scorer call began or ended for `reward_model.score_timeout` seconds."""
 
 
 def decode_responses(data, tokenizer, reward_fn_key: str) -> DecodedResponses:
@@ -86,7 +110,17 @@ class RewardManagerBase:
         self.num_examine = num_examine  # how many decoded samples per data source to print
         self.compute_score = compute_score
         self.reward_fn_key = reward_fn_key
-        self._traceback_logged = False
+        self._failure_logged = False
+        self.score_timeout: Optional[float] = None  # None: score on the calling thread, unwatched
+        self.heartbeat_interval = 30.0
+        # What the scorer is busy with (set around each scorer call; read by the watching thread).
+        self._busy_with = "score_samples"
+        self._busy_since = time.monotonic()
+
+    def set_score_timeout(self, score_timeout: Optional[float], heartbeat_interval: float) -> None:
+        """Watch every scoring (see the module docstring); the loader sets them from the config."""
+        self.score_timeout = score_timeout
+        self.heartbeat_interval = heartbeat_interval
 
     def score_samples(self, decoded: DecodedResponses) -> list:
         """One result per sample: a float, a dict with "score", or a ScorerFailure (from `call_scorer`)."""
@@ -97,22 +131,23 @@ class RewardManagerBase:
         return scores, {}
 
     def call_scorer(self, what: str, function: Callable, **kwargs):
-        """`function(**kwargs)`, or a ScorerFailure when it raises; the first traceback is logged, once."""
+        """`function(**kwargs)`, or a ScorerFailure when it raises; the first failure is logged, once."""
+        self._busy_with, self._busy_since = what, time.monotonic()
         try:
             return function(**kwargs)
         except Exception as error:  # noqa: BLE001 — any scorer bug costs its sample(s), not the run
-            if not self._traceback_logged:
-                self._traceback_logged = True
-                logger.error("reward scorer raised for %s; it scores 0 and counts in %s (later failures are only "
-                             "counted)", what, ERRORS_METRIC, exc_info=error)
+            self._log_first_failure(f"raised for {what}", error)
             return ScorerFailure(error)
+        finally:
+            self._busy_with, self._busy_since = "score_samples (between scorer calls)", time.monotonic()
 
     def __call__(self, data, return_dict: bool = False):
         decoded = decode_responses(data, self.tokenizer, self.reward_fn_key)
-        results = self.score_samples(decoded)
+        results = self.score_samples(decoded) if self.score_timeout is None else self._score_watched(decoded)
         if len(results) != len(decoded):
             raise ValueError(f"{type(self).__name__}.score_samples returned {len(results)} results "
                              f"for {len(decoded)} samples")
+        results = [self._checked(result, i, decoded) for i, result in enumerate(results)]
         scores, score_extras, errors = _resolve(results, decoded.data_sources)
         rewards, manager_extras = self.final_rewards(scores, decoded)
         clash = sorted(set(score_extras) & set(manager_extras))
@@ -131,6 +166,62 @@ class RewardManagerBase:
         return {"reward_tensor": reward_tensor, "reward_extra_info": {**score_extras, **manager_extras},
                 "reward_metrics": {ERRORS_METRIC: float(errors)}}
 
+    def _score_watched(self, decoded: DecodedResponses) -> list:
+        """`score_samples(decoded)` on a helper thread; this thread logs a slow scorer and fails a stuck one."""
+        outcome: dict[str, Any] = {}
+
+        def score() -> None:
+            try:
+                outcome["results"] = self.score_samples(decoded)
+            except BaseException as error:  # noqa: BLE001 — handed to the calling thread as is
+                outcome["error"] = error
+
+        self._busy_with, self._busy_since = "score_samples", time.monotonic()
+        scoring = threading.Thread(target=score, name="reward-scoring", daemon=True)
+        scoring.start()
+        next_report = time.monotonic() + self.heartbeat_interval
+        while True:
+            busy_for = time.monotonic() - self._busy_since
+            scoring.join(max(0.0, min(next_report - time.monotonic(), self.score_timeout - busy_for)))
+            if not scoring.is_alive():
+                break
+            busy_for = time.monotonic() - self._busy_since
+            if busy_for >= self.score_timeout:
+                # The stuck thread cannot be stopped; it is a daemon, and the run fails now.
+                raise ScoreTimeoutError(
+                    f"reward_model.score_timeout={self.score_timeout:g} s exceeded: scorer "
+                    f"{scorer_name(self.compute_score)} has been busy for {busy_for:.1f} s with {self._busy_with}; "
+                    f"fix the scorer or raise reward_model.score_timeout (null: no limit)")
+            if time.monotonic() >= next_report:
+                logger.warning("reward scoring: scorer %s has been busy for %.1f s with %s (the run fails at "
+                               "reward_model.score_timeout=%g s)", scorer_name(self.compute_score), busy_for,
+                               self._busy_with, self.score_timeout)
+                next_report += self.heartbeat_interval
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["results"]
+
+    def _checked(self, result, sample: int, decoded: DecodedResponses):
+        """The scorer's result, or a ScorerFailure when its score is not a finite number."""
+        if isinstance(result, ScorerFailure) or (isinstance(result, dict) and "score" not in result):
+            return result  # a dict without "score" breaks the scorer contract: _split_score raises for it
+        problem = invalid_score_problem(result["score"] if isinstance(result, dict) else result)
+        if problem is None:
+            return result
+        what = (f"sample {sample} (data_source {decoded.data_sources[sample]!r}, "
+                f"response {_preview(decoded.solution_strs[sample])})")
+        error = InvalidScoreError(f"{scorer_name(self.compute_score)} returned {problem} for {what}")
+        self._log_first_failure(f"returned {problem} for {what}", error, with_traceback=False)
+        return ScorerFailure(error)
+
+    def _log_first_failure(self, happened: str, error: Exception, with_traceback: bool = True) -> None:
+        if self._failure_logged:
+            return
+        self._failure_logged = True
+        logger.error("reward scorer %s %s; the sample scores 0 and counts in %s (later failures are only counted)",
+                     scorer_name(self.compute_score), happened, ERRORS_METRIC,
+                     exc_info=error if with_traceback else None)
+
     def _print_examples(self, data, decoded: DecodedResponses, rewards: list[float], results: list) -> None:
         printed_per_source: dict[Any, int] = defaultdict(int)
         prompts = data.batch["prompts"]
@@ -147,12 +238,38 @@ class RewardManagerBase:
                   + "".join(f"\n[{key}] {value}" for key, value in extras.items() if key != "score") + failure)
 
 
+def invalid_score_problem(score) -> Optional[str]:
+    """None for a finite real number (bools and numpy scalars included); else what is wrong with `score`."""
+    if isinstance(score, str):
+        return f"the string {score!r} (not a number)"
+    if not isinstance(score, (numbers.Real, np.bool_)):
+        return f"{score!r} of type {type(score).__name__} (not a number)"
+    if not math.isfinite(score):
+        return f"{score!r} (not finite)"
+    return None
+
+
+def scorer_name(function: Callable) -> str:
+    """How a log line names a scoring function: its qualified name and the file it is defined in."""
+    name = getattr(function, "__qualname__", None) or repr(function)
+    try:
+        source = inspect.getsourcefile(function)
+    except TypeError:  # a builtin, a functools.partial, a callable object
+        source = None
+    return f"{name} ({source})" if source else name
+
+
+def _preview(text: str, limit: int = 80) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "…")
+
+
 def _resolve(results: list, data_sources: list) -> tuple[list[float], dict[str, list], int]:
     """Scores (0 for failures), extras as one list per key (None for failures), and the failure count."""
     failures = [result for result in results if isinstance(result, ScorerFailure)]
     if results and len(failures) == len(results):
-        raise RuntimeError(f"the reward scorer raised for all {len(results)} samples of the batch, so the scorer "
-                           f"itself is broken (first error: {failures[0].error!r})") from failures[0].error
+        raise RuntimeError(f"the reward scorer failed on all {len(results)} samples of the batch (it raised or "
+                           f"returned no finite number), so the scorer itself is broken (first error: "
+                           f"{failures[0].error!r})") from failures[0].error
     scores, extras_per_sample = [], []
     for result, data_source in zip(results, data_sources):
         if isinstance(result, ScorerFailure):

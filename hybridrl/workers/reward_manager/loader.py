@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 
 from hybridrl.utils.import_utils import load_extern_object
+from hybridrl.workers.reward_manager.base import RewardManagerBase
 from hybridrl.workers.reward_manager.registry import get_reward_manager_cls
 
 
@@ -25,6 +26,8 @@ def load_reward_manager(config, tokenizer, num_examine: int):
     Every manager gets tokenizer, num_examine, compute_score and reward_fn_key (data.reward_fn_key).
     A manager whose constructor also names `max_resp_len` gets data.max_response_length, and one
     that names `overlong_buffer_cfg` gets reward_model.overlong_buffer (as verl's dapo manager).
+    With reward_model.score_timeout set, the manager is watched (see base.py) with it and trainer.heartbeat_interval;
+    that needs a RewardManagerBase.
     """
     name = config.reward_model.reward_manager
     manager_cls = get_reward_manager_cls(name)
@@ -38,5 +41,13 @@ def load_reward_manager(config, tokenizer, num_examine: int):
     elif overlong_buffer is not None and overlong_buffer.enable:
         raise ValueError(f"reward_model.overlong_buffer.enable=true, but reward_model.reward_manager={name!r} "
                          "does not apply an overlong penalty; use reward_model.reward_manager=dapo")
-    return manager_cls(tokenizer=tokenizer, num_examine=num_examine, compute_score=get_custom_reward_fn(config),
-                       reward_fn_key=config.data.reward_fn_key, **kwargs)
+    manager = manager_cls(tokenizer=tokenizer, num_examine=num_examine, compute_score=get_custom_reward_fn(config),
+                          reward_fn_key=config.data.reward_fn_key, **kwargs)
+    score_timeout = config.reward_model.get("score_timeout")
+    if score_timeout is not None:
+        if not isinstance(manager, RewardManagerBase):
+            raise ValueError(f"reward_model.score_timeout={score_timeout} needs a reward manager derived from "
+                             f"hybridrl's RewardManagerBase, which {manager_cls.__name__} is not; set "
+                             "reward_model.score_timeout=null")
+        manager.set_score_timeout(score_timeout, heartbeat_interval=config.trainer.heartbeat_interval)
+    return manager

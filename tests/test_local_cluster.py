@@ -1,0 +1,64 @@
+"""What a local run listens on, piece by piece (the whole run: test_driver_lifecycle.py)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hybridrl.single_controller.local_cluster import SINGLE_MACHINE_MODE_ENV, is_loopback, prepare_driver_process
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# One rank joins a process group the way every worker does, then prints where its process listens.
+ONE_RANK = '''
+import json, os, socket, psutil
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+from hybridrl.utils.distributed import init_process_group_once
+init_process_group_once()
+listening = sorted({(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("tcp")
+                    if c.status == psutil.CONN_LISTEN})
+print(json.dumps({"port": port, "listening": listening, "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME")}))
+'''
+
+
+def test_the_rendezvous_store_and_gloo_stay_on_loopback():
+    """torch's env:// store listened on every interface of rank 0's machine, whatever MASTER_ADDR said."""
+    import json
+
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+    env.pop("GLOO_SOCKET_IFNAME", None)
+    result = subprocess.run([sys.executable, "-c", ONE_RANK], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert ["127.0.0.1", report["port"]] in report["listening"]  # the store, on MASTER_ADDR
+    assert all(is_loopback(ip) for ip, _ in report["listening"]), report["listening"]
+    assert report["gloo_ifname"] == "lo"
+
+
+def test_loopback_addresses():
+    assert is_loopback(None) and is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("10.0.0.7")
+
+
+def test_the_driver_refuses_a_loopback_cluster_once_ray_is_imported(monkeypatch):
+    """Ray reads its single-machine mode when imported; a driver that imported it first would listen everywhere."""
+    import ray  # noqa: F401 — as any test process has
+
+    monkeypatch.delenv(SINGLE_MACHINE_MODE_ENV, raising=False)
+    with pytest.raises(RuntimeError, match="ray was imported before the driver could put it in its single-machine"):
+        prepare_driver_process(None)
+    assert SINGLE_MACHINE_MODE_ENV not in os.environ
+
+
+def test_a_cluster_on_a_network_address_gets_a_run_token_and_keeps_the_users(monkeypatch):
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", SINGLE_MACHINE_MODE_ENV):
+        monkeypatch.delenv(name, raising=False)
+    prepare_driver_process("10.0.0.7")
+    assert os.environ["RAY_AUTH_MODE"] == "token" and len(os.environ["RAY_AUTH_TOKEN"]) == 64
+    assert SINGLE_MACHINE_MODE_ENV not in os.environ  # Ray keeps its network mode for a network address
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.delenv("RAY_AUTH_TOKEN")
+    prepare_driver_process("10.0.0.7")
+    assert os.environ["RAY_AUTH_MODE"] == "disabled" and "RAY_AUTH_TOKEN" not in os.environ
