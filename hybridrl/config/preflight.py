@@ -259,10 +259,19 @@ def _check_resources(config: PPOConfig, problems: list[str]) -> None:
 
 
 def _cpus_ray_detects() -> int:
-    """The CPU count `ray.init` gives a local Ray: the machine's, or the container's CPU quota."""
-    from ray._private.utils import get_num_cpus
+    """The CPUs a local Ray will count: those this process may run on, capped by a cgroup-v2 CPU quota.
 
-    return int(get_num_cpus())
+    Read here without importing `ray`: the driver must import it only once run_ppo has put it in its
+    single-machine mode (single_controller/local_cluster.py)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()
+        if quota != "max":
+            cpus = min(cpus, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return cpus
 
 
 def _visible_gpus() -> int:
