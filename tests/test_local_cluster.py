@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 
@@ -40,6 +41,15 @@ def test_the_rendezvous_store_and_gloo_stay_on_loopback():
 def test_loopback_addresses():
     assert is_loopback(None) and is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("10.0.0.7")
+
+
+@pytest.fixture(autouse=True)
+def restored_environment():
+    """prepare_driver_process writes os.environ (its job in a driver); give this test process its own back, or the
+    run token and single-machine mode would reach every later test's subprocesses (which then cannot join the
+    session's Ray)."""
+    with mock.patch.dict(os.environ):
+        yield
 
 
 def test_the_driver_refuses_a_loopback_cluster_once_ray_is_imported(monkeypatch):

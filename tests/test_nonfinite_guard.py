@@ -10,6 +10,7 @@ and a model whose weights hold NaN (its log-probs are NaN: the run must stop at 
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -77,22 +78,36 @@ def test_non_finite_log_probs_stop_at_once_and_padding_is_ignored():
 
 # ---------------------------------------------------------------------- end to end
 
-NAN_REWARD = '''
-def nan_score(data_source, solution_str, ground_truth, extra_info=None):
-    return float("nan")
+# NaN rewards no longer get this far (the reward manager counts them as errors): an estimator that returns NaN
+# advantages is the user-side source of non-finite steps left.
+NAN_ESTIMATOR = '''
+import torch
+from hybridrl.trainer.ppo.core_algos import register_adv_est
+
+@register_adv_est("nan_advantages")
+def nan_advantages(token_level_rewards, response_mask, **kwargs):
+    nan = torch.full_like(token_level_rewards, float("nan")) * response_mask
+    return nan, nan
+'''
+ZERO_REWARD = '''
+def zero_score(data_source, solution_str, ground_truth, extra_info=None):
+    return 0.0
 '''
 
 
-def test_nan_rewards_stop_the_run_at_step_3_with_a_message_naming_the_cause(ray_local, toy_task, tmp_path):
-    """`python -m hybridrl.main_ppo` as a user runs it: every GRPO advantage is NaN, so every update is
+def test_nan_advantages_stop_the_run_at_step_3_with_a_message_naming_the_cause(ray_local, toy_task, tmp_path):
+    """`python -m hybridrl.main_ppo` as a user runs it: every advantage is NaN, so every update is
     skipped; steps 1 and 2 are logged with actor/skipped_steps=1, step 3 ends the run with exit code 1."""
-    reward_file = tmp_path / "nan_reward.py"
-    reward_file.write_text(NAN_REWARD)
+    extension = tmp_path / "nan_estimator.py"
+    extension.write_text(NAN_ESTIMATOR)
+    reward_file = tmp_path / "zero_reward.py"
+    reward_file.write_text(ZERO_REWARD)
     run_dir = tmp_path / "run"
     overrides = [
         f"actor_rollout_ref.model.path={toy_task['model']}", f"data.train_files={toy_task['train']}",
-        f"data.val_files={toy_task['val']}", f"custom_reward_function.path={reward_file}",
-        "custom_reward_function.name=nan_score", "data.max_prompt_length=32", "data.max_response_length=8",
+        f"data.val_files={toy_task['val']}", f"extensions=[{extension}]",
+        "algorithm.adv_estimator=nan_advantages", f"custom_reward_function.path={reward_file}",
+        "custom_reward_function.name=zero_score", "data.max_prompt_length=32", "data.max_response_length=8",
         "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "actor_rollout_ref.rollout.n=2",
         "trainer.n_gpus_per_node=2", "trainer.total_training_steps=6", "trainer.val_before_train=false",
@@ -108,7 +123,8 @@ def test_nan_rewards_stop_the_run_at_step_3_with_a_message_naming_the_cause(ray_
     assert last_line.startswith("training stopped: update_actor: 3 consecutive optimizer steps had a non-finite "
                                 "gradient norm and were skipped (no weights changed), the last at training step 3 "
                                 "(mini-batch step 1 of 1)")
-    assert "token_level_scores at 16 response positions (rows 0, 1, 2, 3, 4, 5, 6, 7 and 8 more)" in last_line
+    assert re.search(r"advantages at \d+ response positions \(rows 0, 1, 2, 3, 4, 5, 6, 7 and 8 more\)", last_line)
+    assert "token_level_scores" not in last_line.split("Likely causes")[0]  # the rewards were finite
     assert "Likely causes: a reward function or reward model that returns NaN/inf" in last_line
     with open(run_dir / "metrics.jsonl") as f:
         logged = [json.loads(line) for line in f]

@@ -66,10 +66,13 @@ def problems_for(inputs, tmp_path, *overrides) -> list[str]:
     return caught.value.problems
 
 
-def test_good_inputs_pass_without_starting_ray(inputs, tmp_path):
+def test_good_inputs_pass_without_starting_ray(inputs, tmp_path, monkeypatch):
+    def no_ray(*args, **kwargs):
+        raise AssertionError("the checks before start must not start Ray")
+
+    monkeypatch.setattr(ray, "init", no_ray)
     assert check_before_start(config_for(inputs, tmp_path)) == []
     assert os.listdir(tmp_path / "run") == []  # created and test-written; the test file is gone
-    assert not ray.is_initialized()
 
 
 # ---- point 2: data ----

@@ -162,9 +162,11 @@ def train(config) -> dict:
 
 
 def comparable(step_metrics: dict) -> dict:
-    """The metrics that must replay exactly: all but wall-clock timings and the rates derived from them."""
+    """The metrics that must replay exactly: all but wall-clock timings, the rates derived from them, and the
+    machine's memory in use (perf/cpu_memory_used_gb, perf/max_memory_*_gb)."""
     return {key: value for key, value in step_metrics.items()
-            if not key.startswith("timing_s/") and key not in ("perf/time_per_step", "perf/throughput")}
+            if not key.startswith(("timing_s/", "perf/mfu/", "perf/max_memory_", "perf/cpu_memory_"))
+            and key not in ("perf/time_per_step", "perf/throughput")}
 
 
 def metrics_by_step(run_dir) -> dict[int, dict]:
