@@ -104,26 +104,36 @@ def run_dir(tmp_path):
     return str(tmp_path / "run")
 
 
-def test_sigterm_finishes_the_step_saves_it_and_exits_143(toy_task, run_dir, tmp_path):
-    driver = Driver(driver_command(toy_task, run_dir, "trainer.save_freq=4"), tmp_path / "driver.log")
+def signal_at_step_3(driver: Driver, send) -> tuple[int, float, list[psutil.Process]]:
+    """Once the driver reports step 3, `send()` a signal: (exit code, seconds until exit, the processes it had)."""
     try:
         driver.wait_for_output("step 3/200")
         processes = driver.tree()
         sent = time.monotonic()
-        driver.process.send_signal(signal.SIGTERM)
+        send()
         code = driver.wait(timeout=60)
-        took = time.monotonic() - sent
+        return code, time.monotonic() - sent, processes
     finally:
         driver.kill()
+
+
+def stop_report(output: str) -> tuple[int, str]:
+    """(step, checkpoint) from the driver's last line, which must be the stop report."""
+    last_line = output.rstrip("\n").splitlines()[-1]
+    match = re.fullmatch(r"stopped at step (\d+); last checkpoint (\S+); rerun to resume", last_line)
+    assert match, output[-2000:]
+    return int(match.group(1)), match.group(2)
+
+
+def test_sigterm_finishes_the_step_saves_it_and_exits_143(toy_task, run_dir, tmp_path):
+    driver = Driver(driver_command(toy_task, run_dir, "trainer.save_freq=4"), tmp_path / "driver.log")
+    code, took, processes = signal_at_step_3(driver, lambda: driver.process.send_signal(signal.SIGTERM))
     output = driver.output()
     assert code == 143, output[-4000:]
     assert took < 30
     assert "received SIGTERM: stopping after the current step (trainer.stop_on_signal=after_step); send it again " \
            "to stop at once" in output
-    last_line = output.rstrip("\n").splitlines()[-1]
-    match = re.fullmatch(r"stopped at step (\d+); last checkpoint (\S+); rerun to resume", last_line)
-    assert match, last_line
-    step, checkpoint = int(match.group(1)), match.group(2)
+    step, checkpoint = stop_report(output)
     # nothing lost: every step up to the stop is logged once, and that very step is the checkpoint a rerun resumes
     assert step >= 3 and read_steps(run_dir) == list(range(1, step + 1))
     assert checkpoint == os.path.join(run_dir, f"global_step_{step}") == find_latest_checkpoint(run_dir)
@@ -135,23 +145,12 @@ def test_ctrl_c_with_stop_on_signal_now_stops_at_once_and_exits_130(toy_task, ru
     """A terminal's Ctrl-C signals the whole foreground process group: the driver's own session here."""
     driver = Driver(driver_command(toy_task, run_dir, "trainer.save_freq=2", "trainer.stop_on_signal=now"),
                     tmp_path / "driver.log", new_session=True)
-    try:
-        driver.wait_for_output("step 3/200")
-        processes = driver.tree()
-        sent = time.monotonic()
-        os.killpg(driver.process.pid, signal.SIGINT)
-        code = driver.wait(timeout=60)
-        took = time.monotonic() - sent
-    finally:
-        driver.kill()
+    code, took, processes = signal_at_step_3(driver, lambda: os.killpg(driver.process.pid, signal.SIGINT))
     output = driver.output()
     assert code == 130, output[-4000:]
     assert took < 20
     assert "received SIGINT: stopping now" in output and "stopping after the current step" not in output
-    match = re.fullmatch(r"stopped at step (\d+); last checkpoint (\S+); rerun to resume",
-                         output.rstrip("\n").splitlines()[-1])
-    assert match, output[-2000:]
-    step, checkpoint = int(match.group(1)), match.group(2)
+    step, checkpoint = stop_report(output)
     assert step >= 3 and read_steps(run_dir)[:step] == list(range(1, step + 1))
     # save_freq=2: the last even step saved is the checkpoint (a save cut short leaves only a .tmp_ directory);
     # the step the trainer last reported may lag the step being saved by one
