@@ -37,6 +37,10 @@ LAYOUTS = {
               "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384"],
     "rmpad32k": ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
                  "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768"],
+    "rmpad64k": ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                 "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536",
+                 "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+                 "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=65536"],
 }
 PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "step"]
 SWITCH = ["update_weights", "resume_weights", "resume_kv_cache", "release_engine", "offload_trainer",
@@ -67,8 +71,9 @@ def make_model(shape: str, tokenizer_dir: str, out: str) -> str:
 
 
 def trainer_overrides(args, model_dir: str, run_dir: str) -> list[str]:
-    offload = ["actor_rollout_ref.actor.fsdp_config.param_offload=true",
-               "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+    # 7B on 80 GB cards: the sharded fp32 weights stay on the GPU beside the engine; the AdamW state (2x the
+    # weights) waits in CPU memory while the engine generates; activations are recomputed in the backward.
+    offload = ["actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
                "actor_rollout_ref.model.enable_gradient_checkpointing=true"] if args.shape == "7b" else []
     return [
         f"data.train_files=[{args.data_dir}/train.parquet]", f"data.val_files=[{args.data_dir}/test.parquet]",
@@ -102,7 +107,8 @@ def run_trainer(args, model_dir: str, layout: str) -> dict:
 
 
 def standalone_generation(args, model_dir: str) -> dict:
-    """tok/s of a standalone sglang.Engine (the trainer's engine settings) on the same prompts and sampling."""
+    """tok/s of a standalone sglang.Engine (the trainer's engine settings) on one GPU's share of the same prompts
+    (all of them on 1 GPU, half on 2), with the same sampling parameters."""
     import pyarrow.parquet as pq
     import sglang
     from transformers import AutoTokenizer
@@ -116,6 +122,7 @@ def standalone_generation(args, model_dir: str) -> dict:
     rows = pq.read_table(f"{args.data_dir}/train.parquet").slice(0, args.prompts).column("prompt").to_pylist()
     texts = [tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) for messages in rows]
     prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts for _ in range(args.n)]
+    prompts = prompts[:len(prompts) // args.gpus]  # one trainer engine's share: the same work per GPU
     kwargs = engine_kwargs(rollout, model_dir, gpu_id=0, seed=0)
     kwargs["load_format"] = "auto"
     engine = sglang.Engine(**kwargs)
@@ -162,9 +169,9 @@ def print_table(results: dict, args) -> None:
         for layout in layouts:
             layout_result = results[layout]
             if "timing_s/gen" in layout_result:
-                generated = layout_result["response_length/mean"] * args.prompts * args.n
+                generated = layout_result["response_length/mean"] * args.prompts * args.n / args.gpus
                 trainer_rate = generated / layout_result["timing_s/gen"]
-                print(f"  trainer generation ({layout}): {trainer_rate:,.0f} tok/s = "
+                print(f"  trainer generation ({layout}), per GPU: {trainer_rate:,.0f} tok/s = "
                       f"{trainer_rate / standalone['tok_per_s']:.2f} of standalone (timing_s/gen includes the switch)")
     sys.stdout.flush()
 
