@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hybridrl.config import ConfigError, check_paths, compose_config, validate_config
-from hybridrl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+from hybridrl.algorithms.core_algos import ADV_ESTIMATOR_REGISTRY
 
 
 def problems_for(*overrides: str) -> list[str]:
@@ -105,7 +105,7 @@ def test_unknown_logger_lists_the_valid_ones():
 def test_extension_file_registers_an_estimator_before_the_registry_check(tmp_path):
     extension = tmp_path / "my_estimator.py"
     extension.write_text(textwrap.dedent("""
-        from hybridrl.trainer.ppo.core_algos import register_adv_est
+        from hybridrl.algorithms.core_algos import register_adv_est
 
         @register_adv_est("test_config_zero_adv")
         def zero_advantages(token_level_rewards, response_mask):

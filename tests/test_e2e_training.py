@@ -30,7 +30,7 @@ def share_of_a(data_source, solution_str, ground_truth, extra_info=None):
 # custom policy loss (vanilla PPO plus a marker metric), registered by name and selected from config.
 EXTENSION_FILE = '''
 import torch
-from hybridrl.trainer.ppo.core_algos import get_policy_loss_fn, register_adv_est, register_policy_loss
+from hybridrl.algorithms.core_algos import get_policy_loss_fn, register_adv_est, register_policy_loss
 
 @register_adv_est("my_reinforce")
 def my_reinforce(token_level_rewards, response_mask, **kwargs):

@@ -7,7 +7,7 @@ import torch
 
 from hybridrl.config.compose import compose_config
 from hybridrl.config.validation import validate_config
-from hybridrl.trainer.ppo.core_algos import agg_loss
+from hybridrl.algorithms.core_algos import agg_loss
 from hybridrl.utils.fsdp_utils import build_lr_scheduler, warmup_steps
 from hybridrl.workers.rollout import (BaseRollout, HFRollout, build_rollout, get_rollout_class, load_rollout_class,
                                       register_rollout)

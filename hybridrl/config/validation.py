@@ -67,8 +67,8 @@ def _known_rollout(name: str) -> None:
 # Names chosen from a registry: key -> lookup that raises for an unknown name, its message listing
 # the registered ones. Extensions register more names before this check runs.
 REGISTRIES: dict[str, Callable[[str], Any]] = {
-    "algorithm.adv_estimator": _registry_lookup("hybridrl.trainer.ppo.core_algos", "get_adv_estimator_fn"),
-    "actor_rollout_ref.actor.policy_loss.loss_mode": _registry_lookup("hybridrl.trainer.ppo.core_algos",
+    "algorithm.adv_estimator": _registry_lookup("hybridrl.algorithms.core_algos", "get_adv_estimator_fn"),
+    "actor_rollout_ref.actor.policy_loss.loss_mode": _registry_lookup("hybridrl.algorithms.core_algos",
                                                                       "get_policy_loss_fn"),
     "actor_rollout_ref.rollout.name": _known_rollout,
     "reward_model.reward_manager": _registry_lookup("hybridrl.workers.reward_manager.registry",

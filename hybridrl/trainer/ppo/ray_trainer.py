@@ -27,7 +27,8 @@ from hybridrl.single_controller.ray import (
     RayWorkerGroup,
     create_colocated_worker_cls,
 )
-from hybridrl.trainer.ppo import checkpointing, core_algos
+from hybridrl.algorithms import core_algos
+from hybridrl.trainer.ppo import checkpointing
 from hybridrl.trainer.ppo.generation_dump import decode_generations, dump_generations, select_val_samples
 from hybridrl.trainer.ppo.metric_utils import (
     compute_data_metrics,

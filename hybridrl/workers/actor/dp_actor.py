@@ -38,7 +38,7 @@ from torch import nn
 
 from hybridrl.models.attention import padded_attention_mask
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+from hybridrl.algorithms.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from hybridrl.utils.distributed import device_name
 from hybridrl.utils.fsdp_utils import clip_grad_norm
 from hybridrl.utils.fused_logprob import response_log_probs_fused

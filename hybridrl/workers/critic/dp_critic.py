@@ -21,7 +21,7 @@ from torch import nn
 
 from hybridrl.models.attention import padded_attention_mask
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.ppo.core_algos import compute_value_loss
+from hybridrl.algorithms.core_algos import compute_value_loss
 from hybridrl.utils.distributed import device_name
 from hybridrl.utils.fsdp_utils import clip_grad_norm
 from hybridrl.utils.padding import response_values_packed
