@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 from hybridrl.protocol import DataProto
 from hybridrl.utils.dataset import RLHFDataset, collate_fn, make_dataloader
 from hybridrl.utils.rl_parquet import write_rl_parquet
-from hybridrl.utils.tiny_model import build_tokenizer
+from hybridrl.defaults.tiny_model import build_tokenizer
 
 QUESTIONS = ["what is 3 + 4 ?", "what is 12 + 30 + 5 ? think about it step by step", "2 + 2 ?"]
 

@@ -16,7 +16,7 @@ from hybridrl.config import check_paths, compose_config, validate_config
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from hybridrl.utils.rl_parquet import write_rl_parquet
-from hybridrl.utils.tiny_model import build_tiny_model, build_tokenizer
+from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 
 WORDS = ["apple", "banana", "cherry", "dog", "egg", "fig", "grape", "hat", "ink", "jam"]
 

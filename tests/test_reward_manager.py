@@ -6,7 +6,7 @@ from omegaconf import OmegaConf
 
 from hybridrl.protocol import DataProto
 from hybridrl.utils.import_utils import load_extern_object
-from hybridrl.utils.tiny_model import build_tokenizer
+from hybridrl.defaults.tiny_model import build_tokenizer
 from hybridrl.workers.reward_manager import (NaiveRewardManager, get_reward_manager_cls, load_reward_manager,
                                              register_reward_manager)
 

@@ -12,7 +12,7 @@ from hybridrl.config.validation import validate_config
 from hybridrl.protocol import DataProto
 from hybridrl.utils.reward_score import default_compute_score
 from hybridrl.utils.reward_score import math as math_score
-from hybridrl.utils.tiny_model import build_tokenizer
+from hybridrl.defaults.tiny_model import build_tokenizer
 from hybridrl.workers.reward_manager import (BatchRewardManager, DAPORewardManager, NaiveRewardManager,
                                              load_reward_manager, register_reward_manager)
 from hybridrl.workers.reward_manager.base import ScoreTimeoutError

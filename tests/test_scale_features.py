@@ -12,7 +12,7 @@ from hybridrl.config.compose import compose_config
 from hybridrl.config.validation import ConfigError, validate_config
 from hybridrl.protocol import DataProto
 from hybridrl.utils.fsdp_utils import apply_lora, build_optimizer, load_hf_model
-from hybridrl.utils.tiny_model import build_tiny_model, build_tokenizer
+from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.workers.actor.dp_actor import DataParallelPPOActor, micro_batches_of
 from hybridrl.workers.critic.dp_critic import DataParallelPPOCritic
 

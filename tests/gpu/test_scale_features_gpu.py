@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
 from hybridrl.config.compose import compose_config  # noqa: E402
 from hybridrl.config.validation import validate_config  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
-from hybridrl.utils.tiny_model import build_tiny_model  # noqa: E402
+from hybridrl.defaults.tiny_model import build_tiny_model  # noqa: E402
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker  # noqa: E402
 from hybridrl.workers.critic import CriticWorker  # noqa: E402
 from tiny_gpu import PROMPT_LENGTH, RESPONSE_LENGTH, prompts, single_gpu_tiny_model  # noqa: E402
