@@ -10,7 +10,7 @@ from hybridrl.config.validation import validate_config
 from hybridrl.protocol import DataProto
 from hybridrl.utils.dataset import RLHFDataset, collate_fn, create_rl_dataset
 from hybridrl.defaults.tiny_model import build_tokenizer
-from hybridrl.workers.reward_manager import NaiveRewardManager
+from hybridrl.reward.managers import NaiveRewardManager
 
 SHORT, LONG = "2 + 2 ?", "what is 12 + 30 + 5 ? think about it step by step and then answer"
 

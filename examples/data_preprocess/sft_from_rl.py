@@ -17,7 +17,7 @@ import os
 import pyarrow.parquet as pq
 
 from hybridrl.defaults.assets import sft_rows_from_rl, write_sft_parquet
-from hybridrl.utils.reward_score.reasoning_gym import DATA_SOURCE_PREFIX
+from hybridrl.reward.scorers.reasoning_gym import DATA_SOURCE_PREFIX
 
 
 def main() -> None:

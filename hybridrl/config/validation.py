@@ -71,7 +71,7 @@ REGISTRIES: dict[str, Callable[[str], Any]] = {
     "actor_rollout_ref.actor.policy_loss.loss_mode": _registry_lookup("hybridrl.algorithms.core_algos",
                                                                       "get_policy_loss_fn"),
     "actor_rollout_ref.rollout.name": _known_rollout,
-    "reward_model.reward_manager": _registry_lookup("hybridrl.workers.reward_manager.registry",
+    "reward_model.reward_manager": _registry_lookup("hybridrl.reward.managers.registry",
                                                     "get_reward_manager_cls"),
 }
 

@@ -211,7 +211,7 @@ def _model_problem(model_dir: str) -> str | None:
 # ---- the three builds ----
 
 def _build_data(out_dir: str, recipe: DefaultRecipe) -> str:
-    from hybridrl.utils.reward_score.reasoning_gym import make_train_test_rows
+    from hybridrl.reward.scorers.reasoning_gym import make_train_test_rows
     from hybridrl.utils.rl_parquet import write_rl_parquet
 
     _log(f"preparing data: reasoning-gym {recipe.task} {json.dumps(recipe.task_config)}, {recipe.train_size} train "

@@ -4,7 +4,7 @@ with one output (`AutoModelForSequenceClassification`, num_labels=1), sharded wi
 `compute_rm_score(data)` adds `rm_scores` (batch, response_length), float32: the model's score of
 prompt + response, on the last valid response token and 0 elsewhere. That is where the reward
 managers put rule scores, and they add `rm_scores` to theirs when the batch has it (see
-workers/reward_manager/base.py), so rule and model rewards combine by a plain sum.
+reward/managers/base.py), so rule and model rewards combine by a plain sum.
 
 The score is the head's output at the last valid token of the reward model's input, read from
 the `score` head's per-token output (HF's own pooling picks the last non-pad token, which is wrong

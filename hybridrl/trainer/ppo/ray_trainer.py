@@ -45,7 +45,7 @@ from hybridrl.utils.dataset import create_rl_dataset, make_dataloader
 from hybridrl.utils.progress import ProgressReporter
 from hybridrl.utils.seqlen_balancing import balance_batch
 from hybridrl.utils.tracking import Tracking
-from hybridrl.workers.reward_manager import load_reward_manager
+from hybridrl.reward.managers import load_reward_manager
 
 GEN_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
