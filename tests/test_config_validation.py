@@ -208,6 +208,24 @@ def test_not_implemented_keys_fail_loudly():
     ]
 
 
+def test_unread_verl_keys_are_refused_naming_the_supported_value():
+    assert problems_for("critic.model.fsdp_config.fsdp_size=4",
+                        "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params=1000",
+                        "actor_rollout_ref.rollout.disable_log_stats=false", "data.return_raw_input_ids=true",
+                        "trainer.esi_redundant_time=60",
+                        "critic.model.tokenizer_path=/elsewhere") == [
+        "data.return_raw_input_ids: expected False (other values are not implemented yet), got True",
+        "actor_rollout_ref.rollout.disable_log_stats: expected True (other values are not implemented yet), got False",
+        "critic.model.fsdp_config.fsdp_size: expected -1 (other values are not implemented yet), got 4",
+        "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params: expected 0 (other values are not implemented "
+        "yet), got 1000",
+        "trainer.esi_redundant_time: expected 0 (other values are not implemented yet), got 60.0",
+        "critic.model.tokenizer_path: expected the value of actor_rollout_ref.model.path = "
+        f"{validate_config(compose_config([])).actor_rollout_ref.model.path!r} (a different one is not implemented), "
+        "got '/elsewhere'",
+    ]
+
+
 def test_sglang_says_what_it_needs():
     problems = problems_for("actor_rollout_ref.rollout.name=sglang", "trainer.device=cpu")
     needs_gpu = ("actor_rollout_ref.rollout.name: expected 'hf' without a GPU (trainer.device='cpu', "

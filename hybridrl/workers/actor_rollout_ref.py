@@ -24,7 +24,6 @@ import contextlib
 import time
 
 import torch
-from transformers import AutoTokenizer
 
 from hybridrl.models.attention import attention_implementation
 from hybridrl.models.flops import model_flops_utilization
@@ -38,6 +37,7 @@ from hybridrl.utils.fsdp_utils import (apply_liger, apply_lora, build_lr_schedul
 from hybridrl.utils.import_utils import load_extensions
 from hybridrl.utils.memory import memory_metrics
 from hybridrl.utils.offload import FSDPOffload
+from hybridrl.utils.tokenizer import load_tokenizer
 from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
 from hybridrl.workers.rollout import build_rollout
 from hybridrl.workers.sharding_manager.fsdp_hf import FSDPHFShardingManager
@@ -73,7 +73,8 @@ class ActorRolloutRefWorker(Worker):
         if self._is_actor or self._is_rollout:
             self.actor_module = self._load_and_shard(actor.strategy, torch.float32,
                                                      actor.fsdp_config.reshard_after_forward,
-                                                     cpu_offload=actor.fsdp_config.offload_policy)
+                                                     cpu_offload=actor.fsdp_config.offload_policy,
+                                                     forward_prefetch=actor.fsdp_config.forward_prefetch)
         if self._is_actor:
             self.actor_optimizer = build_optimizer(self.actor_module, actor.optim)
             self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, actor.optim)
@@ -125,7 +126,8 @@ class ActorRolloutRefWorker(Worker):
         # On a GPU the frozen copy is kept in bf16 (it only ever computes in bf16); on CPU in fp32.
         ref_dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
         ref_module = self._load_and_shard(ref.strategy, ref_dtype, ref.fsdp_config.reshard_after_forward,
-                                          cpu_offload=False, with_lora=False)
+                                          cpu_offload=False, with_lora=False,
+                                          forward_prefetch=ref.fsdp_config.forward_prefetch)
         ref_module.requires_grad_(False)
         return ref_module
 
@@ -150,7 +152,7 @@ class ActorRolloutRefWorker(Worker):
                                      reshard_after_forward=fsdp_config.reshard_after_forward)
 
     def _load_and_shard(self, strategy: str, dtype: torch.dtype, reshard_after_forward: bool, cpu_offload: bool,
-                        with_lora: bool = True):
+                        with_lora: bool = True, forward_prefetch: bool = False):
         """The policy model from `model.path` (with liger's kernels and, when with_lora and model.lora_rank > 0,
         LoRA adapters), sharded over the ranks (see fsdp_utils.shard_model)."""
         model = self.config.model
@@ -167,7 +169,8 @@ class ActorRolloutRefWorker(Worker):
                                 target_modules=model.target_modules, exclude_modules=model.exclude_modules,
                                 adapter_path=model.lora_adapter_path)
         return shard_model(module, strategy=strategy, device=self.device, mixed_precision=self.device == "cuda",
-                           reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload)
+                           reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload,
+                           forward_prefetch=forward_prefetch)
 
     # ------------------------------------------------------------------ data methods
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -242,8 +245,8 @@ class ActorRolloutRefWorker(Worker):
                                      self.rank, list(self.config.actor.checkpoint.save_contents))
         if self.rank == 0:
             model = hf_module(self.actor_module)
-            tokenizer = AutoTokenizer.from_pretrained(self.config.model.path,
-                                                      trust_remote_code=self.config.model.trust_remote_code)
+            tokenizer = load_tokenizer(self.config.model.path, trust_remote_code=self.config.model.trust_remote_code,
+                                       custom_chat_template=self.config.model.custom_chat_template)
             save_hf_config_and_tokenizer(local_path, model.config, tokenizer, model.generation_config)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

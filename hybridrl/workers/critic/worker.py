@@ -52,7 +52,8 @@ class CriticWorker(Worker):
         self.critic_module = shard_model(module, strategy=config.strategy, device=self.device,
                                          mixed_precision=self.device == "cuda",
                                          reshard_after_forward=model.fsdp_config.reshard_after_forward,
-                                         cpu_offload=model.fsdp_config.offload_policy)
+                                         cpu_offload=model.fsdp_config.offload_policy,
+                                         forward_prefetch=model.fsdp_config.forward_prefetch)
         self.critic_optimizer = build_optimizer(self.critic_module, config.optim)
         self.critic_lr_scheduler = build_lr_scheduler(self.critic_optimizer, config.optim)
         self.critic = DataParallelPPOCritic(config, self.critic_module, self.critic_optimizer,
