@@ -2,7 +2,7 @@
 
 The rule (a conservative static scan, no run needed):
   a schema key (a leaf of the dataclasses in hybridrl/config/schema.py, e.g. `critic.model.fsdp_config.fsdp_size`)
-  is REFUSED when validation pins it: listed in validation.NOT_IMPLEMENTED, DEPRECATED or SAME_AS;
+  is REFUSED when validation pins it: listed in validation.NOT_IMPLEMENTED, DEPRECATED, SET_ELSEWHERE or SAME_AS;
   otherwise it is READ when its last name (`fsdp_size`) occurs in a .py file under hybridrl/ outside
   hybridrl/config/ (validation and preflight only check values, they do not use them) either as an attribute
   access (`fsdp_config.fsdp_size`) or as a whole string constant (`cfg.get("fsdp_size")`, `cfg["fsdp_size"]`).
@@ -55,7 +55,8 @@ def code_sources() -> list[str]:
 
 
 def refused_keys() -> set[str]:
-    return set(validation.NOT_IMPLEMENTED) | set(validation.DEPRECATED) | set(validation.SAME_AS)
+    return (set(validation.NOT_IMPLEMENTED) | set(validation.DEPRECATED) | set(validation.SET_ELSEWHERE)
+            | set(validation.SAME_AS))
 
 
 def unread_keys(root: type, sources: list[str], refused: set[str]) -> list[str]:

@@ -212,7 +212,7 @@ def test_unread_verl_keys_are_refused_naming_the_supported_value():
     assert problems_for("critic.model.fsdp_config.fsdp_size=4",
                         "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params=1000",
                         "actor_rollout_ref.rollout.disable_log_stats=false", "data.return_raw_input_ids=true",
-                        "trainer.esi_redundant_time=60",
+                        "trainer.esi_redundant_time=60", "critic.optim.total_training_steps=100",
                         "critic.model.tokenizer_path=/elsewhere") == [
         "data.return_raw_input_ids: expected False (other values are not implemented yet), got True",
         "actor_rollout_ref.rollout.disable_log_stats: expected True (other values are not implemented yet), got False",
@@ -220,6 +220,7 @@ def test_unread_verl_keys_are_refused_naming_the_supported_value():
         "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params: expected 0 (other values are not implemented "
         "yet), got 1000",
         "trainer.esi_redundant_time: expected 0 (other values are not implemented yet), got 60.0",
+        "critic.optim.total_training_steps: expected -1 (set trainer.total_training_steps instead), got 100",
         "critic.model.tokenizer_path: expected the value of actor_rollout_ref.model.path = "
         f"{validate_config(compose_config([])).actor_rollout_ref.model.path!r} (a different one is not implemented), "
         "got '/elsewhere'",

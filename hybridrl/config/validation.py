@@ -63,6 +63,13 @@ DEPRECATED: dict[str, str] = {
     "critic.ppo_micro_batch_size": "critic.ppo_micro_batch_size_per_gpu",
 }
 
+# Keys whose value comes from elsewhere: key -> (the only accepted value, what to set instead).
+SET_ELSEWHERE: dict[str, tuple[Any, str]] = {
+    # The trainer passes the run length to the workers that build LR schedules.
+    "actor_rollout_ref.actor.optim.total_training_steps": (-1, "trainer.total_training_steps"),
+    "critic.optim.total_training_steps": (-1, "trainer.total_training_steps"),
+}
+
 # Keys that must equal another key: the critic reads the policy's token ids, so it has no tokenizer of its own.
 SAME_AS: dict[str, str] = {
     "critic.model.tokenizer_path": "actor_rollout_ref.model.path",
@@ -179,6 +186,8 @@ def _not_implemented(values: _Values, problems: list[str]) -> None:
         _run_rule(lambda v, p: _refuse_values(key, refused, v(key), p), values, problems)
     for key, replacement in DEPRECATED.items():
         _run_rule(lambda v, p: _require_null(key, replacement, v(key), p), values, problems)
+    for key, (only_value, instead) in SET_ELSEWHERE.items():
+        _run_rule(lambda v, p: _require_unset(key, only_value, instead, v(key), p), values, problems)
     for key, other in SAME_AS.items():
         _run_rule(lambda v, p: _require_same(key, other, v(key), v(other), p), values, problems)
 
@@ -197,6 +206,11 @@ def _refuse_values(key: str, refused: tuple, value: Any, problems: list[str]) ->
 def _require_null(key: str, replacement: str, value: Any, problems: list[str]) -> None:
     if value is not None:
         problems.append(f"{key}: expected null (deprecated, set {replacement} instead), got {value!r}")
+
+
+def _require_unset(key: str, only_value: Any, instead: str, value: Any, problems: list[str]) -> None:
+    if value != only_value:
+        problems.append(f"{key}: expected {only_value!r} (set {instead} instead), got {value!r}")
 
 
 def _require_same(key: str, other: str, value: Any, other_value: Any, problems: list[str]) -> None:

@@ -196,31 +196,34 @@ def build_optimizer(module: nn.Module, optim_config) -> torch.optim.AdamW:
                              weight_decay=optim_config.weight_decay)
 
 
-def warmup_steps(optim_config) -> int:
+def warmup_steps(optim_config, total_training_steps: int | None) -> int:
     """`lr_warmup_steps` when > 0, else `lr_warmup_steps_ratio * total_training_steps` (rounded down)."""
     if optim_config.lr_warmup_steps > 0:
         return int(optim_config.lr_warmup_steps)
-    if optim_config.lr_warmup_steps_ratio > 0 and optim_config.total_training_steps <= 0:
-        raise ValueError(f"optim.lr_warmup_steps_ratio={optim_config.lr_warmup_steps_ratio} needs "
-                         f"optim.total_training_steps > 0 (the trainer sets it), got {optim_config.total_training_steps}")
-    return int(optim_config.lr_warmup_steps_ratio * max(optim_config.total_training_steps, 0))
+    if optim_config.lr_warmup_steps_ratio > 0 and not total_training_steps:
+        raise ValueError(f"optim.lr_warmup_steps_ratio={optim_config.lr_warmup_steps_ratio} needs the run length "
+                         f"(total_training_steps > 0, which the trainer passes), got {total_training_steps}")
+    return int(optim_config.lr_warmup_steps_ratio * (total_training_steps or 0))
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_config) -> torch.optim.lr_scheduler.LambdaLR:
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_config,
+                       total_training_steps: int | None) -> torch.optim.lr_scheduler.LambdaLR:
     """The schedule `optim.warmup_style` names, stepped once per training step.
 
     constant: linear warmup from 0, then `lr`. cosine: linear warmup, then a cosine decay
-    (`num_cycles`) over `total_training_steps` down to `min_lr_ratio * lr`.
+    (`num_cycles`) over `total_training_steps` down to `min_lr_ratio * lr`. `total_training_steps` is the
+    run length the trainer computed (an argument, never written into the validated config); None where
+    the caller has no run (a worker built outside the trainer), fine for a schedule that does not need it.
     """
-    warmup = warmup_steps(optim_config)
+    warmup = warmup_steps(optim_config, total_training_steps)
     if optim_config.warmup_style == "constant":
         return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
     if optim_config.warmup_style == "cosine":
-        if optim_config.total_training_steps <= 0:
-            raise ValueError(f"optim.warmup_style=cosine needs optim.total_training_steps > 0, "
-                             f"got {optim_config.total_training_steps}")
+        if not total_training_steps or total_training_steps <= 0:
+            raise ValueError(f"optim.warmup_style=cosine needs the run length (total_training_steps > 0, which the "
+                             f"trainer passes), got {total_training_steps}")
         return get_cosine_with_min_lr_schedule_with_warmup(
-            optimizer, num_warmup_steps=warmup, num_training_steps=optim_config.total_training_steps,
+            optimizer, num_warmup_steps=warmup, num_training_steps=total_training_steps,
             num_cycles=optim_config.num_cycles, min_lr_rate=optim_config.min_lr_ratio)
     raise ValueError(f"optim.warmup_style must be 'constant' or 'cosine', got {optim_config.warmup_style!r}")
 

@@ -46,11 +46,14 @@ ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 
 
 class ActorRolloutRefWorker(Worker):
-    def __init__(self, config, role: str, seed: int = 0, device: str | None = None, extensions: list[str] = ()):
+    def __init__(self, config, role: str, seed: int = 0, device: str | None = None, extensions: list[str] = (),
+                 total_training_steps: int | None = None):
         """config: the `actor_rollout_ref` section. seed: `trainer.seed`; torch's global RNG starts at
         seed + rank, so sampling is reproducible yet two ranks given the same prompt sample different
         responses (weights missing from a checkpoint use `seed` alone, see load_hf_model). device:
-        "cuda" or "cpu" (default: cuda when visible). extensions: modules / .py files to import first."""
+        "cuda" or "cpu" (default: cuda when visible). extensions: modules / .py files to import first.
+        total_training_steps: the run length the trainer computed, for the actor's LR schedule (None: only
+        a schedule that needs no run length can be built)."""
         super().__init__()
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker: role must be one of {list(ROLES)}, got {role!r}")
@@ -63,6 +66,7 @@ class ActorRolloutRefWorker(Worker):
         load_extensions(list(extensions))
         init_process_group_once("nccl" if self.device == "cuda" else "gloo")
         self.seed = seed
+        self.total_training_steps = total_training_steps
         torch.manual_seed(seed + self.rank)
 
     # ------------------------------------------------------------------ set-up
@@ -77,7 +81,7 @@ class ActorRolloutRefWorker(Worker):
                                                      forward_prefetch=actor.fsdp_config.forward_prefetch)
         if self._is_actor:
             self.actor_optimizer = build_optimizer(self.actor_module, actor.optim)
-            self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, actor.optim)
+            self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, actor.optim, self.total_training_steps)
             rollout = self.config.rollout
             self.actor = DataParallelPPOActor(
                 actor, self.actor_module, self.actor_optimizer, rollout_n=rollout.n, device=self.device,

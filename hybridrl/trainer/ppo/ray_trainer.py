@@ -81,10 +81,7 @@ class RayPPOTrainer:
 
         self.nonfinite_guard = NonFiniteStepGuard(config.trainer.max_consecutive_nonfinite_steps, self.world_size)
         self.train_dataloader, self.val_dataloader = self._create_dataloaders()
-        self.total_training_steps = self._total_training_steps()
-        # The LR schedules need the run length; workers read it from their optim config.
-        config.actor_rollout_ref.actor.optim.total_training_steps = self.total_training_steps
-        config.critic.optim.total_training_steps = self.total_training_steps
+        self.total_training_steps = self._total_training_steps()  # the workers' LR schedules get it at init
 
         self.reward_fn = load_reward_manager(config, self.tokenizer, num_examine=0)
         self.val_reward_fn = load_reward_manager(config, self.tokenizer, num_examine=1)
@@ -128,10 +125,12 @@ class RayPPOTrainer:
         role = "actor_rollout_ref" if self.use_reference else "actor_rollout"
         common = dict(seed=trainer.seed, device=self.device, extensions=list(self.config.extensions))
         roles = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, self.config.actor_rollout_ref,
-                                                       role=role, **common)}
+                                                       role=role, total_training_steps=self.total_training_steps,
+                                                       **common)}
         if self.use_critic:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, self.config.critic,
-                                                   rollout_n=self.config.actor_rollout_ref.rollout.n, **common)
+                                                   rollout_n=self.config.actor_rollout_ref.rollout.n,
+                                                   total_training_steps=self.total_training_steps, **common)
         if self.use_rm:
             roles["rm"] = RayClassWithInitArgs(
                 RewardModelWorker, self.config.reward_model,
