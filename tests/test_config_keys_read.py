@@ -6,6 +6,7 @@ The rule (a conservative static scan, no run needed):
   otherwise it is READ when its last name (`fsdp_size`) occurs in a .py file under hybridrl/ outside
   hybridrl/config/ (validation and preflight only check values, they do not use them) either as an attribute
   access (`fsdp_config.fsdp_size`) or as a whole string constant (`cfg.get("fsdp_size")`, `cfg["fsdp_size"]`).
+The SFT config (hybridrl/trainer/main_sft.py) is held to the same rule.
 Comments and docstring prose do not count (only AST attribute names and exact string constants).
 Known limit: keys that share a last name (`forward_prefetch` of actor, ref, critic, reward model) count as read
 when any one of them is; give such keys the same treatment everywhere (they have it today).
@@ -20,6 +21,7 @@ import typing
 import pytest
 
 from hybridrl.config import schema, validation
+from hybridrl.trainer import main_sft
 
 HYBRIDRL = pathlib.Path(__file__).resolve().parent.parent / "hybridrl"
 
@@ -66,6 +68,11 @@ def unread_keys(root: type, sources: list[str], refused: set[str]) -> list[str]:
 
 def test_every_schema_key_is_read_or_refused():
     assert unread_keys(schema.PPOConfig, code_sources(), refused_keys()) == []
+
+
+def test_every_sft_config_key_is_read():
+    """The SFT trainer's schema (hybridrl/trainer/main_sft.py) under the same rule; it refuses no key."""
+    assert unread_keys(main_sft.SFTConfig, code_sources(), set()) == []
 
 
 def test_every_refused_key_is_a_schema_key():
