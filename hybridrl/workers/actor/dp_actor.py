@@ -9,8 +9,8 @@ loss reads the global counts from `config.global_batch_info`, as in verl.
 
 Micro-batches are either `ppo_micro_batch_size_per_gpu` consecutive rows or, with `use_dynamic_bsz`,
 token-budget groups of at most `ppo_max_token_len_per_gpu` attended tokens (for compute_log_prob the
-worker's log-prob sizes). With `use_remove_padding`
-each micro-batch runs as one packed row of its real tokens (utils/padding.py). With `use_fused_kernels`
+worker's log-prob sizes). With `use_remove_padding` each micro-batch runs as one packed row of its real
+tokens (utils/padding.py). With `use_fused_kernels`
 the output layer is fused into the log-prob computation, so no full-vocabulary logits are ever held
 (utils/fused_logprob.py); it combines with either layout.
 
