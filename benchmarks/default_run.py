@@ -32,7 +32,7 @@ import time
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # works from a checkout that was not pip-installed, like the subprocess below
 
-from hybridrl.utils.default_assets import MARKER_FILE, default_paths  # noqa: E402
+from hybridrl.defaults.assets import MARKER_FILE, default_paths  # noqa: E402
 
 TARGET_GAIN = 0.20       # issue 5: validation accuracy +20 points absolute ...
 TARGET_WALL_S = 600.0    # ... within 10 minutes of wall time, preparation included

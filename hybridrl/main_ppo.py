@@ -49,7 +49,7 @@ from hybridrl.config.cli_errors import exit_with_config_errors, run_hydra_cli
 from hybridrl.config.preflight import check_before_start
 from hybridrl.single_controller.local_cluster import LocalRayCluster, prepare_driver_process
 from hybridrl.trainer.ppo.nonfinite_guard import NonFiniteTrainingError
-from hybridrl.utils.default_assets import ensure_default_assets
+from hybridrl.defaults.assets import ensure_default_assets
 from hybridrl.utils.import_utils import load_extensions
 
 # Set in every Ray worker process: tokenizers' own thread pool deadlocks after fork, and NCCL's

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hybridrl.config import ConfigError, check_paths, compose_config, validate_config
-from hybridrl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+from hybridrl.algorithms.core_algos import ADV_ESTIMATOR_REGISTRY
 
 
 def problems_for(*overrides: str) -> list[str]:
@@ -105,7 +105,7 @@ def test_unknown_logger_lists_the_valid_ones():
 def test_extension_file_registers_an_estimator_before_the_registry_check(tmp_path):
     extension = tmp_path / "my_estimator.py"
     extension.write_text(textwrap.dedent("""
-        from hybridrl.trainer.ppo.core_algos import register_adv_est
+        from hybridrl.algorithms.core_algos import register_adv_est
 
         @register_adv_est("test_config_zero_adv")
         def zero_advantages(token_level_rewards, response_mask):
@@ -205,6 +205,25 @@ def test_not_implemented_keys_fail_loudly():
         "actor_rollout_ref.rollout.name: expected a value other than 'vllm' (not implemented yet), got 'vllm'",
         "actor_rollout_ref.actor.ppo_micro_batch_size: expected null (deprecated, set "
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu instead), got 16",
+    ]
+
+
+def test_unread_verl_keys_are_refused_naming_the_supported_value():
+    assert problems_for("critic.model.fsdp_config.fsdp_size=4",
+                        "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params=1000",
+                        "actor_rollout_ref.rollout.disable_log_stats=false", "data.return_raw_input_ids=true",
+                        "trainer.esi_redundant_time=60", "critic.optim.total_training_steps=100",
+                        "critic.model.tokenizer_path=/elsewhere") == [
+        "data.return_raw_input_ids: expected False (other values are not implemented yet), got True",
+        "actor_rollout_ref.rollout.disable_log_stats: expected True (other values are not implemented yet), got False",
+        "critic.model.fsdp_config.fsdp_size: expected -1 (other values are not implemented yet), got 4",
+        "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params: expected 0 (other values are not implemented "
+        "yet), got 1000",
+        "trainer.esi_redundant_time: expected 0 (other values are not implemented yet), got 60.0",
+        "critic.optim.total_training_steps: expected -1 (set trainer.total_training_steps instead), got 100",
+        "critic.model.tokenizer_path: expected the value of actor_rollout_ref.model.path = "
+        f"{validate_config(compose_config([])).actor_rollout_ref.model.path!r} (a different one is not implemented), "
+        "got '/elsewhere'",
     ]
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridrl.trainer.ppo import core_algos
+from hybridrl.algorithms import core_algos
 
 LENGTH = 6
 

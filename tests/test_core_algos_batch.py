@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.ppo import core_algos
-from hybridrl.trainer.ppo.core_algos import AdvantageEstimator
+from hybridrl.algorithms import core_algos
+from hybridrl.algorithms.core_algos import AdvantageEstimator
 
 
 def _batch():
@@ -85,7 +85,7 @@ USER_MODULE = textwrap.dedent('''
     """A user's extension, written without touching hybridrl."""
     import torch
 
-    from hybridrl.trainer.ppo.core_algos import agg_loss, register_adv_est, register_policy_loss
+    from hybridrl.algorithms.core_algos import agg_loss, register_adv_est, register_policy_loss
 
 
     @register_adv_est("test_user_scaled_score")

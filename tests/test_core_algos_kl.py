@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.ppo import core_algos
+from hybridrl.algorithms import core_algos
 
 
 def _reference_kl(logprob, ref_logprob, kind):

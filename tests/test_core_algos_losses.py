@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hybridrl.trainer.ppo import core_algos
+from hybridrl.algorithms import core_algos
 
 BATCH, LENGTH = 8, 7
 MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import reasoning_gym
 
-from hybridrl.utils.reward_score import default_compute_score
+from hybridrl.reward.scorers import default_compute_score
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYOUT = ["data_source", "prompt", "ability", "reward_model", "extra_info"]

@@ -7,7 +7,8 @@ from omegaconf import OmegaConf
 from hybridrl.protocol import DataProto
 from hybridrl.utils.dataset import RLHFDataset, collate_fn, make_dataloader
 from hybridrl.utils.rl_parquet import write_rl_parquet
-from hybridrl.utils.tiny_model import build_tokenizer
+from hybridrl.utils.tokenizer import load_tokenizer
+from hybridrl.defaults.tiny_model import build_tokenizer
 
 QUESTIONS = ["what is 3 + 4 ?", "what is 12 + 30 + 5 ? think about it step by step", "2 + 2 ?"]
 
@@ -144,3 +145,29 @@ def test_dataloader_is_seeded_and_deterministic(tokenizer, tmp_path):
     epoch_one, epoch_two = [list(b["index"]) for b in loader], [list(b["index"]) for b in loader]
     assert epoch_one == first and epoch_two != epoch_one  # each epoch reshuffles, deterministically
     assert isinstance(loader.sampler.generator.get_state(), torch.Tensor)  # saveable for resume
+
+
+def test_dataloader_workers_give_the_same_batches(tokenizer, tmp_path):
+    """data.dataloader_num_workers: worker processes tokenise and collate; the order stays the sampler's."""
+    path = str(tmp_path / "many.parquet")
+    write_rl_parquet([row(QUESTIONS[i % 3], str(i), i) for i in range(10)], path)
+    dataset = RLHFDataset(path, tokenizer, data_config())
+    in_process, with_workers = (list(make_dataloader(dataset, batch_size=4, shuffle=True, seed=3, drop_last=False,
+                                                     num_workers=workers)) for workers in (0, 2))
+    assert [list(b["index"]) for b in with_workers] == [list(b["index"]) for b in in_process]
+    for ours, theirs in zip(with_workers, in_process):
+        assert torch.equal(ours["input_ids"], theirs["input_ids"])
+        assert torch.equal(ours["attention_mask"], theirs["attention_mask"])
+
+
+def test_custom_chat_template_replaces_the_tokenizers_own(tokenizer, train_file, tmp_path):
+    """actor_rollout_ref.model.custom_chat_template: every process that loads the policy's tokenizer
+    (load_tokenizer) renders prompts with it."""
+    tokenizer.save_pretrained(str(tmp_path / "tok"))
+    template = "{% for m in messages %}{{ m['content'] }} = {% endfor %}"
+    custom = load_tokenizer(str(tmp_path / "tok"), custom_chat_template=template)
+    assert custom.chat_template == template
+    assert load_tokenizer(str(tmp_path / "tok")).chat_template == tokenizer.chat_template != template
+    dataset = RLHFDataset(train_file, custom, data_config())
+    ids = dataset[0]["input_ids"][dataset[0]["attention_mask"].bool()].tolist()
+    assert ids == custom(QUESTIONS[0] + " = ", add_special_tokens=False)["input_ids"]

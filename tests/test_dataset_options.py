@@ -9,8 +9,8 @@ from hybridrl.config.compose import compose_config
 from hybridrl.config.validation import validate_config
 from hybridrl.protocol import DataProto
 from hybridrl.utils.dataset import RLHFDataset, collate_fn, create_rl_dataset
-from hybridrl.utils.tiny_model import build_tokenizer
-from hybridrl.workers.reward_manager import NaiveRewardManager
+from hybridrl.defaults.tiny_model import build_tokenizer
+from hybridrl.reward.managers import NaiveRewardManager
 
 SHORT, LONG = "2 + 2 ?", "what is 12 + 30 + 5 ? think about it step by step and then answer"
 

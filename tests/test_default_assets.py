@@ -10,8 +10,8 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridrl.config import compose_config, validate_config
-from hybridrl.utils.default_assets import (MARKER_FILE, DefaultRecipe, default_paths, ensure_default_assets,
-                                           prepare_default_assets, sft_rows_from_rl)
+from hybridrl.defaults.assets import (MARKER_FILE, DefaultRecipe, default_paths, ensure_default_assets,
+                                      prepare_default_assets, sft_rows_from_rl)
 
 SMALL = DefaultRecipe(
     train_size=120, test_size=40, vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
@@ -112,7 +112,7 @@ def test_unfinished_or_other_recipe_data_is_rebuilt(tmp_path):
 
 def test_ensure_default_assets_prepares_only_what_the_config_uses(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr("hybridrl.utils.default_assets.prepare_default_assets",
+    monkeypatch.setattr("hybridrl.defaults.assets.prepare_default_assets",
                         lambda cache_dir, with_model: calls.append((cache_dir, with_model)))
     default = validate_config(compose_config([f"cache_dir={tmp_path}"]))
     own_model = validate_config(compose_config([f"cache_dir={tmp_path}", "actor_rollout_ref.model.path=/my/model"]))

@@ -5,7 +5,7 @@ Two real subprocesses (2 to 3 minutes on 2 cores, about half of it the 700-step 
 1. A fresh cache and the default command, unchanged (its 30 GRPO steps included). It must prepare
    every stage, print `summary: <path>` as its last stdout line, write summary.json, start from a
    greedy validation accuracy near 0 (the warm start answers in the graded format one time in five,
-   so greedy decoding never chooses it: hybridrl/utils/default_assets.py) and improve it by more
+   so greedy decoding never chooses it: hybridrl/defaults/assets.py) and improve it by more
    than MARGIN.
 2. The same command again with `trainer.val_only=true`: it must reuse every stage (no SFT rerun, no
    file of the cached model rewritten) and score the reused model exactly as run 1 did before training.

@@ -16,7 +16,7 @@ from hybridrl.config import check_paths, compose_config, validate_config
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from hybridrl.utils.rl_parquet import write_rl_parquet
-from hybridrl.utils.tiny_model import build_tiny_model, build_tokenizer
+from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 
 WORDS = ["apple", "banana", "cherry", "dog", "egg", "fig", "grape", "hat", "ink", "jam"]
 
@@ -30,7 +30,7 @@ def share_of_a(data_source, solution_str, ground_truth, extra_info=None):
 # custom policy loss (vanilla PPO plus a marker metric), registered by name and selected from config.
 EXTENSION_FILE = '''
 import torch
-from hybridrl.trainer.ppo.core_algos import get_policy_loss_fn, register_adv_est, register_policy_loss
+from hybridrl.algorithms.core_algos import get_policy_loss_fn, register_adv_est, register_policy_loss
 
 @register_adv_est("my_reinforce")
 def my_reinforce(token_level_rewards, response_mask, **kwargs):

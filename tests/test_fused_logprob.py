@@ -24,7 +24,7 @@ from hybridrl.single_controller.ray import (RayClassWithInitArgs, RayResourcePoo
 from hybridrl.utils import fused_logprob
 from hybridrl.utils.fsdp_utils import apply_lora, iter_full_state_dict, load_hf_model
 from hybridrl.utils.fused_logprob import linear_log_probs, response_log_probs_fused
-from hybridrl.utils.tiny_model import build_tiny_model, build_tokenizer
+from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker

@@ -6,7 +6,7 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.ppo.generation_dump import decode_generations, dump_generations, select_val_samples
-from hybridrl.utils.tiny_model import build_tokenizer
+from hybridrl.defaults.tiny_model import build_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import pytest
 import reasoning_gym
 
 from hybridrl.utils.import_utils import load_extern_object
-from hybridrl.utils.reward_score import default_compute_score
-from hybridrl.utils.reward_score.reasoning_gym import INSTRUCTION, make_train_test_rows
+from hybridrl.reward.scorers import default_compute_score
+from hybridrl.reward.scorers.reasoning_gym import INSTRUCTION, make_train_test_rows
 from tests.test_data_preprocess import REPO, read_rows, run_script
 
 RECIPE_REWARD = os.path.join(REPO, "recipes", "smollm2_gsm_symbolic", "reward.py")

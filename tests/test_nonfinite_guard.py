@@ -82,7 +82,7 @@ def test_non_finite_log_probs_stop_at_once_and_padding_is_ignored():
 # advantages is the user-side source of non-finite steps left.
 NAN_ESTIMATOR = '''
 import torch
-from hybridrl.trainer.ppo.core_algos import register_adv_est
+from hybridrl.algorithms.core_algos import register_adv_est
 
 @register_adv_est("nan_advantages")
 def nan_advantages(token_level_rewards, response_mask, **kwargs):

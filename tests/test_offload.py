@@ -23,7 +23,7 @@ from hybridrl.single_controller.ray import (RayClassWithInitArgs, RayResourcePoo
 from hybridrl.utils.fsdp_utils import iter_full_state_dict, load_hf_model, shard_model
 from hybridrl.utils.offload import (FSDPOffload, load_fsdp_params, load_optimizer_state, offload_fsdp_params,
                                     offload_optimizer_state)
-from hybridrl.utils.tiny_model import build_tiny_model, build_tokenizer
+from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from hybridrl.workers.critic import CriticWorker
 

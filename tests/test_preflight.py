@@ -20,7 +20,7 @@ from hybridrl.config.preflight import _cpus_ray_detects
 from hybridrl.utils.disk import human_bytes
 from hybridrl.utils.rl_parquet import write_rl_parquet
 from hybridrl.utils.safetensors_header import count_elements
-from hybridrl.utils.tiny_model import build_tiny_model, build_tokenizer
+from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 
 REWARD_FILE = '''
 def letter_a(data_source, solution_str, ground_truth, extra_info=None):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.ppo import core_algos
+from hybridrl.algorithms import core_algos
 from hybridrl.trainer.ppo.ray_trainer import GEN_KEYS, RayPPOTrainer
 from tests.test_e2e_training import make_config, read_metrics, toy_task  # noqa: F401 (toy_task is a fixture)
 

@@ -6,9 +6,9 @@ from omegaconf import OmegaConf
 
 from hybridrl.protocol import DataProto
 from hybridrl.utils.import_utils import load_extern_object
-from hybridrl.utils.tiny_model import build_tokenizer
-from hybridrl.workers.reward_manager import (NaiveRewardManager, get_reward_manager_cls, load_reward_manager,
-                                             register_reward_manager)
+from hybridrl.defaults.tiny_model import build_tokenizer
+from hybridrl.reward.managers import (NaiveRewardManager, get_reward_manager_cls, load_reward_manager,
+                                      register_reward_manager)
 
 PROMPT_LEN, RESPONSE_LEN = 6, 12
 
@@ -182,7 +182,7 @@ def test_reward_manager_registry(tokenizer):
 def test_reasoning_gym_rows_through_dataset_collate_and_manager(tmp_path):
     """Preprocessed parquet -> RLHFDataset -> collate_fn -> DataProto -> naive manager -> library verifier."""
     from hybridrl.utils.dataset import RLHFDataset, collate_fn
-    from hybridrl.utils.reward_score.reasoning_gym import make_rows
+    from hybridrl.reward.scorers.reasoning_gym import make_rows
     from hybridrl.utils.rl_parquet import write_rl_parquet
 
     rows = make_rows("chain_sum", size=4, seed=0, split="train")

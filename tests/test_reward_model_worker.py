@@ -14,7 +14,7 @@ from hybridrl.config.validation import validate_config
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, \
     create_colocated_worker_cls
-from hybridrl.utils.tiny_model import build_tiny_model, build_tokenizer
+from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.workers.reward_model import RewardModelWorker, load_reward_model, same_tokenization
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 20, 8

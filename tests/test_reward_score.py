@@ -1,9 +1,9 @@
 """Rule-based scorers: hand examples with exact expected scores, and dispatch by data_source."""
 import pytest
 
-from hybridrl.utils.reward_score import default_compute_score, register_scorer, registered_scorer_keys
-from hybridrl.utils.reward_score import gsm8k, math as math_score
-from hybridrl.utils.reward_score import reasoning_gym as rg_score
+from hybridrl.reward.scorers import default_compute_score, register_scorer, registered_scorer_keys
+from hybridrl.reward.scorers import gsm8k, math as math_score
+from hybridrl.reward.scorers import reasoning_gym as rg_score
 
 
 # ---------------------------------------------------------------------------------------------- GSM8K

@@ -10,12 +10,12 @@ from omegaconf import OmegaConf
 from hybridrl.config.compose import compose_config
 from hybridrl.config.validation import validate_config
 from hybridrl.protocol import DataProto
-from hybridrl.utils.reward_score import default_compute_score
-from hybridrl.utils.reward_score import math as math_score
-from hybridrl.utils.tiny_model import build_tokenizer
-from hybridrl.workers.reward_manager import (BatchRewardManager, DAPORewardManager, NaiveRewardManager,
-                                             load_reward_manager, register_reward_manager)
-from hybridrl.workers.reward_manager.base import ScoreTimeoutError
+from hybridrl.reward.scorers import default_compute_score
+from hybridrl.reward.scorers import math as math_score
+from hybridrl.defaults.tiny_model import build_tokenizer
+from hybridrl.reward.managers import (BatchRewardManager, DAPORewardManager, NaiveRewardManager,
+                                      load_reward_manager, register_reward_manager)
+from hybridrl.reward.managers.base import ScoreTimeoutError
 
 PROMPT_LEN, RESPONSE_LEN = 4, 8
 
@@ -145,7 +145,7 @@ def test_batch_manager_contract_errors(tokenizer):
 def test_a_raising_scorer_costs_only_its_samples(tokenizer, make_manager, caplog):
     batch = make_batch(tokenizer, ["1 1", "boom 1", "1", "boom"])
     manager = make_manager(tokenizer)
-    with caplog.at_level(logging.ERROR, logger="hybridrl.workers.reward_manager.base"):
+    with caplog.at_level(logging.ERROR, logger="hybridrl.reward.managers.base"):
         out = manager(batch, return_dict=True)
         again = manager(batch, return_dict=True)
 
@@ -182,7 +182,7 @@ def test_a_nan_score_for_one_sample_in_four_is_a_counted_error(tokenizer, make_m
     """Before: the NaN went into the reward tensor (the batch's loss became NaN, every optimizer step was skipped)
     and reward/errors stayed 0. Now that sample follows the policy of a scorer that raises."""
     batch = make_batch(tokenizer, ["1 1", "boom 1", "1", "2"])
-    with caplog.at_level(logging.ERROR, logger="hybridrl.workers.reward_manager.base"):
+    with caplog.at_level(logging.ERROR, logger="hybridrl.reward.managers.base"):
         out = make_manager(tokenizer)(batch, return_dict=True)
 
     assert torch.isfinite(out["reward_tensor"]).all()
@@ -207,7 +207,7 @@ def test_scores_that_are_not_finite_numbers_are_counted_errors(tokenizer, bad_sc
             return bad_score
         return {"score": 1.0, "index": 0, "len": 1} if isinstance(bad_score, dict) else 1.0
 
-    with caplog.at_level(logging.ERROR, logger="hybridrl.workers.reward_manager.base"):
+    with caplog.at_level(logging.ERROR, logger="hybridrl.reward.managers.base"):
         out = NaiveRewardManager(tokenizer, 0, compute_score=score)(make_batch(tokenizer, ["1", "boom"]),
                                                                     return_dict=True)
     assert torch.equal(out["reward_tensor"], on_last_token([1.0, 0.0], [1, 1]))
@@ -330,7 +330,7 @@ def test_a_scorer_that_hangs_fails_the_batch_after_the_timeout_naming_it(tokeniz
     manager = manager_cls(tokenizer, 0, compute_score=scorer)
     manager.set_score_timeout(1.0, heartbeat_interval=0.4)
     start = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="hybridrl.workers.reward_manager.base"), \
+    with caplog.at_level(logging.WARNING, logger="hybridrl.reward.managers.base"), \
             pytest.raises(ScoreTimeoutError) as caught:
         manager(make_batch(tokenizer, ["1", "1", "boom 300"]))
     took = time.monotonic() - start
@@ -345,7 +345,7 @@ def test_a_scorer_that_hangs_fails_the_batch_after_the_timeout_naming_it(tokeniz
 def test_a_slow_scorer_within_the_timeout_is_reported_and_scores(tokenizer, caplog):
     manager = NaiveRewardManager(tokenizer, 0, compute_score=sleepy_score)
     manager.set_score_timeout(5.0, heartbeat_interval=0.2)
-    with caplog.at_level(logging.WARNING, logger="hybridrl.workers.reward_manager.base"):
+    with caplog.at_level(logging.WARNING, logger="hybridrl.reward.managers.base"):
         out = manager(make_batch(tokenizer, ["boom 5", "1"]), return_dict=True)
     assert torch.equal(out["reward_tensor"], on_last_token([1.0, 1.0], [4, 1]))  # "boom 5": 4 tokens
     assert re.search(r"has been busy for 0\.\d s with sample 0 \(data_source 'src'\)", caplog.text)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hybridrl.workers.reward_manager.base import ScoreTimeoutError
+from hybridrl.reward.managers.base import ScoreTimeoutError
 from tests.test_e2e_training import assert_weights_changed, make_config, read_metrics, run, toy_task  # noqa: F401
 
 NAN_FOR_EVERY_FOURTH_PROMPT = '''

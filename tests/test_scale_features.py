@@ -12,8 +12,9 @@ from hybridrl.config.compose import compose_config
 from hybridrl.config.validation import ConfigError, validate_config
 from hybridrl.protocol import DataProto
 from hybridrl.utils.fsdp_utils import apply_lora, build_optimizer, load_hf_model
-from hybridrl.utils.tiny_model import build_tiny_model, build_tokenizer
-from hybridrl.workers.actor.dp_actor import DataParallelPPOActor, micro_batches_of
+from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
+from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
+from hybridrl.workers.ppo_update_loop import micro_batches_of
 from hybridrl.workers.critic.dp_critic import DataParallelPPOCritic
 
 PROMPT_LENGTHS = [3, 7, 1, 5, 6, 2, 7, 4]    # attended prompt tokens per row, left-padded to 7

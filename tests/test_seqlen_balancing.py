@@ -8,11 +8,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.ppo.core_algos import agg_loss
+from hybridrl.algorithms.core_algos import agg_loss
 from hybridrl.utils.padding import response_log_probs_packed
 from hybridrl.utils.seqlen_balancing import (balance_batch, get_reverse_idx, get_seqlen_balanced_partitions,
                                              karmarkar_karp, rearrange_micro_batches)
-from hybridrl.utils.tiny_model import build_tiny_model, build_tokenizer
+from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.utils.torch_functional import logprobs_from_logits
 
 

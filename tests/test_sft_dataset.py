@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hybridrl.utils.sft_dataset import IGNORE_INDEX, SFTDataset, collate_right_padded
-from hybridrl.utils.tiny_model import build_tokenizer
+from hybridrl.defaults.tiny_model import build_tokenizer
 
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},

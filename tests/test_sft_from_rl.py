@@ -5,7 +5,7 @@ import sys
 
 import pyarrow.parquet as pq
 
-from hybridrl.utils.reward_score.reasoning_gym import make_train_test_rows
+from hybridrl.reward.scorers.reasoning_gym import make_train_test_rows
 from hybridrl.utils.rl_parquet import write_rl_parquet
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

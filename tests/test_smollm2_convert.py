@@ -124,7 +124,7 @@ def test_special_tokens_are_set_to_im_end_whatever_the_gguf_reader_gave():
     from convert_smollm2_gguf import IM_END, require_special_tokens
     from transformers import Qwen2Config
 
-    from hybridrl.utils.tiny_model import IM_START, build_tokenizer
+    from hybridrl.defaults.tiny_model import IM_START, build_tokenizer
 
     tokenizer = build_tokenizer(["a b c"] * 5, vocab_size=64)
     tokenizer.chat_template = "{% for m in messages %}" + IM_START + "{{ m['content'] }}{% endfor %}"

@@ -5,9 +5,9 @@ import textwrap
 import pytest
 import torch
 
+from hybridrl.algorithms.core_algos import agg_loss
 from hybridrl.config.compose import compose_config
-from hybridrl.config.validation import validate_config
-from hybridrl.trainer.ppo.core_algos import agg_loss
+from hybridrl.config.validation import ConfigError, validate_config
 from hybridrl.utils.fsdp_utils import build_lr_scheduler, warmup_steps
 from hybridrl.workers.rollout import (BaseRollout, HFRollout, build_rollout, get_rollout_class, load_rollout_class,
                                       register_rollout)
@@ -98,9 +98,9 @@ def optim_config(*overrides):
     return cfg.actor_rollout_ref.actor.optim
 
 
-def lrs(optim, steps):
+def lrs(optim, steps, total_training_steps=None):
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=optim.lr)
-    scheduler = build_lr_scheduler(optimizer, optim)
+    scheduler = build_lr_scheduler(optimizer, optim, total_training_steps)
     values = []
     for _ in range(steps):
         values.append(scheduler.get_last_lr()[0])
@@ -115,21 +115,27 @@ def test_constant_schedule_warms_up_linearly_then_holds():
 
 
 def test_warmup_steps_win_over_the_ratio_and_the_ratio_needs_a_run_length():
-    assert warmup_steps(optim_config("lr_warmup_steps=3", "lr_warmup_steps_ratio=0.5",
-                                     "total_training_steps=10")) == 3
-    assert warmup_steps(optim_config("lr_warmup_steps_ratio=0.25", "total_training_steps=10")) == 2
+    assert warmup_steps(optim_config("lr_warmup_steps=3", "lr_warmup_steps_ratio=0.5"), 10) == 3
+    assert warmup_steps(optim_config("lr_warmup_steps_ratio=0.25"), 10) == 2
     with pytest.raises(ValueError, match="total_training_steps"):
-        warmup_steps(optim_config("lr_warmup_steps_ratio=0.25"))
+        warmup_steps(optim_config("lr_warmup_steps_ratio=0.25"), None)
 
 
 def test_cosine_schedule_decays_to_min_lr_ratio():
-    values = lrs(optim_config("warmup_style=cosine", "lr_warmup_steps=1", "total_training_steps=5",
-                              "min_lr_ratio=0.1"), 6)
+    values = lrs(optim_config("warmup_style=cosine", "lr_warmup_steps=1", "min_lr_ratio=0.1"), 6,
+                 total_training_steps=5)
     # warmup step 0 -> 0; then cosine from 0.1 down to 0.01 over steps 1..5 (half a cycle)
     cosine = [0.01 + 0.09 * 0.5 * (1 + torch.cos(torch.tensor(torch.pi * k / 4)).item()) for k in range(5)]
     assert values == pytest.approx([0.0] + cosine)
     with pytest.raises(ValueError, match="total_training_steps"):
         lrs(optim_config("warmup_style=cosine"), 1)
+
+
+def test_the_run_length_reaches_the_workers_as_an_argument_never_through_the_config():
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.actor.optim.total_training_steps: expected -1 "
+                                          r"\(set trainer.total_training_steps instead\), got 10"):
+        optim_config("total_training_steps=10")
+    assert optim_config().total_training_steps == -1
 
 
 # ---------------------------------------------------------------------- exact gradient accumulation

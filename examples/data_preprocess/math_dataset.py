@@ -12,7 +12,7 @@ import os
 from hub_or_local import load_split
 
 from hybridrl.utils.rl_parquet import write_rl_parquet
-from hybridrl.utils.reward_score.math import last_boxed_only_string, remove_boxed
+from hybridrl.reward.scorers.math import last_boxed_only_string, remove_boxed
 
 DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."

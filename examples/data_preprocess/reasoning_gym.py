@@ -15,7 +15,7 @@ another wording better; it must still name the format's marker (<answer> or ####
 Every row is checked before writing: its own answer, written in the answer format, must score 1.0
 with the task's verifier. A task with a row that fails is refused, unless --drop_ungradeable: then
 those rows are left out and counted (gsm_symbolic needs it for a rare broken template instance).
-The same is `make_train_test_rows` in hybridrl.utils.reward_score.reasoning_gym.
+The same is `make_train_test_rows` in hybridrl.reward.scorers.reasoning_gym.
 """
 import argparse
 import json
@@ -28,7 +28,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 from hybridrl.utils.rl_parquet import write_rl_parquet  # noqa: E402
-from hybridrl.utils.reward_score.reasoning_gym import ANSWER_FORMATS, make_train_test_rows  # noqa: E402
+from hybridrl.reward.scorers.reasoning_gym import ANSWER_FORMATS, make_train_test_rows  # noqa: E402
 
 
 def main() -> None:

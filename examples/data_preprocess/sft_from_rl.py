@@ -6,7 +6,7 @@
 Each row becomes {"messages": prompt + [assistant answer]}. The answer is the ground truth in the
 graded format, `<answer>N</answer>`, for --tagged_fraction of the rows (spread evenly), and
 `The answer is N.` for the rest; the embedded default uses 0.2 to leave GRPO a format to learn
-(see hybridrl/utils/default_assets.py). Then:
+(see hybridrl/defaults/assets.py). Then:
 
     python -m hybridrl.trainer.main_sft data.train_files=~/data/chain_sum/sft_train.parquet \
         data.val_files=null model.partial_pretrain=/path/to/model trainer.default_local_dir=/tmp/sft
@@ -16,8 +16,8 @@ import os
 
 import pyarrow.parquet as pq
 
-from hybridrl.utils.default_assets import sft_rows_from_rl, write_sft_parquet
-from hybridrl.utils.reward_score.reasoning_gym import DATA_SOURCE_PREFIX
+from hybridrl.defaults.assets import sft_rows_from_rl, write_sft_parquet
+from hybridrl.reward.scorers.reasoning_gym import DATA_SOURCE_PREFIX
 
 
 def main() -> None:

@@ -127,7 +127,7 @@ def _check_columns(where: str, path: str, schema: pa.Schema, config: PPOConfig, 
 
 def _reads_ground_truth(manager_name: str) -> bool:
     """Every manager built on RewardManagerBase (naive, batch, dapo) reads reward_model.ground_truth."""
-    from hybridrl.workers.reward_manager import RewardManagerBase, get_reward_manager_cls
+    from hybridrl.reward.managers import RewardManagerBase, get_reward_manager_cls
 
     return issubclass(get_reward_manager_cls(manager_name), RewardManagerBase)
 

@@ -35,6 +35,21 @@ NOT_IMPLEMENTED: dict[str, Any] = {
     "trainer.default_hdfs_dir": None,
     "trainer.del_local_ckpt_after_load": False,
     "ray_init.timeline_json_file": None,
+    # verl's unpadded prompt ids (raw_prompt_ids): nothing here reads them; the reward model re-tokenises raw_prompt.
+    "data.return_raw_input_ids": False,
+    # vLLM's stats logging switch; the hf and sglang rollouts have no per-request stats logger to turn on.
+    "actor_rollout_ref.rollout.disable_log_stats": True,
+    # Hybrid sharding (shard within groups of fsdp_size, replicate across): every model is fully sharded.
+    "actor_rollout_ref.actor.fsdp_config.fsdp_size": -1,
+    "critic.model.fsdp_config.fsdp_size": -1,
+    "reward_model.model.fsdp_config.fsdp_size": -1,
+    # Size-based FSDP units: units are always the decoder layers (HF's _no_split_modules).
+    "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params": 0,
+    "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params": 0,
+    "critic.model.fsdp_config.wrap_policy.min_num_params": 0,
+    "reward_model.model.fsdp_config.wrap_policy.min_num_params": 0,
+    # verl's save-before-the-ESI-instance-expires timer (a cloud-specific scheduler).
+    "trainer.esi_redundant_time": 0,
 }
 
 # Values of otherwise implemented keys that are not implemented yet.
@@ -46,6 +61,18 @@ NOT_IMPLEMENTED_VALUES: dict[str, tuple] = {
 DEPRECATED: dict[str, str] = {
     "actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
     "critic.ppo_micro_batch_size": "critic.ppo_micro_batch_size_per_gpu",
+}
+
+# Keys whose value comes from elsewhere: key -> (the only accepted value, what to set instead).
+SET_ELSEWHERE: dict[str, tuple[Any, str]] = {
+    # The trainer passes the run length to the workers that build LR schedules.
+    "actor_rollout_ref.actor.optim.total_training_steps": (-1, "trainer.total_training_steps"),
+    "critic.optim.total_training_steps": (-1, "trainer.total_training_steps"),
+}
+
+# Keys that must equal another key: the critic reads the policy's token ids, so it has no tokenizer of its own.
+SAME_AS: dict[str, str] = {
+    "critic.model.tokenizer_path": "actor_rollout_ref.model.path",
 }
 
 
@@ -67,11 +94,11 @@ def _known_rollout(name: str) -> None:
 # Names chosen from a registry: key -> lookup that raises for an unknown name, its message listing
 # the registered ones. Extensions register more names before this check runs.
 REGISTRIES: dict[str, Callable[[str], Any]] = {
-    "algorithm.adv_estimator": _registry_lookup("hybridrl.trainer.ppo.core_algos", "get_adv_estimator_fn"),
-    "actor_rollout_ref.actor.policy_loss.loss_mode": _registry_lookup("hybridrl.trainer.ppo.core_algos",
+    "algorithm.adv_estimator": _registry_lookup("hybridrl.algorithms.core_algos", "get_adv_estimator_fn"),
+    "actor_rollout_ref.actor.policy_loss.loss_mode": _registry_lookup("hybridrl.algorithms.core_algos",
                                                                       "get_policy_loss_fn"),
     "actor_rollout_ref.rollout.name": _known_rollout,
-    "reward_model.reward_manager": _registry_lookup("hybridrl.workers.reward_manager.registry",
+    "reward_model.reward_manager": _registry_lookup("hybridrl.reward.managers.registry",
                                                     "get_reward_manager_cls"),
 }
 
@@ -159,6 +186,10 @@ def _not_implemented(values: _Values, problems: list[str]) -> None:
         _run_rule(lambda v, p: _refuse_values(key, refused, v(key), p), values, problems)
     for key, replacement in DEPRECATED.items():
         _run_rule(lambda v, p: _require_null(key, replacement, v(key), p), values, problems)
+    for key, (only_value, instead) in SET_ELSEWHERE.items():
+        _run_rule(lambda v, p: _require_unset(key, only_value, instead, v(key), p), values, problems)
+    for key, other in SAME_AS.items():
+        _run_rule(lambda v, p: _require_same(key, other, v(key), v(other), p), values, problems)
 
 
 def _require_value(key: str, supported: Any, value: Any, problems: list[str]) -> None:
@@ -175,6 +206,17 @@ def _refuse_values(key: str, refused: tuple, value: Any, problems: list[str]) ->
 def _require_null(key: str, replacement: str, value: Any, problems: list[str]) -> None:
     if value is not None:
         problems.append(f"{key}: expected null (deprecated, set {replacement} instead), got {value!r}")
+
+
+def _require_unset(key: str, only_value: Any, instead: str, value: Any, problems: list[str]) -> None:
+    if value != only_value:
+        problems.append(f"{key}: expected {only_value!r} (set {instead} instead), got {value!r}")
+
+
+def _require_same(key: str, other: str, value: Any, other_value: Any, problems: list[str]) -> None:
+    if value != other_value:
+        problems.append(f"{key}: expected the value of {other} = {other_value!r} (a different one is not "
+                        f"implemented), got {value!r}")
 
 
 def _registered_names(values: _Values, problems: list[str]) -> None:

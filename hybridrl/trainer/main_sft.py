@@ -141,7 +141,7 @@ def _check_rules(config: SFTConfig, problems: list[str]) -> None:
     cache_dir = os.path.abspath(config.cache_dir)
     if any(cache_dir in problem for problem in problems):  # a missing file of the embedded default
         problems.append(f"cache_dir: the embedded default's data and model under {config.cache_dir!r} are made by "
-                        f"`python -m hybridrl.utils.default_assets` (or the first `python -m hybridrl.main_ppo`)")
+                        f"`python -m hybridrl.defaults.assets` (or the first `python -m hybridrl.main_ppo`)")
 
 
 def compose_sft_config(overrides: Mapping[str, Any] | None = None) -> SFTConfig:

@@ -86,8 +86,8 @@ class FSDPSFTTrainer:
         self.optimizer = build_optimizer(self.model, config.optim)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, SimpleNamespace(
             lr_warmup_steps=-1, lr_warmup_steps_ratio=config.optim.warmup_steps_ratio,
-            total_training_steps=self.total_steps, warmup_style=config.optim.lr_scheduler,
-            num_cycles=0.5, min_lr_ratio=0.0))
+            warmup_style=config.optim.lr_scheduler, num_cycles=0.5, min_lr_ratio=0.0),
+            total_training_steps=self.total_steps)
 
     def _total_steps(self, num_rows: int) -> int:
         steps_per_epoch = len(self.train_loader)

@@ -183,8 +183,11 @@ def create_rl_sampler(dataset: Dataset, shuffle: bool, seed: int):
     return SequentialSampler(dataset)
 
 
-def make_dataloader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int, drop_last: bool) -> DataLoader:
-    """A deterministic DataLoader: the same seed gives the same batches in the same order."""
+def make_dataloader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int, drop_last: bool,
+                    num_workers: int = 0) -> DataLoader:
+    """A deterministic DataLoader: the same seed gives the same batches in the same order, with or without
+    `num_workers` (data.dataloader_num_workers) worker processes: the sampler, and so the order, stays in this
+    process; the workers only tokenise and collate."""
     return DataLoader(dataset, batch_size=batch_size, sampler=create_rl_sampler(dataset, shuffle, seed),
-                      collate_fn=collate_fn, drop_last=drop_last, num_workers=0)
+                      collate_fn=collate_fn, drop_last=drop_last, num_workers=num_workers)
 

@@ -121,7 +121,8 @@ def decoder_layer_classes(model: nn.Module) -> set[type[nn.Module]]:
 
 
 def shard_model(model: nn.Module, *, strategy: str, device: str, mixed_precision: bool,
-                reshard_after_forward: bool = True, cpu_offload: bool = False) -> nn.Module:
+                reshard_after_forward: bool = True, cpu_offload: bool = False,
+                forward_prefetch: bool = False) -> nn.Module:
     """Shard `model` over all ranks of the default process group; returns the module to use from now on.
 
     strategy="fsdp2": `fully_shard` on every decoder layer, then the root; the model keeps its class
@@ -134,6 +135,10 @@ def shard_model(model: nn.Module, *, strategy: str, device: str, mixed_precision
     A peft (LoRA) model under FSDP2 keeps its wrapper unsharded: the FSDP root is the HF model inside
     (see `fsdp_root`), because HF generate on the wrapper runs the inner model's forward, and FSDP2
     needs every forward to enter through its root.
+    forward_prefetch (fsdp_config.forward_prefetch): each decoder layer's all-gather is issued before the
+    previous layer's forward has finished, so communication overlaps compute (more memory: two layers
+    gathered at once). FSDP1: its forward_prefetch flag; FSDP2: each layer names the next one with
+    `set_modules_to_forward_prefetch`. The numbers do not change, only when the gathers happen.
     """
     if cpu_offload and device != "cuda":
         raise ValueError("cpu_offload only applies to a GPU run: on the CPU the parameters are in host memory already")
@@ -146,9 +151,12 @@ def shard_model(model: nn.Module, *, strategy: str, device: str, mixed_precision
                   if mixed_precision else MixedPrecisionPolicy())
         shard = functools.partial(fully_shard, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward,
                                   offload_policy=CPUOffloadPolicy() if cpu_offload else OffloadPolicy())
-        for module in model.modules():
-            if type(module) in layer_classes:
-                shard(module)
+        layers = [module for module in model.modules() if type(module) in layer_classes]
+        for layer in layers:
+            shard(layer)
+        if forward_prefetch:
+            for layer, next_layer in zip(layers, layers[1:]):
+                layer.set_modules_to_forward_prefetch([next_layer])
         # The root is left to FSDP's own rule (reshard_after_forward=None): it keeps its parameters
         # (embeddings, head) after forward, since backward needs them right away.
         shard(fsdp_root(model), reshard_after_forward=None)
@@ -161,7 +169,7 @@ def shard_model(model: nn.Module, *, strategy: str, device: str, mixed_precision
     return FullyShardedDataParallel(
         model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_classes),
         sharding_strategy=ShardingStrategy.FULL_SHARD if reshard_after_forward else ShardingStrategy.SHARD_GRAD_OP,
-        mixed_precision=precision, device_id=device_id, use_orig_params=True,
+        mixed_precision=precision, device_id=device_id, use_orig_params=True, forward_prefetch=forward_prefetch,
         cpu_offload=CPUOffload(offload_params=True) if cpu_offload else None)
 
 
@@ -188,31 +196,34 @@ def build_optimizer(module: nn.Module, optim_config) -> torch.optim.AdamW:
                              weight_decay=optim_config.weight_decay)
 
 
-def warmup_steps(optim_config) -> int:
+def warmup_steps(optim_config, total_training_steps: int | None) -> int:
     """`lr_warmup_steps` when > 0, else `lr_warmup_steps_ratio * total_training_steps` (rounded down)."""
     if optim_config.lr_warmup_steps > 0:
         return int(optim_config.lr_warmup_steps)
-    if optim_config.lr_warmup_steps_ratio > 0 and optim_config.total_training_steps <= 0:
-        raise ValueError(f"optim.lr_warmup_steps_ratio={optim_config.lr_warmup_steps_ratio} needs "
-                         f"optim.total_training_steps > 0 (the trainer sets it), got {optim_config.total_training_steps}")
-    return int(optim_config.lr_warmup_steps_ratio * max(optim_config.total_training_steps, 0))
+    if optim_config.lr_warmup_steps_ratio > 0 and not total_training_steps:
+        raise ValueError(f"optim.lr_warmup_steps_ratio={optim_config.lr_warmup_steps_ratio} needs the run length "
+                         f"(total_training_steps > 0, which the trainer passes), got {total_training_steps}")
+    return int(optim_config.lr_warmup_steps_ratio * (total_training_steps or 0))
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_config) -> torch.optim.lr_scheduler.LambdaLR:
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_config,
+                       total_training_steps: int | None) -> torch.optim.lr_scheduler.LambdaLR:
     """The schedule `optim.warmup_style` names, stepped once per training step.
 
     constant: linear warmup from 0, then `lr`. cosine: linear warmup, then a cosine decay
-    (`num_cycles`) over `total_training_steps` down to `min_lr_ratio * lr`.
+    (`num_cycles`) over `total_training_steps` down to `min_lr_ratio * lr`. `total_training_steps` is the
+    run length the trainer computed (an argument, never written into the validated config); None where
+    the caller has no run (a worker built outside the trainer), fine for a schedule that does not need it.
     """
-    warmup = warmup_steps(optim_config)
+    warmup = warmup_steps(optim_config, total_training_steps)
     if optim_config.warmup_style == "constant":
         return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
     if optim_config.warmup_style == "cosine":
-        if optim_config.total_training_steps <= 0:
-            raise ValueError(f"optim.warmup_style=cosine needs optim.total_training_steps > 0, "
-                             f"got {optim_config.total_training_steps}")
+        if not total_training_steps or total_training_steps <= 0:
+            raise ValueError(f"optim.warmup_style=cosine needs the run length (total_training_steps > 0, which the "
+                             f"trainer passes), got {total_training_steps}")
         return get_cosine_with_min_lr_schedule_with_warmup(
-            optimizer, num_warmup_steps=warmup, num_training_steps=optim_config.total_training_steps,
+            optimizer, num_warmup_steps=warmup, num_training_steps=total_training_steps,
             num_cycles=optim_config.num_cycles, min_lr_rate=optim_config.min_lr_ratio)
     raise ValueError(f"optim.warmup_style must be 'constant' or 'cosine', got {optim_config.warmup_style!r}")
 

@@ -28,7 +28,6 @@ import contextlib
 import time
 
 import torch
-from transformers import AutoTokenizer
 
 from hybridrl.models.attention import attention_implementation
 from hybridrl.models.flops import model_flops_utilization
@@ -42,6 +41,7 @@ from hybridrl.utils.fsdp_utils import (apply_liger, apply_lora, build_lr_schedul
 from hybridrl.utils.import_utils import load_extensions
 from hybridrl.utils.memory import memory_metrics
 from hybridrl.utils.offload import FSDPOffload
+from hybridrl.utils.tokenizer import load_tokenizer
 from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
 from hybridrl.workers.rollout import build_rollout
 from hybridrl.workers.rollout.mode_switch import RolloutModeSwitch
@@ -50,11 +50,14 @@ ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 
 
 class ActorRolloutRefWorker(Worker):
-    def __init__(self, config, role: str, seed: int = 0, device: str | None = None, extensions: list[str] = ()):
+    def __init__(self, config, role: str, seed: int = 0, device: str | None = None, extensions: list[str] = (),
+                 total_training_steps: int | None = None):
         """config: the `actor_rollout_ref` section. seed: `trainer.seed`; torch's global RNG starts at
         seed + rank, so sampling is reproducible yet two ranks given the same prompt sample different
         responses (weights missing from a checkpoint use `seed` alone, see load_hf_model). device:
-        "cuda" or "cpu" (default: cuda when visible). extensions: modules / .py files to import first."""
+        "cuda" or "cpu" (default: cuda when visible). extensions: modules / .py files to import first.
+        total_training_steps: the run length the trainer computed, for the actor's LR schedule (None: only
+        a schedule that needs no run length can be built)."""
         super().__init__()
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker: role must be one of {list(ROLES)}, got {role!r}")
@@ -67,6 +70,7 @@ class ActorRolloutRefWorker(Worker):
         load_extensions(list(extensions))
         init_process_group_once("nccl" if self.device == "cuda" else "gloo")
         self.seed = seed
+        self.total_training_steps = total_training_steps
         torch.manual_seed(seed + self.rank)
         # Counts the actor's weight changes (optimizer steps, checkpoint loads): the mode switch pushes the
         # weights into an engine only when the engine holds an older version.
@@ -80,10 +84,11 @@ class ActorRolloutRefWorker(Worker):
         if self._is_actor or self._is_rollout:
             self.actor_module = self._load_and_shard(actor.strategy, torch.float32,
                                                      actor.fsdp_config.reshard_after_forward,
-                                                     cpu_offload=actor.fsdp_config.offload_policy)
+                                                     cpu_offload=actor.fsdp_config.offload_policy,
+                                                     forward_prefetch=actor.fsdp_config.forward_prefetch)
         if self._is_actor:
             self.actor_optimizer = build_optimizer(self.actor_module, actor.optim)
-            self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, actor.optim)
+            self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, actor.optim, self.total_training_steps)
             rollout = self.config.rollout
             self.actor = DataParallelPPOActor(
                 actor, self.actor_module, self.actor_optimizer, rollout_n=rollout.n, device=self.device,
@@ -132,7 +137,8 @@ class ActorRolloutRefWorker(Worker):
         # On a GPU the frozen copy is kept in bf16 (it only ever computes in bf16); on CPU in fp32.
         ref_dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
         ref_module = self._load_and_shard(ref.strategy, ref_dtype, ref.fsdp_config.reshard_after_forward,
-                                          cpu_offload=False, with_lora=False)
+                                          cpu_offload=False, with_lora=False,
+                                          forward_prefetch=ref.fsdp_config.forward_prefetch)
         ref_module.requires_grad_(False)
         return ref_module
 
@@ -143,7 +149,7 @@ class ActorRolloutRefWorker(Worker):
         return contextlib.nullcontext()
 
     def _load_and_shard(self, strategy: str, dtype: torch.dtype, reshard_after_forward: bool, cpu_offload: bool,
-                        with_lora: bool = True):
+                        with_lora: bool = True, forward_prefetch: bool = False):
         """The policy model from `model.path` (with liger's kernels and, when with_lora and model.lora_rank > 0,
         LoRA adapters), sharded over the ranks (see fsdp_utils.shard_model)."""
         model = self.config.model
@@ -160,7 +166,8 @@ class ActorRolloutRefWorker(Worker):
                                 target_modules=model.target_modules, exclude_modules=model.exclude_modules,
                                 adapter_path=model.lora_adapter_path)
         return shard_model(module, strategy=strategy, device=self.device, mixed_precision=self.device == "cuda",
-                           reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload)
+                           reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload,
+                           forward_prefetch=forward_prefetch)
 
     # ------------------------------------------------------------------ mode switches
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -256,8 +263,8 @@ class ActorRolloutRefWorker(Worker):
                                      self.rank, list(self.config.actor.checkpoint.save_contents))
         if self.rank == 0:
             model = hf_module(self.actor_module)
-            tokenizer = AutoTokenizer.from_pretrained(self.config.model.path,
-                                                      trust_remote_code=self.config.model.trust_remote_code)
+            tokenizer = load_tokenizer(self.config.model.path, trust_remote_code=self.config.model.trust_remote_code,
+                                       custom_chat_template=self.config.model.custom_chat_template)
             save_hf_config_and_tokenizer(local_path, model.config, tokenizer, model.generation_config)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -4,7 +4,7 @@ with one output (`AutoModelForSequenceClassification`, num_labels=1), sharded wi
 `compute_rm_score(data)` adds `rm_scores` (batch, response_length), float32: the model's score of
 prompt + response, on the last valid response token and 0 elsewhere. That is where the reward
 managers put rule scores, and they add `rm_scores` to theirs when the batch has it (see
-workers/reward_manager/base.py), so rule and model rewards combine by a plain sum.
+reward/managers/base.py), so rule and model rewards combine by a plain sum.
 
 The score is the head's output at the last valid token of the reward model's input, read from
 the `score` head's per-token output (HF's own pooling picks the last non-pad token, which is wrong
@@ -23,13 +23,14 @@ naming the row, never a silent truncation.
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoModelForSequenceClassification
 
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller import Dispatch, Worker, register
 from hybridrl.utils.distributed import device_name, init_process_group_once
 from hybridrl.utils.fsdp_utils import hf_module, shard_model
 from hybridrl.utils.import_utils import load_extensions
+from hybridrl.utils.tokenizer import load_tokenizer
 
 
 def load_reward_model(model_path: str, dtype: torch.dtype, trust_remote_code: bool = False):
@@ -53,10 +54,14 @@ def same_tokenization(policy_tokenizer, rm_tokenizer) -> bool:
 
 
 class RewardModelWorker(Worker):
-    def __init__(self, config, seed: int = 0, device: str | None = None, extensions: list[str] = ()):
-        """config: the `reward_model` section. seed/device/extensions as for ActorRolloutRefWorker."""
+    def __init__(self, config, seed: int = 0, device: str | None = None, extensions: list[str] = (),
+                 policy_chat_template: str | None = None):
+        """config: the `reward_model` section. seed/device/extensions as for ActorRolloutRefWorker.
+        policy_chat_template: `actor_rollout_ref.model.custom_chat_template`, the template the policy's
+        prompts were rendered with (null: the input tokenizer's own)."""
         super().__init__()
         self.config = config
+        self.policy_chat_template = policy_chat_template
         self.device = device or device_name()
         load_extensions(list(extensions))
         init_process_group_once("nccl" if self.device == "cuda" else "gloo")
@@ -74,11 +79,11 @@ class RewardModelWorker(Worker):
                              ("reward_model.model.use_remove_padding", model.use_remove_padding)):
             if enabled:
                 raise NotImplementedError(f"{key}=true is not implemented for the reward model; set it to false")
-        self.rm_tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+        self.rm_tokenizer = load_tokenizer(model.path, trust_remote_code=model.trust_remote_code)
         self.policy_tokenizer = None
         if model.input_tokenizer is not None:
-            policy_tokenizer = AutoTokenizer.from_pretrained(model.input_tokenizer,
-                                                             trust_remote_code=model.trust_remote_code)
+            policy_tokenizer = load_tokenizer(model.input_tokenizer, trust_remote_code=model.trust_remote_code,
+                                              custom_chat_template=self.policy_chat_template)
             if not same_tokenization(policy_tokenizer, self.rm_tokenizer):
                 self.policy_tokenizer = policy_tokenizer
         if self.retokenizes and self.rm_tokenizer.chat_template is None:
@@ -91,7 +96,8 @@ class RewardModelWorker(Worker):
         self.reward_module = shard_model(module, strategy=config.strategy, device=self.device,
                                          mixed_precision=self.device == "cuda",
                                          reshard_after_forward=model.fsdp_config.reshard_after_forward,
-                                         cpu_offload=model.fsdp_config.param_offload)
+                                         cpu_offload=model.fsdp_config.param_offload,
+                                         forward_prefetch=model.fsdp_config.forward_prefetch)
         self.reward_module.eval()
 
     @property

@@ -7,8 +7,8 @@ extras separate what the one score mixes: `formatted` (the model gave an answer 
 val-aux/{acc,formatted}/mean@1 at each validation, so a rising validation score can be told apart:
 format learned, or problems solved.
 """
-from hybridrl.utils.reward_score import default_compute_score
-from hybridrl.utils.reward_score.reasoning_gym import extract_answer, row_answer_format
+from hybridrl.reward.scorers import default_compute_score
+from hybridrl.reward.scorers.reasoning_gym import extract_answer, row_answer_format
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None) -> dict:

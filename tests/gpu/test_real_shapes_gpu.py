@@ -27,7 +27,7 @@ from hybridrl.config import compose_config, validate_config  # noqa: E402
 from hybridrl.models.attention import varlen_kernel  # noqa: E402
 from hybridrl.models.flops import model_flops_utilization  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
-from hybridrl.workers.actor.dp_actor import mini_batch_global_info  # noqa: E402
+from hybridrl.workers.ppo_update_loop import mini_batch_global_info  # noqa: E402
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker  # noqa: E402
 
 PROMPT, PROMPT_TOKENS, RESPONSE, ROWS, VOCAB, EOS, PAD = 64, 42, 512, 128, 512, 3, 0

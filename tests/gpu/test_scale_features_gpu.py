@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
 from hybridrl.config.compose import compose_config  # noqa: E402
 from hybridrl.config.validation import validate_config  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
-from hybridrl.utils.tiny_model import build_tiny_model  # noqa: E402
+from hybridrl.defaults.tiny_model import build_tiny_model  # noqa: E402
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker  # noqa: E402
 from hybridrl.workers.critic import CriticWorker  # noqa: E402
 from tiny_gpu import PROMPT_LENGTH, RESPONSE_LENGTH, generate, prompts, single_gpu_tiny_model  # noqa: E402
@@ -272,3 +272,28 @@ def test_liger_worker_matches_the_plain_worker_on_gpu(setup):
     plain_metrics = plain.update_actor(batch).meta_info["metrics"]
     liger_metrics = liger.update_actor(batch).meta_info["metrics"]
     assert liger_metrics["actor/grad_norm"][0] == pytest.approx(plain_metrics["actor/grad_norm"][0], rel=0.05)
+
+
+# ---------------------------------------------------------------------- fsdp_config.forward_prefetch
+
+@pytest.mark.parametrize("strategy", ["fsdp2", "fsdp"])
+def test_forward_prefetch_changes_when_layers_are_gathered_not_the_numbers(setup, strategy):
+    """On one GPU the all-gathers are local, but the prefetch path (FSDP2 set_modules_to_forward_prefetch, FSDP1
+    forward_prefetch) still runs with CUDA streams: the log-probs and one update must equal the plain worker's."""
+    model_dir, tokenizer = setup
+    workers = []
+    for prefetch in ("false", "true"):
+        worker = ActorRolloutRefWorker(config(model_dir, f"actor_rollout_ref.actor.strategy={strategy}",
+                                              f"actor_rollout_ref.actor.fsdp_config.forward_prefetch={prefetch}",
+                                              "actor_rollout_ref.actor.use_kl_loss=false").actor_rollout_ref,
+                                       role="actor", seed=1, device="cuda")
+        worker.init_model()
+        workers.append(worker)
+    batch = update_batch(4, len(tokenizer))
+    plain, prefetching = (worker.compute_log_prob(batch).batch["old_log_probs"] for worker in workers)
+    torch.testing.assert_close(prefetching, plain, atol=0, rtol=0)
+    batch.union(DataProto.from_dict({"old_log_probs": plain}))
+    plain_metrics, prefetch_metrics = (worker.update_actor(batch).meta_info["metrics"] for worker in workers)
+    assert prefetch_metrics["actor/pg_loss"] == plain_metrics["actor/pg_loss"]
+    plain_after, prefetch_after = (worker.compute_log_prob(batch).batch["old_log_probs"] for worker in workers)
+    torch.testing.assert_close(prefetch_after, plain_after, atol=0, rtol=0)

@@ -11,7 +11,7 @@ import socket
 import torch.distributed as dist
 
 from hybridrl.protocol import DataProto
-from hybridrl.utils.tiny_model import build_tiny_model, build_tokenizer
+from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 8, 16
 TEXTS = ["what is 12 plus 7 ? the answer is 19", "count to five : 1 2 3 4 5", "the cat sat on the mat",

@@ -18,7 +18,6 @@ import uuid
 import numpy as np
 import ray
 import torch
-from transformers import AutoTokenizer
 
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller.heartbeat import WorkerWatch
@@ -28,7 +27,8 @@ from hybridrl.single_controller.ray import (
     RayWorkerGroup,
     create_colocated_worker_cls,
 )
-from hybridrl.trainer.ppo import checkpointing, core_algos
+from hybridrl.algorithms import core_algos
+from hybridrl.trainer.ppo import checkpointing
 from hybridrl.trainer.ppo.generation_dump import decode_generations, dump_generations, select_val_samples
 from hybridrl.trainer.ppo.metric_utils import (
     compute_data_metrics,
@@ -45,8 +45,9 @@ from hybridrl.trainer.ppo.nonfinite_guard import NonFiniteStepGuard, check_finit
 from hybridrl.utils.dataset import create_rl_dataset, make_dataloader
 from hybridrl.utils.progress import ProgressReporter
 from hybridrl.utils.seqlen_balancing import balance_batch
+from hybridrl.utils.tokenizer import load_tokenizer
 from hybridrl.utils.tracking import Tracking
-from hybridrl.workers.reward_manager import load_reward_manager
+from hybridrl.reward.managers import load_reward_manager
 
 GEN_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
@@ -68,8 +69,9 @@ class RayPPOTrainer:
         self.config = config
         self.run_control = run_control
         model_path = config.actor_rollout_ref.model.path
-        self.tokenizer = AutoTokenizer.from_pretrained(
-            config.data.tokenizer or model_path, trust_remote_code=config.actor_rollout_ref.model.trust_remote_code)
+        self.tokenizer = load_tokenizer(config.data.tokenizer or model_path,
+                                        trust_remote_code=config.actor_rollout_ref.model.trust_remote_code,
+                                        custom_chat_template=config.actor_rollout_ref.model.custom_chat_template)
         self.tokenizer.padding_side = "left"
         self.use_critic = config.critic.enable  # validation resolved null to (adv_estimator == gae)
         self.use_rm = config.reward_model.enable
@@ -81,10 +83,7 @@ class RayPPOTrainer:
 
         self.nonfinite_guard = NonFiniteStepGuard(config.trainer.max_consecutive_nonfinite_steps, self.world_size)
         self.train_dataloader, self.val_dataloader = self._create_dataloaders()
-        self.total_training_steps = self._total_training_steps()
-        # The LR schedules need the run length; workers read it from their optim config.
-        config.actor_rollout_ref.actor.optim.total_training_steps = self.total_training_steps
-        config.critic.optim.total_training_steps = self.total_training_steps
+        self.total_training_steps = self._total_training_steps()  # the workers' LR schedules get it at init
 
         self.reward_fn = load_reward_manager(config, self.tokenizer, num_examine=0)
         self.val_reward_fn = load_reward_manager(config, self.tokenizer, num_examine=1)
@@ -99,7 +98,7 @@ class RayPPOTrainer:
         data = self.config.data
         train_set = create_rl_dataset(data.train_files, self.tokenizer, data, max_samples=data.train_max_samples)
         train = make_dataloader(train_set, batch_size=data.train_batch_size, shuffle=data.shuffle,
-                                seed=data.seed, drop_last=True)
+                                seed=data.seed, drop_last=True, num_workers=data.dataloader_num_workers)
         if len(train) == 0:
             raise ValueError(f"data.train_files has {len(train_set)} prompts, fewer than "
                              f"data.train_batch_size={data.train_batch_size}: not one training batch")
@@ -107,7 +106,7 @@ class RayPPOTrainer:
             return train, None
         val_set = create_rl_dataset(data.val_files, self.tokenizer, data, max_samples=data.val_max_samples)
         val = make_dataloader(val_set, batch_size=data.val_batch_size or len(val_set), shuffle=False,
-                              seed=data.seed, drop_last=False)
+                              seed=data.seed, drop_last=False, num_workers=data.dataloader_num_workers)
         return train, val
 
     def _total_training_steps(self) -> int:
@@ -128,12 +127,16 @@ class RayPPOTrainer:
         role = "actor_rollout_ref" if self.use_reference else "actor_rollout"
         common = dict(seed=trainer.seed, device=self.device, extensions=list(self.config.extensions))
         roles = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, self.config.actor_rollout_ref,
-                                                       role=role, **common)}
+                                                       role=role, total_training_steps=self.total_training_steps,
+                                                       **common)}
         if self.use_critic:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, self.config.critic,
-                                                   rollout_n=self.config.actor_rollout_ref.rollout.n, **common)
+                                                   rollout_n=self.config.actor_rollout_ref.rollout.n,
+                                                   total_training_steps=self.total_training_steps, **common)
         if self.use_rm:
-            roles["rm"] = RayClassWithInitArgs(RewardModelWorker, self.config.reward_model, **common)
+            roles["rm"] = RayClassWithInitArgs(
+                RewardModelWorker, self.config.reward_model,
+                policy_chat_template=self.config.actor_rollout_ref.model.custom_chat_template, **common)
         all_roles = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls(roles),
                                    watch=WorkerWatch.from_trainer_config(trainer))
         groups = all_roles.spawn(prefix_set=set(roles))

@@ -1,9 +1,9 @@
 """The data-parallel PPO critic: values of response tokens and the clipped value-loss update.
 
-Same batch plumbing as the actor (see workers/actor/dp_actor.py): a rank's rows are split into
-mini-batches (one optimizer step each) and micro-batches (gradients accumulated, each micro loss
+The update runs the loop it shares with the actor (workers/ppo_update_loop.py): a rank's rows are split
+into mini-batches (one optimizer step each) and micro-batches (gradients accumulated, each micro loss
 normalised by the counts of the whole global mini-batch, so neither the micro-batch size nor the
-number of data-parallel ranks changes the gradient). The model is a causal LM backbone with a
+number of data-parallel ranks changes the gradient); this module gives it the clipped value loss. The model is a causal LM backbone with a
 one-output token-classification head. `use_dynamic_bsz` (token budgets `ppo_max_token_len_per_gpu` for updates,
 `forward_max_token_len_per_gpu` for compute_values) and `model.use_remove_padding` work as in
 the actor.
@@ -13,21 +13,19 @@ values (the rollout-time values, for clipping) and returns (update).
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 import torch
 from torch import nn
 
+from hybridrl.algorithms.core_algos import compute_value_loss
 from hybridrl.models.attention import padded_attention_mask
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.ppo.core_algos import compute_value_loss
 from hybridrl.utils.distributed import device_name
-from hybridrl.utils.fsdp_utils import clip_grad_norm
 from hybridrl.utils.padding import response_values_packed
 from hybridrl.utils.torch_functional import masked_mean
-from hybridrl.workers.actor.dp_actor import (in_row_order, mean_over_ranks, micro_batches_of, mini_batch_global_info,
-                                             rows_per_rank, share_of_global_tokens, take_keys)
+from hybridrl.workers.ppo_update_loop import (MicroBatchLoss, PPOUpdateLoop, in_row_order, micro_batches_of,
+                                              rows_per_rank, take_keys)
 
 FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
 
@@ -40,11 +38,15 @@ class DataParallelPPOCritic:
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
         self.device = torch.device(device or device_name())
-        self.mini_batch_size = rows_per_rank(config.ppo_mini_batch_size, rollout_n, "critic.ppo_mini_batch_size")
         dynamic = config.use_dynamic_bsz
         self.max_token_len = config.ppo_max_token_len_per_gpu if dynamic else None
         self.forward_max_token_len = config.forward_max_token_len_per_gpu if dynamic else None
         self.use_remove_padding = config.model.use_remove_padding
+        self.update_loop = PPOUpdateLoop(
+            role="critic", module=critic_module, optimizer=critic_optimizer, device=self.device,
+            ppo_epochs=config.ppo_epochs, shuffle=config.shuffle, grad_clip=config.grad_clip,
+            mini_batch_size=rows_per_rank(config.ppo_mini_batch_size, rollout_n, "critic.ppo_mini_batch_size"),
+            micro_batch_size=config.ppo_micro_batch_size_per_gpu, max_token_len=self.max_token_len)
 
     def _forward_micro_batch(self, micro_batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """V(state before each response token), (rows, response_length) float32.
@@ -76,45 +78,20 @@ class DataParallelPPOCritic:
         return in_row_order(torch.cat(values), order)
 
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:
-        """ppo_epochs passes of mini-batch steps; metrics (one value per step) averaged over the ranks."""
+        """ppo_epochs passes of mini-batch steps (workers/ppo_update_loop.py); metrics (one value per step)
+        averaged over the ranks: critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean, critic/grad_norm."""
         rows = take_keys(data, FORWARD_KEYS + ["values", "returns"], "update_critic")
-        num_rows = len(rows["input_ids"])
-        if num_rows % self.mini_batch_size:
-            raise ValueError(f"update_critic: this rank got {num_rows} rows, not a multiple of its mini-batch of "
-                             f"{self.mini_batch_size} rows (critic.ppo_mini_batch_size x rollout.n / world size)")
-        self.critic_module.train()
-        metrics: dict[str, list[float]] = defaultdict(list)
-        for _ in range(self.config.ppo_epochs):
-            order = torch.randperm(num_rows) if self.config.shuffle else torch.arange(num_rows)
-            for start in range(0, num_rows, self.mini_batch_size):
-                mini_batch = {key: value[order[start:start + self.mini_batch_size]] for key, value in rows.items()}
-                for key, value in self._update_mini_batch(mini_batch).items():
-                    metrics[key].append(value)
-        return mean_over_ranks(metrics, self.device)
+        return self.update_loop.run(rows, self._micro_batch_loss, "update_critic")
 
-    def _update_mini_batch(self, mini_batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Accumulate, clip, step; a NaN/inf global gradient norm skips the step, as in the actor."""
-        self.critic_optimizer.zero_grad()
-        batch_info = mini_batch_global_info(mini_batch["response_mask"], self.device)
-        totals: dict[str, float] = defaultdict(float)
-        for micro_batch in micro_batches_of(mini_batch, self.config.ppo_micro_batch_size_per_gpu,
-                                            self.max_token_len)[0]:
-            token_share = share_of_global_tokens(micro_batch["response_mask"], batch_info)
-            response_mask = micro_batch["response_mask"].to(self.device)
-            vpreds = self._forward_micro_batch(micro_batch)
-            vf_loss, vf_clipfrac = compute_value_loss(
-                vpreds=vpreds, returns=micro_batch["returns"].to(self.device),
-                values=micro_batch["values"].to(self.device), response_mask=response_mask,
-                cliprange_value=self.config.cliprange_value, loss_agg_mode=self.config.loss_agg_mode,
-                global_batch_info=batch_info)
-            vf_loss.backward()
-            totals["critic/vf_loss"] += float(vf_loss.detach())  # a share of the global loss: they add up
-            totals["critic/vf_clipfrac"] += float(vf_clipfrac) * token_share
-            totals["critic/vpred_mean"] += float(masked_mean(vpreds.detach(), response_mask)) * token_share
-        grad_norm = clip_grad_norm(self.critic_module, self.config.grad_clip)
-        if torch.isfinite(torch.tensor(grad_norm)):
-            self.critic_optimizer.step()
-        else:  # the norm is global, so every rank skips together
-            self.critic_optimizer.zero_grad()
-        totals["critic/grad_norm"] = grad_norm
-        return dict(totals)
+    def _micro_batch_loss(self, micro_batch: dict[str, torch.Tensor], batch_info: dict[str, float]) -> MicroBatchLoss:
+        """The clipped value loss of one micro-batch (its share of the global mini-batch's loss) and its metrics."""
+        response_mask = micro_batch["response_mask"].to(self.device)
+        vpreds = self._forward_micro_batch(micro_batch)
+        vf_loss, vf_clipfrac = compute_value_loss(
+            vpreds=vpreds, returns=micro_batch["returns"].to(self.device),
+            values=micro_batch["values"].to(self.device), response_mask=response_mask,
+            cliprange_value=self.config.cliprange_value, loss_agg_mode=self.config.loss_agg_mode,
+            global_batch_info=batch_info)
+        return MicroBatchLoss(vf_loss, loss_terms={"critic/vf_loss": vf_loss.detach()},
+                              token_metrics={"critic/vf_clipfrac": vf_clipfrac,
+                                             "critic/vpred_mean": masked_mean(vpreds.detach(), response_mask)})

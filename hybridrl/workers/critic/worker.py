@@ -23,10 +23,10 @@ from hybridrl.workers.critic.dp_critic import DataParallelPPOCritic
 
 class CriticWorker(Worker):
     def __init__(self, config, *, rollout_n: int, seed: int = 0, device: str | None = None,
-                 extensions: list[str] = ()):
+                 extensions: list[str] = (), total_training_steps: int | None = None):
         """config: the `critic` section. rollout_n: `actor_rollout_ref.rollout.n` (the critic's
-        ppo_mini_batch_size counts prompts, each with rollout_n responses). seed/device/extensions as
-        for ActorRolloutRefWorker."""
+        ppo_mini_batch_size counts prompts, each with rollout_n responses). seed/device/extensions/
+        total_training_steps as for ActorRolloutRefWorker."""
         super().__init__()
         self.config = config
         self.rollout_n = rollout_n
@@ -34,6 +34,7 @@ class CriticWorker(Worker):
         load_extensions(list(extensions))
         init_process_group_once("nccl" if self.device == "cuda" else "gloo")
         self.seed = seed
+        self.total_training_steps = total_training_steps
         torch.manual_seed(seed + self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -52,9 +53,10 @@ class CriticWorker(Worker):
         self.critic_module = shard_model(module, strategy=config.strategy, device=self.device,
                                          mixed_precision=self.device == "cuda",
                                          reshard_after_forward=model.fsdp_config.reshard_after_forward,
-                                         cpu_offload=model.fsdp_config.offload_policy)
+                                         cpu_offload=model.fsdp_config.offload_policy,
+                                         forward_prefetch=model.fsdp_config.forward_prefetch)
         self.critic_optimizer = build_optimizer(self.critic_module, config.optim)
-        self.critic_lr_scheduler = build_lr_scheduler(self.critic_optimizer, config.optim)
+        self.critic_lr_scheduler = build_lr_scheduler(self.critic_optimizer, config.optim, self.total_training_steps)
         self.critic = DataParallelPPOCritic(config, self.critic_module, self.critic_optimizer,
                                             rollout_n=self.rollout_n, device=self.device)
         self.critic_offload = FSDPOffload(self.critic_module, self.critic_optimizer,

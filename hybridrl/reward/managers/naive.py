@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from hybridrl.utils.reward_score import default_compute_score
-from hybridrl.workers.reward_manager.base import DecodedResponses, RewardManagerBase
-from hybridrl.workers.reward_manager.registry import register_reward_manager
+from hybridrl.reward.managers.base import DecodedResponses, RewardManagerBase
+from hybridrl.reward.managers.registry import register_reward_manager
+from hybridrl.reward.scorers import default_compute_score
 
 
 @register_reward_manager("naive")

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from hybridrl.utils.reward_score.registry import get_scorer, register_scorer, registered_scorer_keys
+from hybridrl.reward.scorers.registry import get_scorer, register_scorer, registered_scorer_keys
 # Imported for their @register_scorer side effect.
-from hybridrl.utils.reward_score import gsm8k, math, reasoning_gym  # noqa: F401,E402
+from hybridrl.reward.scorers import gsm8k, math, reasoning_gym  # noqa: F401,E402
 
 __all__ = ["default_compute_score", "register_scorer", "get_scorer", "registered_scorer_keys"]
 

@@ -29,8 +29,8 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any, Optional
 
-from hybridrl.utils.reward_score import gsm8k
-from hybridrl.utils.reward_score.registry import register_scorer
+from hybridrl.reward.scorers import gsm8k
+from hybridrl.reward.scorers.registry import register_scorer
 
 DATA_SOURCE_PREFIX = "reasoning_gym/"
 

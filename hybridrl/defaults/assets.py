@@ -211,7 +211,7 @@ def _model_problem(model_dir: str) -> str | None:
 # ---- the three builds ----
 
 def _build_data(out_dir: str, recipe: DefaultRecipe) -> str:
-    from hybridrl.utils.reward_score.reasoning_gym import make_train_test_rows
+    from hybridrl.reward.scorers.reasoning_gym import make_train_test_rows
     from hybridrl.utils.rl_parquet import write_rl_parquet
 
     _log(f"preparing data: reasoning-gym {recipe.task} {json.dumps(recipe.task_config)}, {recipe.train_size} train "
@@ -251,7 +251,7 @@ def write_sft_parquet(rows: list[dict], path: str) -> None:
 
 
 def _build_init_model(out_dir: str, paths: DefaultPaths, recipe: DefaultRecipe) -> str:
-    from hybridrl.utils.tiny_model import build_tiny_model, build_tokenizer
+    from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 
     _log(f"preparing tiny model: tokenizer (vocab <= {recipe.vocab_size}) trained on the task text, Qwen2 with "
          f"hidden {recipe.hidden_size}, {recipe.num_layers} layers")
@@ -325,7 +325,7 @@ def _log(message: str) -> None:
 
 
 def main() -> None:
-    """`python -m hybridrl.utils.default_assets [--cache_dir DIR]`: prepare (or check) the embedded default."""
+    """`python -m hybridrl.defaults.assets [--cache_dir DIR]`: prepare (or check) the embedded default."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)

@@ -3,7 +3,7 @@
 This module holds the advantage estimators, their registry and `compute_advantage`, the controller
 step that runs the configured estimator over a batch. The losses live in `losses.py` and the KL
 pieces in `kl.py`; both are re-exported here so verl users keep writing
-`from hybridrl.trainer.ppo.core_algos import compute_policy_loss_vanilla, kl_penalty, ...`.
+`from hybridrl.algorithms.core_algos import compute_policy_loss_vanilla, kl_penalty, ...`.
 
 Estimators take (batch, response_length) tensors and return `(advantages, returns)` of that shape,
 zero outside `response_mask`. Outcome estimators (grpo, rloo, ...) use the sequence score
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
-from hybridrl.trainer.ppo.kl import (AdaptiveKLController, FixedKLController, apply_kl_penalty, get_kl_controller,
+from hybridrl.algorithms.kl import (AdaptiveKLController, FixedKLController, apply_kl_penalty, get_kl_controller,
                                      kl_penalty)
-from hybridrl.trainer.ppo.losses import (POLICY_LOSS_REGISTRY, agg_loss, compute_entropy_loss,
+from hybridrl.algorithms.losses import (POLICY_LOSS_REGISTRY, agg_loss, compute_entropy_loss,
                                          compute_policy_loss_clip_cov, compute_policy_loss_gpg,
                                          compute_policy_loss_gspo, compute_policy_loss_kl_cov,
                                          compute_policy_loss_vanilla, compute_value_loss, get_policy_loss_fn,

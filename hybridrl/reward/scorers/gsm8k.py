@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from hybridrl.utils.reward_score.registry import register_scorer
+from hybridrl.reward.scorers.registry import register_scorer
 
 _STRICT_ANSWER = re.compile(r"#### \$?(-?[0-9.,]+)")
 _ANY_NUMBER = re.compile(r"-?[0-9.,]+")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import inspect
 
 from hybridrl.utils.import_utils import load_extern_object
-from hybridrl.workers.reward_manager.base import RewardManagerBase
-from hybridrl.workers.reward_manager.registry import get_reward_manager_cls
+from hybridrl.reward.managers.base import RewardManagerBase
+from hybridrl.reward.managers.registry import get_reward_manager_cls
 
 
 def get_custom_reward_fn(config):

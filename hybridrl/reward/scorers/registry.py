@@ -34,7 +34,7 @@ def get_scorer(data_source: str) -> Scorer:
         return _SCORERS[max(matching_patterns, key=len)]
     raise NotImplementedError(
         f"no reward scorer for data_source {data_source!r}; known: {sorted(_SCORERS)}. "
-        "Register one with hybridrl.utils.reward_score.register_scorer or set custom_reward_function.path/name."
+        "Register one with hybridrl.reward.scorers.register_scorer or set custom_reward_function.path/name."
     )
 
 

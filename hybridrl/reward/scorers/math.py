@@ -15,7 +15,7 @@ import re
 import threading
 from typing import Optional
 
-from hybridrl.utils.reward_score.registry import register_scorer
+from hybridrl.reward.scorers.registry import register_scorer
 
 MATH_VERIFY_INSTALLED = importlib.util.find_spec("math_verify") is not None
 MATH_VERIFY_TIMEOUT_S = 5

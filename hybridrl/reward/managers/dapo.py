@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from hybridrl.workers.reward_manager.base import DecodedResponses
-from hybridrl.workers.reward_manager.naive import NaiveRewardManager
-from hybridrl.workers.reward_manager.registry import register_reward_manager
+from hybridrl.reward.managers.base import DecodedResponses
+from hybridrl.reward.managers.naive import NaiveRewardManager
+from hybridrl.reward.managers.registry import register_reward_manager
 
 
 @register_reward_manager("dapo")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from hybridrl.workers.reward_manager.base import DecodedResponses, RewardManagerBase, ScorerFailure
-from hybridrl.workers.reward_manager.registry import register_reward_manager
+from hybridrl.reward.managers.base import DecodedResponses, RewardManagerBase, ScorerFailure
+from hybridrl.reward.managers.registry import register_reward_manager
 
 
 @register_reward_manager("batch")

@@ -1,0 +1,1 @@
+"""Reward code: rule-based scorers by data_source (scorers/) and the reward managers that turn responses into token-level scores (managers/). The learned reward model runs as a worker: workers/reward_model.py."""
