@@ -1,0 +1,198 @@
+"""Inside the sandbox: isolate this process, then run the user's code in a child that cannot escape.
+
+Run by the host (hybridrl/tools/sandbox.py) as `python -I sandbox_launcher.py SPEC.json`, with the
+private work directory as cwd. Standard library only (it must not import hybridrl: `-I` isolates it,
+and it runs before any limit could protect the host from a heavy import).
+
+Steps, each a kernel mechanism, none needing root:
+1. `unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID)` and map our own uid/gid
+   into the new user namespace (an unprivileged process may map exactly itself). A new network
+   namespace holds only a down loopback: `connect()` fails with ENETUNREACH, no name resolves.
+2. Mount namespace: every mount read-only (`mount_setattr(AT_RECURSIVE, MOUNT_ATTR_RDONLY)`), the
+   work directory bind-mounted back read-write, fresh size-limited tmpfs on /tmp and /dev/shm. The
+   code can read world-readable files but write only its cwd and its own /tmp. This matters when
+   the host runs as root: uid 0 inside the user namespace still owns the host's root-owned files.
+3. PID namespace: the child is pid 1 of a namespace that sees no host process, so it cannot signal
+   or ptrace the trainer (same uid as root hosts would otherwise allow). It has PR_SET_PDEATHSIG =
+   SIGKILL: when the host kills this launcher, the kernel kills pid 1 and with it the namespace.
+4. rlimits (CPU seconds, address space, file size, open files, processes, no core dumps) and a
+   seccomp filter that refuses to create processes: fork/vfork and clone without CLONE_THREAD get
+   EPERM, clone3 gets ENOSYS (glibc then falls back to clone for threads). RLIMIT_NPROC alone does
+   not stop a fork bomb when the host runs as root (the kernel exempts uid 0), the filter does;
+   threads stay possible (bounded by RLIMIT_AS and, for non-root hosts, RLIMIT_NPROC).
+
+Exit status: the child's exit code, or 128 + signal number when a signal killed it; 128 + SIGXCPU
+when it was killed having used its CPU-time limit. Exit 125 + a message on stderr
+means the sandbox itself could not be set up.
+"""
+import ctypes
+import json
+import os
+import platform
+import resource
+import signal
+import struct
+import sys
+
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
+CLONE_THREAD = 0x00010000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+AT_RECURSIVE, MOUNT_ATTR_RDONLY = 0x8000, 0x1
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
+SETUP_FAILED = 125
+
+# Per architecture: audit arch, syscall numbers of mount_setattr, clone, clone3, fork, vfork (None: absent).
+ARCHES = {
+    "x86_64": dict(audit=0xC000003E, mount_setattr=442, clone=56, clone3=435, fork=57, vfork=58),
+    "aarch64": dict(audit=0xC00000B7, mount_setattr=442, clone=220, clone3=435, fork=None, vfork=None),
+}
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+class SetupError(RuntimeError):
+    pass
+
+
+def check(result: int, what: str) -> None:
+    if result != 0:
+        raise SetupError(f"{what}: {os.strerror(ctypes.get_errno())}")
+
+
+def write_file(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def enter_namespaces(flags: int) -> None:
+    uid, gid = os.getuid(), os.getgid()
+    check(libc.unshare(flags), f"unshare({flags:#x})")
+    write_file("/proc/self/setgroups", "deny")
+    write_file("/proc/self/uid_map", f"{uid} {uid} 1")
+    write_file("/proc/self/gid_map", f"{gid} {gid} 1")
+
+
+def mount(source, target, fstype, flags: int, data) -> None:
+    encode = lambda value: value.encode() if value is not None else None  # noqa: E731
+    check(libc.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), encode(data)),
+          f"mount {source} on {target}")
+
+
+def read_only_filesystem(workdir: str, tmpfs_bytes: int, arch: dict) -> str:
+    """Every mount read-only, fresh tmpfs on /tmp and /dev/shm, `workdir` bound read-write at /tmp/work.
+
+    Returns the new cwd. The host's /tmp (Ray's sockets, other runs' files) is hidden by the tmpfs.
+    """
+    mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+    attr = struct.pack("QQQQ", MOUNT_ATTR_RDONLY, 0, 0, 0)  # struct mount_attr {set, clr, propagation, userns_fd}
+    check(libc.syscall(arch["mount_setattr"], -100, b"/", AT_RECURSIVE, attr, len(attr)),
+          "mount_setattr(/, read-only, recursive)")
+    workdir_fd = os.open(workdir, os.O_PATH | os.O_DIRECTORY)  # still reachable once /tmp is covered
+    for scratch in ("/tmp", "/dev/shm"):
+        if os.path.isdir(scratch):
+            mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=1777")
+    inside = "/tmp/work"
+    os.mkdir(inside)
+    mount(f"/proc/self/fd/{workdir_fd}", inside, None, MS_BIND, None)
+    mount(None, inside, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV, None)  # read-write again
+    os.close(workdir_fd)
+    os.chdir(inside)
+    return inside
+
+
+def set_limits(limits: dict) -> None:
+    """soft = hard for every limit. CPU: the kernel sends SIGKILL at the hard limit; SIGXCPU at the soft one
+    would be ignored, because the code runs as pid 1 of its namespace, which is shielded from it."""
+    for name, key in (("RLIMIT_CPU", "cpu_time_s"), ("RLIMIT_AS", "memory_bytes"),
+                      ("RLIMIT_FSIZE", "file_size_bytes"), ("RLIMIT_NOFILE", "open_files"),
+                      ("RLIMIT_NPROC", "processes")):
+        resource.setrlimit(getattr(resource, name), (limits[key], limits[key]))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+class SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+
+def seccomp_program(arch: dict) -> list[tuple[int, int, int, int]]:
+    """BPF (code, jump-if-true, jump-if-false, k) instructions; jumps count from the next instruction.
+
+    Layout: [arch check] [load nr] [one test per forbidden syscall] ALLOW | clone: [load flags]
+    [CLONE_THREAD?] ALLOW EPERM | ENOSYS.
+    """
+    LD_ABS, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
+    ALLOW, KILL, EPERM, ENOSYS = 0x7FFF0000, 0x80000000, 0x00050000 | 1, 0x00050000 | 38
+    tests = [(JEQ, arch["clone"], "clone_block"), (JEQ, arch["clone3"], "enosys")]
+    tests += [(JEQ, number, "eperm") for number in (arch["fork"], arch["vfork"]) if number is not None]
+    if arch["audit"] == ARCHES["x86_64"]["audit"]:
+        tests.append((JGE, 0x40000000, "eperm"))  # the x32 ABI's syscalls share x86_64's audit arch
+    n = len(tests)
+    # Absolute positions: tests at 4..4+n-1, ALLOW at 4+n, clone block at 5+n..8+n, ENOSYS at 9+n.
+    target = {"clone_block": 5 + n, "eperm": 8 + n, "enosys": 9 + n}
+    program = [(LD_ABS, 0, 0, 4), (JEQ, 1, 0, arch["audit"]), (RET, 0, 0, KILL), (LD_ABS, 0, 0, 0)]
+    for position, (opcode, number, goal) in enumerate(tests):
+        program.append((opcode, target[goal] - (4 + position + 1), 0, number))
+    program += [(RET, 0, 0, ALLOW),
+                (LD_ABS, 0, 0, 16), (JSET, 0, 1, CLONE_THREAD), (RET, 0, 0, ALLOW), (RET, 0, 0, EPERM),
+                (RET, 0, 0, ENOSYS)]
+    return program
+
+
+def forbid_new_processes(arch: dict) -> None:
+    """Install the seccomp filter (inherited across execve; NO_NEW_PRIVS lets a non-root process do it)."""
+    program = seccomp_program(arch)
+    filters = (SockFilter * len(program))(*[SockFilter(*instruction) for instruction in program])
+    fprog = SockFprog(len(program), filters)
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp filter")
+
+
+def run_child(spec: dict, arch: dict) -> None:
+    """In the forked child (pid 1 of the new PID namespace when one was made): limits, filter, exec."""
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if spec["namespaces"]:  # a procfs of the new PID namespace: host processes disappear from /proc
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV, None)
+    set_limits(spec["limits"])
+    forbid_new_processes(arch)
+    os.execve(spec["python"], [spec["python"], "-I", "-u", spec["script"]], spec["env"])
+
+
+def main() -> int:
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    arch = ARCHES.get(platform.machine())
+    try:
+        if arch is None:
+            raise SetupError(f"no seccomp table for architecture {platform.machine()!r}")
+        if spec["namespaces"]:
+            flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | (0 if spec["allow_network"] else CLONE_NEWNET)
+            enter_namespaces(flags)
+            cwd = read_only_filesystem(os.getcwd(), spec["limits"]["tmpfs_bytes"], arch)
+            spec["env"].update(HOME=cwd, TMPDIR=cwd)
+    except (SetupError, OSError) as error:
+        print(f"sandbox setup failed: {error}", file=sys.stderr)
+        return SETUP_FAILED
+    child = os.fork()
+    if child == 0:
+        try:
+            run_child(spec, arch)
+        except BaseException as error:  # noqa: BLE001 - report any setup failure, then leave
+            print(f"sandbox setup failed: {error}", file=sys.stderr)
+        os._exit(SETUP_FAILED)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, lambda *_: os._exit(128 + signal.SIGKILL))  # PDEATHSIG then kills the child
+    _, status, usage = os.wait4(child, 0)
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status)
+    cpu_seconds = usage.ru_utime + usage.ru_stime
+    if os.WTERMSIG(status) in (signal.SIGKILL, signal.SIGXCPU) and cpu_seconds >= spec["limits"]["cpu_time_s"] - 0.05:
+        return 128 + signal.SIGXCPU  # killed by the CPU-time limit
+    return 128 + os.WTERMSIG(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
