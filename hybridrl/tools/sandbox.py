@@ -143,15 +143,22 @@ async def run_python(code: str, limits: SandboxLimits, namespaces: bool = True,
             await asyncio.wait_for(_drain(process, output), timeout=limits.timeout_s)
         except asyncio.TimeoutError:
             timed_out = True
-        finally:  # also on cancellation: nothing of this call outlives it
+        finally:  # also on cancellation: nothing of this call outlives it, and the pipe is closed
             _kill_group(process)
+            await _reap(process)
         exit_code = None if timed_out else process.returncode
-        if timed_out:
-            await process.wait()
         return SandboxResult(output=output.text(), exit_code=exit_code, timed_out=timed_out,
                              wall_s=time.monotonic() - started, output_bytes=output.total)
     finally:
         _remove(workdir)
+
+
+async def _reap(process) -> None:
+    """Read the killed process's pipe to EOF and wait for it, so its transport closes on this loop."""
+    try:
+        await asyncio.wait_for(process.communicate(), timeout=5)
+    except (asyncio.TimeoutError, OSError, ValueError):
+        logger.warning("sandbox process %d not reaped within 5 s of SIGKILL", process.pid)
 
 
 async def _drain(process, output: _BoundedOutput) -> None:

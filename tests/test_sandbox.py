@@ -1,0 +1,209 @@
+"""The code interpreter's sandbox with real processes: each fault the issue names (socket, fork bomb,
+10 GiB, endless loop, sleep), the isolation layers, cleanup, truncation, and the refusal to start
+without namespaces. Tight limits keep each call well under 2 s."""
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from hybridrl.tools import OpenAIFunctionToolSchema, run_tool_call
+from hybridrl.tools.code_interpreter_tool import CodeInterpreterTool
+from hybridrl.tools.sandbox import SandboxLimits, run_python
+
+SCHEMA = OpenAIFunctionToolSchema.model_validate(
+    {"type": "function", "function": {"name": "code_interpreter", "description": "run python",
+                                       "parameters": {"type": "object", "properties": {"code": {"type": "string"}},
+                                                      "required": ["code"]}}})
+FAST = {"timeout_s": 1.5, "cpu_time_s": 1, "memory_mb": 512, "file_size_mb": 1, "max_tool_response_length": 400}
+
+
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch):
+    """Sandbox work directories go under tmp_path, so a test can see what is left behind."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def tool():
+    return CodeInterpreterTool(dict(FAST), SCHEMA)
+
+
+def execute(tool, code):
+    return asyncio.run(tool.execute("traj", {"code": code}))
+
+
+def sandbox_processes() -> list[int]:
+    """Host pids of sandbox launchers and of code they run (`python -I -u main.py`)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(arg.endswith(b"sandbox_launcher.py") for arg in argv) or argv[1:4] == [b"-I", b"-u", b"main.py"]:
+            pids.append(int(pid))
+    return pids
+
+
+def test_code_runs_and_its_output_comes_back(tool):
+    response, reward, metrics = execute(tool, "import sys\nprint(6 * 7)\nprint('oops', file=sys.stderr)")
+    assert response.text == "42\noops\n" and reward == 0.0
+    assert metrics["exit_code"] == 0 and metrics["timed_out"] == 0 and metrics["output_bytes"] == 8
+
+
+def test_a_socket_cannot_reach_the_network(tool):
+    response, _, metrics = execute(tool, "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)")
+    assert "OSError: [Errno 101] Network is unreachable" in response.text
+    assert response.text.endswith("[exit code 1]") and metrics["exit_code"] == 1
+    response, _, _ = execute(tool, "import socket\nprint(socket.if_nameindex())")
+    assert response.text == "[(1, 'lo')]\n"  # the namespace holds only its own loopback
+
+
+def test_a_fork_bomb_is_stopped_without_touching_the_host(tool):
+    before = len(os.listdir("/proc"))
+    started = time.monotonic()
+    response, _, metrics = execute(tool, "import os\nwhile True:\n    os.fork()")
+    assert "PermissionError: [Errno 1] Operation not permitted" in response.text and metrics["exit_code"] == 1
+    assert time.monotonic() - started < 5
+    response, _, _ = execute(tool, "import subprocess\nsubprocess.run(['true'])")
+    assert "PermissionError: [Errno 1] Operation not permitted" in response.text
+    response, _, _ = execute(tool, "import threading\nt = threading.Thread(target=print, args=('thread ran',))\n"
+                                   "t.start(); t.join()")
+    assert response.text == "thread ran\n"  # threads are not processes: allowed
+    assert len(os.listdir("/proc")) < before + 5 and sandbox_processes() == []
+
+
+def test_allocating_10_gib_fails_with_memory_error(tool):
+    response, _, metrics = execute(tool, "x = bytearray(10 * 1024 ** 3)")
+    assert response.text.rstrip().endswith("MemoryError\n\n[exit code 1]".rstrip()) and metrics["exit_code"] == 1
+
+
+def test_an_endless_loop_is_killed_at_the_cpu_limit():
+    tool = CodeInterpreterTool({**FAST, "timeout_s": 20}, SCHEMA)  # the CPU limit, not the clock, must end it
+    response, _, metrics = execute(tool, "print('spinning', flush=True)\nwhile True:\n    pass")
+    assert response.text == "spinning\n\n[killed: CPU time limit 1 s]"
+    assert metrics["timed_out"] == 0 and 1.0 <= metrics["wall_s"] < 10
+
+
+def test_a_sleeping_call_is_killed_at_the_wall_clock(tool, private_tmp):
+    response, _, metrics = execute(tool, "import time\nprint('before', flush=True)\ntime.sleep(60)")
+    assert response.text == "before\n\n[killed: wall-clock timeout 1.5 s]"
+    assert metrics["timed_out"] == 1 and 1.5 <= metrics["wall_s"] < 5
+    assert sandbox_processes() == [] and list(private_tmp.iterdir()) == []
+
+
+def test_cancelling_a_call_kills_its_processes(tool):
+    """run_tool_call's timeout cancels execute; the sandbox kills the process group on cancellation."""
+    async def call():
+        return await run_tool_call(tool, "traj", {"code": "import time\ntime.sleep(60)"}, timeout_s=0.5)
+    response, _, metrics, error = asyncio.run(call())
+    assert error == "tool 'code_interpreter' timed out after 0.5 s" and metrics["tool_timeout"] == 1
+    deadline = time.monotonic() + 2
+    while sandbox_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sandbox_processes() == []
+
+
+def test_files_are_limited_in_size_and_confined_to_the_work_dir(tool, private_tmp):
+    marker = private_tmp.parent / "host_marker.txt"
+    marker.write_text("host")
+    scratch_name = f"sandbox-scratch-{os.getpid()}"
+    response, _, _ = execute(tool, "open('big', 'wb').write(b'x' * (2 << 20))")
+    assert "OSError: [Errno 27] File too large" in response.text
+    code = f"""
+import os
+open('here.txt', 'w').write('ok'); open('/tmp/{scratch_name}', 'w').write('ok')
+print(os.getcwd(), sorted(os.listdir('.')), os.path.exists({str(marker)!r}))
+for path in ({os.path.abspath(__file__)!r}, '/etc/hostname_x'):
+    try:
+        open(path, 'a')
+    except OSError as error:
+        print(type(error).__name__, error.errno)
+print(os.getpid(), [p for p in os.listdir('/proc') if p.isdigit()])
+print(sorted(os.environ))
+"""
+    response, _, _ = execute(tool, code)
+    lines = response.text.splitlines()
+    assert lines[0] == "/tmp/work ['.sandbox_spec.json', 'here.txt', 'main.py'] False"  # host /tmp is hidden
+    assert lines[1:3] == ["OSError 30", "OSError 30"]  # read-only file system (host files, even as root)
+    assert lines[3] == "1 ['1']"  # pid 1 of its own PID namespace; no host process visible
+    assert lines[4] == "['HOME', 'LANG', 'LC_ALL', 'PATH', 'TMPDIR']"
+    assert list(private_tmp.iterdir()) == []  # the work dir is removed after each call
+    assert not os.path.exists(f"/tmp/{scratch_name}")  # the sandbox's /tmp was its own tmpfs
+
+
+def test_output_is_bounded_on_the_host_and_truncated_for_the_model(private_tmp):
+    limits = SandboxLimits(timeout_s=5, cpu_time_s=2, max_output_bytes=4096)
+    result = asyncio.run(run_python("import sys\nsys.stdout.write('a' * 5_000_000 + 'END')", limits))
+    assert result.exit_code == 0 and result.output_bytes == 5_000_003
+    assert result.output.startswith("a" * 4096) and result.output.endswith("a" * 4093 + "END")
+    assert f"...({5_000_003 - 8192} bytes dropped)..." in result.output and len(result.output) < 8300
+
+    tool = CodeInterpreterTool({**FAST, "max_tool_response_length": 100}, SCHEMA)
+    response, _, _ = execute(tool, "print('H' * 500 + 'T' * 500)")
+    assert response.text == "H" * 50 + "...(truncated)..." + "T" * 49 + "\n"
+    tool = CodeInterpreterTool({**FAST, "max_tool_response_length": 10, "tool_response_truncate_side": "right"},
+                               SCHEMA)
+    response, _, _ = execute(tool, "print('x' * 50 + 'tail')\nraise SystemExit(2)")
+    assert response.text == "(truncated)...xxxxx" + "tail\n" + "\n[exit code 2]"
+
+
+@pytest.mark.parametrize("parameters", [{"code": 5}, {}, "print(1)", None])
+def test_malformed_parameters_come_back_as_an_error_message(tool, parameters):
+    response, reward, metrics = asyncio.run(tool.execute("traj", parameters))
+    assert response.text.startswith('Error: code_interpreter expects arguments {"code": "<python source>"}, got ')
+    assert reward == 0.0 and metrics == {"malformed_parameters": 1}
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"memory_mb": 0}, "memory_mb=0: expected a positive number"),
+    ({"allow_network": "yes"}, "allow_network must be true or false"),
+    ({"tool_response_truncate_side": "both"}, "tool_response_truncate_side must be one of"),
+    ({"max_output": 5}, r"unknown config keys \['max_output'\]"),
+])
+def test_bad_config_is_refused(config, message):
+    with pytest.raises(ValueError, match=message):
+        CodeInterpreterTool(config, SCHEMA)
+
+
+NO_USERNS = """
+import sys
+from hybridrl.tools.code_interpreter_tool import CodeInterpreterTool
+from hybridrl.tools.sandbox import SandboxUnavailable
+from test_sandbox import SCHEMA
+import asyncio
+try:
+    tool = CodeInterpreterTool({"allow_network": sys.argv[1] == "true", "timeout_s": 2}, SCHEMA)
+except SandboxUnavailable as error:
+    print("REFUSED", error)
+else:
+    response, _, _ = asyncio.run(tool.execute("t", {"code": "import os; print('ran as pid', os.getpid() != 1)"}))
+    print("NAMESPACES", tool.namespaces, response.text.strip())
+"""
+
+
+@pytest.mark.parametrize("allow_network", ["false", "true"])
+def test_without_user_namespaces_the_tool_refuses_unless_allow_network(allow_network):
+    """A real kernel refusal: a user namespace whose max_user_namespaces is 0 cannot create another."""
+    if subprocess.run(["unshare", "--user", "--map-root-user", "true"], capture_output=True).returncode != 0:
+        pytest.skip("this machine cannot create the outer user namespace the test needs")
+    script = ("echo 0 > /proc/sys/user/max_user_namespaces && "
+              f"exec {sys.executable} -c \"$0\" {allow_network}")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(__file__)),
+                                                        os.path.dirname(__file__)])}
+    result = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", script, NO_USERNS],
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    if allow_network == "false":
+        assert result.stdout.startswith("REFUSED cannot build the code sandbox (user + network + mount + PID "
+                                        "namespaces): sandbox setup failed: unshare(0x70020000): No space left")
+        assert "set allow_network: true" in result.stdout
+    else:
+        assert result.stdout.strip() == "NAMESPACES False ran as pid True"
+        assert "namespaces unavailable" in result.stderr
