@@ -57,6 +57,57 @@ def test_gsm8k_from_local_files(tmp_path):
     assert default_compute_score(rows[0]["data_source"], "so #### 1,234", gt) == 1.0
 
 
+def test_gsm8k_multiturn_with_tool_from_local_files(tmp_path):
+    """verl's multi-turn layout: agent_name column, system prompt naming the tool, ground truth in tools_kwargs."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    pd.DataFrame([{"question": "Tom has 1,000 apples and buys 234 more. How many?", "answer": "so\n#### 1,234"}]
+                 ).to_json(raw / "train.jsonl", orient="records", lines=True)
+    pd.DataFrame([{"question": "10 - 4?", "answer": "#### 6"}]).to_parquet(raw / "test.parquet")
+
+    result = run_script("gsm8k_multiturn_w_tool.py", "--local_dataset_path", str(raw), "--local_dir",
+                        str(tmp_path / "out"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+
+    table = pq.read_table(tmp_path / "out" / "train.parquet")
+    assert table.column_names == ["data_source", "agent_name", "prompt", "ability", "reward_model", "extra_info"]
+    (row,) = table.to_pylist()
+    assert (row["data_source"], row["agent_name"], row["ability"]) == ("openai/gsm8k", "tool_agent", "math")
+    system, user = row["prompt"]
+    assert system["role"] == "system" and "`calc_gsm8k_reward` tool" in system["content"]
+    assert user == {"role": "user", "content": "Tom has 1,000 apples and buys 234 more. How many? "
+                                               'Let\'s think step by step and output the final answer after "####".'}
+    assert row["reward_model"] == {"style": "rule", "ground_truth": "1234"}
+    assert row["extra_info"]["tools_kwargs"] == {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "1234"}}}
+    assert row["extra_info"]["need_tools_kwargs"] is True and row["extra_info"]["index"] == 0
+    (test_row,) = pq.read_table(tmp_path / "out" / "test.parquet").to_pylist()
+    assert test_row["extra_info"]["tools_kwargs"]["calc_gsm8k_reward"]["create_kwargs"]["ground_truth"] == "6"
+
+    # the shipped tool YAML's tool takes exactly these kwargs and scores the right answer 1.0
+    import asyncio
+
+    from hybridrl.tools import initialize_tools_from_config, tool_phase_kwargs
+    (tool,) = initialize_tools_from_config(os.path.join(
+        REPO, "examples", "sglang_multiturn", "config", "tool_config", "gsm8k_tool_config.yaml"))
+
+    async def submit(answer):
+        instance_id, _ = await tool.create(**tool_phase_kwargs(row["extra_info"]["tools_kwargs"], tool.name, "create"))
+        await tool.execute(instance_id, {"answer": answer})
+        return await tool.calc_reward(instance_id)
+    assert asyncio.run(submit("1234")) == 1.0 and asyncio.run(submit("1233")) == 0.0
+
+
+def test_write_rl_parquet_refuses_mixed_or_empty_agent_names(tmp_path):
+    from hybridrl.utils.rl_parquet import write_rl_parquet
+    base = {"data_source": "d", "prompt": [{"role": "user", "content": "q"}], "ability": "a",
+            "reward_model": {"ground_truth": "1"}, "extra_info": {}}
+    with_agent = {"data_source": "d", "agent_name": "tool_agent", **{k: v for k, v in base.items() if k != "data_source"}}
+    with pytest.raises(ValueError, match="row 1 has columns .* the same in every row"):
+        write_rl_parquet([with_agent, base], str(tmp_path / "x.parquet"))
+    with pytest.raises(ValueError, match="row 0: agent_name must be a non-empty string"):
+        write_rl_parquet([{**with_agent, "agent_name": ""}], str(tmp_path / "x.parquet"))
+
+
 def test_math_from_hub_shaped_local_dir(tmp_path):
     data = tmp_path / "raw" / "data"
     data.mkdir(parents=True)

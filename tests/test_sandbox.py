@@ -79,6 +79,22 @@ def test_a_fork_bomb_is_stopped_without_touching_the_host(tool):
     assert len(os.listdir("/proc")) < before + 5 and sandbox_processes() == []
 
 
+def test_threads_are_bounded_and_concurrent_calls_are_isolated(private_tmp):
+    limits = SandboxLimits(timeout_s=10, cpu_time_s=2, memory_mb=512)
+    thread_bomb = ("import threading, time\nn = 0\ntry:\n    while True:\n"
+                   "        threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n        n += 1\n"
+                   "except RuntimeError as error:\n    print(n > 0, error)")
+    result = asyncio.run(run_python(thread_bomb, limits))
+    assert result.output == "True can't start new thread\n" and result.exit_code == 0
+
+    async def eight_at_once():
+        code = "import os\nopen('file{}', 'w').write('x')\nprint(sorted(os.listdir('.')))"
+        return await asyncio.gather(*[run_python(code.format(i), limits) for i in range(8)])
+    outputs = [result.output for result in asyncio.run(eight_at_once())]
+    assert outputs == [f"['file{i}', 'main.py']\n" for i in range(8)]
+    assert list(private_tmp.iterdir()) == [] and sandbox_processes() == []
+
+
 def test_allocating_10_gib_fails_with_memory_error(tool):
     response, _, metrics = execute(tool, "x = bytearray(10 * 1024 ** 3)")
     assert response.text.rstrip().endswith("MemoryError\n\n[exit code 1]".rstrip()) and metrics["exit_code"] == 1
@@ -130,7 +146,7 @@ print(sorted(os.environ))
 """
     response, _, _ = execute(tool, code)
     lines = response.text.splitlines()
-    assert lines[0] == "/tmp/work ['.sandbox_spec.json', 'here.txt', 'main.py'] False"  # host /tmp is hidden
+    assert lines[0] == "/tmp/work ['here.txt', 'main.py'] False"  # host /tmp is hidden
     assert lines[1:3] == ["OSError 30", "OSError 30"]  # read-only file system (host files, even as root)
     assert lines[3] == "1 ['1']"  # pid 1 of its own PID namespace; no host process visible
     assert lines[4] == "['HOME', 'LANG', 'LC_ALL', 'PATH', 'TMPDIR']"

@@ -1,8 +1,8 @@
 """Inside the sandbox: isolate this process, then run the user's code in a child that cannot escape.
 
 Run by the host (hybridrl/tools/sandbox.py) as `python -I sandbox_launcher.py SPEC.json`, with the
-private work directory as cwd. Standard library only (it must not import hybridrl: `-I` isolates it,
-and it runs before any limit could protect the host from a heavy import).
+private work directory as cwd. Standard library only: it must start fast and work whatever the
+sandbox can import (it runs before the limits and filters it installs).
 
 Steps, each a kernel mechanism, none needing root:
 1. `unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID)` and map our own uid/gid
@@ -12,18 +12,20 @@ Steps, each a kernel mechanism, none needing root:
    work directory bind-mounted back read-write, fresh size-limited tmpfs on /tmp and /dev/shm. The
    code can read world-readable files but write only its cwd and its own /tmp. This matters when
    the host runs as root: uid 0 inside the user namespace still owns the host's root-owned files.
-3. PID namespace: the child is pid 1 of a namespace that sees no host process, so it cannot signal
-   or ptrace the trainer (same uid as root hosts would otherwise allow). It has PR_SET_PDEATHSIG =
-   SIGKILL: when the host kills this launcher, the kernel kills pid 1 and with it the namespace.
-4. rlimits (CPU seconds, address space, file size, open files, processes, no core dumps) and a
+3. PID namespace: the child is pid 1 of a namespace that sees no host process (it mounts its own
+   /proc), so it cannot signal or ptrace the trainer, which the shared uid would otherwise allow.
+   It has PR_SET_PDEATHSIG = SIGKILL: when the host kills this launcher, the kernel kills pid 1 and
+   with it everything in the namespace; when pid 1 exits, anything it left behind dies too.
+4. rlimits, soft = hard (CPU seconds: SIGKILL when used up, address space, file size, open files,
+   processes, no core dumps) and a
    seccomp filter that refuses to create processes: fork/vfork and clone without CLONE_THREAD get
    EPERM, clone3 gets ENOSYS (glibc then falls back to clone for threads). RLIMIT_NPROC alone does
    not stop a fork bomb when the host runs as root (the kernel exempts uid 0), the filter does;
    threads stay possible (bounded by RLIMIT_AS and, for non-root hosts, RLIMIT_NPROC).
 
-Exit status: the child's exit code, or 128 + signal number when a signal killed it; 128 + SIGXCPU
-when it was killed having used its CPU-time limit. Exit 125 + a message on stderr
-means the sandbox itself could not be set up.
+Exit status: the child's exit code, or 128 + signal number when a signal killed it, 128 + SIGXCPU
+when it was killed having used up its CPU time. Exit 125 with "sandbox setup failed: ..." on
+stderr: the sandbox itself could not be built (the host's probe turns that into a refusal).
 """
 import ctypes
 import json
@@ -36,7 +38,7 @@ import sys
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 CLONE_THREAD = 0x00010000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 32, 4096, 16384, 1 << 18
 AT_RECURSIVE, MOUNT_ATTR_RDONLY = 0x8000, 0x1
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
 SETUP_FAILED = 125
@@ -164,6 +166,7 @@ def run_child(spec: dict, arch: dict) -> None:
 def main() -> int:
     with open(sys.argv[1]) as f:
         spec = json.load(f)
+    os.unlink(sys.argv[1])  # the code sees only its main.py
     arch = ARCHES.get(platform.machine())
     try:
         if arch is None:
