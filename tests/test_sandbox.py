@@ -154,6 +154,24 @@ print(sorted(os.environ))
     assert not os.path.exists(f"/tmp/{scratch_name}")  # the sandbox's /tmp was its own tmpfs
 
 
+def test_the_code_cannot_undo_its_isolation(tool):
+    """Even as uid 0 of its namespace (a root host): no capabilities, so no remount, unmount or new mounts."""
+    code = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(result):
+    return os.strerror(ctypes.get_errno()) if result != 0 else 'succeeded'
+print(attempt(libc.mount(None, b'/', None, ctypes.c_ulong(32 | 4096), None)))  # MS_REMOUNT | MS_BIND: read-write
+print(attempt(libc.umount2(b'/tmp', 2)))
+print(attempt(libc.mount(b'none', b'/tmp', b'tmpfs', ctypes.c_ulong(0), None)))
+print(attempt(libc.unshare(0x40000000)))  # a fresh network namespace
+status = dict(line.split(':', 1) for line in open('/proc/self/status').read().splitlines())
+print(status['CapEff'].strip(), status['CapBnd'].strip(), status['Seccomp'].strip(), status['NoNewPrivs'].strip())
+"""
+    response, _, _ = execute(tool, code)
+    assert response.text.splitlines() == ["Operation not permitted"] * 4 + ["0000000000000000 0000000000000000 2 1"]
+
+
 def test_output_is_bounded_on_the_host_and_truncated_for_the_model(private_tmp):
     limits = SandboxLimits(timeout_s=5, cpu_time_s=2, max_output_bytes=4096)
     result = asyncio.run(run_python("import sys\nsys.stdout.write('a' * 5_000_000 + 'END')", limits))

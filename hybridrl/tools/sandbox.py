@@ -194,10 +194,11 @@ def probe_isolation(allow_network: bool) -> bool:
     reason = output or f"exit code {exit_code}"
     if not allow_network:
         raise SandboxUnavailable(
-            f"cannot build the code sandbox (user + network + mount + PID namespaces): {reason}. Enable "
-            "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces "
-            "> 0), or set allow_network: true in the tool's config to run code without namespaces (rlimits "
-            "and the no-new-process filter only: network and host filesystem open)")
+            f"cannot build the code sandbox (user + network + mount + PID namespaces): {reason}. Allow "
+            "unprivileged user namespaces (sysctls user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1,"
+            " kernel.apparmor_restrict_unprivileged_userns=0; in Docker a seccomp profile allowing unshare/mount), "
+            "or set allow_network: true in the tool's config to run code without namespaces (rlimits and the "
+            "no-new-process filter only: network and host filesystem open)")
     plain_code, plain_output = _run_sync("pass", False, True)
     if plain_code != 0:
         raise SandboxUnavailable(f"cannot start the code sandbox even without namespaces: {plain_output or plain_code}")

@@ -22,6 +22,8 @@ Steps, each a kernel mechanism, none needing root:
    EPERM, clone3 gets ENOSYS (glibc then falls back to clone for threads). RLIMIT_NPROC alone does
    not stop a fork bomb when the host runs as root (the kernel exempts uid 0), the filter does;
    threads stay possible (bounded by RLIMIT_AS and, for non-root hosts, RLIMIT_NPROC).
+5. No capabilities (securebits NOROOT, empty bounding/ambient/current sets): the code cannot undo
+   steps 2-4 (remount read-write, unmount /tmp), even when it is uid 0 of its namespace.
 
 Exit status: the child's exit code, or 128 + signal number when a signal killed it, 128 + SIGXCPU
 when it was killed having used up its CPU time. Exit 125 with "sandbox setup failed: ..." on
@@ -41,12 +43,16 @@ CLONE_THREAD = 0x00010000
 MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 32, 4096, 16384, 1 << 18
 AT_RECURSIVE, MOUNT_ATTR_RDONLY = 0x8000, 0x1
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
+PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 28, 47, 4
+# SECBIT_NOROOT (+ its lock): execve by uid 0 grants no capabilities; KEEP_CAPS_LOCKED; NO_CAP_AMBIENT_RAISE (+ lock)
+NO_ROOT_SECUREBITS = (1 << 0) | (1 << 1) | (1 << 5) | (1 << 6) | (1 << 7)
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
 SETUP_FAILED = 125
 
 # Per architecture: audit arch, syscall numbers of mount_setattr, clone, clone3, fork, vfork (None: absent).
 ARCHES = {
-    "x86_64": dict(audit=0xC000003E, mount_setattr=442, clone=56, clone3=435, fork=57, vfork=58),
-    "aarch64": dict(audit=0xC00000B7, mount_setattr=442, clone=220, clone3=435, fork=None, vfork=None),
+    "x86_64": dict(audit=0xC000003E, mount_setattr=442, capset=126, clone=56, clone3=435, fork=57, vfork=58),
+    "aarch64": dict(audit=0xC00000B7, mount_setattr=442, capset=91, clone=220, clone3=435, fork=None, vfork=None),
 }
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -112,6 +118,24 @@ def set_limits(limits: dict) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
+def drop_capabilities(arch: dict) -> None:
+    """No capabilities, now or after execve, even as uid 0 of the user namespace.
+
+    The namespace's creator holds every capability inside it; when the host runs as root the code
+    is uid 0 there, and execve would grant them all again. With them it could remount / read-write,
+    unmount the private /tmp and, as owner of root's files, write the host's. NOROOT securebits stop
+    execve's grant; the bounding, ambient and current sets are emptied."""
+    check(libc.prctl(PR_SET_SECUREBITS, NO_ROOT_SECUREBITS, 0, 0, 0), "prctl(PR_SET_SECUREBITS)")
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last_capability = int(f.read())
+    for capability in range(last_capability + 1):
+        check(libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0), f"prctl(PR_CAPBSET_DROP, {capability})")
+    check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "prctl(PR_CAP_AMBIENT_CLEAR_ALL)")
+    header = struct.pack("Ii", LINUX_CAPABILITY_VERSION_3, 0)
+    data = bytes(24)  # two {effective, permitted, inheritable} u32 triples, all zero
+    check(libc.syscall(arch["capset"], header, data), "capset(no capabilities)")
+
+
 class SockFilter(ctypes.Structure):
     _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
 
@@ -159,6 +183,7 @@ def run_child(spec: dict, arch: dict) -> None:
     if spec["namespaces"]:  # a procfs of the new PID namespace: host processes disappear from /proc
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV, None)
     set_limits(spec["limits"])
+    drop_capabilities(arch)
     forbid_new_processes(arch)
     os.execve(spec["python"], [spec["python"], "-I", "-u", spec["script"]], spec["env"])
 
