@@ -104,13 +104,13 @@ def test_an_endless_loop_is_killed_at_the_cpu_limit():
     tool = CodeInterpreterTool({**FAST, "timeout_s": 20}, SCHEMA)  # the CPU limit, not the clock, must end it
     response, _, metrics = execute(tool, "print('spinning', flush=True)\nwhile True:\n    pass")
     assert response.text == "spinning\n\n[killed: CPU time limit 1 s]"
-    assert metrics["timed_out"] == 0 and 1.0 <= metrics["wall_s"] < 10
+    assert metrics["timed_out"] == 0 and metrics["exit_code"] == 128 + 24 and 1.0 <= metrics["wall_s"] < 10
 
 
 def test_a_sleeping_call_is_killed_at_the_wall_clock(tool, private_tmp):
     response, _, metrics = execute(tool, "import time\nprint('before', flush=True)\ntime.sleep(60)")
     assert response.text == "before\n\n[killed: wall-clock timeout 1.5 s]"
-    assert metrics["timed_out"] == 1 and 1.5 <= metrics["wall_s"] < 5
+    assert metrics["timed_out"] == 1 and metrics["exit_code"] == -1 and 1.5 <= metrics["wall_s"] < 5
     assert sandbox_processes() == [] and list(private_tmp.iterdir()) == []
 
 

@@ -307,6 +307,8 @@ def test_tool_phase_kwargs_picks_a_phase_and_refuses_typos():
     with pytest.raises(ValueError, match=r"has keys \['create_kwarg'\]"):
         tool_phase_kwargs({"calc": {"create_kwarg": {}}}, "calc", "create")
     check_tools_kwargs(tools_kwargs, ["calc"], where="row 3 extra_info")
+    check_tools_kwargs({**tools_kwargs, "code": None}, ["calc"])  # parquet's None for another row's tool
+    assert tool_phase_kwargs({"calc": None}, "calc", "create") == {}
     with pytest.raises(ValueError, match=r"row 3 extra_info.tools_kwargs names tool 'calc', not among .*\['other'\]"):
         check_tools_kwargs(tools_kwargs, ["other"], where="row 3 extra_info")
     with pytest.raises(ValueError, match=r"tools_kwargs\['calc'\].create_kwargs must be a mapping"):

@@ -20,11 +20,11 @@ from hybridrl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 class BaseTool:
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema):
         """config: the YAML entry's `config:` mapping; tool_schema: its validated `tool_schema`."""
+        if tool_schema is None:
+            raise ValueError(f"{type(self).__name__} needs a tool_schema (the YAML entry's tool_schema)")
         self.config = config
-        self.tool_schema = tool_schema or self.get_openai_tool_schema()
-        if self.tool_schema is None:
-            raise ValueError(f"{type(self).__name__}: no tool_schema given and get_openai_tool_schema() has none")
-        self.name = self.tool_schema.function.name
+        self.tool_schema = tool_schema
+        self.name = tool_schema.function.name
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
         return self.tool_schema

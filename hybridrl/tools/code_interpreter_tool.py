@@ -17,7 +17,9 @@ config load, not at the first call.
 
 execute({"code": "..."}) returns the combined stdout+stderr, followed by a status line when the
 code did not exit 0 ("[exit code 1]", "[killed: wall-clock timeout 10 s]", "[killed: CPU time
-limit 5 s]", "[killed by SIGSEGV]"). Step reward 0; metrics: exit_code, timed_out, wall_s, output_bytes.
+limit 5 s]", "[killed by SIGSEGV]"). Step reward 0; metrics (all numbers): exit_code (-1 when the
+wall clock killed it, 128 + signal for a signal, 152 = 128 + SIGXCPU for the CPU limit), timed_out,
+wall_s, output_bytes.
 """
 from __future__ import annotations
 
@@ -71,7 +73,8 @@ class CodeInterpreterTool(BaseTool):
         result = await run_python(code, self.limits, namespaces=self.namespaces, allow_network=self.allow_network)
         text = truncate_text(result.output, self.max_tool_response_length, self.truncate_side)
         status = self._status_line(result)
-        metrics = {"exit_code": result.exit_code, "timed_out": int(result.timed_out), "wall_s": result.wall_s,
+        metrics = {"exit_code": -1 if result.exit_code is None else result.exit_code,
+                   "timed_out": int(result.timed_out), "wall_s": result.wall_s,
                    "output_bytes": result.output_bytes}
         return ToolResponse(text=text + status if text else status.lstrip("\n")), 0.0, metrics
 

@@ -4,8 +4,8 @@ Each call gets a private temporary directory (mode 0700, removed afterwards) hol
 the launcher's spec; `python -I sandbox_launcher.py spec.json` starts in its own session (process
 group) with a minimal environment and stdin from /dev/null. The launcher (see its docstring) enters
 new user/network/mount/PID namespaces, makes the filesystem read-only except its cwd and a private
-/tmp, sets the rlimits of `SandboxLimits`, forbids new processes with seccomp, and runs the code
-as pid 1 of its PID namespace.
+/tmp, sets the rlimits of `SandboxLimits`, drops every capability, forbids new processes with
+seccomp, and runs the code as pid 1 of its PID namespace.
 
 The host enforces the wall clock: past `timeout_s` it SIGKILLs the launcher's process group; the
 launcher's child dies with it (PR_SET_PDEATHSIG), and so does everything in its PID namespace.

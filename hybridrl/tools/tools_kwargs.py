@@ -5,7 +5,8 @@
                                                      "release_kwargs": {...}}}
 
 `tool_phase_kwargs(tools_kwargs, name, "create")` gives the keyword arguments for that call ({}
-when the row has none); a misspelt phase key or a non-mapping is an error, never ignored.
+when the row has none); a misspelt phase key or a non-mapping is an error, never ignored. A None
+entry counts as absent: parquet stores a struct column, so rows get None for other rows' keys.
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ def check_tools_kwargs(tools_kwargs: Optional[dict], tool_names: Iterable[str], 
         raise ValueError(f"{where}.tools_kwargs must be a mapping of tool name -> phase kwargs, got {tools_kwargs!r}")
     known = set(tool_names)
     for name, per_tool in tools_kwargs.items():
+        if per_tool is None:  # parquet gives every row every tool's key; None where the row has none
+            continue
         if name not in known:
             raise ValueError(f"{where}.tools_kwargs names tool {name!r}, not among the configured tools "
                              f"{sorted(known)}")
