@@ -183,7 +183,8 @@ def run_child(spec: dict, arch: dict) -> None:
     if spec["namespaces"]:  # a procfs of the new PID namespace: host processes disappear from /proc
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV, None)
     set_limits(spec["limits"])
-    drop_capabilities(arch)
+    if spec["namespaces"] or os.geteuid() == 0:  # a non-root process outside namespaces holds none
+        drop_capabilities(arch)
     forbid_new_processes(arch)
     os.execve(spec["python"], [spec["python"], "-I", "-u", spec["script"]], spec["env"])
 
