@@ -172,6 +172,32 @@ print(status['CapEff'].strip(), status['CapBnd'].strip(), status['Seccomp'].stri
     assert response.text.splitlines() == ["Operation not permitted"] * 4 + ["0000000000000000 0000000000000000 2 1"]
 
 
+def test_host_devices_sysctls_and_socket_files_are_out_of_reach(tool):
+    """What a root host's kuid 0 could otherwise write or reach: disks in /dev, sysctls, Docker/Ray sockets."""
+    code = """
+import asyncio, os, socket
+print(sorted(os.listdir('/dev')))
+for path in ('/proc/sys/vm/drop_caches', '/dev/new_node'):
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT))
+    except OSError as error:
+        print(path, error.strerror)
+try:
+    socket.socket(socket.AF_UNIX)
+except OSError as error:
+    print('AF_UNIX', error.strerror)
+socket.socketpair()
+asyncio.run(asyncio.sleep(0))  # asyncio's self-pipe is a socketpair: still allowed
+print(open('/dev/zero', 'rb').read(2), len(open('/dev/urandom', 'rb').read(8)))
+"""
+    response, _, metrics = execute(tool, code)
+    assert response.text.splitlines() == [
+        "['fd', 'full', 'null', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'urandom', 'zero']",
+        "/proc/sys/vm/drop_caches Read-only file system", "/dev/new_node Read-only file system",
+        "AF_UNIX Operation not permitted", "b'\\x00\\x00' 8"]
+    assert metrics["exit_code"] == 0
+
+
 def test_output_is_bounded_on_the_host_and_truncated_for_the_model(private_tmp):
     limits = SandboxLimits(timeout_s=5, cpu_time_s=2, max_output_bytes=4096)
     result = asyncio.run(run_python("import sys\nsys.stdout.write('a' * 5_000_000 + 'END')", limits))

@@ -9,19 +9,20 @@ Steps, each a kernel mechanism, none needing root:
    into the new user namespace (an unprivileged process may map exactly itself). A new network
    namespace holds only a down loopback: `connect()` fails with ENETUNREACH, no name resolves.
 2. Mount namespace: every mount read-only (`mount_setattr(AT_RECURSIVE, MOUNT_ATTR_RDONLY)`), the
-   work directory bind-mounted back read-write, fresh size-limited tmpfs on /tmp and /dev/shm. The
-   code can read world-readable files but write only its cwd and its own /tmp. This matters when
-   the host runs as root: uid 0 inside the user namespace still owns the host's root-owned files.
+   work directory bind-mounted back read-write, fresh size-limited tmpfs on /tmp and /dev/shm, a
+   /dev with only null/zero/full/random/urandom, and (step 3) a read-only /proc. The code can read
+   world-readable files but write only its cwd and its own /tmp. This matters when the host runs as
+   root: the code is then kuid 0, the owner of root's files, disks and sysctls.
 3. PID namespace: the child is pid 1 of a namespace that sees no host process (it mounts its own
    /proc), so it cannot signal or ptrace the trainer, which the shared uid would otherwise allow.
    It has PR_SET_PDEATHSIG = SIGKILL: when the host kills this launcher, the kernel kills pid 1 and
    with it everything in the namespace; when pid 1 exits, anything it left behind dies too.
 4. rlimits, soft = hard (CPU seconds: SIGKILL when used up, address space, file size, open files,
-   processes, no core dumps) and a
-   seccomp filter that refuses to create processes: fork/vfork and clone without CLONE_THREAD get
-   EPERM, clone3 gets ENOSYS (glibc then falls back to clone for threads). RLIMIT_NPROC alone does
-   not stop a fork bomb when the host runs as root (the kernel exempts uid 0), the filter does;
-   threads stay possible (bounded by RLIMIT_AS and, for non-root hosts, RLIMIT_NPROC).
+   processes, no core dumps) and a seccomp filter that refuses AF_UNIX sockets (the host's socket
+   files: Docker's, Ray's) and new processes: fork/vfork and clone without CLONE_THREAD get EPERM,
+   clone3 gets ENOSYS (glibc then falls back to clone for threads). RLIMIT_NPROC alone does not
+   stop a fork bomb when the host runs as root (the kernel exempts uid 0), the filter does; threads
+   stay possible (bounded by RLIMIT_AS and, for non-root hosts, RLIMIT_NPROC).
 5. No capabilities (securebits NOROOT, empty bounding/ambient/current sets): the code cannot undo
    steps 2-4 (remount read-write, unmount /tmp), even when it is uid 0 of its namespace.
 
@@ -40,7 +41,9 @@ import sys
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 CLONE_THREAD = 0x00010000
-MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 32, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+AF_UNIX = 1
+DEVICES = ("null", "zero", "full", "random", "urandom")  # the only device nodes the code sees
 AT_RECURSIVE, MOUNT_ATTR_RDONLY = 0x8000, 0x1
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
 PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 28, 47, 4
@@ -49,10 +52,12 @@ NO_ROOT_SECUREBITS = (1 << 0) | (1 << 1) | (1 << 5) | (1 << 6) | (1 << 7)
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
 SETUP_FAILED = 125
 
-# Per architecture: audit arch, syscall numbers of mount_setattr, clone, clone3, fork, vfork (None: absent).
+# Per architecture: audit arch and syscall numbers (fork/vfork None: the architecture has only clone).
 ARCHES = {
-    "x86_64": dict(audit=0xC000003E, mount_setattr=442, capset=126, clone=56, clone3=435, fork=57, vfork=58),
-    "aarch64": dict(audit=0xC00000B7, mount_setattr=442, capset=91, clone=220, clone3=435, fork=None, vfork=None),
+    "x86_64": dict(audit=0xC000003E, mount_setattr=442, capset=126, socket=41, clone=56, clone3=435, fork=57,
+                   vfork=58),
+    "aarch64": dict(audit=0xC00000B7, mount_setattr=442, capset=91, socket=198, clone=220, clone3=435, fork=None,
+                    vfork=None),
 }
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -87,25 +92,41 @@ def mount(source, target, fstype, flags: int, data) -> None:
 
 
 def read_only_filesystem(workdir: str, tmpfs_bytes: int, arch: dict) -> str:
-    """Every mount read-only, fresh tmpfs on /tmp and /dev/shm, `workdir` bound read-write at /tmp/work.
+    """Every mount read-only; fresh tmpfs on /tmp; a minimal /dev; `workdir` bound read-write at /tmp/work.
 
-    Returns the new cwd. The host's /tmp (Ray's sockets, other runs' files) is hidden by the tmpfs.
+    Returns the new cwd. The host's /tmp (Ray's sockets, other runs' files) is hidden by the tmpfs,
+    and its /dev (disks, consoles, kmsg) by a /dev holding only DEVICES, fd links and its own shm.
     """
     mount(None, "/", None, MS_REC | MS_PRIVATE, None)
     attr = struct.pack("QQQQ", MOUNT_ATTR_RDONLY, 0, 0, 0)  # struct mount_attr {set, clr, propagation, userns_fd}
     check(libc.syscall(arch["mount_setattr"], -100, b"/", AT_RECURSIVE, attr, len(attr)),
           "mount_setattr(/, read-only, recursive)")
-    workdir_fd = os.open(workdir, os.O_PATH | os.O_DIRECTORY)  # still reachable once /tmp is covered
-    for scratch in ("/tmp", "/dev/shm"):
-        if os.path.isdir(scratch):
-            mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=1777")
+    # O_PATH handles stay usable once the paths are covered by the new mounts below
+    workdir_fd = os.open(workdir, os.O_PATH | os.O_DIRECTORY)
+    device_fds = {name: os.open(f"/dev/{name}", os.O_PATH) for name in DEVICES}
+    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=1777")
+    minimal_dev(device_fds, tmpfs_bytes)
     inside = "/tmp/work"
     os.mkdir(inside)
     mount(f"/proc/self/fd/{workdir_fd}", inside, None, MS_BIND, None)
     mount(None, inside, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV, None)  # read-write again
-    os.close(workdir_fd)
+    for fd in (workdir_fd, *device_fds.values()):
+        os.close(fd)
     os.chdir(inside)
     return inside
+
+
+def minimal_dev(device_fds: dict, shm_bytes: int) -> None:
+    mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=65536,mode=755")
+    for name, fd in device_fds.items():
+        open(f"/dev/{name}", "w").close()
+        mount(f"/proc/self/fd/{fd}", f"/dev/{name}", None, MS_BIND, None)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"/dev/{name}")
+    os.mkdir("/dev/shm")
+    mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={shm_bytes},mode=1777")
+    mount(None, "/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC, "size=65536,mode=755")
 
 
 def set_limits(limits: dict) -> None:
@@ -145,26 +166,45 @@ class SockFprog(ctypes.Structure):
 
 
 def seccomp_program(arch: dict) -> list[tuple[int, int, int, int]]:
-    """BPF (code, jump-if-true, jump-if-false, k) instructions; jumps count from the next instruction.
+    """BPF (code, jump-if-true, jump-if-false, k) instructions, assembled from a labelled listing.
 
-    Layout: [arch check] [load nr] [one test per forbidden syscall] ALLOW | clone: [load flags]
-    [CLONE_THREAD?] ALLOW EPERM | ENOSYS.
+    Refused: processes (fork, vfork, clone without CLONE_THREAD: EPERM; clone3: ENOSYS, which makes
+    glibc fall back to clone for threads), AF_UNIX sockets (EPERM: no connecting to the host's
+    socket files; socketpair, which asyncio uses, stays allowed), and any other architecture's ABI.
     """
     LD_ABS, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
     ALLOW, KILL, EPERM, ENOSYS = 0x7FFF0000, 0x80000000, 0x00050000 | 1, 0x00050000 | 38
-    tests = [(JEQ, arch["clone"], "clone_block"), (JEQ, arch["clone3"], "enosys")]
-    tests += [(JEQ, number, "eperm") for number in (arch["fork"], arch["vfork"]) if number is not None]
+    NR, ARCH, ARG0 = 0, 4, 16  # offsets in struct seccomp_data (ARG0: its low 32 bits, little-endian)
+    listing = [(LD_ABS, 0, 0, ARCH), (JEQ, 0, "kill", arch["audit"]), (LD_ABS, 0, 0, NR)]
     if arch["audit"] == ARCHES["x86_64"]["audit"]:
-        tests.append((JGE, 0x40000000, "eperm"))  # the x32 ABI's syscalls share x86_64's audit arch
-    n = len(tests)
-    # Absolute positions: tests at 4..4+n-1, ALLOW at 4+n, clone block at 5+n..8+n, ENOSYS at 9+n.
-    target = {"clone_block": 5 + n, "eperm": 8 + n, "enosys": 9 + n}
-    program = [(LD_ABS, 0, 0, 4), (JEQ, 1, 0, arch["audit"]), (RET, 0, 0, KILL), (LD_ABS, 0, 0, 0)]
-    for position, (opcode, number, goal) in enumerate(tests):
-        program.append((opcode, target[goal] - (4 + position + 1), 0, number))
-    program += [(RET, 0, 0, ALLOW),
-                (LD_ABS, 0, 0, 16), (JSET, 0, 1, CLONE_THREAD), (RET, 0, 0, ALLOW), (RET, 0, 0, EPERM),
-                (RET, 0, 0, ENOSYS)]
+        listing.append((JGE, "eperm", 0, 0x40000000))  # the x32 ABI's syscalls share x86_64's audit arch
+    listing += [(JEQ, "clone", 0, arch["clone"]), (JEQ, "enosys", 0, arch["clone3"]),
+                (JEQ, "socket", 0, arch["socket"])]
+    listing += [(JEQ, "eperm", 0, number) for number in (arch["fork"], arch["vfork"]) if number is not None]
+    listing += [(RET, 0, 0, ALLOW),
+                "clone", (LD_ABS, 0, 0, ARG0), (JSET, "allow", "eperm", CLONE_THREAD),
+                "socket", (LD_ABS, 0, 0, ARG0), (JEQ, "eperm", "allow", AF_UNIX),
+                "allow", (RET, 0, 0, ALLOW), "eperm", (RET, 0, 0, EPERM), "enosys", (RET, 0, 0, ENOSYS),
+                "kill", (RET, 0, 0, KILL)]
+    return assemble(listing)
+
+
+def assemble(listing: list) -> list[tuple[int, int, int, int]]:
+    """Resolve label names (strings in the listing, and as jump targets) to BPF's relative jumps."""
+    labels, position = {}, 0
+    for item in listing:
+        if isinstance(item, str):
+            labels[item] = position
+        else:
+            position += 1
+    program = []
+    for item in listing:
+        if isinstance(item, str):
+            continue
+        code, jump_true, jump_false, k = item
+        here = len(program) + 1  # jumps count from the next instruction
+        resolve = lambda jump: labels[jump] - here if isinstance(jump, str) else jump  # noqa: E731
+        program.append((code, resolve(jump_true), resolve(jump_false), k))
     return program
 
 
@@ -181,7 +221,7 @@ def run_child(spec: dict, arch: dict) -> None:
     """In the forked child (pid 1 of the new PID namespace when one was made): limits, filter, exec."""
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if spec["namespaces"]:  # a procfs of the new PID namespace: host processes disappear from /proc
-        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV, None)
+        mount("proc", "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)  # no sysctl writes
     set_limits(spec["limits"])
     if spec["namespaces"] or os.geteuid() == 0:  # a non-root process outside namespaces holds none
         drop_capabilities(arch)
