@@ -242,11 +242,14 @@ def test_gsm8k_tool_takes_ground_truth_from_tools_kwargs_or_refuses_without():
     (tool,) = initialize_tools_from_config(REPO_GSM8K_YAML)
     tools_kwargs = {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "7"}}}
 
-    async def run():
-        instance_id, _ = await tool.create(**tool_phase_kwargs(tools_kwargs, tool.name, "create"))
+    async def run(nested: bool):
+        create_kwargs = tool_phase_kwargs(tools_kwargs, tool.name, "create")
+        # verl's tool_agent_loop nests them (create_kwargs=...); its older rollout spread them
+        created = tool.create(create_kwargs=create_kwargs) if nested else tool.create(**create_kwargs)
+        instance_id, _ = await created
         _, _, _ = await tool.execute(instance_id, {"answer": "7"})
         return await tool.calc_reward(instance_id)
-    assert asyncio.run(run()) == 1.0
+    assert asyncio.run(run(nested=True)) == 1.0 and asyncio.run(run(nested=False)) == 1.0
     with pytest.raises(ValueError, match="create_kwargs.ground_truth"):
         asyncio.run(tool.create())
 

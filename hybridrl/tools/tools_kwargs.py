@@ -4,6 +4,8 @@
                                                      "execute_kwargs": {...}, "calc_reward_kwargs": {...},
                                                      "release_kwargs": {...}}}
 
+verl's tool_agent_loop passes them nested, `await tool.create(create_kwargs={...})`, and verl's tools
+(ours too) read them from there; older verl rollouts spread them, `tool.create(**create_kwargs)`.
 `tool_phase_kwargs(tools_kwargs, name, "create")` gives the keyword arguments for that call ({}
 when the row has none); a misspelt phase key or a non-mapping is an error, never ignored. A None
 entry counts as absent: parquet stores a struct column, so rows get None for other rows' keys.
