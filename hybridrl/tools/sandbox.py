@@ -12,6 +12,12 @@ launcher's child dies with it (PR_SET_PDEATHSIG), and so does everything in its 
 The same kill runs when the awaiting task is cancelled (e.g. by `run_tool_call`'s timeout), so a
 cancelled call leaves no process behind.
 
+Not covered: the code can read whatever the host user can read (it has no network to send it
+anywhere, but it can print it into the conversation); it needs Linux >= 5.12 (mount_setattr) with
+unprivileged user namespaces, x86_64 or aarch64, else the tool refuses to start (see
+probe_isolation). With `allow_network: true` on such a machine the code runs with the rlimits, the
+seccomp filter and (as root) no capabilities only: network, host filesystem and processes open.
+
 stdout and stderr share one pipe (interleaved as written: the code runs unbuffered). The host keeps
 at most `max_output_bytes` from the head and as many from the tail and drains the rest, so a
 process printing gigabytes costs neither host memory nor a blocked pipe.
@@ -111,8 +117,12 @@ def _write_spec(workdir: str, code: str, limits: SandboxLimits, namespaces: bool
 
 
 def _kill_group(process) -> None:
+    """SIGKILL the launcher's process group (start_new_session: its pid is the group id). Only while the
+    launcher is unreaped: once reaped, its pid, and so that group id, may already belong to someone else."""
+    if process.returncode is not None:
+        return
     try:
-        os.killpg(process.pid, signal.SIGKILL)  # start_new_session: the launcher's pid is its group id
+        os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
 
