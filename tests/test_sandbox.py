@@ -66,7 +66,6 @@ def test_a_socket_cannot_reach_the_network(tool):
 
 
 def test_a_fork_bomb_is_stopped_without_touching_the_host(tool):
-    before = len(os.listdir("/proc"))
     started = time.monotonic()
     response, _, metrics = execute(tool, "import os\nwhile True:\n    os.fork()")
     assert "PermissionError: [Errno 1] Operation not permitted" in response.text and metrics["exit_code"] == 1
@@ -76,7 +75,7 @@ def test_a_fork_bomb_is_stopped_without_touching_the_host(tool):
     response, _, _ = execute(tool, "import threading\nt = threading.Thread(target=print, args=('thread ran',))\n"
                                    "t.start(); t.join()")
     assert response.text == "thread ran\n"  # threads are not processes: allowed
-    assert len(os.listdir("/proc")) < before + 5 and sandbox_processes() == []
+    assert sandbox_processes() == []  # nothing left running on the host
 
 
 def test_threads_are_bounded_and_concurrent_calls_are_isolated(private_tmp):
