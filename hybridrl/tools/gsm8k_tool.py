@@ -12,7 +12,7 @@ from uuid import uuid4
 
 from hybridrl.tools.base_tool import BaseTool
 from hybridrl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
-from hybridrl.utils.reward_score import gsm8k
+from hybridrl.reward.scorers import gsm8k
 
 NON_IMPROVING_PENALTY = -0.05
 
