@@ -169,6 +169,47 @@ class ActorRolloutRefWorker(Worker):
         return shard_model(module, strategy=strategy, device=self.device, mixed_precision=self.device == "cuda",
                            reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload)
 
+    # ------------------------------------------------------------------ rollout mode (the engine holds the weights)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def start_engine_server(self, eos_token_ids: list[int], pad_token_id: int) -> str:
+        """rollout.mode=async: start this rank's engine server (async_server.py), paused until rollout_mode;
+        returns its "host:port"."""
+        self._require(self._is_rollout, "start_engine_server", "rollout")
+        import ray
+
+        from hybridrl.workers.rollout.async_server import build_engine_server
+
+        self.engine_server = build_engine_server(self.rollout, self.config.rollout, fsdp_root(self.actor_module),
+                                                 list(eos_token_ids), int(pad_token_id),
+                                                 host=ray.util.get_node_ip_address())
+        return self.engine_server.address
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rollout_mode(self) -> None:
+        """Switch to generating: the engine gets the trainer's weights and its memory; the engine server (async
+        mode) starts answering. Until trainer_mode, only generation runs on this rank."""
+        self._require(self._is_rollout, "rollout_mode", "rollout")
+        if getattr(self, "_rollout_mode", None) is not None:
+            raise RuntimeError("rollout_mode: already in rollout mode (call trainer_mode first)")
+        self._rollout_mode = contextlib.ExitStack()
+        self._rollout_mode.enter_context(self.actor_offload.loaded())
+        self._rollout_mode.enter_context(self.rollout_sharding_manager)
+        if getattr(self, "engine_server", None) is not None:
+            self.engine_server.serve()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def trainer_mode(self) -> dict[str, float]:
+        """Back to training: the engine server stops answering (requests wait), the engine releases its memory.
+        Returns the switch's timings (timing_s/<part>)."""
+        self._require(self._is_rollout, "trainer_mode", "rollout")
+        if getattr(self, "_rollout_mode", None) is None:
+            raise RuntimeError("trainer_mode: not in rollout mode")
+        if getattr(self, "engine_server", None) is not None:
+            self.engine_server.pause()
+        self._rollout_mode.close()
+        self._rollout_mode = None
+        return {**self.rollout_sharding_manager.switch_timing(), **self.actor_offload.take_timing("actor")}
+
     # ------------------------------------------------------------------ data methods
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:

@@ -19,6 +19,8 @@ import ray
 import torch
 from transformers import AutoTokenizer
 
+from hybridrl.agent_loop.manager import AgentLoopManager, apply_agent_scores, check_agent_names
+from hybridrl.agent_loop.base import load_agent_loop_config
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller.heartbeat import WorkerWatch
 from hybridrl.single_controller.ray import (
@@ -79,6 +81,10 @@ class RayPPOTrainer:
 
         self.nonfinite_guard = NonFiniteStepGuard(config.trainer.max_consecutive_nonfinite_steps, self.world_size)
         self.train_dataloader, self.val_dataloader = self._create_dataloaders()
+        self.async_rollout = config.actor_rollout_ref.rollout.mode == "async"
+        self.agent_loop_manager: AgentLoopManager | None = None  # async mode: built by init_workers
+        if self.async_rollout:
+            self._check_agent_loops()
         self.total_training_steps = self._total_training_steps()
         # The LR schedules need the run length; workers read it from their optim config.
         config.actor_rollout_ref.actor.optim.total_training_steps = self.total_training_steps
@@ -107,6 +113,18 @@ class RayPPOTrainer:
         val = make_dataloader(val_set, batch_size=data.val_batch_size or len(val_set), shuffle=False,
                               seed=data.seed, drop_last=False)
         return train, val
+
+    def _check_agent_loops(self) -> None:
+        """Async mode, before any worker starts: the loops' YAML loads and every agent name the data asks for (or
+        the default) is registered."""
+        agent = self.config.actor_rollout_ref.rollout.agent
+        registry = load_agent_loop_config(agent.agent_loop_config_path)
+        check_agent_names([agent.default_agent_loop], registry, "actor_rollout_ref.rollout.agent.default_agent_loop")
+        for key, loader in (("data.train_files", self.train_dataloader), ("data.val_files", self.val_dataloader)):
+            rows = getattr(loader.dataset, "rows", None) if loader is not None else None
+            if rows:  # a custom dataset without rows is checked batch by batch
+                names = {row.get("agent_name") or agent.default_agent_loop for row in rows}
+                check_agent_names(names, registry, f"{key}: column agent_name")
 
     def _total_training_steps(self) -> int:
         steps = len(self.train_dataloader) * self.config.trainer.total_epochs
@@ -144,9 +162,15 @@ class RayPPOTrainer:
         # The actor/rollout goes last so an inference engine sizes its cache after the critic is in memory.
         self.actor_rollout_wg = groups["actor_rollout"]
         self.actor_rollout_wg.init_model()
+        if self.async_rollout:  # one engine server per rank; agent-loop workers on the controller's node
+            eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+            addresses = self.actor_rollout_wg.start_engine_server([eos], pad)
+            self.agent_loop_manager = AgentLoopManager(self.config, addresses, eos_token_id=eos, pad_token_id=pad)
 
     def shutdown(self):
         """Stop the workers and free their placement groups (so a later trainer in this Ray can start)."""
+        if self.agent_loop_manager is not None:
+            self.agent_loop_manager.shutdown()
         self.resource_pool.remove()
 
     # ------------------------------------------------------------------ the algorithm
@@ -236,7 +260,7 @@ class RayPPOTrainer:
             prompts = prompts.repeat(rollout.n, interleave=True)
 
             with timer("gen", timing):
-                batch = batch.union(pop_worker_metrics(self.actor_rollout_wg.generate_sequences(prompts), metrics))
+                batch = batch.union(pop_worker_metrics(self._generate(prompts, batch), metrics))
             batch.meta_info["temperature"] = rollout.temperature
             if self.config.trainer.balance_batch:  # equal tokens per rank in every pass below
                 metrics.update(balance_batch(batch, self.world_size))
@@ -245,7 +269,7 @@ class RayPPOTrainer:
                 if self.use_rm:  # the managers add rm_scores to the rule scores
                     batch = batch.union(self.rm_wg.compute_rm_score(batch))
                 reward = self.reward_fn(batch, return_dict=True)
-                batch.batch["token_level_scores"] = reward["reward_tensor"]
+                batch.batch["token_level_scores"] = apply_agent_scores(batch, reward["reward_tensor"])
                 metrics.update(reward.get("reward_metrics", {}))
                 metrics.update(_reward_extra_metrics(reward.get("reward_extra_info", {})))
 
@@ -302,10 +326,28 @@ class RayPPOTrainer:
         response (do_sample=False, same weights as the sampled ones), scored as a sampled response is."""
         greedy_prompts = prompts.select()
         greedy_prompts.meta_info = {**prompts.meta_info, "do_sample": False}
-        greedy = batch.select().union(pop_worker_metrics(self.actor_rollout_wg.generate_sequences(greedy_prompts), {}))
+        greedy = batch.select().union(pop_worker_metrics(self._generate(greedy_prompts, batch), {}))
         if self.use_rm:
             greedy = greedy.union(self.rm_wg.compute_rm_score(greedy))
-        return self.reward_fn(greedy, return_dict=True)["reward_tensor"].sum(dim=-1)
+        return apply_agent_scores(greedy, self.reward_fn(greedy, return_dict=True)["reward_tensor"]).sum(dim=-1)
+
+    def _generate(self, prompts: DataProto, rows: DataProto) -> DataProto:
+        """Responses to `prompts` (its padded ids; `rows` holds the same rows' other columns).
+
+        sync: each rank's engine generates its slice of the batch in one call.
+        async: the engines switch to rollout mode, the AgentLoopManager runs one agent loop per row (each loop
+        gets the row's columns: raw chat, extra_info, ...) against their servers, the engines switch back."""
+        if not self.async_rollout:
+            return self.actor_rollout_wg.generate_sequences(prompts)
+        requests = DataProto(prompts.batch, dict(rows.non_tensor_batch), dict(prompts.meta_info))
+        self.actor_rollout_wg.rollout_mode()
+        try:
+            output = self.agent_loop_manager.generate_sequences(requests)
+        finally:
+            switch_per_rank = self.actor_rollout_wg.trainer_mode()
+        for key in switch_per_rank[0]:
+            output.meta_info["metrics"][key] = [rank[key] for rank in switch_per_rank]
+        return output
 
     def _validate(self) -> dict[str, float]:
         """Generate with `rollout.val_kwargs` (greedy by default) on the whole validation set and score it."""
@@ -317,10 +359,11 @@ class RayPPOTrainer:
             prompts.meta_info = self._generation_meta(validate=True)
             batch = batch.repeat(val_kwargs.n, interleave=True)
             prompts = prompts.repeat(val_kwargs.n, interleave=True)
-            batch = batch.union(pop_worker_metrics(self.actor_rollout_wg.generate_sequences(prompts), {}))
+            batch = batch.union(pop_worker_metrics(self._generate(prompts, batch), {}))
             if self.use_rm:
                 batch = batch.union(self.rm_wg.compute_rm_score(batch))
             reward = self.val_reward_fn(batch, return_dict=True)
+            reward["reward_tensor"] = apply_agent_scores(batch, reward["reward_tensor"])
             for key, value in reward.get("reward_metrics", {}).items():  # counts (reward/errors): summed
                 reward_metrics[f"val-aux/{key}"] = reward_metrics.get(f"val-aux/{key}", 0.0) + value
             scores.append(reward["reward_tensor"].sum(-1))
