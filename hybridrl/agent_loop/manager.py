@@ -23,6 +23,7 @@ Faults:
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import traceback
 from typing import Any, Optional
@@ -36,6 +37,7 @@ from hybridrl.agent_loop.base import (AgentLoopOutput, TrainerConfig, instantiat
                                       load_agent_loop_config)
 from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, EngineServerError
 from hybridrl.protocol import DataProto
+from hybridrl.utils.import_utils import load_extensions
 from hybridrl.workers.rollout.batch_layout import to_batch_layout
 
 AGENT_SCORES_KEY = "agent_reward_scores"  # per row: the loop's reward_score, NaN when it gave none
@@ -75,6 +77,7 @@ class AgentLoopWorker:
 
     def __init__(self, config, server_addresses: list[str]):
         self.config = config
+        load_extensions(list(config.extensions))  # loops an extension file registers with @register
         rollout = config.actor_rollout_ref.rollout
         model = config.actor_rollout_ref.model
         self.tokenizer = AutoTokenizer.from_pretrained(config.data.tokenizer or model.path,
@@ -134,7 +137,9 @@ class AgentLoopManager:
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         self.registry = load_agent_loop_config(rollout.agent.agent_loop_config_path)
         check_agent_names([self.default_agent_loop], self.registry, "actor_rollout_ref.rollout.agent.default_agent_loop")
-        self.workers = [AgentLoopWorker.options(num_cpus=0).remote(config, server_addresses)
+        # The YAML's _target_ modules must import in the workers as they do here: they get this process's PYTHONPATH.
+        env = {"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}} if os.environ.get("PYTHONPATH") else None
+        self.workers = [AgentLoopWorker.options(num_cpus=0, runtime_env=env).remote(config, server_addresses)
                         for _ in range(rollout.agent.num_workers)]
         self._reported: set[str] = set()
 

@@ -206,7 +206,9 @@ class HFGenerateEngine:
                                 max_new_tokens=max(request.max_tokens for request in batch),
                                 eos_token_id=self.eos_token_ids, pad_token_id=self.pad_token_id,
                                 repetition_penalty=1.0, use_cache=True, return_dict_in_generate=True,
-                                output_logits=params["logprobs"], **sampling)
+                                # each rank's server runs its own batches: no collective per step (HF turns
+                                # one on for FSDP modules; FSDP2 in rollout mode holds every layer gathered)
+                                synced_gpus=False, output_logits=params["logprobs"], **sampling)
         generated = output.sequences[:, width:].cpu()
         log_probs = None
         if params["logprobs"]:
