@@ -17,6 +17,8 @@ tests/gpu uses, so the tests and the numbers come from the same wiring.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import logging
 import os
@@ -27,8 +29,10 @@ import time
 import torch
 
 from hybridrl.utils.offload import FSDPOffload
+from hybridrl.workers.rollout.mode_switch import RolloutModeSwitch
 from hybridrl.workers.rollout.sglang_rollout import SGLangRollout, sampling_params
-from hybridrl.workers.sharding_manager.fsdp_sglang import FSDPSGLangShardingManager
+
+logger = logging.getLogger(__name__)
 
 QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                   num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
@@ -91,17 +95,36 @@ def build_actor(config):
 
 
 def build_hybrid(config, module):
-    """The SGLang rollout and the FSDP↔SGLang sharding manager for `module` (what the worker wires)."""
+    """The SGLang rollout and the trainer<->rollout mode switch for `module` (what the worker wires)."""
     section = config.actor_rollout_ref
     rollout = SGLangRollout(config=section.rollout, model_config=section.model, module=module)
-    return rollout, FSDPSGLangShardingManager(module, rollout)
+    return rollout, RolloutModeSwitch(module, rollout)
 
 
-def offloading_manager(module, optimizer, rollout):
-    """A sharding manager that parks the FSDP parameters and Adam state in CPU memory for the rollout and
-    brings them back when it ends."""
+def offloading_switch(module, optimizer, rollout):
+    """A mode switch that parks the FSDP parameters and Adam state in CPU memory for the rollout and brings
+    them back in trainer mode."""
     state = FSDPOffload(module, optimizer, param_offload=True, optimizer_offload=True, device="cuda")
-    return FSDPSGLangShardingManager(module, rollout, trainer_state=state)
+    return RolloutModeSwitch(module, rollout, trainer_state=state, reload_trainer_state=True)
+
+
+WEIGHT_VERSIONS = itertools.count(1)  # every window here pushes: the weights may have changed in between
+
+
+@contextlib.contextmanager
+def rollout_window(switch: RolloutModeSwitch):
+    """rollout_mode on entry (with a new weights version, so the weights are always pushed), trainer_mode on
+    exit. When the body raises, a failing trainer_mode (e.g. a dead engine) is logged and the body's error wins."""
+    switch.rollout_mode(next(WEIGHT_VERSIONS))
+    try:
+        yield switch
+    except BaseException:
+        try:
+            switch.trainer_mode()
+        except Exception:
+            logger.exception("trainer_mode failed while handling the rollout's error")
+        raise
+    switch.trainer_mode()
 
 
 def random_prompts(num_prompts: int, prompt_length: int, vocab_size: int, seed: int = 0, ragged: bool = False):
@@ -133,23 +156,28 @@ def train_step(module, optimizer) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def time_switches(manager, repeats: int) -> dict[str, float]:
-    """Median stage timings over `repeats` rollout→train→rollout switches (exit, then enter)."""
+def time_switches(switch: RolloutModeSwitch, repeats: int) -> dict[str, float]:
+    """Median stage timings over `repeats` rollout→train→rollout switches (trainer_mode, then rollout_mode).
+
+    The engine's own stage timings and memory gauges (`SGLangRollout.last_switch`) win over the switch's
+    (which also count the free-memory check and the gauges themselves); offload/reload come from the switch."""
+    rollout = switch.rollout
     records = []
-    manager.__enter__()
+    switch.rollout_mode(next(WEIGHT_VERSIONS))
     for _ in range(repeats):
         started = time.perf_counter()
-        manager.__exit__(None, None, None)
-        released = dict(manager.last_switch)
-        manager.__enter__()
+        to_trainer = switch.trainer_mode()
+        released = dict(rollout.last_switch)
+        to_rollout = switch.rollout_mode(next(WEIGHT_VERSIONS))
         full_switch_s = time.perf_counter() - started
-        awake = dict(manager.last_switch)
-        records.append({**{key: released[key] for key in ("release_engine_s", "reload_trainer_s") if key in released},
+        awake = dict(rollout.last_switch)
+        switch_parts = {f"{key.removeprefix('timing_s/')}_s": value for key, value in {**to_trainer, **to_rollout}.items()}
+        records.append({**switch_parts, "release_engine_s": released["release_engine_s"],
                         **{key: value for key, value in awake.items() if "/" not in key},
                         "full_switch_s": full_switch_s,
                         "engine_released_gib": released["trainer mode restored/engine"],
                         "engine_awake_gib": awake["rollout mode/engine"]})
-    manager.__exit__(None, None, None)
+    switch.trainer_mode()
     return {key: statistics.median(record[key] for record in records) for key in records[0]}
 
 
@@ -210,14 +238,13 @@ def main() -> None:
         *args.override])
     module, optimizer, _ = build_actor(config)
     train_step(module, optimizer)
-    rollout, manager = build_hybrid(config, module)
-    offload_manager = offloading_manager(module, optimizer, rollout)
+    rollout, switch = build_hybrid(config, module)
+    offload_switch = offloading_switch(module, optimizer, rollout)
     results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
                "engine_kwargs": {k: v for k, v in rollout.engine_kwargs.items() if k != "model_path"},
                "engine_start_s": rollout.engine_start_s}
-    switch = time_switches(manager, args.switch_repeats)
-    switch_offload = time_switches(offload_manager, args.switch_repeats)
-    results["switch"], results["switch_offload"] = switch, switch_offload
+    results["switch"] = time_switches(switch, args.switch_repeats)
+    results["switch_offload"] = time_switches(offload_switch, args.switch_repeats)
 
     prompts = random_prompts(args.prompts, args.prompt_length, QWEN25_05B["vocab_size"]).repeat(args.n, interleave=True)
     prompts.meta_info.update(eos_token_id=EOS_ID, pad_token_id=PAD_ID)
@@ -225,7 +252,7 @@ def main() -> None:
     def hybrid_generate(batch):
         return int(rollout.generate_sequences(batch).batch["response_mask"].sum())
 
-    with manager:  # generation alone is timed; the switch is timed above
+    with rollout_window(switch):  # generation alone is timed; the switch is timed above
         hybrid_s, hybrid_tokens = time_generation(hybrid_generate, prompts, args.gen_repeats)
     rollout.shutdown()
     results["hybrid_generate"] = {"seconds": hybrid_s, "tokens": hybrid_tokens, "tok_per_s": hybrid_tokens / hybrid_s}

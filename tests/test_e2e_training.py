@@ -123,7 +123,10 @@ def probe_batch(trainer):
     prompts = DataProto.from_single_dict(next(iter(trainer.val_dataloader)))
     gen = prompts.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
     gen.meta_info = trainer._generation_meta(validate=True)
-    return trainer.actor_rollout_wg.generate_sequences(gen)
+    trainer.actor_rollout_wg.rollout_mode()
+    probe = trainer.actor_rollout_wg.generate_sequences(gen)
+    trainer.actor_rollout_wg.trainer_mode()
+    return probe
 
 
 def run(config):
@@ -143,6 +146,9 @@ COMMON_KEYS = ["critic/score/mean", "critic/score/max", "critic/score/min", "cri
                "critic/advantages/mean", "critic/returns/mean", "response_length/mean", "response_length/max",
                "response_length/clip_ratio", "prompt_length/mean", "actor/pg_loss", "actor/pg_clipfrac",
                "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/lr", "timing_s/gen",
+               # the mode switches, timed by the controller and in parts by the workers
+               "timing_s/rollout_mode", "timing_s/trainer_mode", "timing_s/resume_weights",
+               "timing_s/resume_kv_cache", "timing_s/release_engine",
                "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor", "timing_s/step",
                "perf/throughput"]
 

@@ -202,6 +202,14 @@ def prompts(tokenizer) -> DataProto:
                                           "pad_token_id": tokenizer.pad_token_id, "validate": True})
 
 
+def generate(group, batch: DataProto) -> DataProto:
+    """One generation inside a rollout-mode window, as the trainer runs it."""
+    group.rollout_mode()
+    output = group.generate_sequences(batch)
+    group.trainer_mode()
+    return output
+
+
 def assert_same_weights(first: dict, second: dict) -> None:
     assert first.keys() == second.keys()
     for name in first:
@@ -212,8 +220,8 @@ def test_an_offloaded_run_computes_what_the_plain_run_does(groups, tiny, tmp_pat
     _, tokenizer = tiny
     plain, offload = groups["plain"], groups["offload"]
     # greedy generation: the same responses, whether the parameters came from the CPU or not
-    generated = offload.generate_sequences(prompts(tokenizer))
-    assert torch.equal(generated.batch["responses"], plain.generate_sequences(prompts(tokenizer)).batch["responses"])
+    generated = generate(offload, prompts(tokenizer))
+    assert torch.equal(generated.batch["responses"], generate(plain, prompts(tokenizer)).batch["responses"])
     batch = DataProto.from_dict(dict(generated.batch))
     log_probs = offload.compute_log_prob(batch)
     torch.testing.assert_close(log_probs.batch["old_log_probs"], plain.compute_log_prob(batch).batch["old_log_probs"],
@@ -250,7 +258,7 @@ def test_an_offloaded_run_computes_what_the_plain_run_does(groups, tiny, tmp_pat
 def test_an_offloaded_critic_computes_what_the_plain_critic_does(groups, tiny, tmp_path):
     _, tokenizer = tiny
     plain, offload = groups["critic_plain"], groups["critic_offload"]
-    batch = DataProto.from_dict(dict(groups["plain"].generate_sequences(prompts(tokenizer)).batch))
+    batch = DataProto.from_dict(dict(generate(groups["plain"], prompts(tokenizer)).batch))
     values = offload.compute_values(batch).batch["values"]
     torch.testing.assert_close(values, plain.compute_values(batch).batch["values"], atol=1e-6, rtol=0)
     batch.batch["values"] = values

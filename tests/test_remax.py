@@ -27,7 +27,9 @@ def greedy_scores(trainer: RayPPOTrainer, prompts_batch: DataProto) -> torch.Ten
     batch = DataProto(dict(prompts_batch.batch), dict(prompts_batch.non_tensor_batch), {})
     prompts = batch.pop(batch_keys=GEN_KEYS)
     prompts.meta_info = {**trainer._generation_meta(validate=False), "do_sample": False}
+    trainer.actor_rollout_wg.rollout_mode()
     batch.union(trainer.actor_rollout_wg.generate_sequences(prompts))
+    trainer.actor_rollout_wg.trainer_mode()
     return trainer.reward_fn(batch, return_dict=True)["reward_tensor"].sum(-1)
 
 

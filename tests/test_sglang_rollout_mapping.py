@@ -10,7 +10,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from hybridrl.config import compose_config, validate_config
 from hybridrl.workers.rollout.sglang_rollout import engine_kwargs, sampling_params
-from hybridrl.workers.sharding_manager.fsdp_sglang import tied_parameter_names
+from hybridrl.workers.rollout.weight_sync import tied_parameter_names
 
 
 @pytest.fixture(scope="module")

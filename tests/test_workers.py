@@ -54,16 +54,19 @@ class ProbeActor(ActorRolloutRefWorker):
         return {name: tensor.clone() for name, tensor in iter_hf_weights(self.actor_module)}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def count_all_gathers(self, prompts: DataProto, use_sharding_manager: bool) -> DataProto:
-        """FSDP2 all-gathers run by one generation, with or without the rollout sharding manager
-        (counted at torch's internal foreach_all_gather, which every FSDP2 unshard goes through)."""
+    def count_all_gathers(self, prompts: DataProto, in_rollout_mode: bool) -> DataProto:
+        """FSDP2 all-gathers run by one generation, in rollout mode (the hf engine's resume gathers once) or
+        straight from trainer mode (counted at torch's internal foreach_all_gather, which every FSDP2 unshard
+        goes through)."""
         from torch.distributed.fsdp._fully_shard import _fsdp_param_group
 
         original, calls = _fsdp_param_group.foreach_all_gather, []
         _fsdp_param_group.foreach_all_gather = lambda *a, **k: calls.append(1) or original(*a, **k)
         try:
-            if use_sharding_manager:
+            if in_rollout_mode:
+                self.rollout_mode()
                 self.generate_sequences(prompts)
+                self.trainer_mode()
             else:
                 with torch.no_grad():
                     self.rollout.generate_sequences(prompts)
@@ -120,6 +123,14 @@ def groups(ray_local, tiny):
     pool.remove()
 
 
+def generate(group, prompts: DataProto) -> DataProto:
+    """One generation inside a rollout-mode window, as the trainer runs it."""
+    group.rollout_mode()
+    output = group.generate_sequences(prompts)
+    group.trainer_mode()
+    return output
+
+
 def make_prompts(tokenizer, texts, **meta) -> DataProto:
     encoded = tokenizer([t[:20] for t in texts], padding="max_length", max_length=PROMPT_LENGTH, truncation=True,
                         return_tensors="pt")
@@ -145,7 +156,7 @@ def hf_log_probs(model_dir, weights, batch: DataProto, temperature: float) -> tu
 def test_generate_shapes_padding_and_positions(groups, tiny):
     _, tokenizer = tiny
     prompts = make_prompts(tokenizer, TEXTS[:4] + ["hi", "a b"] + TEXTS[4:], validate=False)
-    out = groups["main"].generate_sequences(prompts)
+    out = generate(groups["main"], prompts)
     rows = len(prompts)
     assert out.batch["prompts"].equal(prompts.batch["input_ids"])  # left-padded prompts come back as given
     assert out.batch["responses"].shape == (rows, RESPONSE_LENGTH)
@@ -167,18 +178,18 @@ def test_generate_shapes_padding_and_positions(groups, tiny):
 def test_greedy_validation_is_deterministic_and_stops_at_the_first_eos(groups, tiny):
     _, tokenizer = tiny
     prompts = make_prompts(tokenizer, TEXTS[:4], validate=True)
-    first = groups["main"].generate_sequences(prompts).batch["responses"]
-    assert first.equal(groups["main"].generate_sequences(prompts).batch["responses"])
-    sampled = groups["main"].generate_sequences(make_prompts(tokenizer, TEXTS[:4], validate=False))
+    first = generate(groups["main"], prompts).batch["responses"]
+    assert first.equal(generate(groups["main"], prompts).batch["responses"])
+    sampled = generate(groups["main"], make_prompts(tokenizer, TEXTS[:4], validate=False))
     assert not sampled.batch["responses"].equal(first)  # temperature 0.7 on a random model: not the greedy path
     # The same prompt on both ranks (one row each): each rank samples with its own seed.
-    twice = groups["main"].generate_sequences(make_prompts(tokenizer, TEXTS[:1] * 2, validate=False))
+    twice = generate(groups["main"], make_prompts(tokenizer, TEXTS[:1] * 2, validate=False))
     assert not twice.batch["responses"][0].equal(twice.batch["responses"][1])
 
     # Declare as EOS a token that greedy decoding of row 0 emits mid-way: generation must stop right there.
     eos_position = 3
     eos = int(first[0, eos_position])
-    stopped = groups["main"].generate_sequences(make_prompts(tokenizer, TEXTS[:4], validate=True, eos_token_id=eos))
+    stopped = generate(groups["main"], make_prompts(tokenizer, TEXTS[:4], validate=True, eos_token_id=eos))
     responses, mask = stopped.batch["responses"], stopped.batch["response_mask"]
     for row in range(len(first)):
         hits = (first[row] == eos).nonzero().flatten().tolist()
@@ -193,8 +204,8 @@ def test_fsdp2_generation_gathers_each_layer_once_not_once_per_token(groups, tin
     _, tokenizer = tiny
     # An EOS id outside the vocabulary: every row runs all RESPONSE_LENGTH steps on both ranks.
     prompts = make_prompts(tokenizer, TEXTS[:4], validate=True, eos_token_id=len(tokenizer) + 7)
-    with_manager = groups["main"].count_all_gathers(prompts, use_sharding_manager=True).meta_info["metrics"]
-    without = groups["main"].count_all_gathers(prompts, use_sharding_manager=False).meta_info["metrics"]
+    with_manager = groups["main"].count_all_gathers(prompts, in_rollout_mode=True).meta_info["metrics"]
+    without = groups["main"].count_all_gathers(prompts, in_rollout_mode=False).meta_info["metrics"]
     fsdp_units = 2 + 1  # two decoder layers and the root
     assert all(1 <= count <= fsdp_units for count in with_manager["all_gathers"])
     assert all(count >= RESPONSE_LENGTH * 2 for count in without["all_gathers"])
@@ -205,10 +216,10 @@ def test_fsdp1_runs_on_cpu_generation_log_probs_and_update(groups, tiny):
     group = groups["fsdp1"]
     weights = group.actor_weights()[0]
     greedy = make_prompts(tokenizer, TEXTS[:4], validate=True)
-    first = group.generate_sequences(greedy).batch["responses"]
+    first = generate(group, greedy).batch["responses"]
     # Ranks stop at different steps (EOS = a token row 0 emits early): no collective may hang.
     eos = int(first[0, 1])
-    out = group.generate_sequences(make_prompts(tokenizer, TEXTS[:4], validate=True, eos_token_id=eos))
+    out = generate(group, make_prompts(tokenizer, TEXTS[:4], validate=True, eos_token_id=eos))
     assert out.batch["response_mask"][0].sum() <= 2
 
     batch = DataProto.from_dict(dict(out.batch))
@@ -229,7 +240,7 @@ def test_fsdp1_runs_on_cpu_generation_log_probs_and_update(groups, tiny):
 def test_compute_log_prob_equals_a_single_process_hf_forward(groups, tiny):
     model_dir, tokenizer = tiny
     group = groups["main"]
-    out = group.generate_sequences(make_prompts(tokenizer, TEXTS[:4], validate=False))
+    out = generate(group, make_prompts(tokenizer, TEXTS[:4], validate=False))
     batch = DataProto.from_dict(dict(out.batch))
     result = group.compute_log_prob(batch)
     expected_log_probs, expected_entropy = hf_log_probs(model_dir, group.actor_weights()[0], batch, TEMPERATURE)
@@ -243,7 +254,7 @@ def test_compute_log_prob_equals_a_single_process_hf_forward(groups, tiny):
 def test_update_actor_changes_the_weights_and_reports_finite_metrics(groups, tiny):
     _, tokenizer = tiny
     group = groups["main"]
-    out = group.generate_sequences(make_prompts(tokenizer, TEXTS[:4] * 2, validate=False))
+    out = generate(group, make_prompts(tokenizer, TEXTS[:4] * 2, validate=False))
     batch = DataProto.from_dict(dict(out.batch), meta_info={"temperature": TEMPERATURE})
     batch.union(group.compute_log_prob(batch))
     batch.union(group.compute_ref_log_prob(batch))
@@ -336,7 +347,7 @@ def test_micro_batch_1_and_4_give_the_same_update(groups, tiny):
 
 def test_critic_values_and_update(groups, tiny):
     _, tokenizer = tiny
-    out = groups["main"].generate_sequences(make_prompts(tokenizer, TEXTS[:4], validate=True, eos_token_id=5))
+    out = generate(groups["main"], make_prompts(tokenizer, TEXTS[:4], validate=True, eos_token_id=5))
     batch = DataProto.from_dict(dict(out.batch))
     critic = groups["critic"]
     values = critic.compute_values(batch).batch["values"]
@@ -377,7 +388,7 @@ def test_lora_weights_for_an_engine_are_merged_under_hf_names(groups, tiny):
     model's HF names, and a plain HF model loaded with it computes the LoRA policy's log-probs."""
     model_dir, tokenizer = tiny
     group = groups["lora"]
-    out = groups["main"].generate_sequences(make_prompts(tokenizer, TEXTS[:4] * 2, validate=False))
+    out = generate(groups["main"], make_prompts(tokenizer, TEXTS[:4] * 2, validate=False))
     batch = DataProto.from_dict(dict(out.batch), meta_info={"temperature": TEMPERATURE})
     batch.union(group.compute_log_prob(batch))
     batch.batch["advantages"] = torch.linspace(-1, 1, len(batch)).unsqueeze(-1) * batch.batch["response_mask"]

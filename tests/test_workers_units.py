@@ -45,6 +45,15 @@ def test_custom_cls_is_loaded_from_a_file_and_built_with_the_standard_keywords(t
             def __init__(self, config, model_config=None, module=None):
                 self.config, self.module = config, module
 
+            def resume(self, tags):
+                pass
+
+            def update_weights(self, named_tensors):
+                pass
+
+            def release(self, tags):
+                pass
+
             def generate_sequences(self, prompts):
                 return prompts
     """))
@@ -54,8 +63,8 @@ def test_custom_cls_is_loaded_from_a_file_and_built_with_the_standard_keywords(t
     assert type(rollout).__name__ == "ConstantRollout" and rollout.module == "the-module"
     assert rollout.config.response_length == config.response_length
 
-    path.write_text("class NotARollout:\n    pass\n")
-    with pytest.raises(TypeError, match="generate_sequences"):
+    path.write_text("class NotARollout:\n    def generate_sequences(self, prompts):\n        return prompts\n")
+    with pytest.raises(TypeError, match=r"missing \['resume', 'update_weights', 'release'\]"):
         load_rollout_class(rollout_config(f"actor_rollout_ref.rollout.custom_cls.path={path}",
                                           "actor_rollout_ref.rollout.custom_cls.name=NotARollout"))
 

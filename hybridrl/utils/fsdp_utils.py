@@ -154,7 +154,7 @@ def shard_model(model: nn.Module, *, strategy: str, device: str, mixed_precision
         shard(fsdp_root(model), reshard_after_forward=None)
         return model
     # cast_forward_inputs on every unit: a layer run outside the root's forward (HF generate on the
-    # inner model, see sharding_manager/fsdp_hf.py) must still get bf16 inputs for its bf16 weights.
+    # inner model, see workers/rollout/hf_rollout.py) must still get bf16 inputs for its bf16 weights.
     precision = (MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.float32,
                                 cast_forward_inputs=True) if mixed_precision else None)
     device_id = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")

@@ -4,12 +4,16 @@ and score with a frozen copy of its starting weights (ref).
 One instance per rank, built by a RayWorkerGroup. `role` says which parts this instance holds:
 
     actor              trainable FSDP policy + AdamW + LR schedule (update_actor, compute_log_prob)
-    rollout            FSDP policy + a rollout engine (generate_sequences)
+    rollout            FSDP policy + a rollout engine (rollout_mode, generate_sequences, trainer_mode)
     ref                frozen FSDP copy of the initial policy (compute_ref_log_prob); with LoRA
                        (model.lora_rank > 0) the actor itself with its adapters disabled, no copy
     actor_rollout      actor and rollout share ONE model (the hybrid engine): the rollout
                        generates from the very weights being trained, no copy
     actor_rollout_ref  the above plus the reference
+
+The controller moves the ranks between trainer mode and rollout mode explicitly: `rollout_mode()`
+(the engine gets its memory and the current weights), any number of `generate_sequences`, then
+`trainer_mode()` (the engine gives its memory back). See workers/rollout/mode_switch.py.
 
 Every data method is Dispatch.DP_COMPUTE_PROTO (each rank gets its slice of the batch; results
 are concatenated) and returns only the keys it adds, so the trainer `union`s them into its batch.
@@ -40,7 +44,7 @@ from hybridrl.utils.memory import memory_metrics
 from hybridrl.utils.offload import FSDPOffload
 from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
 from hybridrl.workers.rollout import build_rollout
-from hybridrl.workers.sharding_manager.fsdp_hf import FSDPHFShardingManager
+from hybridrl.workers.rollout.mode_switch import RolloutModeSwitch
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 
@@ -64,6 +68,10 @@ class ActorRolloutRefWorker(Worker):
         init_process_group_once("nccl" if self.device == "cuda" else "gloo")
         self.seed = seed
         torch.manual_seed(seed + self.rank)
+        # Counts the actor's weight changes (optimizer steps, checkpoint loads): the mode switch pushes the
+        # weights into an engine only when the engine holds an older version.
+        self.weights_version = 0
+        self.engine_server = None  # rollout.mode=async: this rank's engine server (start_engine_server)
 
     # ------------------------------------------------------------------ set-up
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -92,7 +100,7 @@ class ActorRolloutRefWorker(Worker):
                                              device=self.device)
         if self._is_rollout:
             self.rollout = build_rollout(self.config.rollout, model, fsdp_root(self.actor_module))
-            self.rollout_sharding_manager = self._rollout_sharding_manager()
+            self.mode_switch = RolloutModeSwitch(self.actor_module, self.rollout, trainer_state=self.actor_offload)
         if self._is_ref:
             ref = self.config.ref
             self.ref_policy = DataParallelPPOActor(
@@ -135,20 +143,6 @@ class ActorRolloutRefWorker(Worker):
             return hf_module(self.actor_module).disable_adapter()
         return contextlib.nullcontext()
 
-    def _rollout_sharding_manager(self):
-        """The trainer<->rollout switch for the engine: SGLang's pushes the weights into its own engine;
-        every other engine (hf, a user's class) generates from the FSDP module itself, gathered once."""
-        rollout, fsdp_config = self.config.rollout, self.config.actor.fsdp_config
-        if rollout.name == "sglang" and rollout.custom_cls.path is None:
-            from hybridrl.workers.sharding_manager.fsdp_sglang import FSDPSGLangShardingManager
-
-            # generate_sequences brings parked parameters to the GPU for the weight sync; the manager parks
-            # them again for the rollout and leaves them parked (the next phase loads what it needs).
-            return FSDPSGLangShardingManager(self.actor_module, self.rollout, trainer_state=self.actor_offload,
-                                             reload_on_exit=False)
-        return FSDPHFShardingManager(fsdp_root(self.actor_module),
-                                     reshard_after_forward=fsdp_config.reshard_after_forward)
-
     def _load_and_shard(self, strategy: str, dtype: torch.dtype, reshard_after_forward: bool, cpu_offload: bool,
                         with_lora: bool = True):
         """The policy model from `model.path` (with liger's kernels and, when with_lora and model.lora_rank > 0,
@@ -169,11 +163,34 @@ class ActorRolloutRefWorker(Worker):
         return shard_model(module, strategy=strategy, device=self.device, mixed_precision=self.device == "cuda",
                            reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload)
 
-    # ------------------------------------------------------------------ rollout mode (the engine holds the weights)
+    # ------------------------------------------------------------------ mode switches
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rollout_mode(self) -> dict[str, float]:
+        """Trainer mode -> rollout mode: the engine resumes its memory and holds the actor's current weights;
+        in rollout.mode=async its engine server then starts answering. Returns this rank's timing_s/<part> metrics
+        (resume_weights, update_weights, offload_trainer, resume_kv_cache, the engine's own, reload_actor when
+        parked parameters came back)."""
+        self._require(self._is_rollout, "rollout_mode", "rollout")
+        metrics = self.mode_switch.rollout_mode(self.weights_version)
+        if self.engine_server is not None:  # serves only with the weights in place
+            self.engine_server.serve()
+        return {**metrics, **self.actor_offload.take_timing("actor")}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def trainer_mode(self) -> dict[str, float]:
+        """Rollout mode -> trainer mode: in rollout.mode=async the engine server first stops answering (requests
+        wait for the next rollout mode); the engine releases its memory. Returns this rank's timing_s/<part>
+        metrics (release_engine, the engine's own, offload_actor)."""
+        self._require(self._is_rollout, "trainer_mode", "rollout")
+        if self.engine_server is not None:
+            self.engine_server.pause()
+        metrics = self.mode_switch.trainer_mode()
+        return {**metrics, **self.actor_offload.take_timing("actor")}
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def start_engine_server(self, eos_token_ids: list[int], pad_token_id: int) -> str:
-        """rollout.mode=async: start this rank's engine server (async_server.py), paused until rollout_mode;
-        returns its "host:port"."""
+        """rollout.mode=async: start this rank's engine server (rollout/async_server.py), answering only between
+        rollout_mode and trainer_mode; returns its "host:port"."""
         self._require(self._is_rollout, "start_engine_server", "rollout")
         import ray
 
@@ -184,49 +201,22 @@ class ActorRolloutRefWorker(Worker):
                                                  host=ray.util.get_node_ip_address())
         return self.engine_server.address
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def rollout_mode(self) -> None:
-        """Switch to generating: the engine gets the trainer's weights and its memory; the engine server (async
-        mode) starts answering. Until trainer_mode, only generation runs on this rank."""
-        self._require(self._is_rollout, "rollout_mode", "rollout")
-        if getattr(self, "_rollout_mode", None) is not None:
-            raise RuntimeError("rollout_mode: already in rollout mode (call trainer_mode first)")
-        self._rollout_mode = contextlib.ExitStack()
-        self._rollout_mode.enter_context(self.actor_offload.loaded())
-        self._rollout_mode.enter_context(self.rollout_sharding_manager)
-        if getattr(self, "engine_server", None) is not None:
-            self.engine_server.serve()
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def trainer_mode(self) -> dict[str, float]:
-        """Back to training: the engine server stops answering (requests wait), the engine releases its memory.
-        Returns the switch's timings (timing_s/<part>)."""
-        self._require(self._is_rollout, "trainer_mode", "rollout")
-        if getattr(self, "_rollout_mode", None) is None:
-            raise RuntimeError("trainer_mode: not in rollout mode")
-        if getattr(self, "engine_server", None) is not None:
-            self.engine_server.pause()
-        self._rollout_mode.close()
-        self._rollout_mode = None
-        return {**self.rollout_sharding_manager.switch_timing(), **self.actor_offload.take_timing("actor")}
-
     # ------------------------------------------------------------------ data methods
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """One response per prompt row: adds prompts, responses, input_ids, attention_mask, position_ids,
-        response_mask (and rollout_log_probs with rollout.calculate_log_probs). meta_info["metrics"]: the
-        switch's parts as timing_s/<part> (weight sync, engine resume and release, offload/reload)."""
+        response_mask (and rollout_log_probs with rollout.calculate_log_probs). Only in rollout mode."""
         self._require(self._is_rollout, "generate_sequences", "rollout")
-        with self.actor_offload.loaded(), self.rollout_sharding_manager:
-            output = self.rollout.generate_sequences(prompts)
-        output.meta_info["metrics"] = {**self.rollout_sharding_manager.switch_timing(),
-                                       **self.actor_offload.take_timing("actor")}
-        return output
+        if not self.mode_switch.in_rollout_mode:
+            raise RuntimeError("generate_sequences: the worker is in trainer mode; call rollout_mode() first "
+                               "(and trainer_mode() after the last generation)")
+        return self.rollout.generate_sequences(prompts)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """The current policy's log-probs of the responses: adds old_log_probs and entropys (per token)."""
         self._require(self._is_actor, "compute_log_prob", "actor")
+        self._require_trainer_mode("compute_log_prob")
         with self.actor_offload.loaded():
             started = time.perf_counter()
             log_probs, entropys = self.actor.compute_log_prob(self._at_rollout_temperature(data),
@@ -241,6 +231,7 @@ class ActorRolloutRefWorker(Worker):
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """The reference policy's log-probs of the responses: adds ref_log_prob."""
         self._require(self._is_ref, "compute_ref_log_prob", "ref")
+        self._require_trainer_mode("compute_ref_log_prob")
         with self.ref_offload.loaded(), self._adapters_disabled():
             started = time.perf_counter()
             log_probs, _ = self.ref_policy.compute_log_prob(self._at_rollout_temperature(data))
@@ -260,6 +251,7 @@ class ActorRolloutRefWorker(Worker):
         the previous update (perf/max_memory_*_gb) and the offload/reload times.
         """
         self._require(self._is_actor, "update_actor", "actor")
+        self._require_trainer_mode("update_actor")
         with self.actor_offload.loaded(optimizer=True):
             started = time.perf_counter()
             metrics = self.actor.update_policy(self._at_rollout_temperature(data))
@@ -269,6 +261,7 @@ class ActorRolloutRefWorker(Worker):
         metrics.update(self.actor_offload.take_timing("actor"))
         metrics["actor/lr"] = self.actor_lr_scheduler.get_last_lr()[0]
         self.actor_lr_scheduler.step()
+        self.weights_version += 1
         return DataProto(meta_info={"metrics": metrics})
 
     # ------------------------------------------------------------------ checkpoints
@@ -278,6 +271,7 @@ class ActorRolloutRefWorker(Worker):
         schedule + RNG) into local_path; rank 0 also writes the HF config and tokenizer to local_path/huggingface
         for the model merger. Every rank must be called (ONE_TO_ALL): the save is a collective."""
         self._require(self._is_actor, "save_checkpoint", "actor")
+        self._require_trainer_mode("save_checkpoint")
         with self.actor_offload.loaded(optimizer=True):  # DCP reads the shards where training keeps them
             save_sharded_model_state(self.actor_module, self.actor_optimizer, self.actor_lr_scheduler, local_path,
                                      self.rank, list(self.config.actor.checkpoint.save_contents))
@@ -292,9 +286,11 @@ class ActorRolloutRefWorker(Worker):
         """Load what save_checkpoint wrote (actor.checkpoint.load_contents); a checkpoint from another world size
         is resharded, its RNG states are then not restored (see utils/checkpoint.py)."""
         self._require(self._is_actor, "load_checkpoint", "actor")
+        self._require_trainer_mode("load_checkpoint")
         with self.actor_offload.loaded(optimizer=True):  # loaded state lands on the device, then is parked
             load_sharded_model_state(self.actor_module, self.actor_optimizer, self.actor_lr_scheduler, local_path,
                                      self.rank, list(self.config.actor.checkpoint.load_contents))
+        self.weights_version += 1
 
     # ------------------------------------------------------------------ helpers
     def _at_rollout_temperature(self, data: DataProto) -> DataProto:
@@ -307,6 +303,12 @@ class ActorRolloutRefWorker(Worker):
         seqlens = data.batch["attention_mask"].sum(-1).tolist()
         mfu = model_flops_utilization(hf_module(self.actor_module).config, seqlens, seconds, self.device, passes)
         return {} if mfu is None else {f"perf/mfu/{name}": mfu}
+
+    def _require_trainer_mode(self, method: str) -> None:
+        """Training and scoring run in trainer mode: in rollout mode the engine holds the memory (and the hf
+        engine holds the actor gathered, in eval mode)."""
+        if self._is_rollout and self.mode_switch.in_rollout_mode:
+            raise RuntimeError(f"{method}: the worker is in rollout mode; call trainer_mode() first")
 
     def _require(self, present: bool, method: str, part: str) -> None:
         if not present:

@@ -22,7 +22,7 @@ from hybridrl.protocol import DataProto  # noqa: E402
 from hybridrl.utils.tiny_model import build_tiny_model  # noqa: E402
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker  # noqa: E402
 from hybridrl.workers.critic import CriticWorker  # noqa: E402
-from tiny_gpu import PROMPT_LENGTH, RESPONSE_LENGTH, prompts, single_gpu_tiny_model  # noqa: E402
+from tiny_gpu import PROMPT_LENGTH, RESPONSE_LENGTH, generate, prompts, single_gpu_tiny_model  # noqa: E402
 
 SCALE = ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=48",
          "actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.model.lora_rank=8",
@@ -54,7 +54,7 @@ def test_dynamic_bsz_remove_padding_and_lora_on_gpu(setup):
     scale = ActorRolloutRefWorker(config(model_dir, *SCALE).actor_rollout_ref, role="actor_rollout_ref", seed=1,
                                   device="cuda")
     scale.init_model()
-    batch = DataProto.from_dict(dict(scale.generate_sequences(prompts(tokenizer)).batch))
+    batch = DataProto.from_dict(dict(generate(scale, prompts(tokenizer)).batch))
     mask = batch.batch["response_mask"].bool()
     assert mask.sum() > 8
 
@@ -202,7 +202,7 @@ def test_fused_kernels_worker_matches_the_plain_worker_on_gpu(setup):
                                   seed=1, device="cuda")
     fused.init_model()
     assert fused.actor.use_fused_kernels and fused.ref_policy.use_fused_kernels
-    batch = DataProto.from_dict(dict(fused.generate_sequences(prompts(tokenizer)).batch))
+    batch = DataProto.from_dict(dict(generate(fused, prompts(tokenizer)).batch))
     mask = batch.batch["response_mask"].bool()
     assert mask.sum() > 8
 
@@ -261,7 +261,7 @@ def test_liger_worker_matches_the_plain_worker_on_gpu(setup):
     liger = ActorRolloutRefWorker(config(model_dir, LIGER).actor_rollout_ref, role="actor", seed=1,
                                   device="cuda")
     liger.init_model()
-    batch = DataProto.from_dict(dict(plain.generate_sequences(prompts(tokenizer)).batch))
+    batch = DataProto.from_dict(dict(generate(plain, prompts(tokenizer)).batch))
     mask = batch.batch["response_mask"].bool()
     old_plain = plain.compute_log_prob(batch).batch["old_log_probs"]
     old_liger = liger.compute_log_prob(batch).batch["old_log_probs"]

@@ -25,7 +25,7 @@ pytest.importorskip("sglang")
 
 from benchmarks.hybrid_engine import (EOS_ID, PAD_ID, QWEN25_05B, build_actor, build_hybrid,  # noqa: E402
                                       hybrid_config, init_single_gpu_process_group, make_qwen05b_model,
-                                      offloading_manager, random_prompts, train_step)
+                                      offloading_switch, random_prompts, rollout_window, train_step)
 from hybridrl.trainer.ppo.core_algos import compute_advantage  # noqa: E402
 from hybridrl.workers.rollout.sglang_rollout import EngineDiedError, EngineMemoryError  # noqa: E402
 
@@ -49,9 +49,9 @@ def hybrid(tmp_path_factory):
         "+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_prefill_cuda_graph=true",
     ])
     module, optimizer, actor = build_actor(config)
-    rollout, manager = build_hybrid(config, module)
+    rollout, switch = build_hybrid(config, module)
     yield SimpleNamespace(config=config, module=module, optimizer=optimizer, actor=actor, rollout=rollout,
-                          manager=manager)
+                          switch=switch)
     rollout.shutdown()
 
 
@@ -99,7 +99,7 @@ def undo(module, originals: list[torch.Tensor]) -> None:
 def test_layout_matches_the_hf_rollout_and_generation_stops_at_eos(hybrid):
     prompts = random_prompts(8, PROMPT_LENGTH, VOCAB, seed=1, ragged=True)
     prompts.meta_info["validate"] = True  # val_kwargs: greedy
-    with hybrid.manager:
+    with rollout_window(hybrid.switch):
         first = hybrid.rollout.generate_sequences(prompts)
         stop_token = int(first.batch["responses"][0, 4])  # make row 0's 5th greedy token the EOS
         hybrid.rollout.flush_cache()  # a radix-cache hit may change near-tied greedy choices of random weights
@@ -137,7 +137,7 @@ def test_layout_matches_the_hf_rollout_and_generation_stops_at_eos(hybrid):
 
 def test_synced_weights_give_the_fsdp_log_probs_also_after_a_large_weight_change(hybrid):
     prompts = random_prompts(32, PROMPT_LENGTH, VOCAB, seed=2, ragged=True)
-    with hybrid.manager:
+    with rollout_window(hybrid.switch):
         before = hybrid.rollout.generate_sequences(prompts)
     mean_abs, kl = disagreement(before.batch["rollout_log_probs"], fsdp_log_probs(hybrid, before),
                                 before.batch["response_mask"])
@@ -145,7 +145,7 @@ def test_synced_weights_give_the_fsdp_log_probs_also_after_a_large_weight_change
     assert mean_abs < MEAN_ABS_TOLERANCE and kl < KL_TOLERANCE
 
     originals = perturb(hybrid.module, scale=0.02, seed=3)
-    with hybrid.manager:
+    with rollout_window(hybrid.switch):
         after = hybrid.rollout.generate_sequences(prompts)
     new_weights = fsdp_log_probs(hybrid, after)
     mean_abs, kl = disagreement(after.batch["rollout_log_probs"], new_weights, after.batch["response_mask"])
@@ -159,25 +159,25 @@ def test_synced_weights_give_the_fsdp_log_probs_also_after_a_large_weight_change
 
 def test_release_frees_the_engine_and_offload_round_trips_the_fsdp_state(hybrid):
     train_step(hybrid.module, hybrid.optimizer)  # create the Adam state the offload must move
-    with hybrid.manager:
-        awake = hybrid.manager.last_switch["rollout mode/engine"]
-    released = hybrid.manager.last_switch["trainer mode restored/engine"]
+    with rollout_window(hybrid.switch):
+        awake = hybrid.rollout.last_switch["rollout mode/engine"]
+    released = hybrid.rollout.last_switch["trainer mode restored/engine"]
     print(f"\nengine GPU memory awake {awake:.2f} GiB, released {released:.2f} GiB ({released / awake:.1%})")
     assert released < 0.05 * awake
 
     prompts = random_prompts(16, PROMPT_LENGTH, VOCAB, seed=4)
-    with hybrid.manager:
+    with rollout_window(hybrid.switch):
         reference = hybrid.rollout.generate_sequences(prompts)
     scores_before = fsdp_log_probs(hybrid, reference)
-    offload = offloading_manager(hybrid.module, hybrid.optimizer, hybrid.rollout)
+    offload = offloading_switch(hybrid.module, hybrid.optimizer, hybrid.rollout)
     trainer_allocated = torch.cuda.memory_allocated()
-    with offload:
+    with rollout_window(offload):
         rollout_allocated = torch.cuda.memory_allocated()
         output = hybrid.rollout.generate_sequences(prompts)
     params = sum(p.numel() for p in hybrid.module.parameters())
     freed = trainer_allocated - rollout_allocated
     print(f"offload freed {freed / GiB:.2f} GiB for {params / 1e6:.0f} M fp32 params + Adam; "
-          f"switch timings {offload.last_switch}")
+          f"switch timings {hybrid.rollout.last_switch}")
     assert freed >= 0.95 * params * 4 * 3  # fp32 master weights + two Adam moments
     assert torch.equal(fsdp_log_probs(hybrid, reference), scores_before)  # the state came back intact
     mean_abs, kl = disagreement(output.batch["rollout_log_probs"], fsdp_log_probs(hybrid, output),
@@ -190,9 +190,9 @@ def test_twenty_grpo_steps_keep_memory_flat_and_every_sync_exact(hybrid):
     trainer_memory, agreements = [], []
     for step in range(20):
         prompts = random_prompts(groups, PROMPT_LENGTH, VOCAB, seed=100 + step, ragged=True).repeat(n, interleave=True)
-        with hybrid.manager:
+        with rollout_window(hybrid.switch):
             data = hybrid.rollout.generate_sequences(prompts)
-        trainer_memory.append((hybrid.manager.last_switch["trainer mode restored/device_used"],
+        trainer_memory.append((hybrid.rollout.last_switch["trainer mode restored/device_used"],
                                torch.cuda.memory_allocated() / GiB))
         old_log_probs = fsdp_log_probs(hybrid, data)
         agreements.append(disagreement(data.batch["rollout_log_probs"], old_log_probs, data.batch["response_mask"]))
@@ -227,7 +227,7 @@ def test_a_resume_that_cannot_fit_fails_at_once_with_the_numbers_and_keys(hybrid
     hog = torch.empty(torch.cuda.mem_get_info()[0] - weights - rest // 2, dtype=torch.uint8, device="cuda")
     started = time.perf_counter()
     with pytest.raises(EngineMemoryError) as error:
-        with hybrid.manager:
+        with rollout_window(hybrid.switch):
             pass
     message = str(error.value)
     print(f"refused in {time.perf_counter() - started:.2f} s: {message}")
@@ -237,7 +237,7 @@ def test_a_resume_that_cannot_fit_fails_at_once_with_the_numbers_and_keys(hybrid
     assert hybrid.rollout.awake_tags == set()  # what did resume was given back
     del hog
     torch.cuda.empty_cache()
-    with hybrid.manager:  # the engine is alive and resumes once there is room
+    with rollout_window(hybrid.switch):  # the engine is alive and resumes once there is room
         output = hybrid.rollout.generate_sequences(random_prompts(4, PROMPT_LENGTH, VOCAB))
     assert output.batch["response_mask"].sum() > 0
 
@@ -248,7 +248,7 @@ def test_a_killed_scheduler_fails_the_step_within_60_s_naming_the_cause(hybrid):
     prompts = random_prompts(64, PROMPT_LENGTH, VOCAB, seed=5)
     started = time.perf_counter()
     with pytest.raises(EngineDiedError, match=r"scheduler.*exit code -9"):
-        with hybrid.manager:
+        with rollout_window(hybrid.switch):
             os.kill(scheduler_pid, signal.SIGKILL)
             hybrid.rollout.generate_sequences(prompts)
     elapsed = time.perf_counter() - started

@@ -22,7 +22,7 @@ from hybridrl.utils.fsdp_utils import iter_full_state_dict  # noqa: E402
 from hybridrl.utils.torch_functional import logprobs_from_logits  # noqa: E402
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker  # noqa: E402
 from hybridrl.workers.critic import CriticWorker  # noqa: E402
-from tiny_gpu import PROMPT_LENGTH, RESPONSE_LENGTH, prompts, single_gpu_tiny_model  # noqa: E402
+from tiny_gpu import PROMPT_LENGTH, RESPONSE_LENGTH, generate, prompts, single_gpu_tiny_model  # noqa: E402
 
 
 
@@ -61,11 +61,11 @@ def test_actor_rollout_ref_on_gpu(setup, strategy):
     if strategy == "fsdp2":
         assert isinstance(master, DTensor)
 
-    greedy = worker.generate_sequences(prompts(tokenizer, validate=True)).batch["responses"]
+    greedy = generate(worker, prompts(tokenizer, validate=True)).batch["responses"]
     assert greedy.shape == (4, RESPONSE_LENGTH)
-    assert greedy.equal(worker.generate_sequences(prompts(tokenizer, validate=True)).batch["responses"])
+    assert greedy.equal(generate(worker, prompts(tokenizer, validate=True)).batch["responses"])
 
-    batch = DataProto.from_dict(dict(worker.generate_sequences(prompts(tokenizer, validate=False)).batch))
+    batch = DataProto.from_dict(dict(generate(worker, prompts(tokenizer, validate=False)).batch))
     batch.union(worker.compute_log_prob(batch))
     batch.union(worker.compute_ref_log_prob(batch))
     weights = {k: v.cpu() for k, v in iter_full_state_dict(worker.actor_module, torch.float32)}
@@ -87,7 +87,7 @@ def test_critic_on_gpu(setup):
     cfg = config(model_dir, "algorithm=gae", "critic.optim.lr=3e-3")
     actor = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="rollout", seed=1, device="cuda")
     actor.init_model()
-    batch = DataProto.from_dict(dict(actor.generate_sequences(prompts(tokenizer, validate=True)).batch))
+    batch = DataProto.from_dict(dict(generate(actor, prompts(tokenizer, validate=True)).batch))
     critic = CriticWorker(cfg.critic, rollout_n=1, seed=1, device="cuda")
     critic.init_model()
     batch.union(critic.compute_values(batch))

@@ -39,3 +39,12 @@ def prompts(tokenizer, validate: bool = False) -> DataProto:
                                 "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
                                meta_info={"eos_token_id": tokenizer.eos_token_id,
                                           "pad_token_id": tokenizer.pad_token_id, "validate": validate})
+
+
+def generate(worker, batch: DataProto) -> DataProto:
+    """One generation inside a rollout-mode window (rollout_mode, generate_sequences, trainer_mode), as the
+    trainer runs it."""
+    worker.rollout_mode()
+    output = worker.generate_sequences(batch)
+    worker.trainer_mode()
+    return output

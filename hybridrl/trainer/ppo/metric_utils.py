@@ -108,6 +108,15 @@ def pop_worker_metrics(output: DataProto, metrics: dict[str, float]) -> DataProt
     return output
 
 
+def mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """One metrics dict from a ONE_TO_ALL call's per-rank dicts: each key's mean over the ranks that report it."""
+    collected: dict[str, list[float]] = {}
+    for metrics in per_rank:
+        for key, value in metrics.items():
+            collected.setdefault(key, []).append(value)
+    return reduce_metrics(collected)
+
+
 def compute_validation_metrics(data_sources: np.ndarray, scores: torch.Tensor, n: int,
                                extra: dict[str, list] | None = None) -> dict[str, float]:
     """`val-core/{data_source}/reward/mean@n` (plus extras under val-aux) grouped by data source."""

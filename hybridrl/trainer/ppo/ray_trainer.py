@@ -1,7 +1,8 @@
 """RayPPOTrainer: PPO / GRPO from one controller process.
 
-`fit()` is the algorithm, top to bottom: sample prompts, generate `n` responses each, score them,
-compute old / reference log-probs and values, turn scores into advantages, update the critic and
+`fit()` is the algorithm, top to bottom: sample prompts; put the workers in rollout mode (the
+engine gets the current weights), generate `n` responses each, put them back in trainer mode (the
+engine gives its memory back); score the responses, compute old / reference log-probs and values, turn scores into advantages, update the critic and
 the actor (ReMax first generates each prompt greedily too: its score is the baseline). Numbers that
 are not finite stop the run with a reason instead of training on without learning
 (nonfinite_guard.py). The controller owns the loop and the small per-token tensors; the worker
@@ -37,6 +38,7 @@ from hybridrl.trainer.ppo.metric_utils import (
     compute_throughput_metrics,
     compute_timing_metrics,
     compute_validation_metrics,
+    mean_over_ranks,
     pop_worker_metrics,
     reduce_metrics,
     timer,
@@ -245,31 +247,37 @@ class RayPPOTrainer:
 
     def train_step(self, batch: DataProto) -> dict[str, float]:
         """One PPO/GRPO iteration on a batch of prompts; returns its metrics."""
-        actor, rollout = self.config.actor_rollout_ref.actor, self.config.actor_rollout_ref.rollout
+        rollout = self.config.actor_rollout_ref.rollout
+        is_remax = self.config.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         with timer("step", timing):
             # Each prompt gets a uid so group estimators (GRPO, RLOO, …) know its n responses.
             batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-            prompts = batch.pop(batch_keys=GEN_KEYS)
-            prompts.meta_info = self._generation_meta(validate=False)
-            if self.config.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX:
-                with timer("gen_max", timing):
-                    batch.batch["reward_baselines"] = self._greedy_baseline_scores(batch, prompts)
-            batch = batch.repeat(rollout.n, interleave=True)
-            prompts = prompts.repeat(rollout.n, interleave=True)
+            prompts = batch
 
+            with timer("rollout_mode", timing):  # the engine gets its memory and the current weights
+                metrics.update(self._rollout_mode())
             with timer("gen", timing):
-                batch = batch.union(pop_worker_metrics(self._generate(prompts, batch), metrics))
+                batch = self._generate(prompts, n=rollout.n, validate=False)
+                metrics.update(reduce_metrics(batch.meta_info.pop("metrics", {})))  # async: agent_loop/*
+            if is_remax:  # ReMax's baseline: each prompt's greedy response from the same weights
+                with timer("gen_max", timing):
+                    greedy = self._generate(prompts, n=1, validate=False, do_sample=False)
+            with timer("trainer_mode", timing):  # the engine gives its memory back
+                metrics.update(self._trainer_mode())
+
             batch.meta_info["temperature"] = rollout.temperature
+            if is_remax:
+                with timer("gen_max", timing):
+                    baselines = self._score(greedy, self.reward_fn)["reward_tensor"].sum(dim=-1)
+                batch.batch["reward_baselines"] = baselines.repeat_interleave(rollout.n)
             if self.config.trainer.balance_batch:  # equal tokens per rank in every pass below
                 metrics.update(balance_batch(batch, self.world_size))
 
             with timer("reward", timing):
-                if self.use_rm:  # the managers add rm_scores to the rule scores
-                    batch = batch.union(self.rm_wg.compute_rm_score(batch))
-                reward = self.reward_fn(batch, return_dict=True)
-                batch.batch["token_level_scores"] = apply_agent_scores(batch, reward["reward_tensor"])
+                reward = self._score(batch, self.reward_fn)
+                batch.batch["token_level_scores"] = reward["reward_tensor"]
                 metrics.update(reward.get("reward_metrics", {}))
                 metrics.update(_reward_extra_metrics(reward.get("reward_extra_info", {})))
 
@@ -321,49 +329,56 @@ class RayPPOTrainer:
                              decode_generations(self.tokenizer, batch, scores))
         return metrics
 
-    def _greedy_baseline_scores(self, batch: DataProto, prompts: DataProto) -> torch.Tensor:
-        """ReMax's baseline (verl's REMAX branch), one per prompt: the sequence score of the prompt's greedy
-        response (do_sample=False, same weights as the sampled ones), scored as a sampled response is."""
-        greedy_prompts = prompts.select()
-        greedy_prompts.meta_info = {**prompts.meta_info, "do_sample": False}
-        greedy = batch.select().union(pop_worker_metrics(self._generate(greedy_prompts, batch), {}))
+    # ------------------------------------------------------------------ the rollout, shared by training and validation
+    def _rollout_mode(self) -> dict[str, float]:
+        """Trainer mode -> rollout mode on every rank (weights pushed unless the engine holds them); timings."""
+        return mean_over_ranks(self.actor_rollout_wg.rollout_mode())
+
+    def _trainer_mode(self) -> dict[str, float]:
+        """Rollout mode -> trainer mode on every rank (the engine releases its memory); timings."""
+        return mean_over_ranks(self.actor_rollout_wg.trainer_mode())
+
+    def _generate(self, prompts: DataProto, *, n: int, validate: bool, do_sample: bool | None = None) -> DataProto:
+        """Each row of `prompts` repeated `n` times (interleaved: a prompt's responses are consecutive) with its
+        generated response; the rows' other columns come along. Needs rollout mode. `prompts` is not changed.
+
+        rollout.mode=sync: each rank's engine generates its slice of the padded prompts in one call.
+        rollout.mode=async: the AgentLoopManager runs one agent loop per row against the ranks' engine servers;
+        a loop gets its row's columns (raw chat, extra_info, ...) too. Its agent_loop/* metrics ride in
+        meta_info["metrics"] (train_step pops them)."""
+        generation_input = prompts.select(batch_keys=GEN_KEYS)
+        generation_input.meta_info = self._generation_meta(validate=validate, do_sample=do_sample)
+        rows = prompts.select(batch_keys=[key for key in prompts.batch if key not in GEN_KEYS]).repeat(
+            n, interleave=True)
+        generation_input = generation_input.repeat(n, interleave=True)
+        if self.async_rollout:
+            requests = DataProto(generation_input.batch, dict(rows.non_tensor_batch), generation_input.meta_info)
+            generated = self.agent_loop_manager.generate_sequences(requests)
+        else:
+            generated = self.actor_rollout_wg.generate_sequences(generation_input)
+        return rows.union(generated)
+
+    def _score(self, batch: DataProto, reward_fn) -> dict:
+        """The reward manager's result for `batch` (reward_tensor, reward_metrics, reward_extra_info); with a
+        reward model its rm_scores are added to `batch` first (the managers add them to the rule scores)."""
         if self.use_rm:
-            greedy = greedy.union(self.rm_wg.compute_rm_score(greedy))
-        return apply_agent_scores(greedy, self.reward_fn(greedy, return_dict=True)["reward_tensor"]).sum(dim=-1)
-
-    def _generate(self, prompts: DataProto, rows: DataProto) -> DataProto:
-        """Responses to `prompts` (its padded ids; `rows` holds the same rows' other columns).
-
-        sync: each rank's engine generates its slice of the batch in one call.
-        async: the engines switch to rollout mode, the AgentLoopManager runs one agent loop per row (each loop
-        gets the row's columns: raw chat, extra_info, ...) against their servers, the engines switch back."""
-        if not self.async_rollout:
-            return self.actor_rollout_wg.generate_sequences(prompts)
-        requests = DataProto(prompts.batch, dict(rows.non_tensor_batch), dict(prompts.meta_info))
-        self.actor_rollout_wg.rollout_mode()
-        try:
-            output = self.agent_loop_manager.generate_sequences(requests)
-        finally:
-            switch_per_rank = self.actor_rollout_wg.trainer_mode()
-        for key in switch_per_rank[0]:
-            output.meta_info["metrics"][key] = [rank[key] for rank in switch_per_rank]
-        return output
+            batch.union(self.rm_wg.compute_rm_score(batch))
+        reward = reward_fn(batch, return_dict=True)
+        # rollout.mode=async: a score an agent loop computed itself replaces the manager's for its row
+        reward["reward_tensor"] = apply_agent_scores(batch, reward["reward_tensor"])
+        return reward
 
     def _validate(self) -> dict[str, float]:
-        """Generate with `rollout.val_kwargs` (greedy by default) on the whole validation set and score it."""
+        """Generate with `rollout.val_kwargs` (greedy by default) on the whole validation set, in one rollout-mode
+        window, then score it: the same _generate and _score as a training step."""
         val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
+        self._rollout_mode()
+        generated = [self._generate(DataProto.from_single_dict(batch_dict), n=val_kwargs.n, validate=True)
+                     for batch_dict in self.val_dataloader]
+        self._trainer_mode()
         sources, scores, extra, samples, reward_metrics = [], [], {}, [], {}
-        for batch_dict in self.val_dataloader:
-            batch = DataProto.from_single_dict(batch_dict)
-            prompts = batch.pop(batch_keys=GEN_KEYS)
-            prompts.meta_info = self._generation_meta(validate=True)
-            batch = batch.repeat(val_kwargs.n, interleave=True)
-            prompts = prompts.repeat(val_kwargs.n, interleave=True)
-            batch = batch.union(pop_worker_metrics(self._generate(prompts, batch), {}))
-            if self.use_rm:
-                batch = batch.union(self.rm_wg.compute_rm_score(batch))
-            reward = self.val_reward_fn(batch, return_dict=True)
-            reward["reward_tensor"] = apply_agent_scores(batch, reward["reward_tensor"])
+        for batch in generated:
+            reward = self._score(batch, self.val_reward_fn)
             for key, value in reward.get("reward_metrics", {}).items():  # counts (reward/errors): summed
                 reward_metrics[f"val-aux/{key}"] = reward_metrics.get(f"val-aux/{key}", 0.0) + value
             scores.append(reward["reward_tensor"].sum(-1))
@@ -384,9 +399,11 @@ class RayPPOTrainer:
             self.tracking.log_generations(select_val_samples(samples, trainer.log_val_generations),
                                           step=self.global_steps)
 
-    def _generation_meta(self, validate: bool) -> dict:
+    def _generation_meta(self, validate: bool, do_sample: bool | None = None) -> dict:
+        """What generate_sequences reads from meta_info; do_sample=None: the config's (val_kwargs when validating)."""
         rollout = self.config.actor_rollout_ref.rollout
-        do_sample = rollout.val_kwargs.do_sample if validate else rollout.do_sample
+        if do_sample is None:
+            do_sample = rollout.val_kwargs.do_sample if validate else rollout.do_sample
         return {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id,
                 "validate": validate, "do_sample": do_sample}
 

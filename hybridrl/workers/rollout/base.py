@@ -7,7 +7,18 @@ user's class from a .py file instead (it wins over `name`). Every engine is buil
 
 where `module` is the FSDP-held actor model (engines that generate from the training weights
 use it; engines with their own copy may ignore it). A user class need not subclass BaseRollout,
-but must accept those keywords and have `generate_sequences`.
+but must have its four methods (the lifecycle contract below) and accept those keywords.
+
+The lifecycle contract (verl's names) is how the worker moves one rank between trainer mode and
+rollout mode; the controller decides when (worker methods `rollout_mode` / `trainer_mode`, see
+workers/rollout/mode_switch.py for the order):
+
+    resume(("weights",))            give the weights their memory back
+    update_weights(named_tensors)   load the trainer's current weights (skipped when the engine
+                                    already holds them, or when it shares the trainer's module)
+    resume(("kv_cache",))           give the KV cache (and whatever else generation needs) its memory
+    generate_sequences(prompts)     any number of times
+    release(("kv_cache", "weights")) give the memory back to the trainer
 
 Built-in engines live in their own modules and are imported the first time their name is asked
 for, so selecting `hf` never imports sglang or vllm.
@@ -16,7 +27,9 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar, Iterable
+
+import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.utils.import_utils import load_extern_object
@@ -31,23 +44,60 @@ BUILTIN_ROLLOUT_MODULES = {
 }
 
 
+LIFECYCLE_METHODS = ("resume", "update_weights", "release", "generate_sequences")
+MEMORY_TAGS = ("weights", "kv_cache")
+
+
 class BaseRollout(ABC):
     """Generates one response per prompt row (the trainer repeats prompts `rollout.n` times beforehand).
 
     Input batch keys: input_ids, attention_mask, position_ids (prompts, left-padded).
     Output batch keys: prompts, responses (right-padded to exactly `response_length` with the pad
     id), input_ids (prompt + response), attention_mask, position_ids, response_mask (1 up to and
-    including the first EOS), and rollout_log_probs when `calculate_log_probs` is on.
+    including the first EOS), and rollout_log_probs when `calculate_log_probs` is on; build them
+    with `batch_layout.to_batch_layout`.
+
+    Memory tags are "weights" and "kv_cache" (verl's). An engine that has nothing to free for a tag
+    ignores it. Every method is called on every rank in step (weight gathering is a collective).
     """
+
+    shares_trainer_weights: ClassVar[bool] = False
+    """True: the engine generates from the trainer's own module (the `module` it was built with), so no copy
+    of the weights is ever pushed: `update_weights` is not called, and `resume(("weights",))` is where the
+    engine makes the trainer's (sharded) weights usable for generation (the hf engine gathers them once)."""
+
+    weights_survive_release: ClassVar[bool] = False
+    """True: `release(("weights",))` keeps the weight contents (e.g. moves them off the device), so after a
+    resume with no new weights version in between the push is skipped. False (SGLang's memory saver drops
+    them): every resume of the weights is followed by a push. An engine may make it a property."""
 
     def __init__(self, config: Any, model_config: Any = None, module: Any = None):
         self.config = config
         self.model_config = model_config
         self.module = module
 
+    def resume(self, tags: tuple[str, ...]) -> None:
+        """Give the memory named by `tags` back to the engine (trainer mode -> rollout mode). Default: nothing
+        to do (an engine that never releases memory)."""
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load the trainer's weights: (HF parameter name, full tensor) pairs from
+        `weight_sync.iter_rollout_weights` (LoRA merged, a tied weight under its first name only). A tensor is
+        only valid until the iterator advances (its FSDP unit is resharded): copy it at once. The iterator must
+        be consumed to its end on every rank (it gathers). Bucketing and dtype casts are the engine's business."""
+        raise NotImplementedError(f"{type(self).__name__} keeps its own copy of the weights "
+                                  f"(shares_trainer_weights=False) but does not implement update_weights")
+
+    def release(self, tags: tuple[str, ...]) -> None:
+        """Give the memory named by `tags` back to the trainer (rollout mode -> trainer mode). Default: nothing."""
+
     @abstractmethod
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Responses for `prompts`; meta_info may carry eos_token_id, pad_token_id, validate, do_sample."""
+
+    def take_metrics(self) -> dict[str, float]:
+        """Engine-specific metrics of the last switch (e.g. sglang's timing_s/flush_cache), then forgotten."""
+        return {}
 
 
 def register_rollout(name: str) -> Callable[[type], type]:
@@ -84,9 +134,11 @@ def load_rollout_class(rollout_config: Any) -> type:
     if custom.path is None or custom.name is None:
         raise ValueError(f"rollout.custom_cls needs both path and name, got path={custom.path!r} name={custom.name!r}")
     cls = load_extern_object(custom.path, custom.name)
-    if not isinstance(cls, type) or not callable(getattr(cls, "generate_sequences", None)):
-        raise TypeError(f"rollout.custom_cls {custom.name!r} in {custom.path} must be a class with a "
-                        f"generate_sequences(prompts) method, got {cls!r}")
+    missing = [name for name in LIFECYCLE_METHODS if not callable(getattr(cls, name, None))]
+    if not isinstance(cls, type) or missing:
+        raise TypeError(f"rollout.custom_cls {custom.name!r} in {custom.path} must be a class with the rollout "
+                        f"lifecycle methods {list(LIFECYCLE_METHODS)} (subclass "
+                        f"hybridrl.workers.rollout.BaseRollout), got {cls!r}" + (f", missing {missing}" if isinstance(cls, type) else ""))
     return cls
 
 

@@ -1,9 +1,21 @@
 """The `hf` rollout: HF `generate` on the actor's own FSDP-held weights.
 
-No copy of the model is made: generation runs on the training module itself, inside the
-FSDP↔HF sharding manager that gathers the weights once for the whole call (see
-sharding_manager/fsdp_hf.py). Slow next to an inference engine, but exact, dependency-free and
-identical on CPU and GPU, which makes it the reference the other engines are tested against.
+No copy of the model is made: generation runs on the training module itself
+(`shares_trainer_weights = True`, so the worker never pushes weights into it). Slow next to an
+inference engine, but exact, dependency-free and identical on CPU and GPU, which makes it the
+reference the other engines are tested against.
+
+Lifecycle (rollout/base.py): `resume(("weights",))` gathers every FSDP layer once and keeps it
+gathered; `release(("weights", ...))` frees the gathered copies again. Why: HF generation runs
+one forward per new token, and under FSDP every forward of a sharded layer would all-gather that
+layer and free it again, i.e. one all-gather per layer per token; and since each rank stops when
+its own rows are finished, ranks would run different numbers of forwards and the collectives
+would deadlock. FSDP2: every FSDP module is unshared with reshard_after_forward=False until the
+release, which restores each layer's setting. FSDP1: `summon_full_params(writeback=False)`
+(generation does not change weights); under mixed precision (GPU) FSDP1 layers still gather their
+bf16 copy at each step, so the ranks then step together (HF's synced_gpus). The module is in eval
+mode (no dropout) while resumed and gets its previous mode back on release. The KV cache is HF's
+own per call: the "kv_cache" tag has nothing to free.
 
 Sampling comes from the config only: `temperature`, `top_p`, `top_k` (-1 = off), `do_sample`;
 with meta_info["validate"] the `val_kwargs` block is used instead (greedy by default). Greedy
@@ -15,16 +27,20 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
 from hybridrl.protocol import DataProto
 from hybridrl.utils.fsdp_utils import hf_module
 from hybridrl.utils.torch_functional import logprobs_from_logits
 from hybridrl.workers.rollout.base import BaseRollout, register_rollout
+from hybridrl.workers.rollout.batch_layout import to_batch_layout
 
 
 @register_rollout("hf")
 class HFRollout(BaseRollout):
+    shares_trainer_weights = True  # generates from the FSDP actor itself: resume("weights") gathers it
+    weights_survive_release = True
+
     def __init__(self, config, model_config=None, module=None):
         super().__init__(config, model_config, module)
         if module is None:
@@ -32,6 +48,44 @@ class HFRollout(BaseRollout):
         if config.ignore_eos:
             raise NotImplementedError("rollout.ignore_eos=true is not supported by the hf rollout "
                                       "(HF generate always stops at EOS); use rollout.name=sglang or vllm")
+        self._gathered = False
+        self._was_training = False
+        self._fsdp1_context = None
+        self._reshard_settings: list[tuple[FSDPModule, bool]] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def resume(self, tags: tuple[str, ...]) -> None:
+        """"weights": gather every FSDP layer once and keep it gathered until the release."""
+        if "weights" not in tags or self._gathered:
+            return
+        self._was_training = self.module.training
+        self.module.eval()
+        if isinstance(self.module, FullyShardedDataParallel):
+            self._fsdp1_context = FullyShardedDataParallel.summon_full_params(self.module, writeback=False)
+            self._fsdp1_context.__enter__()
+        elif isinstance(self.module, FSDPModule):
+            units = [unit for unit in self.module.modules() if isinstance(unit, FSDPModule)]
+            # the root keeps FSDP's root rule (no reshard after forward: backward needs it at once)
+            self._reshard_settings = [(unit, _reshards_after_forward(unit) if unit is not self.module else False)
+                                      for unit in units]
+            self.module.set_reshard_after_forward(False, recurse=True)
+            for handle in [unit.unshard(async_op=True) for unit in units]:
+                handle.wait()
+        self._gathered = True
+
+    def release(self, tags: tuple[str, ...]) -> None:
+        """"weights": free the gathered copies; each layer gets its reshard setting and the module its mode back."""
+        if "weights" not in tags or not self._gathered:
+            return
+        self._gathered = False
+        if self._fsdp1_context is not None:
+            context, self._fsdp1_context = self._fsdp1_context, None
+            context.__exit__(None, None, None)
+        for unit, reshards in self._reshard_settings:
+            unit.set_reshard_after_forward(reshards, recurse=False)
+            unit.reshard()
+        self._reshard_settings = []
+        self.module.train(self._was_training)
 
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -39,7 +93,6 @@ class HFRollout(BaseRollout):
         device = next(model.parameters()).device
         prompt_ids = prompts.batch["input_ids"]
         prompt_mask = prompts.batch["attention_mask"]
-        prompt_positions = prompts.batch["position_ids"]
         eos_ids = _token_ids(prompts.meta_info, "eos_token_id", model)
         pad_id = _token_ids(prompts.meta_info, "pad_token_id", model)[0]
         sampling = self._sampling(prompts.meta_info)
@@ -53,23 +106,18 @@ class HFRollout(BaseRollout):
             output_logits=self.config.calculate_log_probs, **sampling)
 
         generated = output.sequences[:, prompt_ids.shape[1]:].cpu()
-        responses = torch.full((len(prompt_ids), response_length), pad_id, dtype=prompt_ids.dtype)
-        responses[:, :generated.shape[1]] = generated
-        response_mask = mask_through_first_eos(responses, eos_ids)
-        responses = responses.masked_fill(response_mask == 0, pad_id)
-        steps = torch.arange(1, response_length + 1, dtype=prompt_positions.dtype)
-        tensors = {
-            "prompts": prompt_ids,
-            "responses": responses,
-            "input_ids": torch.cat([prompt_ids, responses], dim=1),
-            "attention_mask": torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1),
-            "position_ids": torch.cat([prompt_positions, prompt_positions[:, -1:] + steps], dim=1),
-            "response_mask": response_mask,
-        }
+        response_mask = mask_through_first_eos(generated, eos_ids)  # HF pads finished rows: cut at the EOS
+        lengths = response_mask.sum(dim=1).tolist()
+        log_probs = None
         if self.config.calculate_log_probs:
             temperature = sampling["temperature"] if sampling["do_sample"] else 1.0  # greedy: the raw logits
-            tensors["rollout_log_probs"] = _sampled_log_probs(output.logits, responses, response_mask, temperature)
-        return DataProto.from_dict(tensors)
+            step_log_probs = _sampled_log_probs(output.logits, generated, temperature)
+            log_probs = [row[:length].tolist() for row, length in zip(step_log_probs, lengths)]
+        return to_batch_layout(
+            [row[mask.bool()].tolist() for row, mask in zip(prompt_ids, prompt_mask)],
+            [row[:length].tolist() for row, length in zip(generated, lengths)],
+            prompt_length=prompt_ids.shape[1], response_length=response_length, pad_token_id=pad_id,
+            response_logprobs=log_probs)
 
     def _ranks_step_together(self) -> bool:
         """Whether every rank must run as many decoding steps as the slowest one (HF's synced_gpus).
@@ -91,6 +139,11 @@ class HFRollout(BaseRollout):
                 "top_k": 0 if source.top_k == -1 else int(source.top_k)}
 
 
+def _reshards_after_forward(unit: FSDPModule) -> bool:
+    """The unit's current reshard_after_forward (FSDP2 has a setter only; its param groups hold the value)."""
+    return any(group.post_forward_mesh_info is not None for group in unit._get_fsdp_state()._fsdp_param_groups)
+
+
 def mask_through_first_eos(responses: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
     """1 on every token up to and including the first EOS of each row (all ones when a row has none), as int64."""
     is_eos = torch.isin(responses, torch.tensor(eos_ids, dtype=responses.dtype))
@@ -106,11 +159,9 @@ def _token_ids(meta_info: dict, key: str, model) -> list[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
-def _sampled_log_probs(step_logits: tuple[torch.Tensor, ...], responses: torch.Tensor,
-                       response_mask: torch.Tensor, temperature: float) -> torch.Tensor:
+def _sampled_log_probs(step_logits: tuple[torch.Tensor, ...], generated: torch.Tensor,
+                       temperature: float) -> torch.Tensor:
     """log p(token) of each generated token under logits / temperature (the distribution the actor's
-    compute_log_prob scores), 0 after the response; shaped like `responses`, float32."""
-    logits = torch.stack(step_logits, dim=1).cpu() / temperature
-    log_probs = torch.zeros(responses.shape, dtype=torch.float32)
-    log_probs[:, :logits.shape[1]] = logprobs_from_logits(logits, responses[:, :logits.shape[1]])
-    return log_probs * response_mask
+    compute_log_prob scores); shaped like `generated`, float32."""
+    logits = torch.stack(step_logits, dim=1).cpu().float() / temperature
+    return logprobs_from_logits(logits, generated).float()

@@ -1,13 +1,31 @@
 """The `sglang` rollout: an in-process `sglang.Engine` that takes token ids and returns token ids.
 
 Hybrid engine: the engine shares the GPU (and the process) with the FSDP actor, and the two take
-turns. The FSDP↔SGLang sharding manager (sharding_manager/fsdp_sglang.py) drives the turns through
-the engine-side methods here (resume_memory, update_weights, flush_cache, release_memory); this
-class starts the engine and generates. The engine is started with
+turns. The worker's mode switch (rollout/mode_switch.py) drives the turns through the lifecycle
+contract of rollout/base.py, implemented here:
+
+- resume(("weights",)): with `rollout.multi_stage_wake_up` only the weights' memory (the order that
+  keeps peak memory lowest: the push comes next, then the trainer parks its state, then the KV
+  cache); without it, everything at once. Before resuming, the device must have room for it, else
+  EngineMemoryError names the numbers and the keys to change (a resume that does not fit would
+  kill the engine's scheduler with a CUDA OOM).
+- update_weights(named_tensors): the full parameters, `rollout.update_weights_bucket_megabytes` at
+  a time, cast to `rollout.dtype` into one flat buffer per bucket, through
+  `update_weights_from_tensor` (CUDA IPC: the engine copies straight from our GPU buffer).
+- resume(("kv_cache",)): KV cache and CUDA graphs, then one radix-cache flush (its entries predate
+  the weights just pushed).
+- release(...): weights, KV cache and CUDA graphs all go (torch_memory_saver cannot release the
+  KV cache and keep the graphs).
+With `rollout.free_cache_engine=false` the engine keeps its memory: resume and release do nothing
+but the flush, and the weights survive, so an unchanged weights version is not pushed again.
+GPU memory (allocated/reserved by this process, held by the engine's processes, used on the device)
+is logged at each transition and kept, with the sync's size and speed, in `self.last_switch`.
+
+The engine is started with
 
 - enable_memory_saver: weights, KV cache and CUDA graphs are released through torch_memory_saver
   and resumed at the same virtual addresses, so captured CUDA graphs stay valid. Weight contents
-  are lost on release: the sharding manager pushes the trainer's weights after every resume.
+  are lost on release: the trainer's weights are pushed after every resume.
 - load_format from `rollout.load_format` ("dummy": random weights at start, the checkpoint is never
   read, since the first wake-up pushes the trainer's weights anyway).
 - skip_tokenizer_init: token ids in and out; the trainer owns the tokenizer.
@@ -42,10 +60,14 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import BaseRollout, register_rollout
+from hybridrl.workers.rollout.batch_layout import to_batch_layout
+from hybridrl.workers.rollout.sglang_weights import DTYPES, FlatBucket, gpu_memory
 
 logger = logging.getLogger(__name__)
 
 ALL_MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")  # sglang.srt.constants GPU_MEMORY_TYPE_*
+GiB = 1 << 30
+RESUME_HEADROOM = 256 << 20  # CUDA contexts and allocation granularity: never resume into the last bytes
 
 # Engine arguments that come from rollout config keys; engine_kwargs.sglang may not set them.
 CONFIG_OWNED_ENGINE_KWARGS = {
@@ -77,6 +99,8 @@ class EngineMemoryError(RuntimeError):
 
 @register_rollout("sglang")
 class SGLangRollout(BaseRollout):
+    shares_trainer_weights = False  # the engine holds its own copy: the worker pushes the trainer's weights
+
     def __init__(self, config, model_config=None, module=None):
         """Start the engine on this process's GPU, then release its memory: the worker rests in trainer mode."""
         super().__init__(config, model_config, module)
@@ -94,6 +118,9 @@ class SGLangRollout(BaseRollout):
         self.engine_start_s = time.perf_counter() - started
         self.monitor = EngineMonitor(self.engine)
         self.awake_tags = set(ALL_MEMORY_TAGS)
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.last_switch: dict[str, float] = {}  # timings, sync size and memory of the last switch
+        self._metrics: dict[str, float] = {}
         self.generation_config = _generation_config(model_config.path)
         logger.info("sglang engine started in %.1f s with %s", self.engine_start_s, self.engine_kwargs)
         self.resume_bytes: dict[str, int] = {}  # what resuming each tag takes from the device (measured below)
@@ -105,10 +132,9 @@ class SGLangRollout(BaseRollout):
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         if self.awake_tags != set(ALL_MEMORY_TAGS):
             raise RuntimeError(f"generate_sequences: the engine's memory is released (awake: {sorted(self.awake_tags)}); "
-                               f"generate inside the FSDP↔SGLang sharding manager, which wakes it and pushes weights")
+                               f"generate in rollout mode (resume(('weights',)), update_weights, resume(('kv_cache',)))")
         prompt_ids = prompts.batch["input_ids"]
         prompt_mask = prompts.batch["attention_mask"]
-        prompt_positions = prompts.batch["position_ids"]
         eos_ids = self._token_ids(prompts.meta_info, "eos_token_id")
         pad_id = self._token_ids(prompts.meta_info, "pad_token_id")[0]
         params = sampling_params(self.config, prompts.meta_info, eos_ids)
@@ -116,30 +142,13 @@ class SGLangRollout(BaseRollout):
         token_lists = [row[mask.bool()].tolist() for row, mask in zip(prompt_ids, prompt_mask)]
         outputs = self.monitor.call("generate", self.engine.generate, input_ids=token_lists,
                                     sampling_params=params, return_logprob=self.config.calculate_log_probs)
-
         response_length = self.config.response_length
-        responses = torch.full((len(token_lists), response_length), pad_id, dtype=prompt_ids.dtype)
-        response_mask = torch.zeros((len(token_lists), response_length), dtype=torch.long)
-        log_probs = torch.zeros((len(token_lists), response_length), dtype=torch.float32)
-        for row, output in enumerate(outputs):
-            generated = _generated_ids(output, row, response_length)
-            responses[row, :len(generated)] = torch.tensor(generated, dtype=prompt_ids.dtype)
-            response_mask[row, :len(generated)] = 1
-            if self.config.calculate_log_probs:
-                log_probs[row, :len(generated)] = torch.tensor(
-                    [entry[0] for entry in output["meta_info"]["output_token_logprobs"]], dtype=torch.float32)
-        steps = torch.arange(1, response_length + 1, dtype=prompt_positions.dtype)
-        tensors = {
-            "prompts": prompt_ids,
-            "responses": responses,
-            "input_ids": torch.cat([prompt_ids, responses], dim=1),
-            "attention_mask": torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1),
-            "position_ids": torch.cat([prompt_positions, prompt_positions[:, -1:] + steps], dim=1),
-            "response_mask": response_mask,
-        }
+        generated = [_generated_ids(output, row, response_length) for row, output in enumerate(outputs)]
+        log_probs = None
         if self.config.calculate_log_probs:
-            tensors["rollout_log_probs"] = log_probs
-        return DataProto.from_dict(tensors)
+            log_probs = [[entry[0] for entry in output["meta_info"]["output_token_logprobs"]] for output in outputs]
+        return to_batch_layout(token_lists, generated, prompt_length=prompt_ids.shape[1],
+                               response_length=response_length, pad_token_id=pad_id, response_logprobs=log_probs)
 
     def _token_ids(self, meta_info: dict, key: str) -> list[int]:
         """meta_info[key] (the trainer sends the tokenizer's ids), else the model directory's generation_config."""
@@ -172,7 +181,108 @@ class SGLangRollout(BaseRollout):
             need += self.resume_bytes.get("kv_cache+cuda_graph", 0)
         return need
 
-    # ------------------------------------------------------------------ engine side (driven by the sharding manager)
+    # ------------------------------------------------------------------ lifecycle (rollout/base.py)
+    @property
+    def weights_survive_release(self) -> bool:
+        return not self.config.free_cache_engine
+
+    def resume(self, tags: tuple[str, ...]) -> None:
+        """"weights": resume the weights' memory (everything, without multi_stage_wake_up). "kv_cache": resume the
+        KV cache and CUDA graphs, then flush the radix cache. Nothing is resumed with free_cache_engine=false."""
+        if "weights" in tags:
+            self.last_switch = {}
+            self._log_memory("trainer mode")
+        engine_tags: tuple[str, ...] = ()
+        if "weights" in tags:
+            engine_tags = ALL_MEMORY_TAGS if not self.config.multi_stage_wake_up else ("weights",)
+        if "kv_cache" in tags:
+            engine_tags += ("kv_cache", "cuda_graph")
+        engine_tags = tuple(tag for tag in ALL_MEMORY_TAGS if tag in engine_tags and tag not in self.awake_tags)
+        if engine_tags:
+            stage = "resume_weights" if "weights" in tags else "resume_kv_cache"
+            self._resume_if_room(stage, engine_tags)
+            self._log_memory("engine weights resumed" if "weights" in tags else "engine kv cache resumed")
+        if "kv_cache" in tags:
+            self._timed("flush_cache", self.flush_cache)
+            self._metrics["timing_s/flush_cache"] = self.last_switch["flush_cache_s"]
+            self._log_memory("rollout mode")
+
+    def _resume_if_room(self, stage: str, tags: tuple[str, ...]) -> None:
+        """Resume the engine's `tags` once the device has room for them, else fail now with the numbers.
+
+        The trainer's cached blocks go back to the device first (the engine allocates outside torch's
+        allocator). A resume that does not fit would kill the engine's scheduler with a CUDA OOM
+        (EngineDiedError, the run's real cause buried in its log); this names the cause and the keys instead.
+        """
+        torch.cuda.empty_cache()
+        need = self.bytes_to_resume(tags)
+        free, total = torch.cuda.mem_get_info(self.device)
+        if free < need + RESUME_HEADROOM:
+            raise EngineMemoryError(
+                f"rollout mode: resuming the sglang engine's {list(tags)} needs {need / GiB:.2f} GiB on {self.device}, "
+                f"but only {free / GiB:.2f} GiB of {total / GiB:.2f} GiB are free after the trainer returned its cached "
+                f"memory (the trainer holds {torch.cuda.memory_allocated(self.device) / GiB:.2f} GiB allocated). "
+                f"Make room: lower actor_rollout_ref.rollout.gpu_memory_utilization (now "
+                f"{self.config.gpu_memory_utilization}), lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu / "
+                f"ppo_micro_batch_size_per_gpu (activation peaks the allocator keeps), or set "
+                f"actor_rollout_ref.actor.fsdp_config.param_offload=true and optimizer_offload=true (the trainer's "
+                f"state waits in CPU memory during the rollout)")
+        self._timed(stage, self.resume_memory, tags)
+
+    def update_weights(self, named_tensors) -> None:
+        """Push every (HF name, full tensor) into the engine, one flat bucket at a time.
+
+        Each tensor is cast to `rollout.dtype` while it is copied into a flat buffer of
+        `rollout.update_weights_bucket_megabytes`; a full buffer goes to the engine as ONE CUDA IPC handle
+        (SGLang's "flattened_bucket" format) instead of one handle per tensor, which is what costs time with
+        ~300 tensors. With FSDP2 at most one unit and one bucket of full tensors exist at once. The radix cache
+        is flushed by the following resume(("kv_cache",)).
+        """
+        started = time.perf_counter()
+        bucket = FlatBucket(self.config.update_weights_bucket_megabytes << 20, DTYPES[self.config.dtype], self.device)
+        pushed = 0
+        for name, tensor in named_tensors:
+            if not bucket.fits(tensor):
+                pushed += self._push(bucket)
+            bucket.add(name, tensor)
+        if bucket.metadata:
+            pushed += self._push(bucket)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+        self.last_switch.update(update_weights_s=seconds, sync_gib=pushed / GiB, sync_gbps=pushed / max(seconds, 1e-9) / 1e9)
+
+    def _push(self, bucket: FlatBucket) -> int:
+        flat, metadata = bucket.take()
+        self.update_weights_flattened(flat, metadata)
+        return sum(entry.numel for entry in metadata)
+
+    def release(self, tags: tuple[str, ...]) -> None:
+        """Give the GPU back (weights, KV cache and CUDA graphs, whichever tag is asked: the memory saver releases
+        them together); nothing with free_cache_engine=false."""
+        if self.config.free_cache_engine:
+            self._timed("release_engine", self.release_memory)
+        torch.cuda.empty_cache()
+        self._log_memory("trainer mode restored")
+
+    def take_metrics(self) -> dict[str, float]:
+        metrics, self._metrics = self._metrics, {}
+        return metrics
+
+    def _timed(self, stage: str, fn, *args):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        result = fn(*args)
+        torch.cuda.synchronize()
+        self.last_switch[f"{stage}_s"] = time.perf_counter() - started
+        return result
+
+    def _log_memory(self, stage: str) -> None:
+        memory = gpu_memory(self.engine_pids())
+        for key, value in memory.items():
+            self.last_switch[f"{stage}/{key}"] = value
+        logger.info("GPU memory, %s: %s", stage, ", ".join(f"{key} {value:.2f} GiB" for key, value in memory.items()))
+
+    # ------------------------------------------------------------------ engine calls
     def release_memory(self) -> None:
         """Give the GPU back: whatever is awake of weights, KV cache and CUDA graphs (weight contents are lost)."""
         awake = [tag for tag in ALL_MEMORY_TAGS if tag in self.awake_tags]

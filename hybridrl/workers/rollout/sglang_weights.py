@@ -1,0 +1,66 @@
+"""SGLang's side of the weight sync: the flat CUDA buckets the engine loads in one IPC handle each, and the
+GPU memory gauges logged at each switch. Imported only with rollout.name=sglang (it needs sglang and CUDA)."""
+from __future__ import annotations
+
+import torch
+
+GiB = 1 << 30
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class FlatBucket:
+    """Full tensors cast into one flat uint8 CUDA buffer, with SGLang's per-tensor metadata to cut it up again.
+
+    The buffer is allocated at the first `add` (at least `capacity` bytes, more for a larger tensor)
+    and handed over by `take`; each entry starts at a 256-byte boundary, so every view is aligned.
+    """
+
+    ALIGN = 256
+
+    def __init__(self, capacity: int, dtype: torch.dtype, device: torch.device):
+        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
+
+        self.metadata_cls = FlattenedTensorMetadata
+        self.capacity, self.dtype, self.device = capacity, dtype, device
+        self.buffer: torch.Tensor | None = None
+        self.metadata: list = []
+        self.used = 0
+
+    def fits(self, tensor: torch.Tensor) -> bool:
+        """True when the bucket is empty (a new buffer is sized to take it) or has room for `tensor`."""
+        return not self.metadata or self.used + self._size(tensor) <= self.buffer.numel()
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        if not self.fits(tensor):
+            raise RuntimeError(f"FlatBucket.add({name!r}): no room; take() the bucket first")
+        if self.buffer is None:
+            self.buffer = torch.empty(max(self.capacity, self._size(tensor)), dtype=torch.uint8, device=self.device)
+        numel = tensor.numel() * self.dtype.itemsize
+        self.buffer[self.used:self.used + numel].view(self.dtype).view(tensor.shape).copy_(tensor)
+        self.metadata.append(self.metadata_cls(name=name, shape=tensor.shape, dtype=self.dtype,
+                                               start_idx=self.used, end_idx=self.used + numel, numel=numel))
+        self.used += self._size(tensor)
+
+    def take(self) -> tuple[torch.Tensor, list]:
+        """The filled part of the buffer and its metadata; the bucket is empty (and unallocated) afterwards."""
+        flat, metadata = self.buffer[:self.used], self.metadata
+        self.buffer, self.metadata, self.used = None, [], 0
+        return flat, metadata
+
+    def _size(self, tensor: torch.Tensor) -> int:
+        nbytes = tensor.numel() * self.dtype.itemsize
+        return -(-nbytes // self.ALIGN) * self.ALIGN
+
+
+def gpu_memory(engine_pids: list[int]) -> dict[str, float]:
+    """GiB: this process's torch allocator (allocated, reserved), the engine processes (NVML), the device in use."""
+    import pynvml
+
+    device = torch.cuda.current_device()
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda._get_nvml_device_index(device))  # CUDA_VISIBLE_DEVICES-aware
+    engine_bytes = sum(process.usedGpuMemory or 0 for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                       if process.pid in set(engine_pids))
+    free, total = torch.cuda.mem_get_info(device)
+    return {"allocated": torch.cuda.memory_allocated(device) / GiB, "reserved": torch.cuda.memory_reserved(device) / GiB,
+            "engine": engine_bytes / GiB, "device_used": (total - free) / GiB}
