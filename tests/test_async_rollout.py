@@ -178,6 +178,7 @@ def test_failed_loops_cost_their_samples_until_the_share_is_exceeded(ray_local, 
         with pytest.raises(RuntimeError, match="(?s)8 of 16 agent loops failed.*max_failed_sample_ratio=0.25.*"
                                                "KeyError: 'flaky loop: odd index'"):
             trainer.train_step(prompts)
+        trainer._trainer_mode()  # the failed step left the ranks in rollout mode
         # an engine server's error is no sample failure: it fails the step with the server's own message
         prompts = DataProto.from_single_dict(next(iter(trainer.train_dataloader)))
         prompts.non_tensor_batch["agent_name"][:] = "greedy_server_breaker"
