@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hybridrl.workers.rollout.sglang_rollout import EngineDiedError
+from hybridrl.workers.rollout.sglang_rollout import ALL_MEMORY_TAGS, EngineDiedError
 
 
 class SGLangAsyncEngine:
@@ -48,6 +48,9 @@ class SGLangAsyncEngine:
         monitor = self.rollout.monitor
         if monitor.cause is not None:
             raise EngineDiedError(f"sglang engine: {monitor.cause}")
+        if self.rollout.awake_tags != set(ALL_MEMORY_TAGS):
+            raise RuntimeError(f"generate: the sglang engine's memory is released (awake: "
+                               f"{sorted(self.rollout.awake_tags)}); the server answers only in rollout mode")
         logprobs = bool(sampling_params.get("logprobs", False))
         try:
             output = await self.rollout.engine.async_generate(input_ids=list(prompt_ids),
