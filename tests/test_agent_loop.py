@@ -192,3 +192,34 @@ def test_hf_engine_batches_concurrent_requests_and_matches_generate(tiny_model):
         expected_logprobs = torch.log_softmax(logits, -1).gather(-1, torch.tensor(expected)[:, None]).squeeze(-1)
         assert output.log_probs == pytest.approx(expected_logprobs.tolist(), abs=1e-4)
     assert short.token_ids == outputs[0].token_ids[:2]
+
+
+def test_a_request_in_trainer_mode_waits_for_the_next_rollout_mode():
+    """SGLang's server shares the engine's loop, which the worker also runs in trainer mode (release, resume): a
+    request accepted then must wait at the gate, not reach the released engine."""
+    import threading
+
+    engine = SlowEcho(delay=0)
+    server = served(engine)
+    server.pause()  # trainer mode
+    answers = {}
+
+    def client():
+        async def ask():
+            manager = AsyncLLMServerManager([server.address])
+            try:
+                return await manager.generate("w", prompt_ids=[5], sampling_params={})
+            finally:
+                await manager.close()
+        answers["w"] = asyncio.run(ask())
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        server.loop.run_until_complete(asyncio.sleep(1.0))  # the worker driving the loop in trainer mode
+        assert engine.seen == 0 and "w" not in answers
+        server.serve()  # rollout mode
+        thread.join(timeout=10)
+        assert answers["w"].token_ids == [5] and engine.seen == 1
+    finally:
+        server.shutdown()

@@ -67,7 +67,9 @@ def test_engine_server_answers_concurrent_requests_with_the_trainers_weights(tmp
         with pytest.raises(EngineServerError, match="(?s)HTTP 500.*max_tokens=1000"):
             loop.run_until_complete(manager.generate("x", prompt_ids=prompt_lists[0],
                                                      sampling_params={**greedy, "max_tokens": 1000}))
-        batch_answers = worker.generate_sequences(prompts)  # sglang's own batch path, same weights
+        worker.engine_server.pause()  # the worker's thread drives the engine's loop for its own batch path
+        batch_answers = worker.generate_sequences(prompts)  # sglang's own batch generate, same weights
+        worker.engine_server.serve()
         worker.trainer_mode()
 
         assert all(0 < len(answer.token_ids) <= RESPONSE_LENGTH for answer in answers)

@@ -9,9 +9,10 @@ verl's and SGLang's servers are (so an external engine server slots in), and a w
 closes its socket: the client sees the refused or dropped connection at once, with no timeout to tune.
 
 The server serves only in rollout mode. `serve()` (called by the worker's rollout_mode, once the
-engine holds the trainer's weights) runs its event loop in a thread; `pause()` (trainer_mode) stops
-the loop before the weights move again. A request arriving in trainer mode waits in the socket's
-backlog until the next rollout_mode: no request ever sees half-updated weights.
+engine holds the trainer's weights) opens the gate and runs its event loop in a thread; `pause()`
+(trainer_mode) closes the gate, waits for the requests under way and stops the loop before the
+weights move again. A request arriving in trainer mode waits (in the socket's backlog, or at the
+gate) until the next rollout_mode: no request ever sees released or half-updated weights.
 
 Engines (`AsyncEngine`: `async generate(prompt_ids, sampling_params) -> dict`):
 - HFGenerateEngine: HF `generate` on the FSDP-held module (CPU and GPU), batching the requests
@@ -52,6 +53,9 @@ class EngineServer:
         self.loop = loop or asyncio.new_event_loop()
         self._thread: Optional[threading.Thread] = None
         self._in_flight = 0
+        # Set only in rollout mode. SGLang's loop also runs in trainer mode, whenever the worker drives the engine
+        # (run_until_complete of a release, a resume): a request accepted then waits here, not at the engine.
+        self._open = asyncio.Event()
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.add_routes([web.post("/generate", self._generate), web.get("/health", self._health)])
         self._runner = web.AppRunner(app, handle_signals=False)
@@ -65,6 +69,7 @@ class EngineServer:
         """Start answering requests (rollout mode)."""
         if self._thread is not None:
             return
+        self._open.set()  # the loop is not running: no other thread touches it now
         self._thread = threading.Thread(target=self.loop.run_forever, name="engine-server", daemon=True)
         self._thread.start()
 
@@ -72,7 +77,7 @@ class EngineServer:
         """Stop answering (trainer mode): requests wait in the backlog; ones being generated finish first."""
         if self._thread is None:
             return
-        asyncio.run_coroutine_threadsafe(self._drained(), self.loop).result()
+        asyncio.run_coroutine_threadsafe(self._close_and_drain(), self.loop).result()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self._thread = None
@@ -84,7 +89,8 @@ class EngineServer:
             self.loop.run_until_complete(close())
         self.loop.run_until_complete(self._runner.cleanup())
 
-    async def _drained(self) -> None:
+    async def _close_and_drain(self) -> None:
+        self._open.clear()
         while self._in_flight:
             await asyncio.sleep(0.01)
 
@@ -93,6 +99,7 @@ class EngineServer:
 
     async def _generate(self, request: web.Request) -> web.Response:
         payload = await request.json()
+        await self._open.wait()
         self._in_flight += 1
         try:
             unknown = set(payload.get("sampling_params", {})) - SAMPLING_KEYS
