@@ -52,7 +52,7 @@ def test_bad_agent_loop_yaml_names_the_entry(tmp_path, text, message):
 
 def test_outputs_that_do_not_fit_are_the_loops_fault():
     class Rollout:
-        prompt_length, response_length = 4, 3
+        prompt_length, response_length, calculate_log_probs = 4, 3, False
     good = dict(prompt_ids=[1, 2], response_ids=[3, 4], response_mask=[1, 0])
     check_output(AgentLoopOutput(**good), Rollout, "x")
     for bad, message in ((dict(good, response_mask=[1]), "response_mask has 1 entries"),
@@ -61,6 +61,9 @@ def test_outputs_that_do_not_fit_are_the_loops_fault():
                          (dict(good, response_mask=[1, 2]), "only 0 and 1")):
         with pytest.raises(ValueError, match=message):
             check_output(AgentLoopOutput(**bad), Rollout, "x")
+    Rollout.calculate_log_probs = True
+    with pytest.raises(ValueError, match="calculate_log_probs is on but the loop returned no response_logprobs"):
+        check_output(AgentLoopOutput(**good), Rollout, "x")
 
 
 # ---------------------------------------------------------------------- the loop's reward

@@ -110,6 +110,9 @@ def check_output(output, rollout_config, agent_name: str) -> None:
     """An output that cannot enter the batch is the loop's fault: it fails that row, with what is wrong."""
     if not isinstance(output, AgentLoopOutput):
         raise TypeError(f"agent loop {agent_name!r} returned {type(output).__name__}, expected AgentLoopOutput")
+    if rollout_config.calculate_log_probs and output.response_logprobs is None:
+        raise ValueError("rollout.calculate_log_probs is on but the loop returned no response_logprobs (pass on "
+                         "the server's TokenOutput.log_probs, 0.0 for tokens the model did not generate)")
     widths = {"response_mask": len(output.response_mask)}
     if output.response_logprobs is not None:
         widths["response_logprobs"] = len(output.response_logprobs)
@@ -182,13 +185,13 @@ class AgentLoopManager:
             else:
                 outputs.append(AgentLoopOutput(**result["output"]))
         self._report(errors, len(rows))
-        with_logprobs = all(output.response_logprobs is not None for output in outputs if output.response_mask != [0])
         batch = to_batch_layout(
             [output.prompt_ids for output in outputs], [output.response_ids for output in outputs],
             prompt_length=self.rollout_config.prompt_length, response_length=self.rollout_config.response_length,
             pad_token_id=self.pad_token_id, response_mask=[output.response_mask for output in outputs],
+            # failed rows have none: zeros, under their all-zero response_mask
             response_logprobs=([output.response_logprobs or [0.0] * len(output.response_ids) for output in outputs]
-                               if self.rollout_config.calculate_log_probs and with_logprobs else None))
+                               if self.rollout_config.calculate_log_probs else None))
         batch.batch[AGENT_SCORES_KEY] = torch.tensor(
             [float("nan") if output.reward_score is None else float(output.reward_score) for output in outputs],
             dtype=torch.float32)
