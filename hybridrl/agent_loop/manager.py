@@ -15,7 +15,7 @@ are padded once, here, into the trainer's batch layout (batch_layout.to_batch_la
 Faults:
 - a loop that raises (or returns an output that does not fit) costs its row only: the row gets a
   one-token response (EOS) with response_mask 0 (no loss, no advantage) and score 0, is counted in
-  `agent_loop/num_failed`, and its traceback is printed once per distinct traceback. When more than
+  `agent_loop/num_failed`, and its traceback is printed once per place it fails at. When more than
   `rollout.agent.max_failed_sample_ratio` of the rows fail, the step fails with the first traceback.
 - an engine server's error or death (EngineServerError, also when a loop wrapped it) fails the step.
 - an agent name that no loop is registered under is refused before any row runs, naming the known ones.
@@ -139,7 +139,8 @@ class AgentLoopManager:
         self.max_failed_ratio = rollout.agent.max_failed_sample_ratio
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         self.registry = load_agent_loop_config(rollout.agent.agent_loop_config_path)
-        check_agent_names([self.default_agent_loop], self.registry, "actor_rollout_ref.rollout.agent.default_agent_loop")
+        check_agent_names([self.default_agent_loop], self.registry,
+                          "actor_rollout_ref.rollout.agent.default_agent_loop")
         # The YAML's _target_ modules must import in the workers as they do here: they get this process's PYTHONPATH.
         env = {"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}} if os.environ.get("PYTHONPATH") else None
         self.workers = [AgentLoopWorker.options(num_cpus=0, runtime_env=env).remote(config, server_addresses)
@@ -206,9 +207,10 @@ class AgentLoopManager:
 
     def _report(self, errors: list[str], rows: int) -> None:
         for error in errors:
-            if error not in self._reported:
-                self._reported.add(error)
-                print(f"agent loop failed (its sample gets no loss; later identical failures are only counted "
+            where = _failure_site(error)
+            if where not in self._reported:
+                self._reported.add(where)
+                print(f"agent loop failed (its sample gets no loss; later failures at the same place are only counted "
                       f"in agent_loop/num_failed):\n{error}", flush=True)
         if errors and len(errors) > self.max_failed_ratio * rows:
             raise RuntimeError(f"{len(errors)} of {rows} agent loops failed, more than "
@@ -218,6 +220,12 @@ class AgentLoopManager:
     def shutdown(self) -> None:
         for worker in self.workers:
             ray.kill(worker)
+
+
+def _failure_site(error: str) -> str:
+    """A failure's traceback without its message (which may name the sample): the same bug is reported once."""
+    lines = error.rstrip().splitlines()
+    return "\n".join(lines[:-1] + [lines[-1].split(":", 1)[0]]) if lines else error
 
 
 def apply_agent_scores(batch: DataProto, token_level_scores: torch.Tensor) -> torch.Tensor:
