@@ -61,6 +61,19 @@ class FlakyLoop(AgentLoopBase):
                                response_mask=[1] * len(output.token_ids), num_turns=2)
 
 
+@register("slow_agent")
+class SlowLoop(AgentLoopBase):
+    """Waits 3 s before its one turn (the test kills a rank meanwhile)."""
+
+    async def run(self, sampling_params, **kwargs):
+        import asyncio
+        await asyncio.sleep(3)
+        output = await self.server_manager.generate(request_id=uuid4().hex, prompt_ids=list(kwargs["raw_prompt_ids"]),
+                                                    sampling_params=sampling_params)
+        return AgentLoopOutput(prompt_ids=list(kwargs["raw_prompt_ids"]), response_ids=output.token_ids,
+                               response_mask=[1] * len(output.token_ids), num_turns=2)
+
+
 @register("greedy_server_breaker")
 class ServerBreaker(AgentLoopBase):
     """Asks the engine for more tokens than rollout.response_length: the server refuses, the step must fail."""
@@ -198,3 +211,34 @@ def test_unknown_agent_name_is_refused_before_workers_start(ray_local, toy_task,
     with pytest.raises(ValueError, match=r"data.train_files: column agent_name: agent loop\(s\) \['nope'\] are not "
                                          r"registered; known: \[.*'single_turn_agent', 'tool_span_agent'\]"):
         RayPPOTrainer(config)
+
+
+def test_a_dead_engine_server_fails_the_step_within_60_s(ray_local, toy_task, user_loops, tmp_path):
+    import signal
+    import threading
+    import time
+
+    import ray
+
+    config = make_config(toy_task, str(tmp_path), *async_overrides(user_loops, "slow_agent"),
+                         "trainer.total_training_steps=1")
+    trainer = RayPPOTrainer(config)
+    trainer.init_workers()
+    try:
+        rank1 = trainer.actor_rollout_wg.workers[1]
+        pid = ray.get(rank1.__ray_call__.remote(lambda worker: os.getpid()))
+        generate = trainer.agent_loop_manager.generate_sequences
+
+        def kill_rank1_then_generate(requests):  # in rollout mode; the loops wait 3 s before generating
+            threading.Timer(1.0, os.kill, args=(pid, signal.SIGKILL)).start()
+            return generate(requests)
+
+        trainer.agent_loop_manager.generate_sequences = kill_rank1_then_generate
+        from hybridrl.protocol import DataProto
+        prompts = DataProto.from_single_dict(next(iter(trainer.train_dataloader)))
+        started = time.perf_counter()
+        with pytest.raises(Exception, match=r"engine server \S+ \(rank 1\) is unreachable or died"):
+            trainer.train_step(prompts)
+        assert time.perf_counter() - started < 60
+    finally:
+        trainer.shutdown()

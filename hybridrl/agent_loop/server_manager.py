@@ -25,7 +25,7 @@ class EngineServerError(RuntimeError):
 
 class AsyncLLMServerManager:
     def __init__(self, server_addresses: list[str], max_cache_size: int = 10000, connect_timeout_s: float = 30.0):
-        """server_addresses: "host:port" of each replica's engine server."""
+        """server_addresses: "host:port" of each replica's engine server, in rank order (errors name the rank)."""
         if not server_addresses:
             raise ValueError("AsyncLLMServerManager needs at least one server address")
         self.server_addresses = list(server_addresses)
@@ -67,12 +67,12 @@ class AsyncLLMServerManager:
         try:
             async with self._session.post(f"http://{server}/generate", json=payload) as response:
                 if response.status != 200:
-                    raise EngineServerError(f"engine server {server} answered HTTP {response.status}: "
-                                            f"{await response.text()}")
+                    raise EngineServerError(f"engine server {server} (rank {self.server_addresses.index(server)}) "
+                                            f"answered HTTP {response.status}: {await response.text()}")
                 return await response.json()
         except aiohttp.ClientError as err:
-            raise EngineServerError(f"engine server {server} is unreachable or died mid-request: "
-                                    f"{type(err).__name__}: {err}") from err
+            raise EngineServerError(f"engine server {server} (rank {self.server_addresses.index(server)}) is "
+                                    f"unreachable or died mid-request: {type(err).__name__}: {err}") from err
 
     async def close(self) -> None:
         if self._session is not None:
