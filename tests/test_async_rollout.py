@@ -45,7 +45,8 @@ class ToolSpanLoop(AgentLoopBase):
         return AgentLoopOutput(prompt_ids=prompt_ids, response_ids=response + second.token_ids,
                                response_mask=mask + [1] * len(second.token_ids),
                                response_logprobs=logprobs + second.log_probs,
-                               reward_score=float(kwargs["extra_info"]["index"] % 2 == 0), num_turns=4)
+                               reward_score=float(kwargs["extra_info"]["index"] % 2 == 0), num_turns=4,
+                               extra_fields={"span_start": len(first.token_ids)})
 
 
 @register("flaky_agent")
@@ -136,6 +137,7 @@ def test_yaml_loop_with_a_masked_span_trains_only_on_model_tokens(ray_local, toy
         attention = batch.batch["attention_mask"][:, -response_mask.shape[1]:]
         for row in range(len(batch)):
             first_turn = int(response_mask[row, :3].sum())  # the span follows turn 1 (3 tokens, fewer at an EOS)
+            assert batch.non_tensor_batch["span_start"][row] == first_turn  # extra_fields became a column
             hole = slice(first_turn, first_turn + len(span))
             assert batch.batch["responses"][row, hole].tolist() == span
             assert response_mask[row, hole].tolist() == [0] * len(span)

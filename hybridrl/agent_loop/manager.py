@@ -10,7 +10,8 @@
 
 Each row's loop is chosen by its `agent_name` column, else rollout.agent.default_agent_loop; it gets
 every column of its dataset row as keyword arguments. The outputs come back as token lists and
-are padded once, here, into the trainer's batch layout (batch_layout.to_batch_layout).
+are padded once, here, into the trainer's batch layout (batch_layout.to_batch_layout); each key of
+a loop's extra_fields becomes a non-tensor column (None for rows whose loop did not set it), as in verl.
 
 Faults:
 - a loop that raises (or returns an output that does not fit) costs its row only: the row gets a
@@ -193,6 +194,10 @@ class AgentLoopManager:
             # failed rows have none: zeros, under their all-zero response_mask
             response_logprobs=([output.response_logprobs or [0.0] * len(output.response_ids) for output in outputs]
                                if self.rollout_config.calculate_log_probs else None))
+        for key in sorted({key for output in outputs for key in output.extra_fields}):  # verl: non-tensor columns
+            column = np.empty(len(outputs), dtype=object)
+            column[:] = [output.extra_fields.get(key) for output in outputs]
+            batch.non_tensor_batch[key] = column
         batch.batch[AGENT_SCORES_KEY] = torch.tensor(
             [float("nan") if output.reward_score is None else float(output.reward_score) for output in outputs],
             dtype=torch.float32)
