@@ -134,11 +134,12 @@ def load_rollout_class(rollout_config: Any) -> type:
     if custom.path is None or custom.name is None:
         raise ValueError(f"rollout.custom_cls needs both path and name, got path={custom.path!r} name={custom.name!r}")
     cls = load_extern_object(custom.path, custom.name)
+    if not isinstance(cls, type):
+        raise TypeError(f"rollout.custom_cls {custom.name!r} in {custom.path} must be a class, got {cls!r}")
     missing = [name for name in LIFECYCLE_METHODS if not callable(getattr(cls, name, None))]
-    if not isinstance(cls, type) or missing:
-        raise TypeError(f"rollout.custom_cls {custom.name!r} in {custom.path} must be a class with the rollout "
-                        f"lifecycle methods {list(LIFECYCLE_METHODS)} (subclass "
-                        f"hybridrl.workers.rollout.BaseRollout), got {cls!r}" + (f", missing {missing}" if isinstance(cls, type) else ""))
+    if missing:
+        raise TypeError(f"rollout.custom_cls {custom.name!r} in {custom.path} must have the rollout lifecycle methods "
+                        f"{list(LIFECYCLE_METHODS)} (subclass hybridrl.workers.rollout.BaseRollout); missing {missing}")
     return cls
 
 

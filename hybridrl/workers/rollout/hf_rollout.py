@@ -10,7 +10,7 @@ gathered; `release(("weights", ...))` frees the gathered copies again. Why: HF g
 one forward per new token, and under FSDP every forward of a sharded layer would all-gather that
 layer and free it again, i.e. one all-gather per layer per token; and since each rank stops when
 its own rows are finished, ranks would run different numbers of forwards and the collectives
-would deadlock. FSDP2: every FSDP module is unshared with reshard_after_forward=False until the
+would deadlock. FSDP2: every FSDP module is unsharded with reshard_after_forward=False until the
 release, which restores each layer's setting. FSDP1: `summon_full_params(writeback=False)`
 (generation does not change weights); under mixed precision (GPU) FSDP1 layers still gather their
 bf16 copy at each step, so the ranks then step together (HF's synced_gpus). The module is in eval
