@@ -196,7 +196,8 @@ class AgentLoopManager:
                                if self.rollout_config.calculate_log_probs else None))
         for key in sorted({key for output in outputs for key in output.extra_fields}):  # verl: non-tensor columns
             column = np.empty(len(outputs), dtype=object)
-            column[:] = [output.extra_fields.get(key) for output in outputs]
+            for row, output in enumerate(outputs):  # element-wise: a list value must stay one object
+                column[row] = output.extra_fields.get(key)
             batch.non_tensor_batch[key] = column
         batch.batch[AGENT_SCORES_KEY] = torch.tensor(
             [float("nan") if output.reward_score is None else float(output.reward_score) for output in outputs],
