@@ -4,19 +4,20 @@ against the ranks' HF engine servers, validation through the same path).
 
 The margins. Both runs must gain more than test_default_pipeline's MARGIN (0.25: 5.5 binomial sds of a
 difference of two accuracies on the 239 validation questions): a broken async path (no learning, stale
-weights, lost samples) fails there. Their final accuracies must also lie within MODE_MARGIN = 0.35 of each
+weights, lost samples) fails there. Their final accuracies must also lie within MODE_MARGIN = 0.40 of each
 other. The two modes sample different tokens (async batches requests as they arrive, so the RNG streams
-differ), so the gap is run-to-run noise of one training run, not of the evaluation: the sync run's final
-accuracy has been seen at 43.1 % (this test, 2026-11-27) and 57.7-68.6 % (seeds 1-3, test_default_pipeline),
-an sd of about 10 points, so a gap between two runs has an sd of about 14 points; 0.35 is 2.5 of those.
-Measured (2-core CI machine type, shared, 2026-11-27, default seed): sync 0.0 % -> 43.1 %, async 0.0 % ->
-57.7 % (gap 14.6 points); 65 s and 56 s of wall time.
+differ), so their gap is the run-to-run noise of training, not of evaluation: the sync run's final accuracy
+has been 43.1 %, 71.1 % (seeds 1 and 2, here) and 57.7-68.6 % (seeds 1-3, test_default_pipeline, before the
+engine-lifecycle change), an sd of about 11.5 points, so a gap between two runs has an sd of about 16 points;
+0.40 is 2.5 of those. Measured on the shared 2-core CI machine type, 2026-11-27:
+    seed 1 (default): sync 0.0 % -> 43.1 %, async 0.0 % -> 57.7 % (gap +14.6 points)
+    seed 2:           sync 0.0 % -> 71.1 %, async 0.0 % -> 51.9 % (gap -19.2 points)
 """
 import pytest
 
 from tests.test_default_pipeline import MARGIN, read_summary, run_default
 
-MODE_MARGIN = 0.35
+MODE_MARGIN = 0.40
 
 
 @pytest.mark.slow
