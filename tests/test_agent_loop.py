@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from hybridrl.agent_loop.base import AgentLoopBase, load_agent_loop_config
-from hybridrl.agent_loop.manager import AGENT_SCORES_KEY, apply_agent_scores, check_agent_names, check_output
+from hybridrl.agent_loop.manager import (AGENT_SCORES_KEY, apply_agent_scores, check_agent_names, check_output,
+                                         scores_on_trained_tokens)
 from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, EngineServerError
 from hybridrl.agent_loop import AgentLoopOutput
 from hybridrl.protocol import DataProto
@@ -77,6 +78,24 @@ def test_loop_reward_replaces_the_managers_on_the_last_response_token():
     scores = apply_agent_scores(batch, manager_scores)
     # row 0: the loop's 0.5 on its last token (a masked one: the last real token, as the reward managers place it)
     assert scores.tolist() == [[0.0, 0.0, 0.5, 0.0], [2.0, 0.0, 0.0, 0.0]]
+
+
+def test_a_score_on_a_trailing_tool_span_moves_to_the_last_model_token_and_is_not_lost():
+    from hybridrl.trainer.ppo.core_algos import (compute_gae_advantage_return,
+                                                 compute_reinforce_plus_plus_outcome_advantage)
+
+    # row 0: model, model, tool, tool (the manager scored the last real token, a tool token); row 1: no holes;
+    # row 2: a failed loop (nothing trained): left alone
+    response_mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0]])
+    scores = torch.tensor([[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    moved = scores_on_trained_tokens(scores, response_mask)
+    assert moved.tolist() == [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0]]
+    # where the score sat, the estimators (which skip masked tokens) lost it; moved, row 0 earns it
+    _, lost = compute_reinforce_plus_plus_outcome_advantage(scores, response_mask, gamma=1.0)
+    _, kept = compute_reinforce_plus_plus_outcome_advantage(moved, response_mask, gamma=1.0)
+    assert lost[0].abs().sum() == 0 and kept[0, :2].tolist() == [1.0, 1.0]
+    _, gae_returns = compute_gae_advantage_return(moved, torch.zeros(3, 4), response_mask, gamma=1.0, lam=1.0)
+    assert gae_returns[0, :2].tolist() == [1.0, 1.0]
 
 
 # ---------------------------------------------------------------------- engine servers

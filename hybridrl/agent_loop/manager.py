@@ -234,6 +234,27 @@ def _failure_site(error: str) -> str:
     return "\n".join(lines[:-1] + [lines[-1].split(":", 1)[0]]) if lines else error
 
 
+def scores_on_trained_tokens(token_level_scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """token_level_scores with what lies after each row's last trained token (response_mask 1) moved onto it.
+
+    The reward managers score a response on its last token. When an agent loop's response ends in tokens it
+    inserted (a tool's answer, response_mask 0), that token is one the estimators skip (GAE, REINFORCE++ carry
+    nothing across masked tokens), and the score would be lost; the model's last action is the token that
+    earns it. Sums per row are unchanged; rows without a trained token (failed loops) are left as they are."""
+    trained = response_mask.bool()
+    has_trained = trained.any(dim=-1)
+    if not has_trained.any():
+        return token_level_scores
+    width = trained.shape[1]
+    positions = torch.arange(width).expand_as(trained)
+    last = torch.where(trained, positions, torch.full_like(positions, -1)).max(dim=-1).values
+    after = positions > last.unsqueeze(-1)
+    moved = token_level_scores.masked_fill(after, 0)
+    rows = has_trained.nonzero().squeeze(-1)
+    moved[rows, last[rows]] += (token_level_scores * after)[rows].sum(dim=-1)
+    return moved
+
+
 def apply_agent_scores(batch: DataProto, token_level_scores: torch.Tensor) -> torch.Tensor:
     """token_level_scores with each row whose agent loop computed a reward_score replaced by that score, placed on
     the row's last response token (the reward managers' place); rows without one keep the reward manager's."""

@@ -20,7 +20,8 @@ import ray
 import torch
 from transformers import AutoTokenizer
 
-from hybridrl.agent_loop.manager import AgentLoopManager, apply_agent_scores, check_agent_names
+from hybridrl.agent_loop.manager import (AgentLoopManager, apply_agent_scores, check_agent_names,
+                                         scores_on_trained_tokens)
 from hybridrl.agent_loop.base import load_agent_loop_config
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller.heartbeat import WorkerWatch
@@ -364,8 +365,10 @@ class RayPPOTrainer:
         if self.use_rm:
             batch.union(self.rm_wg.compute_rm_score(batch))
         reward = reward_fn(batch, return_dict=True)
-        # rollout.mode=async: a score an agent loop computed itself replaces the manager's for its row
-        reward["reward_tensor"] = apply_agent_scores(batch, reward["reward_tensor"])
+        # rollout.mode=async: a score an agent loop computed itself replaces the manager's for its row, and a score
+        # on inserted tokens at a response's end (a tool's answer, response_mask 0) moves to the model's last token
+        reward["reward_tensor"] = scores_on_trained_tokens(apply_agent_scores(batch, reward["reward_tensor"]),
+                                                           batch.batch["response_mask"])
         return reward
 
     def _validate(self) -> dict[str, float]:
