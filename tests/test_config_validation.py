@@ -328,3 +328,19 @@ def test_check_paths_names_every_missing_or_wrong_file(tmp_path):
         f"critic.model.path: expected a local model directory containing config.json, got '{tmp_path}'",
         f"custom_reward_function.path: expected an existing .py file, got '{tmp_path / 'score.py'}' (no such file)",
     ]
+
+
+def test_async_rollout_mode_and_its_requirements():
+    assert problems_for("actor_rollout_ref.rollout.mode=remote")[0].startswith("actor_rollout_ref.rollout.mode:")
+    found = problems_for("actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.actor.strategy=fsdp",
+                         "actor_rollout_ref.rollout.custom_cls.path=x.py", "actor_rollout_ref.rollout.custom_cls.name=X",
+                         "actor_rollout_ref.rollout.agent.max_failed_sample_ratio=1.5",
+                         "actor_rollout_ref.rollout.agent.num_workers=0")
+    assert any(p.startswith("data.return_raw_chat: expected true with actor_rollout_ref.rollout.mode='async'")
+               for p in found), found
+    assert any(p.startswith("actor_rollout_ref.rollout.custom_cls: expected null") for p in found), found
+    assert any(p.startswith("actor_rollout_ref.actor.strategy: expected 'fsdp2'") for p in found), found
+    assert any(p.startswith("actor_rollout_ref.rollout.agent.max_failed_sample_ratio:") for p in found), found
+    assert any(p.startswith("actor_rollout_ref.rollout.agent.num_workers:") for p in found), found
+    config = validate_config(compose_config(["actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true"]))
+    assert config.actor_rollout_ref.rollout.agent.default_agent_loop == "single_turn_agent"

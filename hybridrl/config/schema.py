@@ -209,6 +209,16 @@ class EngineKwargsConfig(ConfigNode):
 
 
 @dataclass
+class AgentConfig(ConfigNode):
+    """`rollout.mode=async`: the agent-loop workers on the controller and the loops they may run (agent_loop/)."""
+    num_workers: int = positive()
+    agent_loop_config_path: Optional[str]
+    default_agent_loop: str
+    # share of a batch's agent loops that may raise before the step fails (each failed one costs its sample)
+    max_failed_sample_ratio: float = between(0, 1)
+
+
+@dataclass
 class ValKwargsConfig(ConfigNode):
     """Sampling used for validation generations (greedy by default)."""
     top_k: int
@@ -221,7 +231,7 @@ class ValKwargsConfig(ConfigNode):
 @dataclass
 class RolloutConfig(ConfigNode):
     name: str
-    mode: str
+    mode: Literal["sync", "async"]
     temperature: float = at_least(0)
     top_k: int
     top_p: float = between(0, 1, low_open=True)
@@ -249,6 +259,7 @@ class RolloutConfig(ConfigNode):
     engine_kwargs: EngineKwargsConfig
     val_kwargs: ValKwargsConfig
     custom_cls: CustomClassConfig
+    agent: AgentConfig
 
 
 @dataclass

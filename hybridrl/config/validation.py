@@ -29,7 +29,6 @@ NOT_IMPLEMENTED: dict[str, Any] = {
     "actor_rollout_ref.model.enable_activation_offload": False,
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 1,
     "actor_rollout_ref.actor.use_torch_compile": False,
-    "actor_rollout_ref.rollout.mode": "sync",
     "reward_model.launch_reward_fn_async": False,
     "algorithm.use_pf_ppo": False,
     "trainer.default_hdfs_dir": None,
@@ -443,6 +442,26 @@ def _offload_settings(values: _Values, problems: list[str]) -> None:
                         f"exactly when the actor is), got True")
 
 
+def _async_rollout_settings(values: _Values, problems: list[str]) -> None:
+    """rollout.mode=async: agent loops read the raw chat; the engine server serves the built-in engines; the hf
+    server's requests run unsynchronised across ranks, which only FSDP2's whole-model gather allows."""
+    if values("actor_rollout_ref.rollout.mode") != "async":
+        return
+    if not values("data.return_raw_chat"):
+        problems.append("data.return_raw_chat: expected true with actor_rollout_ref.rollout.mode='async' (agent "
+                        "loops get the raw chat messages as raw_prompt), got False")
+    custom = values("actor_rollout_ref.rollout.custom_cls")
+    if custom.get("path") is not None or custom.get("name") is not None:
+        problems.append("actor_rollout_ref.rollout.custom_cls: expected null with actor_rollout_ref.rollout.mode="
+                        "'async' (the engine server serves the built-in hf and sglang engines), got "
+                        f"{custom!r}")
+    if values("actor_rollout_ref.rollout.name") == "hf" and values("actor_rollout_ref.actor.strategy") == "fsdp":
+        problems.append("actor_rollout_ref.actor.strategy: expected 'fsdp2' with actor_rollout_ref.rollout.mode="
+                        "'async' and rollout.name='hf' (each rank's server generates on its own schedule; FSDP1 "
+                        "may gather layers at every step, a collective the ranks would not join together), got "
+                        "'fsdp'")
+
+
 RULES: list[Callable[[_Values, list[str]], None]] = [
     _not_implemented,
     _registered_names,
@@ -459,6 +478,7 @@ RULES: list[Callable[[_Values, list[str]], None]] = [
     _token_budgets_hold_a_sequence,
     _lora_settings,
     _offload_settings,
+    _async_rollout_settings,
 ]
 
 

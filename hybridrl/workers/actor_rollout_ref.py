@@ -75,6 +75,7 @@ class ActorRolloutRefWorker(Worker):
         # Counts the actor's weight changes (optimizer steps, checkpoint loads): the mode switch pushes the
         # weights into an engine only when the engine holds an older version.
         self.weights_version = 0
+        self.engine_server = None  # rollout.mode=async: this rank's engine server (start_engine_server)
 
     # ------------------------------------------------------------------ set-up
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -172,20 +173,40 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ mode switches
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def rollout_mode(self) -> dict[str, float]:
-        """Trainer mode -> rollout mode: the engine resumes its memory and holds the actor's current weights.
-        Returns this rank's timing_s/<part> metrics (resume_weights, update_weights, offload_trainer,
-        resume_kv_cache, the engine's own, reload_actor when parked parameters came back)."""
+        """Trainer mode -> rollout mode: the engine resumes its memory and holds the actor's current weights;
+        in rollout.mode=async its engine server then starts answering. Returns this rank's timing_s/<part> metrics
+        (resume_weights, update_weights, offload_trainer, resume_kv_cache, the engine's own, reload_actor when
+        parked parameters came back)."""
         self._require(self._is_rollout, "rollout_mode", "rollout")
         metrics = self.mode_switch.rollout_mode(self.weights_version)
+        if self.engine_server is not None:  # serves only with the weights in place
+            self.engine_server.serve()
         return {**metrics, **self.actor_offload.take_timing("actor")}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def trainer_mode(self) -> dict[str, float]:
-        """Rollout mode -> trainer mode: the engine releases its memory. Returns this rank's timing_s/<part>
+        """Rollout mode -> trainer mode: in rollout.mode=async the engine server first stops answering (requests
+        wait for the next rollout mode); the engine releases its memory. Returns this rank's timing_s/<part>
         metrics (release_engine, the engine's own, offload_actor)."""
         self._require(self._is_rollout, "trainer_mode", "rollout")
+        if self.engine_server is not None:
+            self.engine_server.pause()
         metrics = self.mode_switch.trainer_mode()
         return {**metrics, **self.actor_offload.take_timing("actor")}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def start_engine_server(self, eos_token_ids: list[int], pad_token_id: int) -> str:
+        """rollout.mode=async: start this rank's engine server (rollout/async_server.py), answering only between
+        rollout_mode and trainer_mode; returns its "host:port"."""
+        self._require(self._is_rollout, "start_engine_server", "rollout")
+        import ray
+
+        from hybridrl.workers.rollout.async_server import build_engine_server
+
+        self.engine_server = build_engine_server(self.rollout, self.config.rollout, fsdp_root(self.actor_module),
+                                                 list(eos_token_ids), int(pad_token_id),
+                                                 host=ray.util.get_node_ip_address())
+        return self.engine_server.address
 
     # ------------------------------------------------------------------ data methods
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

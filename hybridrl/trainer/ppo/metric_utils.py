@@ -34,11 +34,13 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
 
 def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]:
     """Scores, rewards, advantages, returns, values and lengths of one training batch."""
-    response_mask = batch.batch["response_mask"].bool()
+    response_mask = batch.batch["response_mask"].bool()  # the tokens trained on
     prompt_mask = batch.batch["attention_mask"][:, : -response_mask.shape[1]].bool()
     max_response_length = response_mask.shape[1]
     max_prompt_length = prompt_mask.shape[1]
-    response_length = response_mask.sum(-1).float()
+    # A response's length counts all its tokens, also those an agent loop inserted (response_mask 0 inside the
+    # response, e.g. tool output), as verl does: the clip ratio says how many responses hit the length limit.
+    response_length = batch.batch["attention_mask"][:, -max_response_length:].sum(-1).float()
     prompt_length = prompt_mask.sum(-1).float()
 
     metrics = {}

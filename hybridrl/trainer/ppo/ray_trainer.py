@@ -19,6 +19,9 @@ import numpy as np
 import ray
 import torch
 
+from hybridrl.agent_loop.manager import (AgentLoopManager, apply_agent_scores, check_agent_names,
+                                         scores_on_trained_tokens)
+from hybridrl.agent_loop.base import load_agent_loop_config
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller.heartbeat import WorkerWatch
 from hybridrl.single_controller.ray import (
@@ -83,6 +86,10 @@ class RayPPOTrainer:
 
         self.nonfinite_guard = NonFiniteStepGuard(config.trainer.max_consecutive_nonfinite_steps, self.world_size)
         self.train_dataloader, self.val_dataloader = self._create_dataloaders()
+        self.async_rollout = config.actor_rollout_ref.rollout.mode == "async"
+        self.agent_loop_manager: AgentLoopManager | None = None  # async mode: built by init_workers
+        if self.async_rollout:
+            self._check_agent_loops()
         self.total_training_steps = self._total_training_steps()  # the workers' LR schedules get it at init
 
         self.reward_fn = load_reward_manager(config, self.tokenizer, num_examine=0)
@@ -108,6 +115,18 @@ class RayPPOTrainer:
         val = make_dataloader(val_set, batch_size=data.val_batch_size or len(val_set), shuffle=False,
                               seed=data.seed, drop_last=False, num_workers=data.dataloader_num_workers)
         return train, val
+
+    def _check_agent_loops(self) -> None:
+        """Async mode, before any worker starts: the loops' YAML loads and every agent name the data asks for (or
+        the default) is registered."""
+        agent = self.config.actor_rollout_ref.rollout.agent
+        registry = load_agent_loop_config(agent.agent_loop_config_path)
+        check_agent_names([agent.default_agent_loop], registry, "actor_rollout_ref.rollout.agent.default_agent_loop")
+        for key, loader in (("data.train_files", self.train_dataloader), ("data.val_files", self.val_dataloader)):
+            rows = getattr(loader.dataset, "rows", None) if loader is not None else None
+            if rows:  # a custom dataset without rows is checked batch by batch
+                names = {row.get("agent_name") or agent.default_agent_loop for row in rows}
+                check_agent_names(names, registry, f"{key}: column agent_name")
 
     def _total_training_steps(self) -> int:
         steps = len(self.train_dataloader) * self.config.trainer.total_epochs
@@ -149,9 +168,15 @@ class RayPPOTrainer:
         # The actor/rollout goes last so an inference engine sizes its cache after the critic is in memory.
         self.actor_rollout_wg = groups["actor_rollout"]
         self.actor_rollout_wg.init_model()
+        if self.async_rollout:  # one engine server per rank; agent-loop workers on the controller's node
+            eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+            addresses = self.actor_rollout_wg.start_engine_server([eos], pad)
+            self.agent_loop_manager = AgentLoopManager(self.config, addresses, eos_token_id=eos, pad_token_id=pad)
 
     def shutdown(self):
         """Stop the workers and free their placement groups (so a later trainer in this Ray can start)."""
+        if self.agent_loop_manager is not None:
+            self.agent_loop_manager.shutdown()
         self.resource_pool.remove()
 
     # ------------------------------------------------------------------ the algorithm
@@ -239,6 +264,7 @@ class RayPPOTrainer:
                 metrics.update(self._rollout_mode())
             with timer("gen", timing):
                 batch = self._generate(prompts, n=rollout.n, validate=False)
+                metrics.update(reduce_metrics(batch.meta_info.pop("metrics", {})))  # async: agent_loop/*
             if is_remax:  # ReMax's baseline: each prompt's greedy response from the same weights
                 with timer("gen_max", timing):
                     greedy = self._generate(prompts, n=1, validate=False, do_sample=False)
@@ -318,19 +344,35 @@ class RayPPOTrainer:
 
     def _generate(self, prompts: DataProto, *, n: int, validate: bool, do_sample: bool | None = None) -> DataProto:
         """Each row of `prompts` repeated `n` times (interleaved: a prompt's responses are consecutive) with its
-        generated response; the rows' other columns come along. Needs rollout mode. `prompts` is not changed."""
+        generated response; the rows' other columns come along. Needs rollout mode. `prompts` is not changed.
+
+        rollout.mode=sync: each rank's engine generates its slice of the padded prompts in one call.
+        rollout.mode=async: the AgentLoopManager runs one agent loop per row against the ranks' engine servers;
+        a loop gets its row's columns (raw chat, extra_info, ...) too. Its agent_loop/* metrics ride in
+        meta_info["metrics"] (train_step pops them)."""
         generation_input = prompts.select(batch_keys=GEN_KEYS)
         generation_input.meta_info = self._generation_meta(validate=validate, do_sample=do_sample)
-        rows = prompts.select(batch_keys=[key for key in prompts.batch if key not in GEN_KEYS])
-        generated = self.actor_rollout_wg.generate_sequences(generation_input.repeat(n, interleave=True))
-        return rows.repeat(n, interleave=True).union(generated)
+        rows = prompts.select(batch_keys=[key for key in prompts.batch if key not in GEN_KEYS]).repeat(
+            n, interleave=True)
+        generation_input = generation_input.repeat(n, interleave=True)
+        if self.async_rollout:
+            requests = DataProto(generation_input.batch, dict(rows.non_tensor_batch), generation_input.meta_info)
+            generated = self.agent_loop_manager.generate_sequences(requests)
+        else:
+            generated = self.actor_rollout_wg.generate_sequences(generation_input)
+        return rows.union(generated)
 
     def _score(self, batch: DataProto, reward_fn) -> dict:
         """The reward manager's result for `batch` (reward_tensor, reward_metrics, reward_extra_info); with a
         reward model its rm_scores are added to `batch` first (the managers add them to the rule scores)."""
         if self.use_rm:
             batch.union(self.rm_wg.compute_rm_score(batch))
-        return reward_fn(batch, return_dict=True)
+        reward = reward_fn(batch, return_dict=True)
+        # rollout.mode=async: a score an agent loop computed itself replaces the manager's for its row, and a score
+        # on inserted tokens at a response's end (a tool's answer, response_mask 0) moves to the model's last token
+        reward["reward_tensor"] = scores_on_trained_tokens(apply_agent_scores(batch, reward["reward_tensor"]),
+                                                           batch.batch["response_mask"])
+        return reward
 
     def _validate(self) -> dict[str, float]:
         """Generate with `rollout.val_kwargs` (greedy by default) on the whole validation set, in one rollout-mode

@@ -1,0 +1,173 @@
+"""What an agent loop is: the base class, its output record and the registry of named loops.
+
+Shaped like verl's `verl.experimental.agent_loop` so a verl agent loop ports by changing imports only:
+
+    from hybridrl.agent_loop import AgentLoopBase, AgentLoopOutput, register
+
+    @register("my_agent")
+    class MyAgentLoop(AgentLoopBase):
+        async def run(self, sampling_params, **kwargs) -> AgentLoopOutput:
+            prompt_ids = await self.apply_chat_template(kwargs["raw_prompt"])
+            output = await self.server_manager.generate(request_id=..., prompt_ids=prompt_ids,
+                                                        sampling_params=sampling_params)
+            ...  # output.token_ids, output.log_probs
+
+One instance runs one sample: `run` gets the rollout's sampling parameters and every column of the
+sample's dataset row as keyword arguments (raw_prompt, extra_info, reward_model, data_source, ...).
+It returns token lists, never padded tensors: padding happens once, when the manager turns all
+outputs into the batch (workers/rollout/batch_layout.py).
+
+Loops are found by name: `@register("name")` in code, or a YAML list named by
+`actor_rollout_ref.rollout.agent.agent_loop_config_path`
+
+    - name: my_agent
+      _target_: my_package.my_module.MyAgentLoop     # any other keys go to __init__ as keyword arguments
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+from abc import ABC, abstractmethod
+from typing import Any, Optional
+
+import yaml
+from pydantic import BaseModel
+
+# name -> {"_target_": "module.Class", **init kwargs}; filled by @register and by the YAML file.
+_agent_loop_registry: dict[str, dict[str, Any]] = {}
+
+BUILTIN_AGENT_LOOP_MODULES = ("hybridrl.agent_loop.single_turn",)
+
+
+class TokenOutput(BaseModel):
+    """What the server manager's `generate` returns (verl's TokenOutput): the generated ids, stop token included,
+    and their log-probs under the sampling distribution (None unless sampling_params["logprobs"])."""
+    token_ids: list[int]
+    log_probs: Optional[list[float]] = None
+    routed_experts: Optional[Any] = None
+    stop_reason: Optional[str] = None  # "completed" (EOS), "length" (max_tokens) or "aborted"
+    num_preempted: Optional[int] = None
+
+
+class AgentLoopMetrics(BaseModel):
+    """Seconds a loop spent waiting for the engine and for its tools (verl's names)."""
+    generate_sequences: float = 0.0
+    tool_calls: float = 0.0
+
+
+class AgentLoopOutput(BaseModel):
+    """One sample's trajectory as token lists.
+
+    response_ids holds everything after the prompt: the model's tokens and whatever the loop inserted
+    (tool output, observations); response_mask is 1 on the model's tokens (trained on) and 0 on the
+    inserted ones. reward_score, when set, is the sample's score and replaces the reward manager's.
+    """
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: Optional[list[float]] = None
+    multi_modal_data: Optional[dict[str, Any]] = None
+    reward_score: Optional[float] = None
+    num_turns: int = 0
+    metrics: AgentLoopMetrics = AgentLoopMetrics()
+    extra_fields: dict[str, Any] = {}
+
+
+class TrainerConfig:
+    """The `trainer_config` argument of AgentLoopBase: the whole run config as `.config` (verl's _DummyConfig)."""
+
+    def __init__(self, config) -> None:
+        self.config = config
+
+
+class AgentLoopBase(ABC):
+    """Runs one sample against the engine servers; one instance per sample (verl's AgentLoopBase)."""
+
+    _class_initialized = False
+
+    def __init__(self, trainer_config: TrainerConfig, server_manager, tokenizer, processor=None, **kwargs):
+        """trainer_config.config: the run config (self.config); server_manager: `generate` on the engines;
+        kwargs: the loop's YAML entry besides name/_target_, also handed to init_class once per class."""
+        self.init_class(config=trainer_config.config, tokenizer=tokenizer, processor=processor, **kwargs)
+        self.config = trainer_config.config
+        self.server_manager = server_manager
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.loop = asyncio.get_running_loop()
+
+    @classmethod
+    def init_class(cls, config, tokenizer, processor=None, **kwargs) -> None:
+        """Heavy set-up shared by every instance of a class (tools, clients), run once per process."""
+        if cls._class_initialized:
+            return
+        cls._class_initialized = True
+
+    async def apply_chat_template(self, messages: list[dict], tools: Optional[list[dict]] = None,
+                                  **kwargs) -> list[int]:
+        """Token ids of `messages` with the generation prompt appended (tokenized off the event loop)."""
+        def tokenize() -> list[int]:
+            text = self.tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=True,
+                                                      tokenize=False, **kwargs)
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return await self.loop.run_in_executor(None, tokenize)
+
+    @abstractmethod
+    async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
+        """One sample's trajectory. kwargs: the sample's dataset columns (raw_prompt, extra_info, ...)."""
+
+
+def register(agent_name: str):
+    """Class decorator: make the loop selectable by `agent_name` (dataset column) or `default_agent_loop`."""
+    def decorator(subclass: type) -> type:
+        _agent_loop_registry[agent_name] = {"_target_": f"{subclass.__module__}.{subclass.__qualname__}"}
+        return subclass
+    return decorator
+
+
+def load_agent_loop_config(path: Optional[str]) -> dict[str, dict[str, Any]]:
+    """The registry after importing the built-in loops and the YAML at `path` (None: built-ins only).
+
+    Each YAML entry needs `name` and `_target_` (module.Class, importable, a subclass of AgentLoopBase);
+    errors name the file and the entry."""
+    for module in BUILTIN_AGENT_LOOP_MODULES:
+        importlib.import_module(module)
+    if path is None:
+        return dict(_agent_loop_registry)
+    where = "actor_rollout_ref.rollout.agent.agent_loop_config_path"
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{where}={path!r}: no such file")
+    with open(path) as f:
+        entries = yaml.safe_load(f)
+    if not isinstance(entries, list):
+        raise ValueError(f"{where}={path!r}: expected a YAML list of {{name, _target_}} entries, got {entries!r}")
+    for position, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or \
+                not isinstance(entry.get("_target_"), str):
+            raise ValueError(f"{path} entry {position}: expected a mapping with string keys name and _target_, "
+                             f"got {entry!r}")
+        resolve_target(entry["_target_"], f"{path} entry {position} ({entry['name']!r})")
+        _agent_loop_registry[entry["name"]] = {key: value for key, value in entry.items() if key != "name"}
+    return dict(_agent_loop_registry)
+
+
+def resolve_target(target: str, where: str) -> type:
+    """The AgentLoopBase subclass `module.Class` names; `where` says in errors which entry named it."""
+    module_name, _, class_name = target.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ImportError(f"{where}: cannot import _target_ {target!r}: {err}") from err
+    if not (isinstance(cls, type) and issubclass(cls, AgentLoopBase)):
+        raise TypeError(f"{where}: _target_ {target!r} must be a subclass of hybridrl.agent_loop.AgentLoopBase, "
+                        f"got {cls!r}")
+    return cls
+
+
+def instantiate_agent_loop(name: str, registry: dict[str, dict[str, Any]], **init_kwargs) -> AgentLoopBase:
+    """A new loop instance for one sample (the registry entry's extra keys become keyword arguments)."""
+    if name not in registry:
+        raise KeyError(f"agent loop {name!r} is not registered; known: {sorted(registry)}")
+    entry = dict(registry[name])
+    cls = resolve_target(entry.pop("_target_"), f"agent loop {name!r}")
+    return cls(**init_kwargs, **entry)

@@ -1,0 +1,274 @@
+"""AgentLoopManager: `rollout.mode=async` generation, one agent loop per sample, from the controller.
+
+    controller ── AgentLoopManager.generate_sequences(prompts)
+                    │  splits the rows over rollout.agent.num_workers AgentLoopWorker Ray actors
+                    ▼
+                  AgentLoopWorker (async actor): one asyncio task per row → agent loop `run`
+                    │  server_manager.generate(request_id, prompt_ids, sampling_params)
+                    ▼
+                  engine servers, one per actor-rollout rank (workers/rollout/async_server.py)
+
+Each row's loop is chosen by its `agent_name` column, else rollout.agent.default_agent_loop; it gets
+every column of its dataset row as keyword arguments. The outputs come back as token lists and
+are padded once, here, into the trainer's batch layout (batch_layout.to_batch_layout); each key of
+a loop's extra_fields becomes a non-tensor column (None for rows whose loop did not set it), as in verl.
+
+Faults:
+- a loop that raises (or returns an output that does not fit) costs its row only: the row gets a
+  one-token response (EOS) with response_mask 0 (no loss, no advantage) and score 0, is counted in
+  `agent_loop/num_failed`, and its traceback is printed once per place it fails at. When more than
+  `rollout.agent.max_failed_sample_ratio` of the rows fail, the step fails with the first traceback.
+- an engine server's error or death (EngineServerError, also when a loop wrapped it) fails the step.
+- an agent name that no loop is registered under is refused before any row runs, naming the known ones.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import traceback
+from typing import Any, Optional
+
+import numpy as np
+import ray
+import torch
+from transformers import AutoTokenizer
+
+from hybridrl.agent_loop.base import (AgentLoopOutput, TrainerConfig, instantiate_agent_loop,
+                                      load_agent_loop_config)
+from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, EngineServerError
+from hybridrl.protocol import DataProto
+from hybridrl.utils.import_utils import load_extensions
+from hybridrl.workers.rollout.batch_layout import to_batch_layout
+
+AGENT_SCORES_KEY = "agent_reward_scores"  # per row: the loop's reward_score, NaN when it gave none
+
+
+def rollout_sampling_params(rollout_config, validate: bool, do_sample: bool) -> dict[str, Any]:
+    """The sampling parameters every loop of a batch gets (verl's keys; val_kwargs when validating)."""
+    source = rollout_config.val_kwargs if validate else rollout_config
+    greedy = not do_sample or source.temperature == 0
+    return {"temperature": 0.0 if greedy else float(source.temperature), "top_p": float(source.top_p),
+            "top_k": int(source.top_k), "repetition_penalty": 1.0, "logprobs": bool(rollout_config.calculate_log_probs)}
+
+
+def check_agent_names(names, registry: dict[str, Any], where: str) -> None:
+    """Refuse agent names that no loop is registered under, naming the known ones."""
+    unknown = sorted({str(name) for name in names} - set(registry))
+    if unknown:
+        raise ValueError(f"{where}: agent loop(s) {unknown} are not registered; known: {sorted(registry)} "
+                         f"(register with @register(name) or list them in "
+                         f"actor_rollout_ref.rollout.agent.agent_loop_config_path)")
+
+
+def _caused_by_server(error: BaseException) -> Optional[EngineServerError]:
+    """The EngineServerError in an exception's cause/context chain, if any."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, EngineServerError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+@ray.remote
+class AgentLoopWorker:
+    """Runs the agent loops of its share of a batch concurrently on one asyncio loop (an async Ray actor)."""
+
+    def __init__(self, config, server_addresses: list[str]):
+        self.config = config
+        load_extensions(list(config.extensions))  # loops an extension file registers with @register
+        rollout = config.actor_rollout_ref.rollout
+        model = config.actor_rollout_ref.model
+        self.tokenizer = AutoTokenizer.from_pretrained(config.data.tokenizer or model.path,
+                                                       trust_remote_code=model.trust_remote_code)
+        self.registry = load_agent_loop_config(rollout.agent.agent_loop_config_path)
+        self.server_manager = AsyncLLMServerManager(server_addresses)
+
+    async def run(self, rows: list[dict[str, Any]], sampling_params: dict[str, Any]) -> list[dict[str, Any]]:
+        """One result per row: {"output": AgentLoopOutput as dict} or {"error": traceback}."""
+        return list(await asyncio.gather(*(self._run_row(row, sampling_params) for row in rows)))
+
+    async def _run_row(self, row: dict[str, Any], sampling_params: dict[str, Any]) -> dict[str, Any]:
+        row = dict(row)
+        agent_name = row.pop("agent_name")
+        try:
+            loop = instantiate_agent_loop(agent_name, self.registry, trainer_config=TrainerConfig(self.config),
+                                          server_manager=self.server_manager, tokenizer=self.tokenizer,
+                                          processor=None)
+            output = await loop.run(dict(sampling_params), **row)
+            check_output(output, self.config.actor_rollout_ref.rollout, agent_name)
+            return {"output": output.model_dump()}
+        except Exception as error:
+            server_error = _caused_by_server(error)
+            if server_error is not None:
+                raise server_error
+            return {"error": f"agent loop {agent_name!r}: {traceback.format_exc()}"}
+
+
+def check_output(output, rollout_config, agent_name: str) -> None:
+    """An output that cannot enter the batch is the loop's fault: it fails that row, with what is wrong."""
+    if not isinstance(output, AgentLoopOutput):
+        raise TypeError(f"agent loop {agent_name!r} returned {type(output).__name__}, expected AgentLoopOutput")
+    if rollout_config.calculate_log_probs and output.response_logprobs is None:
+        raise ValueError("rollout.calculate_log_probs is on but the loop returned no response_logprobs (pass on "
+                         "the server's TokenOutput.log_probs, 0.0 for tokens the model did not generate)")
+    widths = {"response_mask": len(output.response_mask)}
+    if output.response_logprobs is not None:
+        widths["response_logprobs"] = len(output.response_logprobs)
+    for name, width in widths.items():
+        if width != len(output.response_ids):
+            raise ValueError(f"{name} has {width} entries, response_ids has {len(output.response_ids)}")
+    if not 0 < len(output.prompt_ids) <= rollout_config.prompt_length:
+        raise ValueError(f"prompt_ids has {len(output.prompt_ids)} tokens, expected 1..rollout.prompt_length="
+                         f"{rollout_config.prompt_length}")
+    if len(output.response_ids) > rollout_config.response_length:
+        raise ValueError(f"response_ids has {len(output.response_ids)} tokens, more than rollout.response_length="
+                         f"{rollout_config.response_length}")
+    if any(value not in (0, 1) for value in output.response_mask):
+        raise ValueError("response_mask must hold only 0 and 1")
+
+
+class AgentLoopManager:
+    """Owns the AgentLoopWorker actors; `generate_sequences` is the async mode's generate_sequences."""
+
+    def __init__(self, config, server_addresses: list[str], eos_token_id: int, pad_token_id: int):
+        rollout = config.actor_rollout_ref.rollout
+        self.rollout_config = rollout
+        self.default_agent_loop = rollout.agent.default_agent_loop
+        self.max_failed_ratio = rollout.agent.max_failed_sample_ratio
+        self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
+        self.registry = load_agent_loop_config(rollout.agent.agent_loop_config_path)
+        check_agent_names([self.default_agent_loop], self.registry,
+                          "actor_rollout_ref.rollout.agent.default_agent_loop")
+        # The YAML's _target_ modules must import in the workers as they do here: they get this process's PYTHONPATH.
+        env = {"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}} if os.environ.get("PYTHONPATH") else None
+        self.workers = [AgentLoopWorker.options(num_cpus=0, runtime_env=env).remote(config, server_addresses)
+                        for _ in range(rollout.agent.num_workers)]
+        self._reported: set[str] = set()
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """The rollout of every row of `prompts` (its tensors and all its non-tensor columns), in the layout of
+        the sync rollouts plus AGENT_SCORES_KEY; meta_info["metrics"]: agent_loop/* for this batch."""
+        started = time.perf_counter()
+        rows = self._rows(prompts)
+        check_agent_names([row["agent_name"] for row in rows], self.registry, "dataset column agent_name")
+        params = rollout_sampling_params(self.rollout_config, validate=prompts.meta_info.get("validate", False),
+                                         do_sample=prompts.meta_info.get("do_sample", self.rollout_config.do_sample))
+        shares = np.array_split(np.arange(len(rows)), len(self.workers))
+        pending = [worker.run.remote([rows[i] for i in share], params)
+                   for worker, share in zip(self.workers, shares) if len(share)]
+        results = [result for share in ray.get(pending) for result in share]
+        output = self._to_batch(rows, results)
+        output.meta_info["metrics"]["timing_s/agent_loop"] = time.perf_counter() - started
+        return output
+
+    def _rows(self, prompts: DataProto) -> list[dict[str, Any]]:
+        """Each row's non-tensor columns (raw_prompt, extra_info, raw_prompt_ids, ...) plus its agent_name."""
+        columns = prompts.non_tensor_batch
+        rows = [{key: value[i] for key, value in columns.items()} for i in range(len(prompts))]
+        for row in rows:
+            row.setdefault("agent_name", self.default_agent_loop)
+            if row["agent_name"] is None:
+                row["agent_name"] = self.default_agent_loop
+        if rows and "raw_prompt_ids" not in rows[0]:  # a custom dataset: the prompt tensors say it
+            for row, ids, mask in zip(rows, prompts.batch["input_ids"], prompts.batch["attention_mask"]):
+                row["raw_prompt_ids"] = ids[mask.bool()].tolist()
+        return rows
+
+    def _to_batch(self, rows: list[dict[str, Any]], results: list[dict[str, Any]]) -> DataProto:
+        outputs, errors = [], []
+        for row, result in zip(rows, results):
+            if "error" in result:
+                errors.append(result["error"])
+                outputs.append(AgentLoopOutput(prompt_ids=list(row["raw_prompt_ids"]), response_ids=[self.eos_token_id],
+                                               response_mask=[0], reward_score=0.0))
+            else:
+                outputs.append(AgentLoopOutput(**result["output"]))
+        self._report(errors, len(rows))
+        batch = to_batch_layout(
+            [output.prompt_ids for output in outputs], [output.response_ids for output in outputs],
+            prompt_length=self.rollout_config.prompt_length, response_length=self.rollout_config.response_length,
+            pad_token_id=self.pad_token_id, response_mask=[output.response_mask for output in outputs],
+            # failed rows have none: zeros, under their all-zero response_mask
+            response_logprobs=([output.response_logprobs or [0.0] * len(output.response_ids) for output in outputs]
+                               if self.rollout_config.calculate_log_probs else None))
+        for key in sorted({key for output in outputs for key in output.extra_fields}):  # verl: non-tensor columns
+            column = np.empty(len(outputs), dtype=object)
+            for row, output in enumerate(outputs):  # element-wise: a list value must stay one object
+                column[row] = output.extra_fields.get(key)
+            batch.non_tensor_batch[key] = column
+        batch.batch[AGENT_SCORES_KEY] = torch.tensor(
+            [float("nan") if output.reward_score is None else float(output.reward_score) for output in outputs],
+            dtype=torch.float32)
+        batch.meta_info["metrics"] = {
+            "agent_loop/num_failed": float(len(errors)),
+            "agent_loop/num_turns/mean": float(np.mean([output.num_turns for output in outputs])),
+            "agent_loop/generate_sequences/mean": float(np.mean([output.metrics.generate_sequences
+                                                                 for output in outputs])),
+            "agent_loop/tool_calls/mean": float(np.mean([output.metrics.tool_calls for output in outputs])),
+        }
+        return batch
+
+    def _report(self, errors: list[str], rows: int) -> None:
+        for error in errors:
+            where = _failure_site(error)
+            if where not in self._reported:
+                self._reported.add(where)
+                print(f"agent loop failed (its sample gets no loss; later failures at the same place are only counted "
+                      f"in agent_loop/num_failed):\n{error}", flush=True)
+        if errors and len(errors) > self.max_failed_ratio * rows:
+            raise RuntimeError(f"{len(errors)} of {rows} agent loops failed, more than "
+                               f"actor_rollout_ref.rollout.agent.max_failed_sample_ratio={self.max_failed_ratio}; "
+                               f"the first:\n{errors[0]}")
+
+    def shutdown(self) -> None:
+        for worker in self.workers:
+            ray.kill(worker)
+
+
+def _failure_site(error: str) -> str:
+    """A failure's traceback without its message (which may name the sample): the same bug is reported once."""
+    lines = error.rstrip().splitlines()
+    return "\n".join(lines[:-1] + [lines[-1].split(":", 1)[0]]) if lines else error
+
+
+def scores_on_trained_tokens(token_level_scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """token_level_scores with what lies after each row's last trained token (response_mask 1) moved onto it.
+
+    The reward managers score a response on its last token. When an agent loop's response ends in tokens it
+    inserted (a tool's answer, response_mask 0), that token is one the estimators skip (GAE, REINFORCE++ carry
+    nothing across masked tokens), and the score would be lost; the model's last action is the token that
+    earns it. Sums per row are unchanged; rows without a trained token (failed loops) are left as they are."""
+    trained = response_mask.bool()
+    has_trained = trained.any(dim=-1)
+    if not has_trained.any():
+        return token_level_scores
+    width = trained.shape[1]
+    positions = torch.arange(width).expand_as(trained)
+    last = torch.where(trained, positions, torch.full_like(positions, -1)).max(dim=-1).values
+    after = positions > last.unsqueeze(-1)
+    moved = token_level_scores.masked_fill(after, 0)
+    rows = has_trained.nonzero().squeeze(-1)
+    moved[rows, last[rows]] += (token_level_scores * after)[rows].sum(dim=-1)
+    return moved
+
+
+def apply_agent_scores(batch: DataProto, token_level_scores: torch.Tensor) -> torch.Tensor:
+    """token_level_scores with each row whose agent loop computed a reward_score replaced by that score, placed on
+    the row's last response token (the reward managers' place); rows without one keep the reward manager's."""
+    if AGENT_SCORES_KEY not in batch.batch.keys():
+        return token_level_scores
+    scores = batch.batch[AGENT_SCORES_KEY]
+    from_loop = ~torch.isnan(scores)
+    if not from_loop.any():
+        return token_level_scores
+    response_width = token_level_scores.shape[1]
+    response_attention = batch.batch["attention_mask"][:, -response_width:]
+    last = (response_attention.cumsum(-1) == response_attention.sum(-1, keepdim=True)).long().argmax(-1)
+    replaced = token_level_scores.clone()
+    replaced[from_loop] = 0
+    rows = from_loop.nonzero().squeeze(-1)
+    replaced[rows, last[rows]] = scores[rows].to(replaced.dtype)
+    return replaced

@@ -1,0 +1,80 @@
+"""AsyncLLMServerManager: which engine server gets a request, and the HTTP call to it.
+
+Balancing: a new request id goes to the server with the fewest requests in flight right now (ties:
+the first listed); a request id seen before goes back to the server it went to (sticky, an LRU map
+of `max_cache_size` ids), so a multi-turn conversation that reuses its request id hits the server
+whose prefix cache already holds its earlier turns. verl counts requests ever assigned; counting
+the ones in flight balances by the load the servers actually carry.
+
+Failures: any error of the server (HTTP 5xx with its message, a refused or dropped connection of a
+dead worker) raises EngineServerError, which fails the step, never only the sample (see manager.py).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Optional
+
+import aiohttp
+
+from hybridrl.agent_loop.base import TokenOutput
+
+
+class EngineServerError(RuntimeError):
+    """An engine server failed or is unreachable: the step fails (an agent loop's own bug only costs its sample)."""
+
+
+class AsyncLLMServerManager:
+    def __init__(self, server_addresses: list[str], max_cache_size: int = 10000, connect_timeout_s: float = 30.0):
+        """server_addresses: "host:port" of each replica's engine server, in rank order (errors name the rank)."""
+        if not server_addresses:
+            raise ValueError("AsyncLLMServerManager needs at least one server address")
+        self.server_addresses = list(server_addresses)
+        self.in_flight = {address: 0 for address in self.server_addresses}
+        self.request_to_server: OrderedDict[str, str] = OrderedDict()
+        self.max_cache_size = max_cache_size
+        self.connect_timeout_s = connect_timeout_s
+        self._session: Optional[aiohttp.ClientSession] = None
+
+    def choose_server(self, request_id: str) -> str:
+        """The server this request id sticks to, else the least loaded one (remembered for the id's next turn)."""
+        if request_id in self.request_to_server:
+            self.request_to_server.move_to_end(request_id)
+            return self.request_to_server[request_id]
+        server = min(self.server_addresses, key=lambda address: self.in_flight[address])
+        self.request_to_server[request_id] = server
+        if len(self.request_to_server) > self.max_cache_size:
+            self.request_to_server.popitem(last=False)
+        return server
+
+    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
+                       image_data: Optional[list[Any]] = None) -> TokenOutput:
+        """The tokens one server generates after `prompt_ids` (verl's signature; images are not supported yet)."""
+        if image_data is not None:
+            raise NotImplementedError("server_manager.generate: image_data (multi-modal) is not supported yet")
+        server = self.choose_server(request_id)
+        self.in_flight[server] += 1
+        try:
+            body = await self._post(server, {"request_id": request_id, "prompt_ids": list(prompt_ids),
+                                             "sampling_params": dict(sampling_params)})
+        finally:
+            self.in_flight[server] -= 1
+        return TokenOutput(**body)
+
+    async def _post(self, server: str, payload: dict) -> dict:
+        if self._session is None:  # created inside the running loop, as aiohttp requires
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s)
+            self._session = aiohttp.ClientSession(timeout=timeout)
+        try:
+            async with self._session.post(f"http://{server}/generate", json=payload) as response:
+                if response.status != 200:
+                    raise EngineServerError(f"engine server {server} (rank {self.server_addresses.index(server)}) "
+                                            f"answered HTTP {response.status}: {await response.text()}")
+                return await response.json()
+        except aiohttp.ClientError as err:
+            raise EngineServerError(f"engine server {server} (rank {self.server_addresses.index(server)}) is "
+                                    f"unreachable or died mid-request: {type(err).__name__}: {err}") from err
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

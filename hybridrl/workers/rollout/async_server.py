@@ -1,0 +1,258 @@
+"""The engine server of `rollout.mode=async`: each rollout replica (actor-rollout worker rank) answers
+single generate requests over HTTP while the controller's agent loops send them.
+
+Why HTTP on the node's address rather than Ray actor calls: the worker is a synchronous Ray actor
+(one method at a time). An engine must take many requests at once to batch them, while the worker's
+own Ray thread stays free for the controller's calls (rollout_mode / trainer_mode). A small aiohttp
+server on its own event loop gives that without touching the worker's Ray concurrency, is what
+verl's and SGLang's servers are (so an external engine server slots in), and a worker that dies
+closes its socket: the client sees the refused or dropped connection at once, with no timeout to tune.
+
+The server serves only in rollout mode. `serve()` (called by the worker's rollout_mode, once the
+engine holds the trainer's weights) opens the gate and runs its event loop in a thread; `pause()`
+(trainer_mode) closes the gate, waits for the requests under way and stops the loop before the
+weights move again. A request arriving in trainer mode waits (in the socket's backlog, or at the
+gate) until the next rollout_mode: no request ever sees released or half-updated weights.
+
+Engines (`AsyncEngine`: `async generate(prompt_ids, sampling_params) -> dict`):
+- HFGenerateEngine: HF `generate` on the FSDP-held module (CPU and GPU), batching the requests
+  that arrive together (sglang_async.py has SGLang's).
+
+Request (POST /generate, JSON): {"request_id", "prompt_ids": [int], "sampling_params": {temperature,
+top_p, top_k, logprobs, max_tokens (default rollout.response_length)}}. Temperature 0 = greedy.
+Answer: verl's TokenOutput as JSON {token_ids, log_probs, stop_reason}; an engine error is an HTTP 500
+whose body is the error and its traceback.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol
+
+import torch
+from aiohttp import web
+
+from hybridrl.utils.fsdp_utils import hf_module
+from hybridrl.utils.torch_functional import logprobs_from_logits
+
+SAMPLING_KEYS = {"temperature", "top_p", "top_k", "logprobs", "max_tokens", "max_new_tokens", "repetition_penalty"}
+
+
+class AsyncEngine(Protocol):
+    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class EngineServer:
+    """An aiohttp server for one engine, on `loop` (a fresh one by default; SGLang passes its engine's loop)."""
+
+    def __init__(self, engine: AsyncEngine, host: str, loop: Optional[asyncio.AbstractEventLoop] = None):
+        self.engine = engine
+        self.loop = loop or asyncio.new_event_loop()
+        self._thread: Optional[threading.Thread] = None
+        self._in_flight = 0
+        # Set only in rollout mode. SGLang's loop also runs in trainer mode, whenever the worker drives the engine
+        # (run_until_complete of a release, a resume): a request accepted then waits here, not at the engine.
+        self._open = asyncio.Event()
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.add_routes([web.post("/generate", self._generate), web.get("/health", self._health)])
+        self._runner = web.AppRunner(app, handle_signals=False)
+        self.loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, host, 0)
+        self.loop.run_until_complete(site.start())
+        port = self._runner.addresses[0][1]
+        self.address = f"{host}:{port}"
+
+    def serve(self) -> None:
+        """Start answering requests (rollout mode)."""
+        if self._thread is not None:
+            return
+        self._open.set()  # the loop is not running: no other thread touches it now
+        self._thread = threading.Thread(target=self.loop.run_forever, name="engine-server", daemon=True)
+        self._thread.start()
+
+    def pause(self) -> None:
+        """Stop answering (trainer mode): requests wait in the backlog; ones being generated finish first."""
+        if self._thread is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._close_and_drain(), self.loop).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self._thread = None
+
+    def shutdown(self) -> None:
+        self.pause()
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            self.loop.run_until_complete(close())
+        self.loop.run_until_complete(self._runner.cleanup())
+
+    async def _close_and_drain(self) -> None:
+        self._open.clear()
+        while self._in_flight:
+            await asyncio.sleep(0.01)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        payload = await request.json()
+        await self._open.wait()
+        self._in_flight += 1
+        try:
+            unknown = set(payload.get("sampling_params", {})) - SAMPLING_KEYS
+            if unknown:
+                raise ValueError(f"unknown sampling_params {sorted(unknown)}; known: {sorted(SAMPLING_KEYS)}")
+            result = await self.engine.generate(list(payload["prompt_ids"]), dict(payload["sampling_params"]))
+        except Exception:  # the client turns this into EngineServerError, which fails the step
+            return web.Response(status=500, text=f"engine server {self.address}: {traceback.format_exc()}")
+        finally:
+            self._in_flight -= 1
+        return web.json_response(result)
+
+
+# ---------------------------------------------------------------------- HF generate, batched
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    max_tokens: int
+    future: asyncio.Future = field(repr=False)
+
+
+class HFGenerateEngine:
+    """HF `generate` on the rollout's FSDP-held module, batching the requests that wait together.
+
+    Requests queue; a batcher takes everything queued with the same sampling parameters (up to
+    `max_batch_size`) into one left-padded `generate` call, run in one executor thread (the module
+    runs one batch at a time), while new requests queue for the next batch. Each row is cut at its
+    first EOS (kept) and at its own max_tokens. Sampling matches the sync hf rollout: temperature /
+    top_p / top_k (-1 off), greedy at temperature 0, repetition penalty pinned to 1; log-probs under
+    logits / temperature (raw logits when greedy).
+    """
+
+    def __init__(self, module, response_length: int, eos_token_ids: list[int], pad_token_id: int,
+                 max_batch_size: int):
+        self.module = module
+        self.response_length = response_length
+        self.eos_token_ids = list(eos_token_ids)
+        self.pad_token_id = pad_token_id
+        self.max_batch_size = max_batch_size
+        self._queues: dict[tuple, list[_Request]] = {}
+        self._wake: Optional[asyncio.Event] = None
+        self._batcher: Optional[asyncio.Task] = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-generate")
+        self.batch_sizes: list[int] = []  # rows of each generate call (tests check that requests were batched)
+
+    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
+        if not prompt_ids:
+            raise ValueError("generate: prompt_ids is empty")
+        key = _sampling_key(sampling_params)
+        max_tokens = int(sampling_params.get("max_tokens", sampling_params.get("max_new_tokens",
+                                                                               self.response_length)))
+        if not 0 < max_tokens <= self.response_length:
+            raise ValueError(f"generate: max_tokens={max_tokens}, expected 1..rollout.response_length="
+                             f"{self.response_length}")
+        if self._batcher is None or self._batcher.done():
+            self._wake = asyncio.Event()
+            self._batcher = asyncio.get_running_loop().create_task(self._run_batches())
+        future = asyncio.get_running_loop().create_future()
+        self._queues.setdefault(key, []).append(_Request(prompt_ids, max_tokens, future))
+        self._wake.set()
+        return await future
+
+    async def _run_batches(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(0.005)  # let requests sent together arrive together
+            while self._queues:
+                key = next(iter(self._queues))
+                queued = self._queues[key]
+                batch, self._queues[key] = queued[:self.max_batch_size], queued[self.max_batch_size:]
+                if not self._queues[key]:
+                    del self._queues[key]
+                try:
+                    results = await loop.run_in_executor(self._executor, self._generate_batch, batch, dict(key))
+                except Exception as err:
+                    for request in batch:
+                        if not request.future.done():
+                            request.future.set_exception(err)
+                    continue
+                for request, result in zip(batch, results):
+                    if not request.future.done():
+                        request.future.set_result(result)
+
+    async def close(self) -> None:
+        """Stop the batcher (the server is shutting down)."""
+        if self._batcher is not None and not self._batcher.done():
+            self._batcher.cancel()
+            await asyncio.gather(self._batcher, return_exceptions=True)
+        self._executor.shutdown(wait=True)
+
+    @torch.no_grad()
+    def _generate_batch(self, batch: list[_Request], params: dict[str, Any]) -> list[dict[str, Any]]:
+        model = hf_module(self.module)
+        device = next(model.parameters()).device
+        width = max(len(request.prompt_ids) for request in batch)
+        input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, request in enumerate(batch):
+            input_ids[row, width - len(request.prompt_ids):] = torch.tensor(request.prompt_ids)
+            attention_mask[row, width - len(request.prompt_ids):] = 1
+        temperature = float(params["temperature"])
+        greedy = temperature == 0
+        sampling = ({"do_sample": False, "temperature": None, "top_p": None, "top_k": None} if greedy else
+                    {"do_sample": True, "temperature": temperature, "top_p": float(params["top_p"]),
+                     "top_k": 0 if params["top_k"] == -1 else int(params["top_k"])})
+        self.batch_sizes.append(len(batch))
+        output = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                max_new_tokens=max(request.max_tokens for request in batch),
+                                eos_token_id=self.eos_token_ids, pad_token_id=self.pad_token_id,
+                                repetition_penalty=1.0, use_cache=True, return_dict_in_generate=True,
+                                # each rank's server runs its own batches: no collective per step (HF turns
+                                # one on for FSDP modules; FSDP2 in rollout mode holds every layer gathered)
+                                synced_gpus=False, output_logits=params["logprobs"], **sampling)
+        generated = output.sequences[:, width:].cpu()
+        log_probs = None
+        if params["logprobs"]:
+            logits = torch.stack(output.logits, dim=1).float().cpu() / (1.0 if greedy else temperature)
+            log_probs = logprobs_from_logits(logits, generated)
+        return [self._row_result(generated[row], None if log_probs is None else log_probs[row], request.max_tokens)
+                for row, request in enumerate(batch)]
+
+    def _row_result(self, tokens: torch.Tensor, log_probs: Optional[torch.Tensor], max_tokens: int) -> dict:
+        token_ids = tokens[:max_tokens].tolist()
+        stop_reason = "length"
+        for position, token in enumerate(token_ids):
+            if token in self.eos_token_ids:
+                token_ids, stop_reason = token_ids[:position + 1], "completed"
+                break
+        return {"token_ids": token_ids, "stop_reason": stop_reason,
+                "log_probs": None if log_probs is None else log_probs[:len(token_ids)].tolist()}
+
+
+def _sampling_key(params: dict[str, Any]) -> tuple:
+    """The parameters a batch must share, normalised (hashable; the batch's max_tokens is the rows' max)."""
+    if float(params.get("repetition_penalty", 1.0)) != 1.0:
+        raise ValueError("the hf engine server pins repetition_penalty to 1 (the policy the trainer scores)")
+    return (("temperature", float(params.get("temperature", 1.0))), ("top_p", float(params.get("top_p", 1.0))),
+            ("top_k", int(params.get("top_k", -1))), ("logprobs", bool(params.get("logprobs", False))))
+
+
+def build_engine_server(rollout, rollout_config, module, eos_token_ids: list[int], pad_token_id: int,
+                        host: str) -> EngineServer:
+    """The engine server for the worker's rollout engine (paused: serving starts in rollout mode)."""
+    if rollout_config.name == "sglang":
+        from hybridrl.workers.rollout.sglang_async import SGLangAsyncEngine
+
+        return EngineServer(SGLangAsyncEngine(rollout, eos_token_ids), host, loop=rollout.engine.loop)
+    if rollout_config.name == "hf":
+        engine = HFGenerateEngine(module, rollout_config.response_length, eos_token_ids, pad_token_id,
+                                  max_batch_size=rollout_config.max_num_seqs)
+        return EngineServer(engine, host)
+    raise NotImplementedError(f"rollout.mode=async has engine servers for rollout.name hf and sglang, "
+                              f"got {rollout_config.name!r}")

@@ -1,0 +1,69 @@
+"""SGLang's async engine behind the engine server (async_server.EngineServer) in `rollout.mode=async`.
+
+The sglang.Engine already lives in the worker process (sglang_rollout.py: hybrid engine, weights
+pushed from FSDP by the rollout mode switch). Its tokenizer manager and response loop are bound to
+the engine's own asyncio loop (`engine.loop`, where EngineMonitor starts the response loop), and the
+worker drives that loop with run_until_complete for every lifecycle call (resume, weight update,
+release). So the server runs on that same loop: `EngineServer(engine, host, loop=engine.loop)`.
+Between rollout_mode and trainer_mode the server's thread runs the loop and requests call
+`engine.async_generate` there, batched by SGLang's scheduler (continuous batching, radix prefix cache);
+outside it the worker's thread owns the loop again. The two never run the loop at once because
+rollout_mode starts serving only after its lifecycle calls and trainer_mode stops serving before its.
+
+Sampling mirrors sglang_rollout.sampling_params: every parameter explicit, greedy at temperature 0,
+stop at the trainer's EOS ids (stop token kept), `rollout.ignore_eos`; log-probs are SGLang's
+output_token_logprobs (under logits / temperature, as the actor scores them).
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hybridrl.workers.rollout.sglang_rollout import ALL_MEMORY_TAGS, EngineDiedError
+
+
+class SGLangAsyncEngine:
+    def __init__(self, rollout, eos_token_ids: list[int]):
+        """rollout: the worker's SGLangRollout (its engine, config and EngineMonitor)."""
+        self.rollout = rollout
+        self.eos_token_ids = list(eos_token_ids)
+
+    def sampling_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        config = self.rollout.config
+        max_tokens = int(params.get("max_tokens", params.get("max_new_tokens", config.response_length)))
+        if not 0 < max_tokens <= config.response_length:
+            raise ValueError(f"generate: max_tokens={max_tokens}, expected 1..rollout.response_length="
+                             f"{config.response_length}")
+        if float(params.get("repetition_penalty", 1.0)) != 1.0:
+            raise ValueError("the sglang engine server pins repetition_penalty to 1 (the policy the trainer scores)")
+        base = {"max_new_tokens": max_tokens, "ignore_eos": config.ignore_eos, "stop_token_ids": self.eos_token_ids,
+                "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+        temperature = float(params.get("temperature", 1.0))
+        if temperature == 0:
+            return {**base, "temperature": 0.0, "top_p": 1.0, "top_k": -1}
+        return {**base, "temperature": temperature, "top_p": float(params.get("top_p", 1.0)),
+                "top_k": int(params.get("top_k", -1))}
+
+    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
+        monitor = self.rollout.monitor
+        if monitor.cause is not None:
+            raise EngineDiedError(f"sglang engine: {monitor.cause}")
+        if self.rollout.awake_tags != set(ALL_MEMORY_TAGS):
+            raise RuntimeError(f"generate: the sglang engine's memory is released (awake: "
+                               f"{sorted(self.rollout.awake_tags)}); the server answers only in rollout mode")
+        logprobs = bool(sampling_params.get("logprobs", False))
+        try:
+            output = await self.rollout.engine.async_generate(input_ids=list(prompt_ids),
+                                                              sampling_params=self.sampling_params(sampling_params),
+                                                              return_logprob=logprobs)
+        except asyncio.CancelledError as cancelled:  # EngineMonitor cancels the loop's tasks when a child dies
+            if monitor.cause is not None:
+                raise EngineDiedError(f"sglang engine: {monitor.cause}") from cancelled
+            raise
+        meta = output["meta_info"]
+        finish = meta.get("finish_reason") or {}
+        if finish.get("type") == "abort":
+            raise RuntimeError(f"sglang aborted the request: {finish.get('message', finish)}")
+        token_ids = list(output["output_ids"])
+        return {"token_ids": token_ids, "stop_reason": "length" if finish.get("type") == "length" else "completed",
+                "log_probs": [entry[0] for entry in meta["output_token_logprobs"]] if logprobs else None}

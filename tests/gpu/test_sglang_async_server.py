@@ -1,0 +1,105 @@
+"""GPU proof of rollout.mode=async with rollout.name=sglang: the rank's engine server over SGLang's async engine.
+
+    worker.start_engine_server -> rollout_mode (serve) -> concurrent HTTP requests -> trainer_mode (pause)
+    -> compute_log_prob on the answers -> rollout_mode again -> the server answers again
+
+Checks: concurrent requests of different lengths all come back (SGLang batches them itself); a request
+with max_tokens stops there; greedy answers equal sglang's own batch generate (generate_sequences) on the
+same prompts; the server's log-probs are the actor's (the pushed weights); a request in trainer mode waits
+and is answered in the next rollout mode; an engine error comes back as the server's HTTP 500.
+Run after tests/gpu/test_sglang_worker.py, on the GPU machine from the repository root:
+
+    python -m pytest tests/gpu/test_sglang_async_server.py -q
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("the hybrid engine needs CUDA", allow_module_level=True)
+pytest.importorskip("sglang")
+
+from benchmarks.hybrid_engine import (QWEN25_05B, hybrid_config, init_single_gpu_process_group,  # noqa: E402
+                                      make_qwen05b_model, random_prompts)
+from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, EngineServerError  # noqa: E402
+from hybridrl.protocol import DataProto  # noqa: E402
+from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker  # noqa: E402
+from hybridrl.workers.rollout.batch_layout import to_batch_layout  # noqa: E402
+
+PROMPT_LENGTH, RESPONSE_LENGTH = 64, 64
+MEAN_ABS_TOLERANCE = 0.02  # bf16 engine vs bf16 FSDP forward, per response token (as test_sglang_worker)
+EOS, PAD = 151643, 151643  # Qwen2.5's <|endoftext|>
+
+
+def test_engine_server_answers_concurrent_requests_with_the_trainers_weights(tmp_path_factory):
+    model_dir = make_qwen05b_model(os.environ.get("HYBRIDRL_GPU_MODEL_DIR") or str(tmp_path_factory.mktemp("q05a")))
+    init_single_gpu_process_group()
+    config = hybrid_config(model_dir, [
+        f"data.max_prompt_length={PROMPT_LENGTH}", f"data.max_response_length={RESPONSE_LENGTH}",
+        "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
+        "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.rollout.n=1",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_prefill_cuda_graph=true"])
+    worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor_rollout", seed=1, device="cuda")
+    worker.init_model()
+    address = worker.start_engine_server([EOS], PAD)
+    manager = AsyncLLMServerManager([address])
+    prompts = random_prompts(8, PROMPT_LENGTH, QWEN25_05B["vocab_size"], seed=7, ragged=True)
+    prompt_lists = [row[mask.bool()].tolist() for row, mask in
+                    zip(prompts.batch["input_ids"], prompts.batch["attention_mask"])]
+    greedy = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+
+    async def ask_all(params):
+        return await asyncio.gather(*(manager.generate(f"r{i}", prompt_ids=ids, sampling_params=params)
+                                      for i, ids in enumerate(prompt_lists)))
+
+    loop = asyncio.new_event_loop()  # the client's loop (the server runs on the engine's own, in its thread)
+    try:
+        worker.rollout_mode()
+        answers = loop.run_until_complete(ask_all(greedy))
+        short = loop.run_until_complete(manager.generate("s", prompt_ids=prompt_lists[0],
+                                                         sampling_params={**greedy, "max_tokens": 5}))
+        with pytest.raises(EngineServerError, match="(?s)HTTP 500.*max_tokens=1000"):
+            loop.run_until_complete(manager.generate("x", prompt_ids=prompt_lists[0],
+                                                     sampling_params={**greedy, "max_tokens": 1000}))
+        worker.engine_server.pause()  # the worker's thread drives the engine's loop for its own batch path
+        batch_answers = worker.generate_sequences(prompts)  # sglang's own batch generate, same weights
+        worker.engine_server.serve()
+        worker.trainer_mode()
+
+        assert all(0 < len(answer.token_ids) <= RESPONSE_LENGTH for answer in answers)
+        assert short.token_ids == answers[0].token_ids[:5]
+        expected = [row[mask.bool()].tolist() for row, mask in
+                    zip(batch_answers.batch["responses"], batch_answers.batch["response_mask"])]
+        assert [answer.token_ids for answer in answers] == expected
+
+        # the server's log-probs are the actor's: it generated from the pushed weights
+        batch = to_batch_layout(prompt_lists, [answer.token_ids for answer in answers], prompt_length=PROMPT_LENGTH,
+                                response_length=RESPONSE_LENGTH, pad_token_id=PAD,
+                                response_logprobs=[answer.log_probs for answer in answers])
+        log_probs = worker.compute_log_prob(DataProto.from_dict(dict(batch.batch))).batch["old_log_probs"]
+        mask = batch.batch["response_mask"].bool()
+        mean_abs = float((log_probs - batch.batch["rollout_log_probs"])[mask].abs().mean())
+        print(f"mean |Δ log p| server vs actor: {mean_abs:.4f}")
+        assert mean_abs < MEAN_ABS_TOLERANCE
+
+        # in trainer mode a request waits (the engine's loop is the worker's again) and is answered after rollout_mode
+        waiting = {}
+        client = threading.Thread(target=lambda: waiting.setdefault("answer", asyncio.run(
+            AsyncLLMServerManager([address]).generate("w", prompt_ids=prompt_lists[1], sampling_params=greedy))))
+        client.start()
+        client.join(timeout=3)
+        assert client.is_alive() and "answer" not in waiting
+        worker.rollout_mode()
+        client.join(timeout=60)
+        worker.trainer_mode()
+        assert waiting["answer"].token_ids == answers[1].token_ids
+    finally:
+        loop.run_until_complete(manager.close())
+        loop.close()
+        worker.rollout.shutdown()

@@ -1,0 +1,247 @@
+"""Agent loops without a trainer: the registry and its YAML, the engine server (real HTTP on 127.0.0.1) with the
+batching HF engine on a tiny real model, the server manager's balancing, and the loop reward's placement."""
+import asyncio
+import textwrap
+import time
+
+import pytest
+import torch
+
+from hybridrl.agent_loop.base import AgentLoopBase, load_agent_loop_config
+from hybridrl.agent_loop.manager import (AGENT_SCORES_KEY, apply_agent_scores, check_agent_names, check_output,
+                                         scores_on_trained_tokens)
+from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, EngineServerError
+from hybridrl.agent_loop import AgentLoopOutput
+from hybridrl.protocol import DataProto
+from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
+from hybridrl.workers.rollout.async_server import EngineServer, HFGenerateEngine
+from hybridrl.workers.rollout.batch_layout import to_batch_layout
+
+
+# ---------------------------------------------------------------------- registry
+
+
+def test_yaml_loops_join_the_builtin_ones(tmp_path, monkeypatch):
+    (tmp_path / "my_loops.py").write_text(textwrap.dedent('''
+        from hybridrl.agent_loop import AgentLoopBase
+        class Echo(AgentLoopBase):
+            async def run(self, sampling_params, **kwargs):
+                raise NotImplementedError
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "loops.yaml"
+    path.write_text("- name: echo\n  _target_: my_loops.Echo\n  greeting: hi\n")
+    registry = load_agent_loop_config(str(path))
+    assert registry["echo"] == {"_target_": "my_loops.Echo", "greeting": "hi"}
+    assert "single_turn_agent" in registry
+    with pytest.raises(ValueError, match=r"\['nope'\] are not registered; known: \[.*'echo'.*'single_turn_agent'"):
+        check_agent_names(["echo", "nope"], registry, "dataset column agent_name")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("name: x\n", "expected a YAML list"),
+    ("- name: x\n", "entry 0: expected a mapping with string keys name and _target_"),
+    ("- name: x\n  _target_: no_such_module.Loop\n", "entry 0 \\('x'\\): cannot import _target_"),
+    ("- name: x\n  _target_: collections.OrderedDict\n", "must be a subclass of hybridrl.agent_loop.AgentLoopBase"),
+])
+def test_bad_agent_loop_yaml_names_the_entry(tmp_path, text, message):
+    path = tmp_path / "loops.yaml"
+    path.write_text(text)
+    with pytest.raises((ValueError, ImportError, TypeError), match=message):
+        load_agent_loop_config(str(path))
+
+
+def test_outputs_that_do_not_fit_are_the_loops_fault():
+    class Rollout:
+        prompt_length, response_length, calculate_log_probs = 4, 3, False
+    good = dict(prompt_ids=[1, 2], response_ids=[3, 4], response_mask=[1, 0])
+    check_output(AgentLoopOutput(**good), Rollout, "x")
+    for bad, message in ((dict(good, response_mask=[1]), "response_mask has 1 entries"),
+                         (dict(good, response_ids=[3, 4, 5, 6], response_mask=[1] * 4), "more than rollout"),
+                         (dict(good, prompt_ids=[1] * 5), "prompt_ids has 5 tokens"),
+                         (dict(good, response_mask=[1, 2]), "only 0 and 1")):
+        with pytest.raises(ValueError, match=message):
+            check_output(AgentLoopOutput(**bad), Rollout, "x")
+    Rollout.calculate_log_probs = True
+    with pytest.raises(ValueError, match="calculate_log_probs is on but the loop returned no response_logprobs"):
+        check_output(AgentLoopOutput(**good), Rollout, "x")
+
+
+# ---------------------------------------------------------------------- the loop's reward
+
+
+def test_loop_reward_replaces_the_managers_on_the_last_response_token():
+    batch = to_batch_layout([[5, 6], [7]], [[1, 2, 3], [4]], prompt_length=3, response_length=4, pad_token_id=0,
+                            response_mask=[[1, 0, 0], [1]])
+    batch.batch[AGENT_SCORES_KEY] = torch.tensor([0.5, float("nan")])
+    manager_scores = torch.tensor([[0.0, 0.0, 9.0, 0.0], [2.0, 0.0, 0.0, 0.0]])
+    scores = apply_agent_scores(batch, manager_scores)
+    # row 0: the loop's 0.5 on its last token (a masked one: the last real token, as the reward managers place it)
+    assert scores.tolist() == [[0.0, 0.0, 0.5, 0.0], [2.0, 0.0, 0.0, 0.0]]
+
+
+def test_a_score_on_a_trailing_tool_span_moves_to_the_last_model_token_and_is_not_lost():
+    from hybridrl.algorithms.core_algos import (compute_gae_advantage_return,
+                                                 compute_reinforce_plus_plus_outcome_advantage)
+
+    # row 0: model, model, tool, tool (the manager scored the last real token, a tool token); row 1: no holes;
+    # row 2: a failed loop (nothing trained): left alone
+    response_mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0]])
+    scores = torch.tensor([[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    moved = scores_on_trained_tokens(scores, response_mask)
+    assert moved.tolist() == [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0]]
+    # where the score sat, the estimators (which skip masked tokens) lost it; moved, row 0 earns it
+    _, lost = compute_reinforce_plus_plus_outcome_advantage(scores, response_mask, gamma=1.0)
+    _, kept = compute_reinforce_plus_plus_outcome_advantage(moved, response_mask, gamma=1.0)
+    assert lost[0].abs().sum() == 0 and kept[0, :2].tolist() == [1.0, 1.0]
+    _, gae_returns = compute_gae_advantage_return(moved, torch.zeros(3, 4), response_mask, gamma=1.0, lam=1.0)
+    assert gae_returns[0, :2].tolist() == [1.0, 1.0]
+
+
+# ---------------------------------------------------------------------- engine servers
+
+
+class SlowEcho:
+    """An engine that answers its prompt's last token after `delay` seconds: makes in-flight counts visible."""
+
+    def __init__(self, delay=0.2, fail=False):
+        self.delay, self.fail, self.seen = delay, fail, 0
+
+    async def generate(self, prompt_ids, sampling_params):
+        self.seen += 1
+        await asyncio.sleep(self.delay)
+        if self.fail:
+            raise ValueError("the engine broke on purpose")
+        return {"token_ids": [prompt_ids[-1]], "log_probs": None, "stop_reason": "completed"}
+
+
+def served(engine):
+    server = EngineServer(engine, "127.0.0.1")
+    server.serve()
+    return server
+
+
+def test_least_in_flight_balancing_and_sticky_request_ids():
+    engines = [SlowEcho(), SlowEcho()]
+    servers = [served(engine) for engine in engines]
+    manager = AsyncLLMServerManager([server.address for server in servers])
+
+    async def scenario():
+        first = [manager.generate(f"r{i}", prompt_ids=[i], sampling_params={}) for i in range(6)]
+        outputs = await asyncio.gather(*first)
+        # a second turn of r0..r5 goes where each first went, whatever the load now is
+        where = {f"r{i}": manager.choose_server(f"r{i}") for i in range(6)}
+        await manager.close()
+        return outputs, where
+
+    try:
+        outputs, where = asyncio.run(scenario())
+    finally:
+        for server in servers:
+            server.shutdown()
+    assert [output.token_ids for output in outputs] == [[i] for i in range(6)]
+    assert [engine.seen for engine in engines] == [3, 3]  # 6 concurrent requests: least-in-flight alternates
+    assert sorted(where.values()) == sorted([servers[0].address] * 3 + [servers[1].address] * 3)
+    assert manager.choose_server("r0") == where["r0"]
+
+
+def test_engine_error_and_dead_server_are_engine_server_errors():
+    broken = served(SlowEcho(delay=0, fail=True))
+    dead = served(SlowEcho())
+    dead_address = dead.address
+    dead.shutdown()
+
+    async def call(address):
+        manager = AsyncLLMServerManager([address])
+        try:
+            return await manager.generate("r", prompt_ids=[1], sampling_params={})
+        finally:
+            await manager.close()
+
+    try:
+        with pytest.raises(EngineServerError, match="(?s)HTTP 500.*the engine broke on purpose"):
+            asyncio.run(call(broken.address))
+        started = time.perf_counter()
+        with pytest.raises(EngineServerError, match="unreachable or died"):
+            asyncio.run(call(dead_address))
+        assert time.perf_counter() - started < 10
+    finally:
+        broken.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("tiny")
+    tokenizer = build_tokenizer(["a b c d e f g h i j say something about apple banana"] * 20, vocab_size=120)
+    model_dir = build_tiny_model(str(root / "model"), tokenizer, hidden_size=32, num_layers=2, num_heads=2,
+                                 num_kv_heads=1, intermediate_size=64)
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval(), tokenizer
+
+
+def test_hf_engine_batches_concurrent_requests_and_matches_generate(tiny_model):
+    model, tokenizer = tiny_model
+    engine = HFGenerateEngine(model, response_length=6, eos_token_ids=[tokenizer.eos_token_id],
+                              pad_token_id=tokenizer.pad_token_id, max_batch_size=64)
+    server = served(engine)
+    manager = AsyncLLMServerManager([server.address])
+    prompts = [tokenizer("say something about apple")["input_ids"], tokenizer("a b c")["input_ids"],
+               tokenizer("banana")["input_ids"]]
+    greedy = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+
+    async def scenario():
+        outputs = await asyncio.gather(*(manager.generate(f"r{i}", prompt_ids=prompt, sampling_params=greedy)
+                                         for i, prompt in enumerate(prompts)))
+        short = await manager.generate("s", prompt_ids=prompts[0], sampling_params={**greedy, "max_tokens": 2})
+        await manager.close()
+        return outputs, short
+
+    try:
+        outputs, short = asyncio.run(scenario())
+    finally:
+        server.shutdown()
+    assert engine.batch_sizes == [3, 1]  # the three concurrent requests ran as one generate call
+    for prompt, output in zip(prompts, outputs):
+        alone = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False,
+                               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                               output_logits=True, return_dict_in_generate=True)
+        expected = alone.sequences[0, len(prompt):].tolist()
+        if tokenizer.eos_token_id in expected:
+            expected = expected[:expected.index(tokenizer.eos_token_id) + 1]
+        assert output.token_ids == expected
+        logits = torch.stack(alone.logits, dim=1)[0, :len(expected)].float()
+        expected_logprobs = torch.log_softmax(logits, -1).gather(-1, torch.tensor(expected)[:, None]).squeeze(-1)
+        assert output.log_probs == pytest.approx(expected_logprobs.tolist(), abs=1e-4)
+    assert short.token_ids == outputs[0].token_ids[:2]
+
+
+def test_a_request_in_trainer_mode_waits_for_the_next_rollout_mode():
+    """SGLang's server shares the engine's loop, which the worker also runs in trainer mode (release, resume): a
+    request accepted then must wait at the gate, not reach the released engine."""
+    import threading
+
+    engine = SlowEcho(delay=0)
+    server = served(engine)
+    server.pause()  # trainer mode
+    answers = {}
+
+    def client():
+        async def ask():
+            manager = AsyncLLMServerManager([server.address])
+            try:
+                return await manager.generate("w", prompt_ids=[5], sampling_params={})
+            finally:
+                await manager.close()
+        answers["w"] = asyncio.run(ask())
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        server.loop.run_until_complete(asyncio.sleep(1.0))  # the worker driving the loop in trainer mode
+        assert engine.seen == 0 and "w" not in answers
+        server.serve()  # rollout mode
+        thread.join(timeout=10)
+        assert answers["w"].token_ids == [5] and engine.seen == 1
+    finally:
+        server.shutdown()

@@ -1,0 +1,246 @@
+"""rollout.mode=async end to end: real local Ray, 2 gloo ranks each serving HF generate over HTTP, agent-loop
+workers on the controller, the toy task of test_e2e_training (reward: the share of "a" in the response).
+
+A user loop loaded from YAML makes two generate calls with a tool-like span between them (response_mask 0):
+the span must reach the trainer unmasked in attention, masked in response_mask, with no advantage (so no
+loss), and the loop's own reward must replace the reward manager's.
+"""
+import os
+import textwrap
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
+from test_e2e_training import make_config, read_metrics, toy_task  # noqa: F401  (toy_task is a fixture)
+
+USER_LOOPS = '''
+from uuid import uuid4
+
+from hybridrl.agent_loop import AgentLoopBase, AgentLoopOutput, register
+
+
+class ToolSpanLoop(AgentLoopBase):
+    """Turn 1 (3 tokens), a tool answer `span_text` the model did not write, turn 2 (the rest of the budget).
+    Its reward: 1 for an even extra_info index, else 0 (so the test knows each row's score)."""
+
+    def __init__(self, *args, span_text, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.span = self.tokenizer(span_text, add_special_tokens=False)["input_ids"]
+
+    async def run(self, sampling_params, **kwargs):
+        prompt_ids = await self.apply_chat_template(kwargs["raw_prompt"])
+        budget = self.config.actor_rollout_ref.rollout.response_length
+        request_id = uuid4().hex
+        first = await self.server_manager.generate(request_id=request_id, prompt_ids=prompt_ids,
+                                                   sampling_params={**sampling_params, "max_tokens": 3})
+        response = first.token_ids + self.span
+        mask = [1] * len(first.token_ids) + [0] * len(self.span)
+        logprobs = first.log_probs + [0.0] * len(self.span)
+        second = await self.server_manager.generate(request_id=request_id, prompt_ids=prompt_ids + response,
+                                                    sampling_params={**sampling_params,
+                                                                     "max_tokens": budget - len(response)})
+        return AgentLoopOutput(prompt_ids=prompt_ids, response_ids=response + second.token_ids,
+                               response_mask=mask + [1] * len(second.token_ids),
+                               response_logprobs=logprobs + second.log_probs,
+                               reward_score=float(kwargs["extra_info"]["index"] % 2 == 0), num_turns=4,
+                               extra_fields={"span_start": len(first.token_ids)})
+
+
+@register("flaky_agent")
+class FlakyLoop(AgentLoopBase):
+    """Raises for odd extra_info indices; otherwise one turn."""
+
+    async def run(self, sampling_params, **kwargs):
+        if kwargs["extra_info"]["index"] % 2:
+            raise KeyError("flaky loop: odd index")
+        output = await self.server_manager.generate(request_id=uuid4().hex, prompt_ids=list(kwargs["raw_prompt_ids"]),
+                                                    sampling_params=sampling_params)
+        return AgentLoopOutput(prompt_ids=list(kwargs["raw_prompt_ids"]), response_ids=output.token_ids,
+                               response_mask=[1] * len(output.token_ids), num_turns=2)
+
+
+@register("slow_agent")
+class SlowLoop(AgentLoopBase):
+    """Waits 3 s before its one turn (the test kills a rank meanwhile)."""
+
+    async def run(self, sampling_params, **kwargs):
+        import asyncio
+        await asyncio.sleep(3)
+        output = await self.server_manager.generate(request_id=uuid4().hex, prompt_ids=list(kwargs["raw_prompt_ids"]),
+                                                    sampling_params=sampling_params)
+        return AgentLoopOutput(prompt_ids=list(kwargs["raw_prompt_ids"]), response_ids=output.token_ids,
+                               response_mask=[1] * len(output.token_ids), num_turns=2)
+
+
+@register("greedy_server_breaker")
+class ServerBreaker(AgentLoopBase):
+    """Asks the engine for more tokens than rollout.response_length: the server refuses, the step must fail."""
+
+    async def run(self, sampling_params, **kwargs):
+        await self.server_manager.generate(request_id=uuid4().hex, prompt_ids=list(kwargs["raw_prompt_ids"]),
+                                           sampling_params={**sampling_params, "max_tokens": 1000})
+'''
+
+
+@pytest.fixture
+def user_loops(tmp_path, monkeypatch):
+    """The loops module on sys.path (here and, through PYTHONPATH, in the Ray actors) and the YAML naming one."""
+    (tmp_path / "my_agent_loops.py").write_text(USER_LOOPS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    path = tmp_path / "agent_loops.yaml"
+    path.write_text(textwrap.dedent("""
+        - name: tool_span_agent
+          _target_: my_agent_loops.ToolSpanLoop
+          span_text: ink ink
+    """))
+    return str(path)
+
+
+def async_overrides(loops_yaml, default_loop):
+    return ["actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
+            "actor_rollout_ref.rollout.agent.num_workers=2",
+            f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops_yaml}",
+            f"actor_rollout_ref.rollout.agent.default_agent_loop={default_loop}"]
+
+
+def spy_on_update_actor(trainer):
+    """Keep every batch the actor is updated on (the update still runs)."""
+    seen, update = [], trainer.actor_rollout_wg.update_actor
+
+    def spy(data):
+        seen.append(data)
+        return update(data)
+
+    trainer.actor_rollout_wg.update_actor = spy
+    return seen
+
+
+def test_yaml_loop_with_a_masked_span_trains_only_on_model_tokens(ray_local, toy_task, user_loops, tmp_path):
+    config = make_config(toy_task, str(tmp_path), *async_overrides(user_loops, "tool_span_agent"),
+                         "algorithm.adv_estimator=reinforce_plus_plus",
+                         "actor_rollout_ref.rollout.calculate_log_probs=true")
+    trainer = RayPPOTrainer(config)
+    trainer.init_workers()
+    try:
+        batches = spy_on_update_actor(trainer)
+        trainer.fit()
+    finally:
+        trainer.shutdown()
+    span = trainer.tokenizer("ink ink", add_special_tokens=False)["input_ids"]
+    assert len(batches) == 2
+    for batch in batches:
+        response_mask, advantages = batch.batch["response_mask"], batch.batch["advantages"]
+        attention = batch.batch["attention_mask"][:, -response_mask.shape[1]:]
+        for row in range(len(batch)):
+            first_turn = int(response_mask[row, :3].sum())  # the span follows turn 1 (3 tokens, fewer at an EOS)
+            assert batch.non_tensor_batch["span_start"][row] == first_turn  # extra_fields became a column
+            hole = slice(first_turn, first_turn + len(span))
+            assert batch.batch["responses"][row, hole].tolist() == span
+            assert response_mask[row, hole].tolist() == [0] * len(span)
+            assert attention[row, hole].tolist() == [1] * len(span)  # the model still reads the tool's answer
+            assert advantages[row, hole].abs().sum() == 0  # no advantage, so no policy-gradient loss, on the span
+        trained = response_mask.bool()
+        assert advantages[trained].abs().sum() > 0
+        # the loop's reward replaced the manager's share-of-"a": 1 for even indices, else 0
+        expected = torch.tensor([float(info["index"] % 2 == 0) for info in batch.non_tensor_batch["extra_info"]])
+        assert torch.equal(batch.batch["token_level_scores"].sum(-1), expected)
+    for step in read_metrics(str(tmp_path)):
+        assert step["agent_loop/num_failed"] == 0
+        assert step["agent_loop/num_turns/mean"] == 4
+        # the servers generated with the trainer's own weights: their log-probs match the actor's
+        assert step["training/rollout_probs_diff_max"] < 1e-3
+        assert step["timing_s/gen"] > 0
+
+
+def write_rows(path, rows):
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_failed_loops_cost_their_samples_until_the_share_is_exceeded(ray_local, toy_task, user_loops, tmp_path,
+                                                                     capsys):
+    rows = [{"data_source": "toy/letter_a", "prompt": [{"role": "user", "content": f"say something about {w}"}],
+             "ability": "toy", "reward_model": {"style": "rule", "ground_truth": "a"},
+             "extra_info": {"index": i}, "agent_name": "flaky_agent"} for i, w in enumerate(["apple", "dog"] * 8)]
+    train = write_rows(str(tmp_path / "flaky.parquet"), rows)
+    config = make_config(toy_task, str(tmp_path / "run"), *async_overrides(user_loops, "single_turn_agent"),
+                         f"data.train_files={train}", "data.shuffle=false",
+                         "actor_rollout_ref.rollout.agent.max_failed_sample_ratio=0.5",
+                         "trainer.total_training_steps=1")
+    trainer = RayPPOTrainer(config)
+    trainer.init_workers()
+    try:
+        batches = spy_on_update_actor(trainer)
+        trainer.fit()
+        printed = capsys.readouterr().out
+        # half the rows (odd indices) failed: counted, traceback printed once, no loss on them, score 0
+        step = read_metrics(str(tmp_path / "run"))[0]
+        assert step["agent_loop/num_failed"] == 8
+        assert printed.count("KeyError: 'flaky loop: odd index'") == 1
+        batch = batches[0]
+        odd = torch.tensor([info["index"] % 2 == 1 for info in batch.non_tensor_batch["extra_info"]])
+        assert batch.batch["response_mask"][odd].sum() == 0
+        assert batch.batch["token_level_scores"][odd].abs().sum() == 0
+        assert batch.batch["response_mask"][~odd].sum(-1).min() > 0
+
+        from hybridrl.protocol import DataProto
+        prompts = DataProto.from_single_dict(next(iter(trainer.train_dataloader)))
+        trainer.agent_loop_manager.max_failed_ratio = 0.25  # more than a quarter fails: the step fails
+        with pytest.raises(RuntimeError, match="(?s)8 of 16 agent loops failed.*max_failed_sample_ratio=0.25.*"
+                                               "KeyError: 'flaky loop: odd index'"):
+            trainer.train_step(prompts)
+        trainer._trainer_mode()  # the failed step left the ranks in rollout mode
+        # an engine server's error is no sample failure: it fails the step with the server's own message
+        prompts = DataProto.from_single_dict(next(iter(trainer.train_dataloader)))
+        prompts.non_tensor_batch["agent_name"][:] = "greedy_server_breaker"
+        with pytest.raises(Exception, match="(?s)engine server .* HTTP 500.*max_tokens=1000"):
+            trainer.train_step(prompts)
+    finally:
+        trainer.shutdown()
+
+
+def test_unknown_agent_name_is_refused_before_workers_start(ray_local, toy_task, user_loops, tmp_path):
+    rows = [{"data_source": "toy/letter_a", "prompt": [{"role": "user", "content": "say something about dog"}],
+             "ability": "toy", "reward_model": {"style": "rule", "ground_truth": "a"},
+             "extra_info": {"index": i}, "agent_name": name} for i, name in enumerate(["tool_span_agent", "nope"] * 8)]
+    train = write_rows(str(tmp_path / "named.parquet"), rows)
+    config = make_config(toy_task, str(tmp_path / "run"), *async_overrides(user_loops, "single_turn_agent"),
+                         f"data.train_files={train}")
+    with pytest.raises(ValueError, match=r"data.train_files: column agent_name: agent loop\(s\) \['nope'\] are not "
+                                         r"registered; known: \[.*'single_turn_agent', 'slow_agent', 'tool_span_agent'\]"):
+        RayPPOTrainer(config)
+
+
+def test_a_dead_engine_server_fails_the_step_within_60_s(ray_local, toy_task, user_loops, tmp_path):
+    import signal
+    import threading
+    import time
+
+    import ray
+
+    config = make_config(toy_task, str(tmp_path), *async_overrides(user_loops, "slow_agent"),
+                         "trainer.total_training_steps=1")
+    trainer = RayPPOTrainer(config)
+    trainer.init_workers()
+    try:
+        rank1 = trainer.actor_rollout_wg.workers[1]
+        pid = ray.get(rank1.__ray_call__.remote(lambda worker: os.getpid()))
+        generate = trainer.agent_loop_manager.generate_sequences
+
+        def kill_rank1_then_generate(requests):  # in rollout mode; the loops wait 3 s before generating
+            threading.Timer(1.0, os.kill, args=(pid, signal.SIGKILL)).start()
+            return generate(requests)
+
+        trainer.agent_loop_manager.generate_sequences = kill_rank1_then_generate
+        from hybridrl.protocol import DataProto
+        prompts = DataProto.from_single_dict(next(iter(trainer.train_dataloader)))
+        started = time.perf_counter()
+        with pytest.raises(Exception, match=r"engine server \S+ \(rank 1\) is unreachable or died"):
+            trainer.train_step(prompts)
+        assert time.perf_counter() - started < 60
+    finally:
+        trainer.shutdown()
