@@ -37,7 +37,7 @@ from pydantic import BaseModel
 # name -> {"_target_": "module.Class", **init kwargs}; filled by @register and by the YAML file.
 _agent_loop_registry: dict[str, dict[str, Any]] = {}
 
-BUILTIN_AGENT_LOOP_MODULES = ("hybridrl.agent_loop.single_turn",)
+BUILTIN_AGENT_LOOP_MODULES = ("hybridrl.agent_loop.single_turn", "hybridrl.agent_loop.tool_agent")
 
 
 class TokenOutput(BaseModel):
@@ -51,9 +51,15 @@ class TokenOutput(BaseModel):
 
 
 class AgentLoopMetrics(BaseModel):
-    """Seconds a loop spent waiting for the engine and for its tools (verl's names)."""
+    """Seconds a loop spent waiting for the engine and for its tools (verl's names), and the tool loop's counts
+    (tool_agent.py; 0 for loops without tools)."""
     generate_sequences: float = 0.0
     tool_calls: float = 0.0
+    num_tool_calls: int = 0           # calls the model made, malformed ones included
+    num_tool_errors: int = 0          # calls answered with an error: malformed, unknown tool, raised, timed out
+    tool_latency_s: float = 0.0       # summed over the sample's executed calls
+    tokenization_mismatch: int = 0    # 1: incremental ids != the re-tokenised conversation
+    response_cut: int = 0             # 1: the conversation stopped on rollout.response_length
 
 
 class AgentLoopOutput(BaseModel):

@@ -202,13 +202,7 @@ class AgentLoopManager:
         batch.batch[AGENT_SCORES_KEY] = torch.tensor(
             [float("nan") if output.reward_score is None else float(output.reward_score) for output in outputs],
             dtype=torch.float32)
-        batch.meta_info["metrics"] = {
-            "agent_loop/num_failed": float(len(errors)),
-            "agent_loop/num_turns/mean": float(np.mean([output.num_turns for output in outputs])),
-            "agent_loop/generate_sequences/mean": float(np.mean([output.metrics.generate_sequences
-                                                                 for output in outputs])),
-            "agent_loop/tool_calls/mean": float(np.mean([output.metrics.tool_calls for output in outputs])),
-        }
+        batch.meta_info["metrics"] = {"agent_loop/num_failed": float(len(errors)), **agent_loop_metrics(outputs)}
         return batch
 
     def _report(self, errors: list[str], rows: int) -> None:
@@ -226,6 +220,26 @@ class AgentLoopManager:
     def shutdown(self) -> None:
         for worker in self.workers:
             ray.kill(worker)
+
+
+def agent_loop_metrics(outputs: list[AgentLoopOutput]) -> dict[str, float]:
+    """The batch's agent_loop/* metrics: turns (verl's num_turns/{mean,min,max}), engine and tool seconds per
+    sample, and the tool loop's counts (tool_agent.py)."""
+    turns = [output.num_turns for output in outputs]
+    metrics = [output.metrics for output in outputs]
+    calls = sum(m.num_tool_calls for m in metrics)
+    return {
+        "agent_loop/num_turns/mean": float(np.mean(turns)),
+        "agent_loop/num_turns/min": float(np.min(turns)),
+        "agent_loop/num_turns/max": float(np.max(turns)),
+        "agent_loop/generate_sequences/mean": float(np.mean([m.generate_sequences for m in metrics])),
+        "agent_loop/tool_calls/mean": float(np.mean([m.tool_calls for m in metrics])),
+        "agent_loop/num_tool_calls/mean": float(np.mean([m.num_tool_calls for m in metrics])),
+        "agent_loop/num_tool_errors/sum": float(sum(m.num_tool_errors for m in metrics)),
+        "agent_loop/tool_latency_s/mean": float(sum(m.tool_latency_s for m in metrics) / calls) if calls else 0.0,
+        "agent_loop/tokenization_mismatch/sum": float(sum(m.tokenization_mismatch for m in metrics)),
+        "agent_loop/response_cut/sum": float(sum(m.response_cut for m in metrics)),
+    }
 
 
 def _failure_site(error: str) -> str:

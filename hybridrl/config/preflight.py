@@ -46,6 +46,7 @@ def check_before_start(config: PPOConfig) -> list[str]:
     train_rows = _check_data(config, problems)
     parameters = _check_models(config, problems)
     _check_reward_function(config, problems)
+    _check_tool_config(config, problems)
     _check_resources(config, problems)
     _check_run_dir(config.trainer.default_local_dir, problems)
     if problems:
@@ -59,6 +60,23 @@ def _missing_paths(config: PPOConfig) -> list[str]:
     except ConfigError as err:
         return err.problems
     return []
+
+
+# ---- tools ----
+
+def _check_tool_config(config: PPOConfig, problems: list[str]) -> None:
+    """Build the tools of multi_turn.tool_config_path here, as each agent-loop worker will: a missing class or an
+    invalid schema is refused now, naming the file and the entry (the tool registry's message)."""
+    multi_turn = config.actor_rollout_ref.rollout.multi_turn
+    if not multi_turn.enable or multi_turn.tool_config_path is None:
+        return
+    from hybridrl.tools import initialize_tools_from_config
+
+    try:
+        initialize_tools_from_config(multi_turn.tool_config_path)
+    except Exception as err:  # the registry names file and entry; a tool's own __init__ can raise anything
+        problems.append(f"actor_rollout_ref.rollout.multi_turn.tool_config_path: expected a tool YAML whose every "
+                        f"entry builds, got {multi_turn.tool_config_path!r}: {err}")
 
 
 # ---- data ----

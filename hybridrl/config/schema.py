@@ -219,6 +219,20 @@ class AgentConfig(ConfigNode):
 
 
 @dataclass
+class MultiTurnConfig(ConfigNode):
+    """Multi-turn rollouts with tools (verl's keys): the `tool_agent` loop reads them (agent_loop/tool_agent.py)."""
+    enable: bool
+    max_assistant_turns: Optional[int] = positive()   # null: bounded only by response_length
+    max_user_turns: Optional[int] = positive()        # tool turns; null: bounded only by response_length
+    tool_config_path: Optional[str]
+    max_parallel_calls: int = positive()
+    max_tool_response_length: int = positive()        # characters of one tool response
+    tool_response_truncate_side: Literal["left", "middle", "right"]
+    format: str                                       # tool-call syntax; "hermes" (agent_loop/tool_parser.py)
+    tokenization_sanity_check_mode: Literal["strict", "ignore_strippable", "disable"]
+
+
+@dataclass
 class ValKwargsConfig(ConfigNode):
     """Sampling used for validation generations (greedy by default)."""
     top_k: int
@@ -260,6 +274,7 @@ class RolloutConfig(ConfigNode):
     val_kwargs: ValKwargsConfig
     custom_cls: CustomClassConfig
     agent: AgentConfig
+    multi_turn: MultiTurnConfig
 
 
 @dataclass

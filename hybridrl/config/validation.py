@@ -462,6 +462,22 @@ def _async_rollout_settings(values: _Values, problems: list[str]) -> None:
                         "'fsdp'")
 
 
+def _multi_turn_settings(values: _Values, problems: list[str]) -> None:
+    """multi_turn: the tool_agent loop runs only as an agent loop (async mode), with a tool-call syntax it parses."""
+    from hybridrl.agent_loop.tool_parser import TOOL_PARSERS
+
+    if not values("actor_rollout_ref.rollout.multi_turn.enable"):
+        return
+    if values("actor_rollout_ref.rollout.mode") != "async":
+        problems.append("actor_rollout_ref.rollout.mode: expected 'async' with actor_rollout_ref.rollout.multi_turn."
+                        "enable=true (multi-turn rollouts run as agent loops against engine servers), got "
+                        f"{values('actor_rollout_ref.rollout.mode')!r}")
+    tool_format = values("actor_rollout_ref.rollout.multi_turn.format")
+    if tool_format not in TOOL_PARSERS:
+        problems.append(f"actor_rollout_ref.rollout.multi_turn.format: expected one of {sorted(TOOL_PARSERS)}, got "
+                        f"{tool_format!r}")
+
+
 RULES: list[Callable[[_Values, list[str]], None]] = [
     _not_implemented,
     _registered_names,
@@ -479,6 +495,7 @@ RULES: list[Callable[[_Values, list[str]], None]] = [
     _lora_settings,
     _offload_settings,
     _async_rollout_settings,
+    _multi_turn_settings,
 ]
 
 

@@ -1,0 +1,251 @@
+"""`tool_agent`: multi-turn rollouts where the model calls tools (verl's ToolAgentLoop behaviour).
+
+One sample, one conversation:
+
+    prompt = chat template(raw_prompt, tools=<schemas of multi_turn.tool_config_path>)
+    loop:  generate (max_tokens = what is left of rollout.response_length)        -> response_mask 1
+           stop if the turn hit the budget, has no tool call, or a turn cap is reached
+           run the first multi_turn.max_parallel_calls calls concurrently (run_tool_call never raises)
+           append the tool messages' tokens (template delta)                      -> response_mask 0, log-prob 0
+           stop (without appending) if they do not fit the budget
+
+Termination (verl's order): the model's turn stopped on the token budget ("length"); it holds no tool call;
+max_assistant_turns assistant turns were generated; max_user_turns tool turns were appended; the tool
+messages would not fit in rollout.response_length. The response therefore always ends with the model's tokens.
+
+Tokens are appended incrementally: a tool message's tokens are the template's rendering of
+[dummy assistant turn + tool messages] with the dummy's part (up to and including its end-of-turn token)
+stripped, as verl does. At the end, the whole conversation is rendered again and tokenized; a difference is
+counted in metrics.tokenization_mismatch, and multi_turn.tokenization_sanity_check_mode decides what it does:
+strict — the sample is kept out of training (response_mask all 0, reward_score 0, as a failed loop);
+ignore_strippable — accepted when the two texts differ in whitespace only (else as strict); disable — not
+checked (never counted).
+
+Tool calls the parser cannot read (malformed JSON, no name) and calls of unknown tools are answered with a
+tool message "Error: ..." (the model sees why) and counted in metrics.num_tool_errors, like a tool that raises
+or times out. Tools are created once per sample on first use (create_kwargs from extra_info.tools_kwargs),
+then calc_reward and release at the end.
+
+Rewards (verl's behaviour): the reward manager's score stays the sample's score (reward_score is None); the
+tools' rewards travel as extra fields, i.e. non-tensor batch columns: `tool_rewards` (each call's step reward,
+in order) and `reward_scores` ({tool name: calc_reward}), for a custom reward function or analysis to use.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Optional
+from uuid import uuid4
+
+from hybridrl.agent_loop.base import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from hybridrl.agent_loop.tool_parser import ParsedToolCall, get_tool_parser
+from hybridrl.tools import (BaseTool, check_tools_kwargs, initialize_tools_from_config, run_tool_call,
+                            tool_phase_kwargs, truncate_text)
+
+DEFAULT_TOOL_TIMEOUT_S = 60.0  # a tool's YAML config may set timeout_s
+# What the tool messages' template delta is cut from: a finished assistant turn (no system message, so templates
+# that add a default system prompt add it here too, and it is stripped with the rest).
+DUMMY_TURN = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "x"}]
+
+
+@register("tool_agent")
+class ToolAgentLoop(AgentLoopBase):
+
+    @classmethod
+    def init_class(cls, config, tokenizer, processor=None, **kwargs) -> None:
+        if cls._class_initialized:
+            return
+        rollout = config.actor_rollout_ref.rollout
+        multi_turn = rollout.multi_turn
+        if not multi_turn.enable:
+            raise ValueError("agent loop 'tool_agent' needs actor_rollout_ref.rollout.multi_turn.enable=true")
+        cls.multi_turn = multi_turn
+        cls.response_length = rollout.response_length
+        cls.parse_tool_calls = staticmethod(get_tool_parser(multi_turn.format))
+        tools = initialize_tools_from_config(multi_turn.tool_config_path) if multi_turn.tool_config_path else []
+        cls.tools: dict[str, BaseTool] = {tool.name: tool for tool in tools}
+        cls.tool_schemas = [tool.get_openai_tool_schema().model_dump(exclude_unset=True, exclude_none=True)
+                            for tool in tools]
+        cls._class_initialized = True
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
+        messages = [dict(message) for message in kwargs["raw_prompt"]]
+        tools_kwargs = (kwargs.get("extra_info") or {}).get("tools_kwargs")
+        check_tools_kwargs(tools_kwargs, self.tools)
+        conversation = _Conversation(await self.apply_chat_template(messages, tools=self.tool_schemas or None))
+        instances: dict[str, str] = {}  # tool name -> this sample's instance id
+        stats = _Stats()
+        request_id = uuid4().hex
+        try:
+            await self._converse(messages, conversation, instances, tools_kwargs, sampling_params, request_id, stats)
+            reward_scores = {name: await self.tools[name].calc_reward(
+                instance_id, **tool_phase_kwargs(tools_kwargs, name, "calc_reward"))
+                for name, instance_id in instances.items()}
+        finally:
+            for name, instance_id in instances.items():
+                await self.tools[name].release(instance_id, **tool_phase_kwargs(tools_kwargs, name, "release"))
+        return await self._output(messages, conversation, stats, reward_scores)
+
+    async def _converse(self, messages, conversation, instances, tools_kwargs, sampling_params, request_id,
+                        stats) -> None:
+        while True:
+            budget = self.response_length - len(conversation.response_ids)
+            started = time.perf_counter()
+            output = await self.server_manager.generate(request_id=request_id, prompt_ids=conversation.all_ids(),
+                                                        sampling_params={**sampling_params, "max_tokens": budget})
+            stats.generate_s += time.perf_counter() - started
+            conversation.add_model_tokens(output.token_ids, output.log_probs)
+            stats.assistant_turns += 1
+            text = self._model_text(output.token_ids)
+            content, calls = self.parse_tool_calls(text)
+            messages.append({"role": "assistant", "content": text})
+            if output.stop_reason == "length" or len(conversation.response_ids) >= self.response_length:
+                stats.response_cut = 1
+                return
+            if not calls:
+                return
+            if self.multi_turn.max_assistant_turns and stats.assistant_turns >= self.multi_turn.max_assistant_turns:
+                return
+            if self.multi_turn.max_user_turns and stats.user_turns >= self.multi_turn.max_user_turns:
+                return
+            tool_messages = await self._run_calls(calls[:self.multi_turn.max_parallel_calls], instances,
+                                                  tools_kwargs, stats)
+            tool_ids = await self._tool_message_ids(tool_messages)
+            if len(conversation.response_ids) + len(tool_ids) >= self.response_length:
+                stats.response_cut = 1
+                return
+            messages.extend(tool_messages)
+            conversation.add_inserted_tokens(tool_ids)
+            stats.user_turns += 1
+
+    def _model_text(self, token_ids: list[int]) -> str:
+        """The turn's text as the assistant message's content: its end-of-turn (EOS) token left to the template."""
+        if token_ids and token_ids[-1] in self._eos_ids():
+            token_ids = token_ids[:-1]
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+    def _eos_ids(self) -> set[int]:
+        eos = self.tokenizer.eos_token_id
+        return set(eos) if isinstance(eos, list) else {eos}
+
+    async def _run_calls(self, calls: list[ParsedToolCall], instances, tools_kwargs, stats) -> list[dict]:
+        started = time.perf_counter()
+        results = await asyncio.gather(*(self._run_call(call, instances, tools_kwargs, stats) for call in calls))
+        stats.tool_s += time.perf_counter() - started
+        side = self.multi_turn.tool_response_truncate_side
+        return [{"role": "tool", "content": truncate_text(text, self.multi_turn.max_tool_response_length, side)}
+                for text in results]
+
+    async def _run_call(self, call: ParsedToolCall, instances, tools_kwargs, stats) -> str:
+        """The tool message's text; never raises (a bad call's error is the text)."""
+        stats.num_tool_calls += 1
+        if call.error is not None or call.name not in self.tools:
+            stats.num_tool_errors += 1
+            return "Error: " + (call.error or f"no tool named {call.name!r}; the tools are {sorted(self.tools)}")
+        tool = self.tools[call.name]
+        if call.name not in instances:
+            instances[call.name], _ = await tool.create(
+                create_kwargs=tool_phase_kwargs(tools_kwargs, call.name, "create"))
+        result = await run_tool_call(tool, instances[call.name], call.arguments,
+                                     timeout_s=tool.config.get("timeout_s", DEFAULT_TOOL_TIMEOUT_S),
+                                     **tool_phase_kwargs(tools_kwargs, call.name, "execute"))
+        stats.tool_latency_s += result.metrics["tool_latency_s"]
+        stats.num_tool_errors += int(result.error is not None)
+        stats.tool_rewards.append(result.reward)
+        return result.response.text or ""
+
+    async def _tool_message_ids(self, tool_messages: list[dict]) -> list[int]:
+        """The template's tokens for the tool messages and the next generation prompt (verl's delta)."""
+        def tokenize() -> list[int]:
+            prefix = self._render(DUMMY_TURN, add_generation_prompt=False)
+            full = self._render(DUMMY_TURN + tool_messages, add_generation_prompt=True)
+            end_of_dummy = self._end_of_last_turn(prefix)
+            if full[:end_of_dummy] != prefix[:end_of_dummy]:
+                raise ValueError("the chat template renders earlier messages differently once tool messages "
+                                 "follow; the tool messages' tokens cannot be appended incrementally")
+            return self.tokenizer(full[end_of_dummy:], add_special_tokens=False)["input_ids"]
+        return await self.loop.run_in_executor(None, tokenize)
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=self.tool_schemas or None, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
+
+    def _end_of_last_turn(self, text: str) -> int:
+        """Where the model's part of the last assistant turn ends: after its EOS token's text (the model generates
+        it; what the template puts after it, e.g. a newline, is the template's and goes with the next message)."""
+        eos_text = self.tokenizer.eos_token or ""
+        position = text.rfind(eos_text) if eos_text else -1
+        return len(text) if position < 0 else position + len(eos_text)
+
+    async def _output(self, messages, conversation, stats, reward_scores) -> AgentLoopOutput:
+        mismatch, accepted = await self.loop.run_in_executor(None, self._check_tokenization, messages, conversation)
+        response_ids = conversation.response_ids[:self.response_length]
+        response_mask = conversation.response_mask[:self.response_length]
+        logprobs = None if conversation.response_logprobs is None else \
+            conversation.response_logprobs[:self.response_length]
+        reward_score = None
+        if not accepted:
+            response_mask, reward_score = [0] * len(response_ids), 0.0  # kept out of training, as a failed loop
+        metrics = AgentLoopMetrics(
+            generate_sequences=stats.generate_s, tool_calls=stats.tool_s, num_tool_calls=stats.num_tool_calls,
+            num_tool_errors=stats.num_tool_errors, tool_latency_s=stats.tool_latency_s,
+            tokenization_mismatch=int(mismatch), response_cut=stats.response_cut)
+        return AgentLoopOutput(
+            prompt_ids=conversation.prompt_ids, response_ids=response_ids, response_mask=response_mask,
+            response_logprobs=logprobs, reward_score=reward_score,
+            num_turns=stats.assistant_turns + stats.user_turns + 1, metrics=metrics,
+            extra_fields={"tool_rewards": list(stats.tool_rewards), "reward_scores": reward_scores})
+
+    def _check_tokenization(self, messages: list[dict], conversation: "_Conversation") -> tuple[bool, bool]:
+        """(mismatch, accepted): whether the incrementally built ids differ from the whole conversation's
+        tokenization, and whether multi_turn.tokenization_sanity_check_mode lets the sample train anyway."""
+        mode = self.multi_turn.tokenization_sanity_check_mode
+        if mode == "disable":
+            return False, True
+        rendered = self._render(messages, add_generation_prompt=False)
+        last_content = messages[-1]["content"]
+        end = rendered.rfind(last_content) + len(last_content)  # the model's last turn ends here, or after its EOS
+        if conversation.response_ids and conversation.response_ids[-1] in self._eos_ids():
+            end += len(self.tokenizer.eos_token)
+        reference_text = rendered[:end]
+        ours = conversation.all_ids()
+        if self.tokenizer(reference_text, add_special_tokens=False)["input_ids"] == ours:
+            return False, True
+        if mode == "ignore_strippable":
+            ours_text = self.tokenizer.decode(ours, skip_special_tokens=False)
+            return True, "".join(ours_text.split()) == "".join(reference_text.split())
+        return True, False
+
+class _Conversation:
+    """The token lists of one sample, grown turn by turn."""
+
+    def __init__(self, prompt_ids: list[int]):
+        self.prompt_ids = list(prompt_ids)
+        self.response_ids: list[int] = []
+        self.response_mask: list[int] = []
+        self.response_logprobs: Optional[list[float]] = []
+
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    def add_model_tokens(self, token_ids: list[int], log_probs: Optional[list[float]]) -> None:
+        self.response_ids += token_ids
+        self.response_mask += [1] * len(token_ids)
+        if log_probs is None or self.response_logprobs is None:
+            self.response_logprobs = None  # the engine gives none: the output has none
+        else:
+            self.response_logprobs += list(log_probs)
+
+    def add_inserted_tokens(self, token_ids: list[int]) -> None:
+        self.response_ids += token_ids
+        self.response_mask += [0] * len(token_ids)
+        if self.response_logprobs is not None:
+            self.response_logprobs += [0.0] * len(token_ids)
+
+
+class _Stats:
+    def __init__(self):
+        self.assistant_turns = self.user_turns = 0
+        self.num_tool_calls = self.num_tool_errors = self.response_cut = 0
+        self.generate_s = self.tool_s = self.tool_latency_s = 0.0
+        self.tool_rewards: list[float] = []
