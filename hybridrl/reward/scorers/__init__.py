@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from hybridrl.reward.scorers.registry import get_scorer, register_scorer, registered_scorer_keys
 # Imported for their @register_scorer side effect.
-from hybridrl.reward.scorers import gsm8k, math, reasoning_gym  # noqa: F401,E402
+from hybridrl.reward.scorers import arithmetic_tool, gsm8k, math, reasoning_gym  # noqa: F401,E402
 
 __all__ = ["default_compute_score", "register_scorer", "get_scorer", "registered_scorer_keys"]
 

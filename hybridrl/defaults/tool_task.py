@@ -1,0 +1,239 @@
+"""A built-in task where tool use is learned on a CPU: two-digit multiplication with a `calculator` tool.
+
+    python -m hybridrl.defaults.tool_task [--cache_dir DIR]     # build data + tiny model + warm start (cached)
+    python -m hybridrl.main_ppo --config-name tool_default       # GRPO with the tool_agent loop on it
+
+"What is 47*86?" A tiny model (~1M parameters) cannot multiply two-digit numbers, but it can copy: ask the
+calculator (`<tool_call>{"name": "calculator", "arguments": {"expression": "47*86"}}</tool_call>`) and copy
+the tool's answer into "The answer is 4042.". The reward (scorer `hybridrl/arithmetic_tool`) is 1 for the
+right final number, 0 otherwise, however it was found.
+
+The warm start is a short SFT (plain PyTorch here, on exactly the token layout the tool_agent loop builds: the
+prompt rendered with the tools, the model's turns ending in EOS, tool deltas masked out of the loss) on
+conversations that use the tool for a minority `tool_fraction` of the questions and otherwise answer directly
+(with the right number, which the model cannot learn to compute). So after SFT the model knows how to use the
+tool but rarely chooses to: greedy decoding answers directly and is mostly wrong, sampling calls the tool about
+tool_fraction of the time, and GRPO finds that those answers earn the reward (see the embedded default in
+assets.py for why a clear minority, not half).
+
+Stages, cached under `$HYBRIDRL_CACHE_DIR` (else ~/.cache/hybridrl) in data/arithmetic_tool and
+models/arithmetic_tool_sft, each rebuilt when missing or of another recipe (the marker file records it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass
+
+DATA_SOURCE = "hybridrl/arithmetic_tool"
+MARKER_FILE = ".hybridrl_prepared.json"
+TOOL_CONFIG = os.path.join(os.path.dirname(__file__), "arithmetic_tool_config.yaml")
+TOOL_SCHEMAS = [{"type": "function", "function": {
+    "name": "calculator", "description": "Evaluates an arithmetic expression exactly, e.g. \"123*456\".",
+    "parameters": {"type": "object", "properties": {"expression": {
+        "type": "string", "description": "integers, + - * / // % ** and parentheses"}}, "required": ["expression"]}}}]
+
+
+@dataclass
+class ToolTaskRecipe:
+    train_size: int = 2000
+    test_size: int = 128
+    low: int = 10                 # operands are drawn from [low, high]
+    high: int = 99
+    tool_fraction: float = 0.25   # share of warm-start conversations that call the calculator
+    seed: int = 0
+    vocab_size: int = 400
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 256
+    sft_steps: int = 600
+    sft_batch_size: int = 32
+    sft_lr: float = 3e-3
+
+
+def question(a: int, b: int) -> str:
+    return f"What is {a}*{b}?"
+
+
+def tool_call_text(a: int, b: int) -> str:
+    return '<tool_call>{"name": "calculator", "arguments": {"expression": "%d*%d"}}</tool_call>' % (a, b)
+
+
+def answer_text(value: int) -> str:
+    return f"The answer is {value}."
+
+
+def make_rows(recipe: ToolTaskRecipe) -> tuple[list[dict], list[dict]]:
+    """RL rows (verl's layout, agent_name=tool_agent), train and test with disjoint questions."""
+    rng = random.Random(recipe.seed)
+    pairs = [(a, b) for a in range(recipe.low, recipe.high + 1) for b in range(recipe.low, recipe.high + 1)]
+    rng.shuffle(pairs)
+    test, train = pairs[:recipe.test_size], pairs[recipe.test_size:recipe.test_size + recipe.train_size]
+
+    def rows(split, chosen):
+        return [{"data_source": DATA_SOURCE, "agent_name": "tool_agent",
+                 "prompt": [{"role": "user", "content": question(a, b)}],
+                 "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(a * b)},
+                 "extra_info": {"split": split, "index": i, "a": a, "b": b}}
+                for i, (a, b) in enumerate(chosen)]
+    return rows("train", train), rows("test", test)
+
+
+def warm_start_conversations(rl_rows: list[dict], tool_fraction: float) -> list[list[dict]]:
+    """The SFT conversations: round(tool_fraction * n) rows, spread evenly, call the calculator; the rest answer
+    directly."""
+    conversations = []
+    for position, row in enumerate(rl_rows):
+        a, b = row["extra_info"]["a"], row["extra_info"]["b"]
+        uses_tool = int((position + 1) * tool_fraction) > int(position * tool_fraction)
+        messages = list(row["prompt"])
+        if uses_tool:
+            messages += [{"role": "assistant", "content": tool_call_text(a, b)},
+                         {"role": "tool", "content": str(a * b)}]
+        messages.append({"role": "assistant", "content": answer_text(a * b)})
+        conversations.append(messages)
+    return conversations
+
+
+def conversation_tokens(tokenizer, messages: list[dict], tools=TOOL_SCHEMAS) -> tuple[list[int], list[int]]:
+    """(ids, loss mask) in the tool_agent loop's layout: the prompt as one rendering, each assistant turn as its
+    content's tokens + EOS (mask 1), each run of tool messages as the template delta (mask 0)."""
+    def render(part, generation_prompt):
+        return tokenizer.apply_chat_template(part, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)
+
+    def encode(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    first_reply = next(i for i, message in enumerate(messages) if message["role"] == "assistant")
+    ids = encode(render(messages[:first_reply], True))
+    mask = [0] * len(ids)
+    position = first_reply
+    while position < len(messages):
+        content = encode(messages[position]["content"]) + [tokenizer.eos_token_id]
+        ids, mask, position = ids + content, mask + [1] * len(content), position + 1
+        tools_end = position
+        while tools_end < len(messages) and messages[tools_end]["role"] == "tool":
+            tools_end += 1
+        if tools_end > position:
+            dummy = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "x"}]
+            prefix = render(dummy, False)
+            full = render(dummy + messages[position:tools_end], True)
+            cut = prefix.rfind(tokenizer.eos_token) + len(tokenizer.eos_token)
+            delta = encode(full[cut:])
+            ids, mask, position = ids + delta, mask + [0] * len(delta), tools_end
+    return ids, mask
+
+
+def sft(model, tokenizer, conversations: list[list[dict]], steps: int, batch_size: int, lr: float, seed: int,
+        log_every: int = 100) -> float:
+    """Plain next-token SFT on the masked tokens; returns the last logged loss."""
+    import torch
+
+    torch.manual_seed(seed)
+    examples = [conversation_tokens(tokenizer, messages) for messages in conversations]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 50)
+                                                 * max(0.05, 1 - step / steps))
+    rng = random.Random(seed)
+    model.train()
+    loss_value = float("nan")
+    for step in range(steps):
+        batch = rng.sample(examples, min(batch_size, len(examples)))
+        width = max(len(ids) for ids, _ in batch)
+        input_ids = torch.full((len(batch), width), tokenizer.pad_token_id)
+        labels = torch.full((len(batch), width), -100)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, (ids, mask) in enumerate(batch):
+            input_ids[row, :len(ids)] = torch.tensor(ids)
+            attention[row, :len(ids)] = 1
+            labels[row, :len(ids)] = torch.tensor([token if keep else -100 for token, keep in zip(ids, mask)])
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        if step % log_every == 0 or step == steps - 1:
+            loss_value = float(loss)
+            print(f"[hybridrl] tool task SFT step {step}: loss {loss_value:.4f}", flush=True)
+    model.eval()
+    return loss_value
+
+
+def tool_task_paths(cache_dir: str) -> dict[str, str]:
+    cache_dir = os.path.abspath(os.path.expanduser(cache_dir))
+    data_dir = os.path.join(cache_dir, "data", "arithmetic_tool")
+    return {"data_dir": data_dir, "train_file": os.path.join(data_dir, "train.parquet"),
+            "val_file": os.path.join(data_dir, "test.parquet"),
+            "model_dir": os.path.join(cache_dir, "models", "arithmetic_tool_sft")}
+
+
+def prepare_tool_task(cache_dir: str, recipe: ToolTaskRecipe | None = None) -> dict[str, str]:
+    """Build the data and the warm-started model unless both are there with this recipe's marker."""
+    from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
+    from hybridrl.defaults.tool_chat_template import TOOL_CHAT_TEMPLATE
+    from hybridrl.utils.rl_parquet import write_rl_parquet
+
+    recipe = recipe or ToolTaskRecipe()
+    paths = tool_task_paths(cache_dir)
+    marker = dataclasses.asdict(recipe)
+    if all(_has_marker(paths[key], marker) for key in ("data_dir", "model_dir")):
+        return paths
+    train_rows, test_rows = make_rows(recipe)
+    staging = paths["data_dir"] + ".tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    write_rl_parquet(train_rows, os.path.join(staging, "train.parquet"))
+    write_rl_parquet(test_rows, os.path.join(staging, "test.parquet"))
+    _finish(staging, paths["data_dir"], marker)
+
+    from transformers import AutoModelForCausalLM
+
+    conversations = warm_start_conversations(train_rows, recipe.tool_fraction)
+    texts = [message["content"] for messages in conversations for message in messages] + \
+        ["<|im_start|>system\nTools: calculator<|im_end|>\n<|im_start|>user\n<tool_response>\n</tool_response>"
+         "<|im_start|>assistant\n"] * 50
+    tokenizer = build_tokenizer(texts, vocab_size=recipe.vocab_size)
+    tokenizer.chat_template = TOOL_CHAT_TEMPLATE
+    staging = paths["model_dir"] + ".tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    build_tiny_model(staging, tokenizer, hidden_size=recipe.hidden_size, num_layers=recipe.num_layers,
+                     num_heads=recipe.num_heads, num_kv_heads=recipe.num_kv_heads,
+                     intermediate_size=recipe.intermediate_size, seed=recipe.seed)
+    model = AutoModelForCausalLM.from_pretrained(staging)
+    sft(model, tokenizer, conversations, recipe.sft_steps, recipe.sft_batch_size, recipe.sft_lr, recipe.seed)
+    model.save_pretrained(staging, safe_serialization=True)
+    _finish(staging, paths["model_dir"], marker)
+    return paths
+
+
+def _has_marker(directory: str, marker: dict) -> bool:
+    path = os.path.join(directory, MARKER_FILE)
+    if not os.path.isfile(path):
+        return False
+    with open(path) as f:
+        return json.load(f) == marker
+
+
+def _finish(staging: str, final: str, marker: dict) -> None:
+    with open(os.path.join(staging, MARKER_FILE), "w") as f:
+        json.dump(marker, f, indent=2, sort_keys=True)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(staging, final)
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache_dir", default=os.environ.get("HYBRIDRL_CACHE_DIR", "~/.cache/hybridrl"))
+    args = parser.parse_args()
+    print(json.dumps(prepare_tool_task(args.cache_dir), indent=2))
+
+
+if __name__ == "__main__":
+    main()
