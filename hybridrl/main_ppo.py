@@ -50,6 +50,7 @@ from hybridrl.config.preflight import check_before_start
 from hybridrl.single_controller.local_cluster import LocalRayCluster, prepare_driver_process
 from hybridrl.trainer.ppo.nonfinite_guard import NonFiniteTrainingError
 from hybridrl.defaults.assets import ensure_default_assets
+from hybridrl.defaults.tool_task import ensure_tool_task_assets
 from hybridrl.utils.import_utils import load_extensions
 
 # Set in every Ray worker process: tokenizers' own thread pool deadlocks after fork, and NCCL's
@@ -63,6 +64,7 @@ def main(cfg: DictConfig) -> None:
     try:
         config = validate_config(cfg)
         ensure_default_assets(config)  # prepares the built-in task and tiny model when the defaults are used
+        ensure_tool_task_assets(config)  # the same for the arithmetic tool task (--config-name tool_default)
         warnings = check_before_start(config)
     except ConfigError as err:
         exit_with_config_errors(err.problems)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -19,8 +20,9 @@ from hybridrl.defaults.tiny_model import build_tokenizer
 from hybridrl.defaults.tool_chat_template import TOOL_CHAT_TEMPLATE
 from hybridrl.tools.calculator_tool import evaluate
 
-CALCULATOR_YAML = "examples/sglang_multiturn/config/tool_config/calculator_tool_config.yaml"
-GSM8K_YAML = "examples/sglang_multiturn/config/tool_config/gsm8k_tool_config.yaml"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CALCULATOR_YAML = os.path.join(REPO, "examples/sglang_multiturn/config/tool_config/calculator_tool_config.yaml")
+GSM8K_YAML = os.path.join(REPO, "examples/sglang_multiturn/config/tool_config/gsm8k_tool_config.yaml")
 
 
 # ---- parser ----

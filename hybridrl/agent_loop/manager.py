@@ -235,6 +235,7 @@ def agent_loop_metrics(outputs: list[AgentLoopOutput]) -> dict[str, float]:
         "agent_loop/generate_sequences/mean": float(np.mean([m.generate_sequences for m in metrics])),
         "agent_loop/tool_calls/mean": float(np.mean([m.tool_calls for m in metrics])),
         "agent_loop/num_tool_calls/mean": float(np.mean([m.num_tool_calls for m in metrics])),
+        "agent_loop/used_tools/mean": float(np.mean([m.num_tool_calls > 0 for m in metrics])),  # share of samples
         "agent_loop/num_tool_errors/sum": float(sum(m.num_tool_errors for m in metrics)),
         "agent_loop/tool_latency_s/mean": float(sum(m.tool_latency_s for m in metrics) / calls) if calls else 0.0,
         "agent_loop/tokenization_mismatch/sum": float(sum(m.tokenization_mismatch for m in metrics)),

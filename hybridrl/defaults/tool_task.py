@@ -169,8 +169,18 @@ def tool_task_paths(cache_dir: str) -> dict[str, str]:
     cache_dir = os.path.abspath(os.path.expanduser(cache_dir))
     data_dir = os.path.join(cache_dir, "data", "arithmetic_tool")
     return {"data_dir": data_dir, "train_file": os.path.join(data_dir, "train.parquet"),
+            "tool_config": os.path.join(data_dir, "tools.yaml"),
             "val_file": os.path.join(data_dir, "test.parquet"),
             "model_dir": os.path.join(cache_dir, "models", "arithmetic_tool_sft")}
+
+
+def ensure_tool_task_assets(config) -> None:
+    """Prepare the task when the PPO config reads its model or data (--config-name tool_default)."""
+    paths = tool_task_paths(config.cache_dir)
+    used = [config.actor_rollout_ref.model.path] + list(config.data.train_files) + list(config.data.val_files)
+    if any(os.path.abspath(os.path.expanduser(path)) in (paths["model_dir"], paths["train_file"], paths["val_file"])
+           for path in used):
+        prepare_tool_task(config.cache_dir)
 
 
 def prepare_tool_task(cache_dir: str, recipe: ToolTaskRecipe | None = None) -> dict[str, str]:
@@ -189,6 +199,7 @@ def prepare_tool_task(cache_dir: str, recipe: ToolTaskRecipe | None = None) -> d
     shutil.rmtree(staging, ignore_errors=True)
     write_rl_parquet(train_rows, os.path.join(staging, "train.parquet"))
     write_rl_parquet(test_rows, os.path.join(staging, "test.parquet"))
+    shutil.copy(TOOL_CONFIG, os.path.join(staging, "tools.yaml"))
     _finish(staging, paths["data_dir"], marker)
 
     from transformers import AutoModelForCausalLM

@@ -1,0 +1,92 @@
+"""tool_agent end to end: real local Ray, 2 gloo ranks each serving HF generate over HTTP, the calculator tool.
+
+The tiny model is first taught (plain SFT, seconds) one conversation in the loop's own token layout: call the
+calculator for 12*34, then answer with what the tool said. Sampled at temperature 1 it then mostly calls the
+tool, so the rollout has tool turns whose tokens (response_mask 0) must reach the trainer masked, with no
+advantage, and whose counts must reach the metrics.
+"""
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
+from hybridrl.defaults.tool_chat_template import TOOL_CHAT_TEMPLATE
+from hybridrl.defaults.tool_task import answer_text, sft, tool_call_text
+from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
+from hybridrl.utils.rl_parquet import write_rl_parquet
+from test_async_rollout import spy_on_update_actor
+from test_e2e_training import make_config, read_metrics
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CALCULATOR_YAML = os.path.join(REPO, "examples/sglang_multiturn/config/tool_config/calculator_tool_config.yaml")
+
+
+@pytest.fixture(scope="module")
+def tool_task(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tool_e2e")
+    conversation = [{"role": "user", "content": "What is 12*34?"},
+                    {"role": "assistant", "content": tool_call_text(12, 34)}, {"role": "tool", "content": "408"},
+                    {"role": "assistant", "content": answer_text(408)}]
+    texts = [message["content"] for message in conversation] * 20 + [
+        "<|im_start|>system\nTools: calculator<|im_end|>\n<|im_start|>user\n<tool_response>\n</tool_response>"] * 20
+    tokenizer = build_tokenizer(texts, vocab_size=300)
+    tokenizer.chat_template = TOOL_CHAT_TEMPLATE
+    model_dir = build_tiny_model(str(root / "model"), tokenizer, hidden_size=32, num_layers=2, num_heads=2,
+                                 num_kv_heads=1, intermediate_size=64)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    sft(model, tokenizer, [conversation], steps=300, batch_size=1, lr=1e-2, seed=0, log_every=1000)
+    model.save_pretrained(model_dir, safe_serialization=True)
+    rows = [{"data_source": "hybridrl/arithmetic_tool", "agent_name": "tool_agent", "prompt": conversation[:1],
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": "408"}, "extra_info": {"index": i}}
+            for i in range(8)]
+    write_rl_parquet(rows, str(root / "train.parquet"))
+    return {"model": model_dir, "train": str(root / "train.parquet"), "val": str(root / "train.parquet"),
+            "reward": None, "tokenizer": tokenizer}
+
+
+def test_a_tool_agent_step_masks_tool_tokens_and_reports_tool_metrics(ray_local, tool_task, tmp_path):
+    config = make_config(
+        {**tool_task, "reward": os.path.abspath(__file__)}, str(tmp_path),
+        "custom_reward_function.path=null", "data.max_prompt_length=48", "data.max_response_length=96",
+        "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true", "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.rollout.agent.num_workers=2", "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "actor_rollout_ref.rollout.multi_turn.enable=true", "actor_rollout_ref.rollout.multi_turn.max_user_turns=2",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={CALCULATOR_YAML}", "trainer.total_training_steps=1",
+        "actor_rollout_ref.rollout.temperature=0.5")
+    trainer = RayPPOTrainer(config)
+    trainer.init_workers()
+    try:
+        batches = spy_on_update_actor(trainer)
+        trainer.fit()
+    finally:
+        trainer.shutdown()
+    tokenizer = tool_task["tokenizer"]
+    [batch] = batches
+    response_mask, advantages = batch.batch["response_mask"], batch.batch["advantages"]
+    attention = batch.batch["attention_mask"][:, -response_mask.shape[1]:]
+    rows_with_tool = 0
+    for row in range(len(batch)):
+        responses = batch.batch["responses"][row]
+        inserted = (attention[row].bool() & ~response_mask[row].bool())
+        if not response_mask[row].any():  # kept out of training (a tokenization mismatch, strict mode)
+            continue
+        if inserted.any():
+            rows_with_tool += 1
+            text = tokenizer.decode(responses[inserted].tolist())
+            assert text.startswith("\n<|im_start|>user\n<tool_response>\n") and \
+                text.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n"), text
+            assert advantages[row][inserted].abs().sum() == 0
+            assert batch.batch["rollout_log_probs"][row][inserted].abs().sum() == 0
+        assert response_mask[row][attention[row].bool()][-1] == 1  # every conversation ends on the model's turn
+    assert rows_with_tool >= len(batch) // 2
+    [step] = read_metrics(str(tmp_path))
+    assert step["agent_loop/num_failed"] == 0
+    assert step["agent_loop/tokenization_mismatch/sum"] <= len(batch) // 4
+    assert step["agent_loop/num_turns/max"] >= 4 and step["agent_loop/num_turns/min"] >= 2
+    assert step["agent_loop/num_tool_calls/mean"] >= 0.5
+    assert step["agent_loop/used_tools/mean"] == rows_with_tool / len(batch)
+    for key in ("agent_loop/num_tool_errors/sum", "agent_loop/tool_latency_s/mean",
+                "agent_loop/tokenization_mismatch/sum", "agent_loop/response_cut/sum"):
+        assert key in step
