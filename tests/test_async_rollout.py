@@ -211,7 +211,7 @@ def test_unknown_agent_name_is_refused_before_workers_start(ray_local, toy_task,
     config = make_config(toy_task, str(tmp_path / "run"), *async_overrides(user_loops, "single_turn_agent"),
                          f"data.train_files={train}")
     with pytest.raises(ValueError, match=r"data.train_files: column agent_name: agent loop\(s\) \['nope'\] are not "
-                                         r"registered; known: \[.*'single_turn_agent', 'slow_agent', 'tool_span_agent'\]"):
+                                         r"registered; known: \[.*'single_turn_agent', 'slow_agent', 'tool_agent', 'tool_span_agent'\]"):
         RayPPOTrainer(config)
 
 
