@@ -183,7 +183,8 @@ def test_parallel_calls_run_up_to_the_cap(tokenizer):
 def test_the_response_budget_cuts_and_is_counted(tokenizer):
     call_tokens = len(tokenizer(CALL, add_special_tokens=False)["input_ids"]) + 1
     # the tool message does not fit: the conversation stops after the call, without it
-    output = run_loop(tokenizer, ScriptedServer(tokenizer, [CALL, "x"]), multi_turn_config(response_length=call_tokens + 5))
+    output = run_loop(tokenizer, ScriptedServer(tokenizer, [CALL, "x"]),
+                      multi_turn_config(response_length=call_tokens + 5))
     assert len(output.response_ids) == call_tokens and output.metrics.response_cut == 1
     assert output.num_turns == 2
     # the model's own turn hits the budget
@@ -285,3 +286,29 @@ def test_a_bad_tool_yaml_is_refused_before_start_naming_file_and_entry(tmp_path,
     problems = []
     _check_tool_config(config, problems)
     assert problems == []
+
+
+def test_parallel_calls_of_one_tool_share_one_instance_released_at_the_end(tokenizer):
+    from hybridrl.tools.gsm8k_tool import Gsm8kTool
+
+    call = '<tool_call>{"name": "calc_gsm8k_reward", "arguments": {"answer": "408"}}</tool_call>'
+    created, released = [], []
+    original_create, original_release = Gsm8kTool.create, Gsm8kTool.release
+
+    async def create(self, instance_id=None, **kwargs):
+        result = await original_create(self, instance_id, **kwargs)
+        created.append(result[0])
+        return result
+
+    async def release(self, instance_id, **kwargs):
+        released.append(instance_id)
+        await original_release(self, instance_id, **kwargs)
+
+    extra = {"tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "408"}}}}
+    Gsm8kTool.create, Gsm8kTool.release = create, release
+    try:
+        output = run_loop(tokenizer, ScriptedServer(tokenizer, [call + call, "done"]),
+                          multi_turn_config(tool_config_path=GSM8K_YAML, max_parallel_calls=2), extra_info=extra)
+    finally:
+        Gsm8kTool.create, Gsm8kTool.release = original_create, original_release
+    assert output.metrics.num_tool_calls == 2 and len(created) == 1 and released == created

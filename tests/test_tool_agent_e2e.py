@@ -8,7 +8,6 @@ advantage, and whose counts must reach the metrics.
 import os
 
 import pytest
-import torch
 from transformers import AutoModelForCausalLM
 
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer

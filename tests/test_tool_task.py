@@ -3,7 +3,8 @@
     python -m hybridrl.main_ppo --config-name tool_default
 
 Measured (README, "Multi-turn with tools"): greedy accuracy 0.8% -> 29-31% after the 30 default GRPO steps,
-calculator calls per sample 0.17 (step 1) -> 0.6-0.73 (step 30), about a minute of training on 2 CPU ranks after the warm start.
+calculator calls per sample 0.17 (step 1) -> 0.6-0.73 (step 30), about a minute of training on 2 CPU ranks after
+the warm start.
 The test asks for the issue's 15 points (half the measured gain: the margin) and for more tool use at the end
 than at the start. Slow: on an empty cache it builds the warm start first (600 SFT steps, 3-9 minutes).
 """

@@ -97,11 +97,15 @@ class ToolAgentLoop(AgentLoopBase):
             conversation.add_model_tokens(output.token_ids, output.log_probs)
             stats.assistant_turns += 1
             text = self._model_text(output.token_ids)
-            content, calls = self.parse_tool_calls(text)
+            _, calls = self.parse_tool_calls(text)
             messages.append({"role": "assistant", "content": text})
-            if output.stop_reason == "length" or len(conversation.response_ids) >= self.response_length:
-                stats.response_cut = 1
+            ended_turn = bool(output.token_ids) and output.token_ids[-1] in self._eos_ids()
+            out_of_budget = len(conversation.response_ids) >= self.response_length
+            if output.stop_reason == "length" or (out_of_budget and not ended_turn):
+                stats.response_cut = 1  # the model was cut mid-turn
                 return
+            if out_of_budget:
+                return  # the turn ended exactly at the budget: no room for a tool answer
             if not calls:
                 return
             if self.multi_turn.max_assistant_turns and stats.assistant_turns >= self.multi_turn.max_assistant_turns:
@@ -130,6 +134,10 @@ class ToolAgentLoop(AgentLoopBase):
 
     async def _run_calls(self, calls: list[ParsedToolCall], instances, tools_kwargs, stats) -> list[dict]:
         started = time.perf_counter()
+        for name in dict.fromkeys(call.name for call in calls if call.error is None and call.name in self.tools):
+            if name not in instances:  # before the concurrent calls, so that two calls of a tool share one instance
+                instances[name], _ = await self.tools[name].create(
+                    create_kwargs=tool_phase_kwargs(tools_kwargs, name, "create"))
         results = await asyncio.gather(*(self._run_call(call, instances, tools_kwargs, stats) for call in calls))
         stats.tool_s += time.perf_counter() - started
         side = self.multi_turn.tool_response_truncate_side
@@ -143,9 +151,6 @@ class ToolAgentLoop(AgentLoopBase):
             stats.num_tool_errors += 1
             return "Error: " + (call.error or f"no tool named {call.name!r}; the tools are {sorted(self.tools)}")
         tool = self.tools[call.name]
-        if call.name not in instances:
-            instances[call.name], _ = await tool.create(
-                create_kwargs=tool_phase_kwargs(tools_kwargs, call.name, "create"))
         result = await run_tool_call(tool, instances[call.name], call.arguments,
                                      timeout_s=tool.config.get("timeout_s", DEFAULT_TOOL_TIMEOUT_S),
                                      **tool_phase_kwargs(tools_kwargs, call.name, "execute"))

@@ -19,10 +19,12 @@ from hybridrl.reward.scorers.arithmetic_tool import compute_score
 
 
 def tool_task_config(response_length: int = 96):
-    multi_turn = SimpleNamespace(enable=True, max_assistant_turns=3, max_user_turns=2,
-                                 tool_config_path=os.path.join(os.path.dirname(__file__), "arithmetic_tool_config.yaml"),
-                                 max_parallel_calls=1, max_tool_response_length=64, tool_response_truncate_side="middle",
-                                 format="hermes", tokenization_sanity_check_mode="strict")
+    """The multi_turn settings of hybridrl/config/tool_default.yaml."""
+    multi_turn = SimpleNamespace(
+        enable=True, max_assistant_turns=3, max_user_turns=2, max_parallel_calls=1,
+        tool_config_path=os.path.join(os.path.dirname(__file__), "arithmetic_tool_config.yaml"),
+        max_tool_response_length=64, tool_response_truncate_side="middle", format="hermes",
+        tokenization_sanity_check_mode="strict")
     return SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(
         response_length=response_length, multi_turn=multi_turn)))
 

@@ -33,7 +33,8 @@ def test_tool_agent_on_sglang_takes_several_turns_and_reports_throughput(tmp_pat
     command = [sys.executable, "-m", "hybridrl.main_ppo", "--config-name", "tool_default",
                "actor_rollout_ref.rollout.name=sglang", "trainer.device=cuda", "trainer.n_gpus_per_node=1",
                f"data.train_batch_size={PROMPTS}", f"actor_rollout_ref.rollout.n={SAMPLES}",
-               "actor_rollout_ref.actor.ppo_mini_batch_size=64", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
+               "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
                "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
                # the tiny model's head_dim is 32: triton attention serves it (flashinfer's kernels may not)
                "+actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=triton",
