@@ -6,12 +6,8 @@
 The prompt asks for the final answer after "####", which is what the strict GSM8K scorer reads;
 the ground truth is the text after "####" in the reference solution, without thousands separators.
 """
-import argparse
-import os
 
-from hub_or_local import load_split
-
-from hybridrl.utils.rl_parquet import write_rl_parquet
+from hub_or_local import convert_hub_dataset
 
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -34,17 +30,7 @@ def to_row(example: dict, split: str, index: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--local_dataset_path", default=None, help="offline copy: a dir with train*/test* files")
-    parser.add_argument("--local_dir", default="~/data/gsm8k")
-    args = parser.parse_args()
-
-    for split in ("train", "test"):
-        examples = load_split(split, args.local_dataset_path, hub_name=DATA_SOURCE, hub_config="main")
-        rows = [to_row(example, split, index) for index, example in enumerate(examples)]
-        path = os.path.join(os.path.expanduser(args.local_dir), f"{split}.parquet")
-        write_rl_parquet(rows, path)
-        print(f"wrote {len(rows)} rows to {path}")
+    convert_hub_dataset(__doc__, "~/data/gsm8k", to_row, hub_name=DATA_SOURCE, hub_config="main")
 
 
 if __name__ == "__main__":

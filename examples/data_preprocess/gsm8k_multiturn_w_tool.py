@@ -7,13 +7,9 @@ Each row: agent_name "tool_agent"; a system prompt naming the `calc_gsm8k_reward
 truth both under reward_model (for the final score) and under extra_info.tools_kwargs, where the
 tool's create() finds it (tool YAML: examples/sglang_multiturn/config/tool_config/gsm8k_tool_config.yaml).
 """
-import argparse
-import os
 
 from gsm8k import DATA_SOURCE, INSTRUCTION, ground_truth_of
-from hub_or_local import load_split
-
-from hybridrl.utils.rl_parquet import write_rl_parquet
+from hub_or_local import convert_hub_dataset
 
 AGENT_NAME = "tool_agent"
 TOOL_NAME = "calc_gsm8k_reward"
@@ -39,17 +35,7 @@ def to_row(example: dict, split: str, index: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--local_dataset_path", default=None, help="offline copy: a dir with train*/test* files")
-    parser.add_argument("--local_dir", default="~/data/gsm8k_tool")
-    args = parser.parse_args()
-
-    for split in ("train", "test"):
-        examples = load_split(split, args.local_dataset_path, hub_name=DATA_SOURCE, hub_config="main")
-        rows = [to_row(example, split, index) for index, example in enumerate(examples)]
-        path = os.path.join(os.path.expanduser(args.local_dir), f"{split}.parquet")
-        write_rl_parquet(rows, path)
-        print(f"wrote {len(rows)} rows to {path}")
+    convert_hub_dataset(__doc__, "~/data/gsm8k_tool", to_row, hub_name=DATA_SOURCE, hub_config="main")
 
 
 if __name__ == "__main__":

@@ -6,12 +6,9 @@
 The prompt asks for the final answer in \\boxed{}, which is what the MATH scorer reads; the ground
 truth is the content of the last \\boxed{} of the reference solution.
 """
-import argparse
-import os
 
-from hub_or_local import load_split
+from hub_or_local import convert_hub_dataset
 
-from hybridrl.utils.rl_parquet import write_rl_parquet
 from hybridrl.reward.scorers.math import last_boxed_only_string, remove_boxed
 
 DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
@@ -36,17 +33,7 @@ def to_row(example: dict, split: str, index: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--local_dataset_path", default=None, help="offline copy: a dir with train*/test* files")
-    parser.add_argument("--local_dir", default="~/data/math")
-    args = parser.parse_args()
-
-    for split in ("train", "test"):
-        examples = load_split(split, args.local_dataset_path, hub_name=DATA_SOURCE)
-        rows = [to_row(example, split, index) for index, example in enumerate(examples)]
-        path = os.path.join(os.path.expanduser(args.local_dir), f"{split}.parquet")
-        write_rl_parquet(rows, path)
-        print(f"wrote {len(rows)} rows to {path}")
+    convert_hub_dataset(__doc__, "~/data/math", to_row, hub_name=DATA_SOURCE)
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ def pop_worker_metrics(output: DataProto, metrics: dict[str, float]) -> DataProt
     return output
 
 
-def mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
+def mean_of_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     """One metrics dict from a ONE_TO_ALL call's per-rank dicts: each key's mean over the ranks that report it."""
     collected: dict[str, list[float]] = {}
     for metrics in per_rank:

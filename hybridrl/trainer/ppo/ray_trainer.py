@@ -39,7 +39,7 @@ from hybridrl.trainer.ppo.metric_utils import (
     compute_throughput_metrics,
     compute_timing_metrics,
     compute_validation_metrics,
-    mean_over_ranks,
+    mean_of_rank_metrics,
     pop_worker_metrics,
     reduce_metrics,
     timer,
@@ -336,11 +336,11 @@ class RayPPOTrainer:
     # ------------------------------------------------------------------ the rollout, shared by training and validation
     def _rollout_mode(self) -> dict[str, float]:
         """Trainer mode -> rollout mode on every rank (weights pushed unless the engine holds them); timings."""
-        return mean_over_ranks(self.actor_rollout_wg.rollout_mode())
+        return mean_of_rank_metrics(self.actor_rollout_wg.rollout_mode())
 
     def _trainer_mode(self) -> dict[str, float]:
         """Rollout mode -> trainer mode on every rank (the engine releases its memory); timings."""
-        return mean_over_ranks(self.actor_rollout_wg.trainer_mode())
+        return mean_of_rank_metrics(self.actor_rollout_wg.trainer_mode())
 
     def _generate(self, prompts: DataProto, *, n: int, validate: bool, do_sample: bool | None = None) -> DataProto:
         """Each row of `prompts` repeated `n` times (interleaved: a prompt's responses are consecutive) with its
