@@ -121,30 +121,34 @@ def prepare_default_assets(cache_dir: str, recipe: DefaultRecipe | None = None, 
     recipe_fields = dataclasses.asdict(recipe)
     data_recipe = {key: recipe_fields[key] for key in
                    ("task", "task_config", "train_size", "test_size", "seed", "tagged_fraction")}
-    rebuilt = _stage("data", paths.data_dir, data_recipe, _data_problem,
+    rebuilt = build_stage("data", paths.data_dir, data_recipe, _data_problem,
                      lambda out_dir: _build_data(out_dir, recipe), upstream_rebuilt=False)
     if not with_model:
         return paths
     model_recipe = {key: recipe_fields[key] for key in recipe_fields if key != "sft_overrides"}
-    rebuilt = _stage("tiny model", paths.init_model_dir, model_recipe, _model_problem,
+    rebuilt = build_stage("tiny model", paths.init_model_dir, model_recipe, model_dir_problem,
                      lambda out_dir: _build_init_model(out_dir, paths, recipe), upstream_rebuilt=rebuilt)
     sft_config = _sft_config(paths, recipe)
-    _stage("SFT warm start", paths.sft_model_dir, {**recipe_fields, "sft_settings": _sft_settings(sft_config)},
-           _model_problem, lambda out_dir: _build_sft_model(out_dir, sft_config), upstream_rebuilt=rebuilt)
+    build_stage("SFT warm start", paths.sft_model_dir, {**recipe_fields, "sft_settings": _sft_settings(sft_config)},
+           model_dir_problem, lambda out_dir: _build_sft_model(out_dir, sft_config), upstream_rebuilt=rebuilt)
     return paths
 
 
 # ---- the stage mechanics: check, build aside, mark, rename ----
 
-def _stage(name: str, final_dir: str, recipe: dict, find_problem: Callable[[str], str | None],
+def build_stage(name: str, final_dir: str, recipe: dict, find_problem: Callable[[str], str | None],
            build: Callable[[str], str], upstream_rebuilt: bool) -> bool:
-    """Reuse `final_dir` if it is complete and of `recipe`, else rebuild it; returns whether it was rebuilt."""
+    """Reuse `final_dir` if it is complete and of `recipe`, else rebuild it; returns whether it was rebuilt.
+
+    `build(out_dir)` writes the stage into a fresh side directory and returns a one-line summary; the marker
+    (recipe, seconds) is written last and the directory renamed into place, so a crash never leaves a stage
+    that looks complete. `upstream_rebuilt`: an earlier stage this one is made from was just rebuilt."""
     problem = _stage_problem(final_dir, recipe, find_problem)
     if problem is None and not upstream_rebuilt:
         _log(f"reusing {name} in {final_dir}")
         return False
     if problem is None:
-        _log(f"{name} in {final_dir} was made from the previous {_previous_stage(name)}; rebuilding it")
+        _log(f"{name} in {final_dir} was made from an earlier stage that was just rebuilt; rebuilding it")
     elif os.path.exists(final_dir):
         _log(f"{name} in {final_dir} is unusable ({problem}); rebuilding it")
     started = time.perf_counter()
@@ -177,10 +181,6 @@ def _stage_problem(final_dir: str, recipe: dict, find_problem: Callable[[str], s
     return find_problem(final_dir)
 
 
-def _previous_stage(name: str) -> str:
-    return {"tiny model": "data", "SFT warm start": "tiny model"}[name]
-
-
 def _data_problem(data_dir: str) -> str | None:
     for name in ("train.parquet", "test.parquet", "sft_train.parquet", "sft_test.parquet"):
         path = os.path.join(data_dir, name)
@@ -194,7 +194,7 @@ def _data_problem(data_dir: str) -> str | None:
     return None
 
 
-def _model_problem(model_dir: str) -> str | None:
+def model_dir_problem(model_dir: str) -> str | None:
     """Cheap checks that catch a deleted or truncated file before transformers would fail on it."""
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         path = os.path.join(model_dir, name)

@@ -28,8 +28,9 @@ import random
 import shutil
 from dataclasses import dataclass
 
+from hybridrl.defaults.assets import build_stage, model_dir_problem
+
 DATA_SOURCE = "hybridrl/arithmetic_tool"
-MARKER_FILE = ".hybridrl_prepared.json"
 TOOL_CONFIG = os.path.join(os.path.dirname(__file__), "arithmetic_tool_config.yaml")
 TOOL_SCHEMAS = [{"type": "function", "function": {
     "name": "calculator", "description": "Evaluates an arithmetic expression exactly, e.g. \"123*456\".",
@@ -184,25 +185,40 @@ def ensure_tool_task_assets(config) -> None:
 
 
 def prepare_tool_task(cache_dir: str, recipe: ToolTaskRecipe | None = None) -> dict[str, str]:
-    """Build the data and the warm-started model unless both are there with this recipe's marker."""
-    from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
-    from hybridrl.defaults.tool_chat_template import TOOL_CHAT_TEMPLATE
-    from hybridrl.utils.rl_parquet import write_rl_parquet
-
+    """Build the data and the warm-started model unless they are there, complete, with this recipe (the
+    embedded default's stage mechanics: defaults/assets.py:build_stage)."""
     recipe = recipe or ToolTaskRecipe()
     paths = tool_task_paths(cache_dir)
     marker = dataclasses.asdict(recipe)
-    if all(_has_marker(paths[key], marker) for key in ("data_dir", "model_dir")):
-        return paths
-    train_rows, test_rows = make_rows(recipe)
-    staging = paths["data_dir"] + ".tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    write_rl_parquet(train_rows, os.path.join(staging, "train.parquet"))
-    write_rl_parquet(test_rows, os.path.join(staging, "test.parquet"))
-    shutil.copy(TOOL_CONFIG, os.path.join(staging, "tools.yaml"))
-    _finish(staging, paths["data_dir"], marker)
 
+    def build_data(out_dir: str) -> str:
+        from hybridrl.utils.rl_parquet import write_rl_parquet
+
+        train, test = make_rows(recipe)
+        write_rl_parquet(train, os.path.join(out_dir, "train.parquet"))
+        write_rl_parquet(test, os.path.join(out_dir, "test.parquet"))
+        shutil.copy(TOOL_CONFIG, os.path.join(out_dir, "tools.yaml"))
+        return f"{len(train)} train, {len(test)} test rows"
+
+    data_rebuilt = build_stage("tool task data", paths["data_dir"], marker, _data_problem, build_data,
+                               upstream_rebuilt=False)
+    build_stage("tool task warm start", paths["model_dir"], marker, model_dir_problem,
+                lambda out_dir: _build_model(out_dir, recipe, make_rows(recipe)[0]), upstream_rebuilt=data_rebuilt)
+    return paths
+
+
+def _data_problem(data_dir: str) -> str | None:
+    missing = [name for name in ("train.parquet", "test.parquet", "tools.yaml")
+               if not os.path.isfile(os.path.join(data_dir, name))]
+    return f"{', '.join(missing)} missing" if missing else None
+
+
+def _build_model(out_dir: str, recipe: ToolTaskRecipe, train_rows: list[dict]) -> str:
+    """Tokenizer trained on the warm-start text, tiny Qwen2, SFT on the tool_agent token layout."""
     from transformers import AutoModelForCausalLM
+
+    from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
+    from hybridrl.defaults.tool_chat_template import TOOL_CHAT_TEMPLATE
 
     conversations = warm_start_conversations(train_rows, recipe.tool_fraction)
     texts = [message["content"] for messages in conversations for message in messages] + \
@@ -210,31 +226,13 @@ def prepare_tool_task(cache_dir: str, recipe: ToolTaskRecipe | None = None) -> d
          "<|im_start|>assistant\n"] * 50
     tokenizer = build_tokenizer(texts, vocab_size=recipe.vocab_size)
     tokenizer.chat_template = TOOL_CHAT_TEMPLATE
-    staging = paths["model_dir"] + ".tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    build_tiny_model(staging, tokenizer, hidden_size=recipe.hidden_size, num_layers=recipe.num_layers,
+    build_tiny_model(out_dir, tokenizer, hidden_size=recipe.hidden_size, num_layers=recipe.num_layers,
                      num_heads=recipe.num_heads, num_kv_heads=recipe.num_kv_heads,
                      intermediate_size=recipe.intermediate_size, seed=recipe.seed)
-    model = AutoModelForCausalLM.from_pretrained(staging)
+    model = AutoModelForCausalLM.from_pretrained(out_dir)
     sft(model, tokenizer, conversations, recipe.sft_steps, recipe.sft_batch_size, recipe.sft_lr, recipe.seed)
-    model.save_pretrained(staging, safe_serialization=True)
-    _finish(staging, paths["model_dir"], marker)
-    return paths
-
-
-def _has_marker(directory: str, marker: dict) -> bool:
-    path = os.path.join(directory, MARKER_FILE)
-    if not os.path.isfile(path):
-        return False
-    with open(path) as f:
-        return json.load(f) == marker
-
-
-def _finish(staging: str, final: str, marker: dict) -> None:
-    with open(os.path.join(staging, MARKER_FILE), "w") as f:
-        json.dump(marker, f, indent=2, sort_keys=True)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(staging, final)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return f"{recipe.sft_steps} SFT steps on {len(conversations)} conversations"
 
 
 def main() -> None:
