@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -86,7 +87,8 @@ def trainer_overrides(args, model_dir: str, run_dir: str) -> list[str]:
         "actor_rollout_ref.rollout.name=sglang", f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_memory_utilization}",
         "+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_prefill_cuda_graph=true",
         f"trainer.total_training_steps={args.steps}", "trainer.val_before_train=false", "trainer.test_freq=-1",
-        "trainer.save_freq=-1", "trainer.logger=[console,jsonl]", f"trainer.default_local_dir={run_dir}", *offload]
+        "trainer.save_freq=-1", "trainer.logger=[console,jsonl]", f"trainer.default_local_dir={run_dir}", *offload,
+        *(["+actor_rollout_ref.rollout.engine_kwargs.sglang.log_level=info"] if args.engine_log else [])]
 
 
 def run_trainer(args, model_dir: str, layout: str) -> dict:
@@ -105,7 +107,27 @@ def run_trainer(args, model_dir: str, layout: str) -> dict:
         steps = [json.loads(line) for line in f if line.strip()]
     measured = steps[1:] or steps
     keys = {key for step in measured for key in step if isinstance(step[key], (int, float))}
-    return {"wall_s": wall, **{key: statistics.mean(step[key] for step in measured if key in step) for key in keys}}
+    result = {"wall_s": wall, **{key: statistics.mean(step[key] for step in measured if key in step) for key in keys}}
+    return {**result, **decode_log_summary(completed.stdout + completed.stderr)}
+
+
+def decode_log_summary(log: str) -> dict:
+    """The engine's own view of decoding (--engine-log): SGLang's 'Decode batch' lines carry the running
+    requests, whether the CUDA graph ran, and the scheduler's generation rate. A slow trainer generation with
+    the scheduler's rate equal to a fast one's points outside the engine; a lower rate points inside it."""
+    running, graph, rate = [], [], []
+    for match in re.finditer(r"Decode batch.*?#running-req: (\d+).*?cuda graph: (\w+), gen throughput \(token/s\): "
+                             r"([\d.]+)", log):
+        running.append(int(match.group(1)))
+        graph.append(match.group(2) == "True")
+        rate.append(float(match.group(3)))
+    if not rate:
+        return {}
+    return {"engine/decode_lines": len(rate), "engine/cuda_graph_share": sum(graph) / len(graph),
+            "engine/running_req_median": statistics.median(running),
+            "engine/gen_tok_per_s_median": statistics.median(rate),
+            "engine/gen_tok_per_s_at_full_batch": statistics.median(
+                [r for r, n in zip(rate, running) if n >= max(running) // 2] or rate)}
 
 
 def standalone_generation(args, model_dir: str) -> dict:
@@ -150,6 +172,11 @@ def print_table(results: dict, args) -> None:
     rows = [("response length (mean tokens)", "response_length/mean", "{:.0f}")]
     rows += [(f"{phase} (s)", f"timing_s/{phase}", "{:.2f}") for phase in PHASES]
     rows += [(f"  switch: {part} (s)", f"timing_s/{part}", "{:.3f}") for part in SWITCH]
+    rows += [("  engine_generate (s)", "timing_s/engine_generate", "{:.2f}"),
+             ("  engine CUDA graph share (decode lines)", "engine/cuda_graph_share", "{:.2f}"),
+             ("  engine running requests (median)", "engine/running_req_median", "{:.0f}"),
+             ("  engine gen tok/s (median)", "engine/gen_tok_per_s_median", "{:,.0f}"),
+             ("  engine gen tok/s at full batch", "engine/gen_tok_per_s_at_full_batch", "{:,.0f}")]
     rows += [("tokens/s/GPU (whole step)", "perf/throughput", "{:,.0f}"), ("MFU update_actor", "perf/mfu/actor", "{:.1%}"),
              ("MFU old_log_prob", "perf/mfu/actor_infer", "{:.1%}"),
              ("peak GPU memory allocated (GiB)", "perf/max_memory_allocated_gb", "{:.1f}"),
@@ -191,6 +218,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--no-standalone", action="store_true")
+    parser.add_argument("--engine-log", action="store_true",
+                        help="SGLang log_level=info: summarise the scheduler's decode lines per layout")
     parser.add_argument("--work-dir", default="/tmp/ppo_step")
     parser.add_argument("--out", default=None, help="write the results as JSON here too")
     args = parser.parse_args()

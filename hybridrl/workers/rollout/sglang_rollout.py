@@ -140,15 +140,22 @@ class SGLangRollout(BaseRollout):
         params = sampling_params(self.config, prompts.meta_info, eos_ids)
         # Left padding is the trainer's layout, not the model's input: send each prompt's real tokens.
         token_lists = [row[mask.bool()].tolist() for row, mask in zip(prompt_ids, prompt_mask)]
+        started = time.perf_counter()
         outputs = self.monitor.call("generate", self.engine.generate, input_ids=token_lists,
                                     sampling_params=params, return_logprob=self.config.calculate_log_probs)
+        engine_seconds = time.perf_counter() - started
         response_length = self.config.response_length
         generated = [_generated_ids(output, row, response_length) for row, output in enumerate(outputs)]
         log_probs = None
         if self.config.calculate_log_probs:
             log_probs = [[entry[0] for entry in output["meta_info"]["output_token_logprobs"]] for output in outputs]
-        return to_batch_layout(token_lists, generated, prompt_length=prompt_ids.shape[1],
-                               response_length=response_length, pad_token_id=pad_id, response_logprobs=log_probs)
+        output = to_batch_layout(token_lists, generated, prompt_length=prompt_ids.shape[1],
+                                 response_length=response_length, pad_token_id=pad_id, response_logprobs=log_probs)
+        # The engine's own share of timing_s/gen (the rest is dispatch and packing), and its decode rate.
+        tokens = sum(len(ids) for ids in generated)
+        output.meta_info["metrics"] = {"timing_s/engine_generate": engine_seconds,
+                                       "rollout/engine_tokens_per_s": tokens / max(engine_seconds, 1e-9)}
+        return output
 
     def _token_ids(self, meta_info: dict, key: str) -> list[int]:
         """meta_info[key] (the trainer sends the tokenizer's ids), else the model directory's generation_config."""
