@@ -405,6 +405,21 @@ class KLControlConfig(ConfigNode):
 
 
 @dataclass
+class RolloutCorrectionConfig(ConfigNode):
+    """verl's algorithm.rollout_correction (decoupled mode): IS weights and rejection from the rollout's
+    log-probs (algorithms/rollout_correction.py)."""
+    rollout_is: Optional[Literal["token", "sequence"]]
+    rollout_is_threshold: float = positive()
+    rollout_is_batch_normalize: bool
+    rollout_rs: Optional[Literal["token", "sequence", "geometric"]]
+    rollout_rs_threshold: Optional[float] = positive()
+    rollout_rs_threshold_lower: Optional[float] = positive()
+    rollout_token_veto_threshold: Optional[float] = positive()
+    bypass_mode: bool
+    use_policy_gradient: bool
+
+
+@dataclass
 class AlgorithmConfig(ConfigNode):
     adv_estimator: str
     gamma: float = between(0, 1)
@@ -414,6 +429,7 @@ class AlgorithmConfig(ConfigNode):
     kl_penalty: KLType
     kl_ctrl: KLControlConfig
     use_pf_ppo: bool
+    rollout_correction: RolloutCorrectionConfig
 
 
 # ---- trainer, ray_init, root ----

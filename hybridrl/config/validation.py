@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 from typing import Any, Callable
 
@@ -49,6 +50,9 @@ NOT_IMPLEMENTED: dict[str, Any] = {
     "reward_model.model.fsdp_config.wrap_policy.min_num_params": 0,
     # verl's save-before-the-ESI-instance-expires timer (a cloud-specific scheduler).
     "trainer.esi_redundant_time": 0,
+    # verl's bypass mode (rollout log-probs used as old_log_probs) and its plain policy-gradient loss.
+    "algorithm.rollout_correction.bypass_mode": False,
+    "algorithm.rollout_correction.use_policy_gradient": False,
 }
 
 # Values of otherwise implemented keys that are not implemented yet.
@@ -478,6 +482,43 @@ def _multi_turn_settings(values: _Values, problems: list[str]) -> None:
                         f"{tool_format!r}")
 
 
+ROLLOUT_CORRECTION = "algorithm.rollout_correction"
+
+
+def _rollout_correction_settings(values: _Values, problems: list[str]) -> None:
+    """A correction that changes training needs the rollout's log-probs, rejection needs its threshold, the lower
+    threshold lies below the upper, and IS weights need a policy loss that takes them."""
+    correction = values(ROLLOUT_CORRECTION)
+    uses = [f"{ROLLOUT_CORRECTION}.{key}={correction[key]!r}"
+            for key in ("rollout_is", "rollout_rs", "rollout_token_veto_threshold") if correction[key] is not None]
+    if uses and not values("actor_rollout_ref.rollout.calculate_log_probs"):
+        problems.append(f"actor_rollout_ref.rollout.calculate_log_probs: expected true with {', '.join(uses)} (the "
+                        "correction compares the trainer's log-probs with the rollout's), got False")
+    upper, lower = correction["rollout_rs_threshold"], correction["rollout_rs_threshold_lower"]
+    if correction["rollout_rs"] is not None and upper is None:
+        problems.append(f"{ROLLOUT_CORRECTION}.rollout_rs_threshold: expected an upper threshold > 0 with "
+                        f"{ROLLOUT_CORRECTION}.rollout_rs={correction['rollout_rs']!r}, got None")
+    if upper is not None and lower is not None and not lower < upper:
+        problems.append(f"{ROLLOUT_CORRECTION}.rollout_rs_threshold_lower: expected less than "
+                        f"rollout_rs_threshold={upper}, got {lower}")
+    if correction["rollout_is"] is not None:
+        _run_rule(_policy_loss_takes_is_weights, values, problems)
+
+
+def _policy_loss_takes_is_weights(values: _Values, problems: list[str]) -> None:
+    from hybridrl.algorithms.core_algos import get_policy_loss_fn
+
+    key = "actor_rollout_ref.actor.policy_loss.loss_mode"
+    try:
+        loss = get_policy_loss_fn(values(key))
+    except ValueError:  # an unregistered name: _registered_names reports it
+        return
+    if "rollout_is_weights" not in inspect.signature(loss).parameters:
+        problems.append(f"{key}: expected a policy loss taking rollout_is_weights (verl's signature) with "
+                        f"{ROLLOUT_CORRECTION}.rollout_is set, got {values(key)!r} (its parameters: "
+                        f"{list(inspect.signature(loss).parameters)})")
+
+
 RULES: list[Callable[[_Values, list[str]], None]] = [
     _not_implemented,
     _registered_names,
@@ -496,6 +537,7 @@ RULES: list[Callable[[_Values, list[str]], None]] = [
     _offload_settings,
     _async_rollout_settings,
     _multi_turn_settings,
+    _rollout_correction_settings,
 ]
 
 

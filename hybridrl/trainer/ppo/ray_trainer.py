@@ -2,8 +2,9 @@
 
 `fit()` is the algorithm, top to bottom: sample prompts; put the workers in rollout mode (the
 engine gets the current weights), generate `n` responses each, put them back in trainer mode (the
-engine gives its memory back); score the responses, compute old / reference log-probs and values, turn scores into advantages, update the critic and
-the actor (ReMax first generates each prompt greedily too: its score is the baseline). Numbers that
+engine gives its memory back); score the responses, compute old / reference log-probs and values, correct for
+the rollout-training mismatch (algorithm.rollout_correction, with the rollout's log-probs), turn scores into
+advantages, update the critic and the actor (ReMax first generates each prompt greedily too: its score is the baseline). Numbers that
 are not finite stop the run with a reason instead of training on without learning
 (nonfinite_guard.py). The controller owns the loop and the small per-token tensors; the worker
 groups own every model (see workers/). Nothing here touches a weight.
@@ -31,6 +32,7 @@ from hybridrl.single_controller.ray import (
     create_colocated_worker_cls,
 )
 from hybridrl.algorithms import core_algos
+from hybridrl.algorithms.rollout_correction import compute_rollout_correction_and_add_to_batch
 from hybridrl.trainer.ppo import checkpointing
 from hybridrl.trainer.ppo.generation_dump import decode_generations, dump_generations, select_val_samples
 from hybridrl.trainer.ppo.metric_utils import (
@@ -306,6 +308,8 @@ class RayPPOTrainer:
                 else:
                     batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
                 algo = self.config.algorithm
+                if "rollout_log_probs" in batch.batch.keys():  # IS weights, rejection (response_mask), rollout_corr/*
+                    metrics.update(compute_rollout_correction_and_add_to_batch(batch, algo.rollout_correction))
                 batch = core_algos.compute_advantage(
                     batch, adv_estimator=algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
                     norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo)
