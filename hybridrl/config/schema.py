@@ -389,9 +389,21 @@ class RewardModelConfig(ConfigNode):
 
 
 @dataclass
+class RemoteRewardModelConfig(ConfigNode):
+    """slime's remote_rm: a reward model over HTTP (reward/remote_rm.py)."""
+    url: Optional[str]
+    timeout: float = positive()
+    max_retries: int = at_least(0)
+    retry_delay: float = at_least(0)
+    max_concurrency: int = positive()
+
+
+@dataclass
 class CustomRewardFunctionConfig(ConfigNode):
     path: Optional[str]
     name: str
+    rm_type: Optional[str]  # a reward-hub scorer by name (reward/hub.py)
+    remote_rm: RemoteRewardModelConfig
 
 
 # ---- algorithm ----

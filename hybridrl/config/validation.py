@@ -519,6 +519,41 @@ def _policy_loss_takes_is_weights(values: _Values, problems: list[str]) -> None:
                         f"{list(inspect.signature(loss).parameters)})")
 
 
+def _reward_hub_settings(values: _Values, problems: list[str]) -> None:
+    """custom_reward_function.rm_type names a hub scorer (not together with a path); remote_rm has an http(s)
+    url, and its worst case (every attempt timing out) fits in reward_model.score_timeout."""
+    from hybridrl.reward.hub import check_rm_type
+    from hybridrl.reward.remote_rm import RemoteRewardModel
+
+    rm_type, path = values("custom_reward_function.rm_type"), values("custom_reward_function.path")
+    remote = values("custom_reward_function.remote_rm")
+    if rm_type is not None:
+        try:
+            check_rm_type(rm_type)
+        except ValueError as err:
+            problems.append(f"custom_reward_function.rm_type: expected a reward-hub scorer, got {rm_type!r} ({err})")
+        if path is not None:
+            problems.append(f"custom_reward_function.rm_type: expected null with custom_reward_function.path set "
+                            f"(one scorer for the run: the user's function or a named one), got {rm_type!r}")
+        if rm_type.removeprefix("boxed_") == "remote_rm" and not remote["url"]:
+            problems.append("custom_reward_function.remote_rm.url: expected the reward server's http(s) URL with "
+                            "custom_reward_function.rm_type=remote_rm, got None")
+        if rm_type.removeprefix("boxed_") == "math_verify" and importlib.util.find_spec("math_verify") is None:
+            problems.append("custom_reward_function.rm_type: expected a scorer whose package is installed, got "
+                            "'math_verify' (pip install math-verify, or pip install -e '.[math]')")
+    if remote["url"]:
+        if not str(remote["url"]).startswith(("http://", "https://")):
+            problems.append(f"custom_reward_function.remote_rm.url: expected an http:// or https:// URL, got "
+                            f"{remote['url']!r}")
+        score_timeout = values("reward_model.score_timeout")
+        worst = RemoteRewardModel(url=remote["url"], timeout=remote["timeout"], max_retries=remote["max_retries"],
+                                  retry_delay=remote["retry_delay"], max_concurrency=1).worst_case_seconds()
+        if score_timeout is not None and worst >= score_timeout:
+            problems.append(f"custom_reward_function.remote_rm.timeout: expected timeout * (max_retries + 1) plus the "
+                            f"retry delays = {worst:g} s below reward_model.score_timeout={score_timeout:g} (else a "
+                            f"slow server fails the run instead of costing its samples), got {remote['timeout']:g}")
+
+
 RULES: list[Callable[[_Values, list[str]], None]] = [
     _not_implemented,
     _registered_names,
@@ -538,6 +573,7 @@ RULES: list[Callable[[_Values, list[str]], None]] = [
     _async_rollout_settings,
     _multi_turn_settings,
     _rollout_correction_settings,
+    _reward_hub_settings,
 ]
 
 
