@@ -114,6 +114,7 @@ class DataConfig(ConfigNode):
     filter_overlong_prompts: bool
     train_max_samples: int
     val_max_samples: int
+    eval_sets: list[dict[str, Any]]  # named eval sets; their keys are checked by validation (evaluation.py)
     dataloader_num_workers: int = at_least(0)
     custom_cls: CustomClassConfig
 

@@ -554,6 +554,19 @@ def _reward_hub_settings(values: _Values, problems: list[str]) -> None:
                             f"slow server fails the run instead of costing its samples), got {remote['timeout']:g}")
 
 
+def _eval_sets_settings(values: _Values, problems: list[str]) -> None:
+    """Each named eval set is well formed (trainer/ppo/evaluation.py); validating needs something to validate."""
+    entries = values("data.eval_sets")
+    if entries:
+        from hybridrl.trainer.ppo.evaluation import eval_set_problems
+
+        problems += eval_set_problems(entries, values("actor_rollout_ref.rollout.response_length"))
+    validates = values("trainer.val_before_train") or values("trainer.test_freq") > 0
+    if validates and not entries and not values("data.val_files"):
+        problems.append("data.val_files: expected at least one .parquet file when the run validates "
+                        "(trainer.val_before_train or trainer.test_freq > 0) and data.eval_sets is empty, got []")
+
+
 RULES: list[Callable[[_Values, list[str]], None]] = [
     _not_implemented,
     _registered_names,
@@ -574,6 +587,7 @@ RULES: list[Callable[[_Values, list[str]], None]] = [
     _multi_turn_settings,
     _rollout_correction_settings,
     _reward_hub_settings,
+    _eval_sets_settings,
 ]
 
 
@@ -585,6 +599,11 @@ def check_paths(config: PPOConfig) -> None:
     for key, files in (("data.train_files", config.data.train_files), ("data.val_files", config.data.val_files)):
         for index, path in enumerate(files):
             _expect_file(f"{key}[{index}]", path, ".parquet", problems)
+    for index, entry in enumerate(config.data.eval_sets):
+        files = [entry["path"]] if isinstance(entry["path"], str) else entry["path"]
+        for file_index, path in enumerate(files):
+            _expect_file(f"data.eval_sets[{index}].path" + (f"[{file_index}]" if len(files) > 1 else ""), path,
+                         ".parquet", problems)
     _expect_model_dir("actor_rollout_ref.model.path", config.actor_rollout_ref.model.path, problems)
     if config.critic.enable:
         _expect_model_dir("critic.model.path", config.critic.model.path, problems)
