@@ -6,7 +6,6 @@ import time
 from collections import Counter
 
 import pytest
-import torch
 from aiohttp import web
 
 from hybridrl.config import compose_config, validate_config
@@ -115,7 +114,8 @@ def test_rm_type_validation_names_the_key():
 class RewardServer:
     """A real aiohttp server on 127.0.0.1 in its own thread. POST /score: score = len(response) / 10, echoes the
     prompt; /slow never answers in time; /flaky answers 503 on a response's first attempt; /bad is a 400;
-    /garbage no JSON. A request with a prompt gets {"score", "prompt_seen"}, one without a plain number. `attempts` counts requests per (path, response)."""
+    /garbage no JSON, /nan a NaN score. A request with a prompt gets {"score", "prompt_seen"}, one without a plain
+    number. `attempts` counts requests per (path, response)."""
 
     def __init__(self):
         self.attempts = Counter()
@@ -231,7 +231,8 @@ def test_reward_managers_score_with_a_remote_reward_model(server, tokenizer, man
 def test_reward_managers_count_a_dead_server_as_errors(tokenizer, manager):
     config = config_with("custom_reward_function.rm_type=remote_rm",
                          "custom_reward_function.remote_rm.url=http://127.0.0.1:9/score",  # discard port: refused
-                         "custom_reward_function.remote_rm.timeout=0.5", "custom_reward_function.remote_rm.max_retries=1",
+                         "custom_reward_function.remote_rm.timeout=0.5",
+                         "custom_reward_function.remote_rm.max_retries=1",
                          "custom_reward_function.remote_rm.retry_delay=0.01", f"reward_model.reward_manager={manager}")
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
     batch = make_batch(tokenizer, ["q"] * 2, ["#### 7", "#### 8"], ["d"] * 2, ["7", "8"],

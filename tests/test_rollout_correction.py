@@ -214,7 +214,8 @@ def test_is_weights_need_a_policy_loss_that_takes_them(tmp_path):
         "@register_policy_loss('old_style_rc_test')\n"
         "def old_style(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode='token-mean', config=None):\n"
         "    raise AssertionError\n")
-    problems = problems_of(f"extensions=[{extension}]", "actor_rollout_ref.actor.policy_loss.loss_mode=old_style_rc_test",
+    problems = problems_of(f"extensions=[{extension}]",
+                           "actor_rollout_ref.actor.policy_loss.loss_mode=old_style_rc_test",
                            "actor_rollout_ref.rollout.calculate_log_probs=true",
                            "algorithm.rollout_correction.rollout_is=token")
     assert any(p.startswith("actor_rollout_ref.actor.policy_loss.loss_mode: expected a policy loss taking "

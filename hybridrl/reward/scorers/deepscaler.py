@@ -42,8 +42,8 @@ def compute_score(solution_str: str, ground_truth: Any) -> float:
     boxed = math_scorer.last_boxed_only_string(solution)
     if boxed is None:
         return 0.0
+    grade = math_scorer.compute_score_math_verify if math_scorer.MATH_VERIFY_INSTALLED else math_scorer.compute_score
     for truth in _ground_truths(ground_truth):
-        grade = math_scorer.compute_score_math_verify if math_scorer.MATH_VERIFY_INSTALLED else math_scorer.compute_score
         if grade(boxed, truth) == 1.0:
             return 1.0
     return 0.0

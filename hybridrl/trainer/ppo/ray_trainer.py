@@ -4,8 +4,8 @@
 engine gets the current weights), generate `n` responses each, put them back in trainer mode (the
 engine gives its memory back); score the responses, compute old / reference log-probs and values, correct for
 the rollout-training mismatch (algorithm.rollout_correction, with the rollout's log-probs), turn scores into
-advantages, update the critic and the actor (ReMax first generates each prompt greedily too: its score is the baseline). Numbers that
-are not finite stop the run with a reason instead of training on without learning
+advantages, update the critic and the actor (ReMax first generates each prompt greedily too: its score is the
+baseline). Numbers that are not finite stop the run with a reason instead of training on without learning
 (nonfinite_guard.py). The controller owns the loop and the small per-token tensors; the worker
 groups own every model (see workers/). Nothing here touches a weight.
 """
@@ -18,7 +18,6 @@ import uuid
 
 import numpy as np
 import ray
-import torch
 
 from hybridrl.agent_loop.manager import (AgentLoopManager, apply_agent_scores, check_agent_names,
                                          scores_on_trained_tokens)
