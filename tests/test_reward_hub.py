@@ -260,3 +260,20 @@ def test_score_group_awaits_an_async_user_function_and_catches_nan():
     scores = asyncio.run(score_group([RewardInput("ok", "x"), RewardInput("bad", "x")], RewardHub(custom_fn=judge)))
     assert scores[0].reward == 0.25 and scores[0].error is None
     assert scores[1].reward == 0.0 and "not finite" in scores[1].error
+
+
+def test_score_group_gives_up_on_a_stuck_scorer_after_score_timeout():
+    def stuck(data_source, solution_str, ground_truth, extra_info=None):
+        time.sleep(0.5 if solution_str == "slow" else 0)
+        return 1.0
+
+    async def timed():  # asyncio.run itself waits for the abandoned thread at its end; the group does not
+        started = time.monotonic()
+        scores = await score_group([RewardInput("slow", "x"), RewardInput("fast", "x")],
+                                   RewardHub(custom_fn=stuck, score_timeout=0.1))
+        return scores, time.monotonic() - started
+
+    scores, elapsed = asyncio.run(timed())
+    assert elapsed < 0.45
+    assert scores[0].reward == 0.0 and scores[0].error.startswith("TimeoutError")
+    assert scores[1].reward == 1.0 and scores[1].error is None

@@ -111,12 +111,13 @@ class RewardHub:
     remote_rm, or either with the boxed_ prefix. remote: the reward model for remote_rm."""
 
     def __init__(self, rm_type: Optional[str] = None, custom_fn: Optional[Callable] = None,
-                 remote: Optional[RemoteRewardModel] = None):
+                 remote: Optional[RemoteRewardModel] = None, score_timeout: Optional[float] = None):
         if rm_type is not None:
             check_rm_type(rm_type)
         if rm_type is not None and custom_fn is not None:
             raise ValueError("set custom_reward_function.rm_type or custom_reward_function.path, not both")
         self.rm_type, self.custom_fn, self.remote = rm_type, custom_fn, remote
+        self.score_timeout = score_timeout  # seconds a rule scorer may take in score_async (None: no limit)
 
     @classmethod
     def from_config(cls, config) -> "RewardHub":
@@ -128,7 +129,8 @@ class RewardHub:
         remote = RemoteRewardModel.from_config(custom.remote_rm) if custom.remote_rm.url else None
         if _uses_remote(custom.rm_type) and remote is None:
             raise ValueError("custom_reward_function.rm_type=remote_rm needs custom_reward_function.remote_rm.url")
-        return cls(rm_type=custom.rm_type, custom_fn=load_user_reward_fn(config), remote=remote)
+        return cls(rm_type=custom.rm_type, custom_fn=load_user_reward_fn(config), remote=remote,
+                   score_timeout=config.reward_model.score_timeout)
 
     def _rm_type_of(self, extra_info: Optional[dict]) -> Optional[str]:
         """The row's own rm_type, else the run's; a user's function (custom_reward_function.path) scores every
@@ -161,7 +163,8 @@ class RewardHub:
 
     async def score_async(self, sample: RewardInput, session=None) -> "float | dict":
         """One sample from async code: remote requests are awaited, rule scorers run on a thread (so the
-        event loop keeps serving generation), an async user function is awaited."""
+        event loop keeps serving generation), an async user function is awaited. A rule scorer or async function
+        still busy after `score_timeout` seconds raises TimeoutError (its thread cannot be stopped; it is left)."""
         rm_type, sample = self._prepared(sample)
         if rm_type == REMOTE:
             if session is None:
@@ -169,9 +172,10 @@ class RewardHub:
                     return await self._remote().score(own_session, _payload(sample))
             return await self._remote().score(session, _payload(sample))
         scorer = self._sync_scorer(rm_type)
+        arguments = (sample.data_source, sample.response, sample.label, sample.extra_info)
         if inspect.iscoroutinefunction(scorer):
-            return await scorer(sample.data_source, sample.response, sample.label, sample.extra_info)
-        return await asyncio.to_thread(scorer, sample.data_source, sample.response, sample.label, sample.extra_info)
+            return await asyncio.wait_for(scorer(*arguments), self.score_timeout)
+        return await asyncio.wait_for(asyncio.to_thread(scorer, *arguments), self.score_timeout)
 
     def _sync_scorer(self, rm_type: Optional[str]) -> Callable:
         if rm_type is not None:
@@ -224,9 +228,10 @@ async def score_group(samples: Sequence[RewardInput], hub: RewardHub) -> list[Sa
 
     Call it from the rollout driver's event loop as soon as a group's last sample is done, so scoring overlaps
     the generation of the other groups. It never raises for a sample: a scorer that raises, or returns no
-    finite number, or a remote reward model that times out after its retries gives that sample reward 0.0 with
-    `error` set (count them into the `reward/errors` metric). It returns within the remote reward model's
-    `worst_case_seconds()` for remote_rm; rule scorers run on worker threads. The hub: `RewardHub.from_config`.
+    finite number, or a remote reward model that times out after its retries, or a scorer busy for longer than
+    reward_model.score_timeout gives that sample reward 0.0 with `error` set (count them into the
+    `reward/errors` metric). So it returns within the remote reward model's `worst_case_seconds()` for remote_rm
+    and within score_timeout otherwise; rule scorers run on worker threads. The hub: `RewardHub.from_config`.
     """
     from hybridrl.reward.managers.base import invalid_score_problem
 
