@@ -277,3 +277,13 @@ def test_score_group_gives_up_on_a_stuck_scorer_after_score_timeout():
     assert elapsed < 0.45
     assert scores[0].reward == 0.0 and scores[0].error.startswith("TimeoutError")
     assert scores[1].reward == 1.0 and scores[1].error is None
+
+
+def test_an_invalid_remote_setting_is_reported_without_breaking_the_timeout_rule():
+    with pytest.raises(ConfigError) as error:
+        config_with("custom_reward_function.rm_type=remote_rm", "custom_reward_function.remote_rm.url=ftp://x",
+                    "custom_reward_function.remote_rm.timeout=-1")
+    problems = [p for p in error.value.problems if "remote_rm" in p]
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("custom_reward_function.remote_rm.timeout: expected > 0")
+    assert problems[1].startswith("custom_reward_function.remote_rm.url: expected an http:// or https:// URL")

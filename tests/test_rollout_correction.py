@@ -220,3 +220,12 @@ def test_is_weights_need_a_policy_loss_that_takes_them(tmp_path):
                            "algorithm.rollout_correction.rollout_is=token")
     assert any(p.startswith("actor_rollout_ref.actor.policy_loss.loss_mode: expected a policy loss taking "
                             "rollout_is_weights") for p in problems), problems
+
+
+def test_an_invalid_threshold_is_reported_once_without_breaking_the_cross_key_rules():
+    problems = problems_of("actor_rollout_ref.rollout.calculate_log_probs=true",
+                           "algorithm.rollout_correction.rollout_rs=token",
+                           "algorithm.rollout_correction.rollout_rs_threshold=-1",
+                           "algorithm.rollout_correction.rollout_rs_threshold_lower=0.5")
+    assert [p for p in problems if "rollout_correction" in p] == [
+        "algorithm.rollout_correction.rollout_rs_threshold: expected > 0, got -1.0"], problems

@@ -488,20 +488,22 @@ ROLLOUT_CORRECTION = "algorithm.rollout_correction"
 def _rollout_correction_settings(values: _Values, problems: list[str]) -> None:
     """A correction that changes training needs the rollout's log-probs, rejection needs its threshold, the lower
     threshold lies below the upper, and IS weights need a policy loss that takes them."""
-    correction = values(ROLLOUT_CORRECTION)
-    uses = [f"{ROLLOUT_CORRECTION}.{key}={correction[key]!r}"
-            for key in ("rollout_is", "rollout_rs", "rollout_token_veto_threshold") if correction[key] is not None]
+    def correction(key: str):
+        return values(f"{ROLLOUT_CORRECTION}.{key}")
+
+    uses = [f"{ROLLOUT_CORRECTION}.{key}={correction(key)!r}"
+            for key in ("rollout_is", "rollout_rs", "rollout_token_veto_threshold") if correction(key) is not None]
     if uses and not values("actor_rollout_ref.rollout.calculate_log_probs"):
         problems.append(f"actor_rollout_ref.rollout.calculate_log_probs: expected true with {', '.join(uses)} (the "
                         "correction compares the trainer's log-probs with the rollout's), got False")
-    upper, lower = correction["rollout_rs_threshold"], correction["rollout_rs_threshold_lower"]
-    if correction["rollout_rs"] is not None and upper is None:
+    upper, lower = correction("rollout_rs_threshold"), correction("rollout_rs_threshold_lower")
+    if correction("rollout_rs") is not None and upper is None:
         problems.append(f"{ROLLOUT_CORRECTION}.rollout_rs_threshold: expected an upper threshold > 0 with "
-                        f"{ROLLOUT_CORRECTION}.rollout_rs={correction['rollout_rs']!r}, got None")
+                        f"{ROLLOUT_CORRECTION}.rollout_rs={correction('rollout_rs')!r}, got None")
     if upper is not None and lower is not None and not lower < upper:
         problems.append(f"{ROLLOUT_CORRECTION}.rollout_rs_threshold_lower: expected less than "
                         f"rollout_rs_threshold={upper}, got {lower}")
-    if correction["rollout_is"] is not None:
+    if correction("rollout_is") is not None:
         _run_rule(_policy_loss_takes_is_weights, values, problems)
 
 
@@ -523,10 +525,9 @@ def _reward_hub_settings(values: _Values, problems: list[str]) -> None:
     """custom_reward_function.rm_type names a hub scorer (not together with a path); remote_rm has an http(s)
     url, and its worst case (every attempt timing out) fits in reward_model.score_timeout."""
     from hybridrl.reward.hub import check_rm_type
-    from hybridrl.reward.remote_rm import RemoteRewardModel
 
     rm_type, path = values("custom_reward_function.rm_type"), values("custom_reward_function.path")
-    remote = values("custom_reward_function.remote_rm")
+    remote_url = values("custom_reward_function.remote_rm.url")
     if rm_type is not None:
         try:
             check_rm_type(rm_type)
@@ -535,23 +536,31 @@ def _reward_hub_settings(values: _Values, problems: list[str]) -> None:
         if path is not None:
             problems.append(f"custom_reward_function.rm_type: expected null with custom_reward_function.path set "
                             f"(one scorer for the run: the user's function or a named one), got {rm_type!r}")
-        if rm_type.removeprefix("boxed_") == "remote_rm" and not remote["url"]:
+        if rm_type.removeprefix("boxed_") == "remote_rm" and not remote_url:
             problems.append("custom_reward_function.remote_rm.url: expected the reward server's http(s) URL with "
                             "custom_reward_function.rm_type=remote_rm, got None")
         if rm_type.removeprefix("boxed_") == "math_verify" and importlib.util.find_spec("math_verify") is None:
             problems.append("custom_reward_function.rm_type: expected a scorer whose package is installed, got "
                             "'math_verify' (pip install math-verify, or pip install -e '.[math]')")
-    if remote["url"]:
-        if not str(remote["url"]).startswith(("http://", "https://")):
+    if remote_url:
+        if not remote_url.startswith(("http://", "https://")):
             problems.append(f"custom_reward_function.remote_rm.url: expected an http:// or https:// URL, got "
-                            f"{remote['url']!r}")
-        score_timeout = values("reward_model.score_timeout")
-        worst = RemoteRewardModel(url=remote["url"], timeout=remote["timeout"], max_retries=remote["max_retries"],
-                                  retry_delay=remote["retry_delay"], max_concurrency=1).worst_case_seconds()
-        if score_timeout is not None and worst >= score_timeout:
-            problems.append(f"custom_reward_function.remote_rm.timeout: expected timeout * (max_retries + 1) plus the "
-                            f"retry delays = {worst:g} s below reward_model.score_timeout={score_timeout:g} (else a "
-                            f"slow server fails the run instead of costing its samples), got {remote['timeout']:g}")
+                            f"{remote_url!r}")
+        _run_rule(_remote_rm_fits_in_score_timeout, values, problems)
+
+
+def _remote_rm_fits_in_score_timeout(values: _Values, problems: list[str]) -> None:
+    from hybridrl.reward.remote_rm import RemoteRewardModel
+
+    key = "custom_reward_function.remote_rm"
+    score_timeout = values("reward_model.score_timeout")
+    timeout = values(f"{key}.timeout")
+    worst = RemoteRewardModel(url=values(f"{key}.url"), timeout=timeout, max_retries=values(f"{key}.max_retries"),
+                              retry_delay=values(f"{key}.retry_delay"), max_concurrency=1).worst_case_seconds()
+    if score_timeout is not None and worst >= score_timeout:
+        problems.append(f"{key}.timeout: expected timeout * (max_retries + 1) plus the retry delays = {worst:g} s "
+                        f"below reward_model.score_timeout={score_timeout:g} (else a slow server fails the run "
+                        f"instead of costing its samples), got {timeout:g}")
 
 
 def _eval_sets_settings(values: _Values, problems: list[str]) -> None:
