@@ -40,16 +40,24 @@ from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, EngineServ
 from hybridrl.protocol import DataProto
 from hybridrl.utils.import_utils import load_extensions
 from hybridrl.workers.rollout.batch_layout import to_batch_layout
+from hybridrl.workers.rollout.sampling import SAMPLING_OVERRIDES, max_new_tokens, sampling_source
 
 AGENT_SCORES_KEY = "agent_reward_scores"  # per row: the loop's reward_score, NaN when it gave none
 
 
-def rollout_sampling_params(rollout_config, validate: bool, do_sample: bool) -> dict[str, Any]:
-    """The sampling parameters every loop of a batch gets (verl's keys; val_kwargs when validating)."""
-    source = rollout_config.val_kwargs if validate else rollout_config
+def rollout_sampling_params(rollout_config, validate: bool, do_sample: bool,
+                            overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The sampling parameters every loop of a batch gets (verl's keys; val_kwargs when validating; an eval set's
+    own settings in `overrides`, workers/rollout/sampling.py)."""
+    meta_info = {"validate": validate, SAMPLING_OVERRIDES: overrides or {}}
+    source = sampling_source(rollout_config, meta_info)
     greedy = not do_sample or source.temperature == 0
-    return {"temperature": 0.0 if greedy else float(source.temperature), "top_p": float(source.top_p),
-            "top_k": int(source.top_k), "repetition_penalty": 1.0, "logprobs": bool(rollout_config.calculate_log_probs)}
+    params = {"temperature": 0.0 if greedy else float(source.temperature), "top_p": float(source.top_p),
+              "top_k": int(source.top_k), "repetition_penalty": 1.0,
+              "logprobs": bool(rollout_config.calculate_log_probs)}
+    if overrides and "max_tokens" in overrides:
+        params["max_tokens"] = max_new_tokens(rollout_config, meta_info)
+    return params
 
 
 def check_agent_names(names, registry: dict[str, Any], where: str) -> None:
@@ -155,7 +163,8 @@ class AgentLoopManager:
         rows = self._rows(prompts)
         check_agent_names([row["agent_name"] for row in rows], self.registry, "dataset column agent_name")
         params = rollout_sampling_params(self.rollout_config, validate=prompts.meta_info.get("validate", False),
-                                         do_sample=prompts.meta_info.get("do_sample", self.rollout_config.do_sample))
+                                         do_sample=prompts.meta_info.get("do_sample", self.rollout_config.do_sample),
+                                         overrides=prompts.meta_info.get(SAMPLING_OVERRIDES))
         shares = np.array_split(np.arange(len(rows)), len(self.workers))
         pending = [worker.run.remote([rows[i] for i in share], params)
                    for worker, share in zip(self.workers, shares) if len(share)]

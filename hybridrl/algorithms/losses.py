@@ -7,8 +7,13 @@ Policy losses are looked up by name (`actor_rollout_ref.actor.policy_loss.loss_m
 through `get_policy_loss_fn`; a user adds one with `@register_policy_loss("name")` in their own module.
 Every policy loss has the signature
 
-    fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None)
-        -> (pg_loss: 0-dim Tensor, metrics: dict[str, float | 0-dim Tensor])
+    fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+       rollout_is_weights=None) -> (pg_loss: 0-dim Tensor, metrics: dict[str, float | 0-dim Tensor])
+
+`rollout_is_weights` (verl's argument): per-token importance weights of the rollout-training mismatch
+correction (algorithm.rollout_correction, algorithms/rollout_correction.py); the built-in losses multiply
+their per-token loss by them before aggregating (`apply_rollout_is_weights`). The actor passes the argument
+only when the batch has weights, so a loss without it still works while the correction's IS is off.
 
 and aggregates its per-token loss with
 `agg_loss(loss_mat, response_mask, loss_agg_mode, **global_batch_info(config))` (verl writes
@@ -33,6 +38,7 @@ from typing import Any, Callable
 
 import torch
 
+from hybridrl.algorithms.rollout_correction import apply_rollout_is_weights
 from hybridrl.utils.torch_functional import clip_by_value, entropy_from_logits, masked_mean
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -131,7 +137,8 @@ def _log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tens
 
 @register_policy_loss("vanilla")
 def compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask,
-                                loss_agg_mode: str = "token-mean", config: Any = None):
+                                loss_agg_mode: str = "token-mean", config: Any = None,
+                                rollout_is_weights: torch.Tensor | None = None):
     """PPO clipped surrogate with asymmetric bounds (clip-higher) and dual clip.
 
     Per token: max(-A r, -A clip(r, 1-eps_low, 1+eps_high)); for A < 0 that is further capped at
@@ -155,12 +162,14 @@ def compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mas
         "actor/ppo_kl": masked_mean(-log_ratio, response_mask).detach(),
         "actor/pg_clipfrac_lower": masked_mean(dual_clipped.float(), response_mask).detach(),
     }
+    pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
     return agg_loss(pg_losses, response_mask, loss_agg_mode, **global_batch_info(config)), metrics
 
 
 @register_policy_loss("gspo")
 def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask,
-                             loss_agg_mode: str = "token-mean", config: Any = None):
+                             loss_agg_mode: str = "token-mean", config: Any = None,
+                             rollout_is_weights: torch.Tensor | None = None):
     """GSPO: the clipped surrogate on a sequence-level ratio (Zheng et al., 2025).
 
     Every token of a sequence carries the same value s = exp(mean over the sequence of
@@ -181,21 +190,25 @@ def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask,
         "actor/pg_clipfrac": masked_mean((clipped > unclipped).float(), response_mask).detach(),
         "actor/ppo_kl": masked_mean(-log_ratio, response_mask).detach(),
     }
+    pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
     return agg_loss(pg_losses, response_mask, loss_agg_mode, **global_batch_info(config)), metrics
 
 
 @register_policy_loss("gpg")
 def compute_policy_loss_gpg(old_log_prob, log_prob, advantages, response_mask,
-                            loss_agg_mode: str = "token-mean", config: Any = None):
+                            loss_agg_mode: str = "token-mean", config: Any = None,
+                            rollout_is_weights: torch.Tensor | None = None):
     """GPG: plain policy gradient -A * log pi, no ratio and no clip (Chu et al., 2025)."""
     pg_losses = -advantages * log_prob
     metrics = {"actor/ppo_kl": masked_mean(old_log_prob - log_prob, response_mask).detach()}
+    pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
     return agg_loss(pg_losses, response_mask, loss_agg_mode, **global_batch_info(config)), metrics
 
 
 @register_policy_loss("clip_cov")
 def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_mask,
-                                 loss_agg_mode: str = "token-mean", config: Any = None):
+                                 loss_agg_mode: str = "token-mean", config: Any = None,
+                                 rollout_is_weights: torch.Tensor | None = None):
     """Clip-Cov (Cui et al., 2025): drop the gradient of a few tokens whose advantage x log-prob covariance is high.
 
     Candidates are masked-in tokens not already clipped by PPO whose centred covariance
@@ -225,12 +238,14 @@ def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_ma
         "actor/pg_clipfrac": masked_mean((keep == 0).float(), response_mask).detach(),
         "actor/ppo_kl": masked_mean(-log_ratio, response_mask).detach(),
     }
+    pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
     return agg_loss(pg_losses, response_mask, loss_agg_mode, **global_batch_info(config)), metrics
 
 
 @register_policy_loss("kl_cov")
 def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask,
-                               loss_agg_mode: str = "token-mean", config: Any = None):
+                               loss_agg_mode: str = "token-mean", config: Any = None,
+                               rollout_is_weights: torch.Tensor | None = None):
     """KL-Cov (Cui et al., 2025): unclipped surrogate, plus a |log ratio| penalty on the highest-covariance tokens.
 
     The max(1, int(kl_cov_ratio * #tokens)) masked-in tokens with the largest centred covariance
@@ -255,6 +270,7 @@ def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask
         "actor/pg_clipfrac": masked_mean(penalised, response_mask).detach(),
         "actor/ppo_kl": masked_mean(-log_ratio, response_mask).detach(),
     }
+    pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
     return agg_loss(pg_losses, response_mask, loss_agg_mode, **global_batch_info(config)), metrics
 
 

@@ -114,6 +114,7 @@ class DataConfig(ConfigNode):
     filter_overlong_prompts: bool
     train_max_samples: int
     val_max_samples: int
+    eval_sets: list[dict[str, Any]]  # named eval sets; their keys are checked by validation (evaluation.py)
     dataloader_num_workers: int = at_least(0)
     custom_cls: CustomClassConfig
 
@@ -389,9 +390,21 @@ class RewardModelConfig(ConfigNode):
 
 
 @dataclass
+class RemoteRewardModelConfig(ConfigNode):
+    """slime's remote_rm: a reward model over HTTP (reward/remote_rm.py)."""
+    url: Optional[str]
+    timeout: float = positive()
+    max_retries: int = at_least(0)
+    retry_delay: float = at_least(0)
+    max_concurrency: int = positive()
+
+
+@dataclass
 class CustomRewardFunctionConfig(ConfigNode):
     path: Optional[str]
     name: str
+    rm_type: Optional[str]  # a reward-hub scorer by name (reward/hub.py)
+    remote_rm: RemoteRewardModelConfig
 
 
 # ---- algorithm ----
@@ -405,6 +418,21 @@ class KLControlConfig(ConfigNode):
 
 
 @dataclass
+class RolloutCorrectionConfig(ConfigNode):
+    """verl's algorithm.rollout_correction (decoupled mode): IS weights and rejection from the rollout's
+    log-probs (algorithms/rollout_correction.py)."""
+    rollout_is: Optional[Literal["token", "sequence"]]
+    rollout_is_threshold: float = positive()
+    rollout_is_batch_normalize: bool
+    rollout_rs: Optional[Literal["token", "sequence", "geometric"]]
+    rollout_rs_threshold: Optional[float] = positive()
+    rollout_rs_threshold_lower: Optional[float] = positive()
+    rollout_token_veto_threshold: Optional[float] = positive()
+    bypass_mode: bool
+    use_policy_gradient: bool
+
+
+@dataclass
 class AlgorithmConfig(ConfigNode):
     adv_estimator: str
     gamma: float = between(0, 1)
@@ -414,6 +442,7 @@ class AlgorithmConfig(ConfigNode):
     kl_penalty: KLType
     kl_ctrl: KLControlConfig
     use_pf_ppo: bool
+    rollout_correction: RolloutCorrectionConfig
 
 
 # ---- trainer, ray_init, root ----

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 from typing import Any, Callable
 
@@ -49,6 +50,9 @@ NOT_IMPLEMENTED: dict[str, Any] = {
     "reward_model.model.fsdp_config.wrap_policy.min_num_params": 0,
     # verl's save-before-the-ESI-instance-expires timer (a cloud-specific scheduler).
     "trainer.esi_redundant_time": 0,
+    # verl's bypass mode (rollout log-probs used as old_log_probs) and its plain policy-gradient loss.
+    "algorithm.rollout_correction.bypass_mode": False,
+    "algorithm.rollout_correction.use_policy_gradient": False,
 }
 
 # Values of otherwise implemented keys that are not implemented yet.
@@ -478,6 +482,100 @@ def _multi_turn_settings(values: _Values, problems: list[str]) -> None:
                         f"{tool_format!r}")
 
 
+ROLLOUT_CORRECTION = "algorithm.rollout_correction"
+
+
+def _rollout_correction_settings(values: _Values, problems: list[str]) -> None:
+    """A correction that changes training needs the rollout's log-probs, rejection needs its threshold, the lower
+    threshold lies below the upper, and IS weights need a policy loss that takes them."""
+    def correction(key: str):
+        return values(f"{ROLLOUT_CORRECTION}.{key}")
+
+    uses = [f"{ROLLOUT_CORRECTION}.{key}={correction(key)!r}"
+            for key in ("rollout_is", "rollout_rs", "rollout_token_veto_threshold") if correction(key) is not None]
+    if uses and not values("actor_rollout_ref.rollout.calculate_log_probs"):
+        problems.append(f"actor_rollout_ref.rollout.calculate_log_probs: expected true with {', '.join(uses)} (the "
+                        "correction compares the trainer's log-probs with the rollout's), got False")
+    upper, lower = correction("rollout_rs_threshold"), correction("rollout_rs_threshold_lower")
+    if correction("rollout_rs") is not None and upper is None:
+        problems.append(f"{ROLLOUT_CORRECTION}.rollout_rs_threshold: expected an upper threshold > 0 with "
+                        f"{ROLLOUT_CORRECTION}.rollout_rs={correction('rollout_rs')!r}, got None")
+    if upper is not None and lower is not None and not lower < upper:
+        problems.append(f"{ROLLOUT_CORRECTION}.rollout_rs_threshold_lower: expected less than "
+                        f"rollout_rs_threshold={upper}, got {lower}")
+    if correction("rollout_is") is not None:
+        _run_rule(_policy_loss_takes_is_weights, values, problems)
+
+
+def _policy_loss_takes_is_weights(values: _Values, problems: list[str]) -> None:
+    from hybridrl.algorithms.core_algos import get_policy_loss_fn
+
+    key = "actor_rollout_ref.actor.policy_loss.loss_mode"
+    try:
+        loss = get_policy_loss_fn(values(key))
+    except ValueError:  # an unregistered name: _registered_names reports it
+        return
+    if "rollout_is_weights" not in inspect.signature(loss).parameters:
+        problems.append(f"{key}: expected a policy loss taking rollout_is_weights (verl's signature) with "
+                        f"{ROLLOUT_CORRECTION}.rollout_is set, got {values(key)!r} (its parameters: "
+                        f"{list(inspect.signature(loss).parameters)})")
+
+
+def _reward_hub_settings(values: _Values, problems: list[str]) -> None:
+    """custom_reward_function.rm_type names a hub scorer (not together with a path); remote_rm has an http(s)
+    url, and its worst case (every attempt timing out) fits in reward_model.score_timeout."""
+    from hybridrl.reward.hub import check_rm_type
+
+    rm_type, path = values("custom_reward_function.rm_type"), values("custom_reward_function.path")
+    remote_url = values("custom_reward_function.remote_rm.url")
+    if rm_type is not None:
+        try:
+            check_rm_type(rm_type)
+        except ValueError as err:
+            problems.append(f"custom_reward_function.rm_type: expected a reward-hub scorer, got {rm_type!r} ({err})")
+        if path is not None:
+            problems.append(f"custom_reward_function.rm_type: expected null with custom_reward_function.path set "
+                            f"(one scorer for the run: the user's function or a named one), got {rm_type!r}")
+        if rm_type.removeprefix("boxed_") == "remote_rm" and not remote_url:
+            problems.append("custom_reward_function.remote_rm.url: expected the reward server's http(s) URL with "
+                            "custom_reward_function.rm_type=remote_rm, got None")
+        if rm_type.removeprefix("boxed_") == "math_verify" and importlib.util.find_spec("math_verify") is None:
+            problems.append("custom_reward_function.rm_type: expected a scorer whose package is installed, got "
+                            "'math_verify' (pip install math-verify, or pip install -e '.[math]')")
+    if remote_url:
+        if not remote_url.startswith(("http://", "https://")):
+            problems.append(f"custom_reward_function.remote_rm.url: expected an http:// or https:// URL, got "
+                            f"{remote_url!r}")
+        _run_rule(_remote_rm_fits_in_score_timeout, values, problems)
+
+
+def _remote_rm_fits_in_score_timeout(values: _Values, problems: list[str]) -> None:
+    from hybridrl.reward.remote_rm import RemoteRewardModel
+
+    key = "custom_reward_function.remote_rm"
+    score_timeout = values("reward_model.score_timeout")
+    timeout = values(f"{key}.timeout")
+    worst = RemoteRewardModel(url=values(f"{key}.url"), timeout=timeout, max_retries=values(f"{key}.max_retries"),
+                              retry_delay=values(f"{key}.retry_delay"), max_concurrency=1).worst_case_seconds()
+    if score_timeout is not None and worst >= score_timeout:
+        problems.append(f"{key}.timeout: expected timeout * (max_retries + 1) plus the retry delays = {worst:g} s "
+                        f"below reward_model.score_timeout={score_timeout:g} (else a slow server fails the run "
+                        f"instead of costing its samples), got {timeout:g}")
+
+
+def _eval_sets_settings(values: _Values, problems: list[str]) -> None:
+    """Each named eval set is well formed (trainer/ppo/evaluation.py); validating needs something to validate."""
+    entries = values("data.eval_sets")
+    if entries:
+        from hybridrl.trainer.ppo.evaluation import eval_set_problems
+
+        problems += eval_set_problems(entries, values("actor_rollout_ref.rollout.response_length"))
+    validates = values("trainer.val_before_train") or values("trainer.test_freq") > 0
+    if validates and not entries and not values("data.val_files"):
+        problems.append("data.val_files: expected at least one .parquet file when the run validates "
+                        "(trainer.val_before_train or trainer.test_freq > 0) and data.eval_sets is empty, got []")
+
+
 RULES: list[Callable[[_Values, list[str]], None]] = [
     _not_implemented,
     _registered_names,
@@ -496,6 +594,9 @@ RULES: list[Callable[[_Values, list[str]], None]] = [
     _offload_settings,
     _async_rollout_settings,
     _multi_turn_settings,
+    _rollout_correction_settings,
+    _reward_hub_settings,
+    _eval_sets_settings,
 ]
 
 
@@ -507,6 +608,11 @@ def check_paths(config: PPOConfig) -> None:
     for key, files in (("data.train_files", config.data.train_files), ("data.val_files", config.data.val_files)):
         for index, path in enumerate(files):
             _expect_file(f"{key}[{index}]", path, ".parquet", problems)
+    for index, entry in enumerate(config.data.eval_sets):
+        files = [entry["path"]] if isinstance(entry["path"], str) else entry["path"]
+        for file_index, path in enumerate(files):
+            _expect_file(f"data.eval_sets[{index}].path" + (f"[{file_index}]" if len(files) > 1 else ""), path,
+                         ".parquet", problems)
     _expect_model_dir("actor_rollout_ref.model.path", config.actor_rollout_ref.model.path, problems)
     if config.critic.enable:
         _expect_model_dir("critic.model.path", config.critic.model.path, problems)

@@ -1,6 +1,6 @@
 """Build the configured reward manager: its class from `reward_model.reward_manager`, its scoring
-function from `custom_reward_function.path/name` when a path is set (else None: the manager's own
-default, the built-in scorers for naive and dapo)."""
+function from `custom_reward_function.rm_type` (a named built-in of the reward hub) or `.path/name` when one
+is set (else None: the manager's own default, the built-in scorers by data_source for naive and dapo)."""
 from __future__ import annotations
 
 import inspect
@@ -11,7 +11,20 @@ from hybridrl.reward.managers.registry import get_reward_manager_cls
 
 
 def get_custom_reward_fn(config):
-    """The user's scoring function, or None when `custom_reward_function.path` is unset."""
+    """The scoring function the config names: the reward hub's named scorer when `custom_reward_function.rm_type`
+    is set (per sample, or over lists for reward_manager=batch; reward/hub.py), else the user's function, or None
+    when `custom_reward_function.path` is unset too."""
+    custom = config.get("custom_reward_function") or {}
+    if custom.get("rm_type"):
+        from hybridrl.reward.hub import RewardHub
+
+        hub = RewardHub.from_config(config)
+        return hub.batch_fn() if config.reward_model.reward_manager == "batch" else hub.per_sample_fn()
+    return load_user_reward_fn(config)
+
+
+def load_user_reward_fn(config):
+    """The user's function `custom_reward_function.path/name`, or None when the path is unset."""
     custom = config.get("custom_reward_function") or {}
     if not custom.get("path"):
         return None

@@ -2,9 +2,10 @@
 
 `fit()` is the algorithm, top to bottom: sample prompts; put the workers in rollout mode (the
 engine gets the current weights), generate `n` responses each, put them back in trainer mode (the
-engine gives its memory back); score the responses, compute old / reference log-probs and values, turn scores into advantages, update the critic and
-the actor (ReMax first generates each prompt greedily too: its score is the baseline). Numbers that
-are not finite stop the run with a reason instead of training on without learning
+engine gives its memory back); score the responses, compute old / reference log-probs and values, correct for
+the rollout-training mismatch (algorithm.rollout_correction, with the rollout's log-probs), turn scores into
+advantages, update the critic and the actor (ReMax first generates each prompt greedily too: its score is the
+baseline). Numbers that are not finite stop the run with a reason instead of training on without learning
 (nonfinite_guard.py). The controller owns the loop and the small per-token tensors; the worker
 groups own every model (see workers/). Nothing here touches a weight.
 """
@@ -17,7 +18,6 @@ import uuid
 
 import numpy as np
 import ray
-import torch
 
 from hybridrl.agent_loop.manager import (AgentLoopManager, apply_agent_scores, check_agent_names,
                                          scores_on_trained_tokens)
@@ -31,14 +31,15 @@ from hybridrl.single_controller.ray import (
     create_colocated_worker_cls,
 )
 from hybridrl.algorithms import core_algos
+from hybridrl.algorithms.rollout_correction import compute_rollout_correction_and_add_to_batch
 from hybridrl.trainer.ppo import checkpointing
+from hybridrl.trainer.ppo.evaluation import ValidationResults, eval_sets_from_config
 from hybridrl.trainer.ppo.generation_dump import decode_generations, dump_generations, select_val_samples
 from hybridrl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_rollout_probs_diff,
     compute_throughput_metrics,
     compute_timing_metrics,
-    compute_validation_metrics,
     mean_of_rank_metrics,
     pop_worker_metrics,
     reduce_metrics,
@@ -51,6 +52,7 @@ from hybridrl.utils.seqlen_balancing import balance_batch
 from hybridrl.utils.tokenizer import load_tokenizer
 from hybridrl.utils.tracking import Tracking
 from hybridrl.reward.managers import load_reward_manager
+from hybridrl.workers.rollout.sampling import SAMPLING_OVERRIDES
 
 GEN_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
@@ -86,6 +88,7 @@ class RayPPOTrainer:
 
         self.nonfinite_guard = NonFiniteStepGuard(config.trainer.max_consecutive_nonfinite_steps, self.world_size)
         self.train_dataloader, self.val_dataloader = self._create_dataloaders()
+        self.eval_sets = self._create_eval_sets()  # data.eval_sets: [(EvalSet, its loader)]
         self.async_rollout = config.actor_rollout_ref.rollout.mode == "async"
         self.agent_loop_manager: AgentLoopManager | None = None  # async mode: built by init_workers
         if self.async_rollout:
@@ -109,12 +112,24 @@ class RayPPOTrainer:
         if len(train) == 0:
             raise ValueError(f"data.train_files has {len(train_set)} prompts, fewer than "
                              f"data.train_batch_size={data.train_batch_size}: not one training batch")
-        if not self.config.trainer.runs_validation():
+        if not self.config.trainer.runs_validation() or not data.val_files:  # [] with data.eval_sets: only those
             return train, None
         val_set = create_rl_dataset(data.val_files, self.tokenizer, data, max_samples=data.val_max_samples)
         val = make_dataloader(val_set, batch_size=data.val_batch_size or len(val_set), shuffle=False,
                               seed=data.seed, drop_last=False, num_workers=data.dataloader_num_workers)
         return train, val
+
+    def _create_eval_sets(self) -> list:
+        """Each named eval set of data.eval_sets with its loader (evaluation.py); none when the run never validates."""
+        if not self.config.trainer.runs_validation():
+            return []
+        data, loaders = self.config.data, []
+        for eval_set in eval_sets_from_config(self.config):
+            dataset = create_rl_dataset(list(eval_set.files), self.tokenizer, data, max_samples=eval_set.max_samples)
+            loaders.append((eval_set, make_dataloader(dataset, batch_size=data.val_batch_size or len(dataset),
+                                                      shuffle=False, seed=data.seed, drop_last=False,
+                                                      num_workers=data.dataloader_num_workers)))
+        return loaders
 
     def _check_agent_loops(self) -> None:
         """Async mode, before any worker starts: the loops' YAML loads and every agent name the data asks for (or
@@ -122,7 +137,9 @@ class RayPPOTrainer:
         agent = self.config.actor_rollout_ref.rollout.agent
         registry = load_agent_loop_config(agent.agent_loop_config_path)
         check_agent_names([agent.default_agent_loop], registry, "actor_rollout_ref.rollout.agent.default_agent_loop")
-        for key, loader in (("data.train_files", self.train_dataloader), ("data.val_files", self.val_dataloader)):
+        loaders = [("data.train_files", self.train_dataloader), ("data.val_files", self.val_dataloader)]
+        loaders += [(f"data.eval_sets {eval_set.name!r}", loader) for eval_set, loader in self.eval_sets]
+        for key, loader in loaders:
             rows = getattr(loader.dataset, "rows", None) if loader is not None else None
             if rows:  # a custom dataset without rows is checked batch by batch
                 names = {row.get("agent_name") or agent.default_agent_loop for row in rows}
@@ -306,6 +323,8 @@ class RayPPOTrainer:
                 else:
                     batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
                 algo = self.config.algorithm
+                if "rollout_log_probs" in batch.batch.keys():  # IS weights, rejection (response_mask), rollout_corr/*
+                    metrics.update(compute_rollout_correction_and_add_to_batch(batch, algo.rollout_correction))
                 batch = core_algos.compute_advantage(
                     batch, adv_estimator=algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
                     norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo)
@@ -342,16 +361,20 @@ class RayPPOTrainer:
         """Rollout mode -> trainer mode on every rank (the engine releases its memory); timings."""
         return mean_of_rank_metrics(self.actor_rollout_wg.trainer_mode())
 
-    def _generate(self, prompts: DataProto, *, n: int, validate: bool, do_sample: bool | None = None) -> DataProto:
+    def _generate(self, prompts: DataProto, *, n: int, validate: bool, do_sample: bool | None = None,
+                  sampling_overrides: dict | None = None) -> DataProto:
         """Each row of `prompts` repeated `n` times (interleaved: a prompt's responses are consecutive) with its
         generated response; the rows' other columns come along. Needs rollout mode. `prompts` is not changed.
 
         rollout.mode=sync: each rank's engine generates its slice of the padded prompts in one call.
         rollout.mode=async: the AgentLoopManager runs one agent loop per row against the ranks' engine servers;
         a loop gets its row's columns (raw chat, extra_info, ...) too. Its agent_loop/* metrics ride in
-        meta_info["metrics"] (train_step pops them)."""
+        meta_info["metrics"] (train_step pops them). sampling_overrides: an eval set's own temperature, top_p,
+        top_k and max_tokens (workers/rollout/sampling.py)."""
         generation_input = prompts.select(batch_keys=GEN_KEYS)
         generation_input.meta_info = self._generation_meta(validate=validate, do_sample=do_sample)
+        if sampling_overrides:
+            generation_input.meta_info[SAMPLING_OVERRIDES] = dict(sampling_overrides)
         rows = prompts.select(batch_keys=[key for key in prompts.batch if key not in GEN_KEYS]).repeat(
             n, interleave=True)
         generation_input = generation_input.repeat(n, interleave=True)
@@ -375,26 +398,24 @@ class RayPPOTrainer:
         return reward
 
     def _validate(self) -> dict[str, float]:
-        """Generate with `rollout.val_kwargs` (greedy by default) on the whole validation set, in one rollout-mode
-        window, then score it: the same _generate and _score as a training step."""
+        """Generate the validation set with `rollout.val_kwargs` (greedy by default) and each named eval set with
+        its own settings, all in one rollout-mode window, then score them: the same _generate and _score as a
+        training step. Metrics: trainer/ppo/evaluation.py."""
         val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
         self._rollout_mode()
-        generated = [self._generate(DataProto.from_single_dict(batch_dict), n=val_kwargs.n, validate=True)
-                     for batch_dict in self.val_dataloader]
+        generated = [(None, val_kwargs.n, self._generate(DataProto.from_single_dict(batch_dict), n=val_kwargs.n,
+                                                         validate=True))
+                     for batch_dict in (self.val_dataloader or [])]
+        for eval_set, loader in self.eval_sets:
+            generated += [(eval_set, eval_set.n, self._generate(
+                DataProto.from_single_dict(batch_dict), n=eval_set.n, validate=True, do_sample=eval_set.do_sample,
+                sampling_overrides=eval_set.sampling_overrides())) for batch_dict in loader]
         self._trainer_mode()
-        sources, scores, extra, samples, reward_metrics = [], [], {}, [], {}
-        for batch in generated:
-            reward = self._score(batch, self.val_reward_fn)
-            for key, value in reward.get("reward_metrics", {}).items():  # counts (reward/errors): summed
-                reward_metrics[f"val-aux/{key}"] = reward_metrics.get(f"val-aux/{key}", 0.0) + value
-            scores.append(reward["reward_tensor"].sum(-1))
-            samples.extend(decode_generations(self.tokenizer, batch, scores[-1]))
-            sources.append(batch.non_tensor_batch[self.config.data.reward_fn_key])
-            for key, values in reward.get("reward_extra_info", {}).items():
-                extra.setdefault(key, []).extend(value for value in values if value is not None)  # None: scorer raised
-        self._record_val_generations(samples)
-        metrics = compute_validation_metrics(np.concatenate(sources), torch.cat(scores), n=val_kwargs.n, extra=extra)
-        return {**metrics, **reward_metrics}
+        results = ValidationResults(self.tokenizer, self.config.data.reward_fn_key)
+        for eval_set, n, batch in generated:
+            results.add(batch, self._score(batch, self.val_reward_fn), n=n, eval_set=eval_set)
+        self._record_val_generations(results.samples)
+        return results.metrics()
 
     def _record_val_generations(self, samples: list[tuple[str, str, float]]) -> None:
         """Dump them to `validation_data_dir`; log `log_val_generations` of them to the trackers."""

@@ -15,7 +15,8 @@ the output layer is fused into the log-prob computation, so no full-vocabulary l
 (utils/fused_logprob.py); it combines with either layout.
 
 Batch keys read: input_ids, attention_mask, position_ids, responses (all passes); response_mask,
-old_log_probs, advantages, and ref_log_prob with use_kl_loss (update). meta_info: temperature.
+old_log_probs, advantages, ref_log_prob with use_kl_loss, and rollout_is_weights when the trainer's rollout
+correction added them (update; the policy loss multiplies its per-token loss by them). meta_info: temperature.
 """
 from __future__ import annotations
 
@@ -128,6 +129,7 @@ class DataParallelPPOActor:
             raise RuntimeError("update_policy on an actor without optimizer (a reference policy is frozen)")
         keys = FORWARD_KEYS + ["response_mask", "old_log_probs", "advantages"]
         keys += ["ref_log_prob"] if self.config.use_kl_loss else []
+        keys += ["rollout_is_weights"] if "rollout_is_weights" in data.batch.keys() else []  # rollout_correction
         rows = take_keys(data, keys, "update_policy")
         temperature = _temperature(data.meta_info)
         fixed_metrics = {"actor/kl_coef": float(self.config.kl_loss_coef)} if self.config.use_kl_loss else None
@@ -144,10 +146,13 @@ class DataParallelPPOActor:
         log_prob, entropy = self._forward_micro_batch(micro_batch, temperature, calculate_entropy=True,
                                                       entropy_grad=entropy_in_loss)
         response_mask = micro_batch["response_mask"].to(self.device)
+        # Only with algorithm.rollout_correction.rollout_is set: a user's loss without the argument still runs.
+        is_weights = ({"rollout_is_weights": micro_batch["rollout_is_weights"].to(self.device)}
+                      if "rollout_is_weights" in micro_batch else {})
         pg_loss, pg_metrics = self.policy_loss_fn(
             old_log_prob=micro_batch["old_log_probs"].to(self.device), log_prob=log_prob,
             advantages=micro_batch["advantages"].to(self.device), response_mask=response_mask,
-            loss_agg_mode=mode, config=config)
+            loss_agg_mode=mode, config=config, **is_weights)
         entropy_loss = agg_loss(entropy, response_mask, mode, **batch_info)
         loss = pg_loss - config.entropy_coeff * entropy_loss if entropy_in_loss else pg_loss
         terms = {"actor/pg_loss": pg_loss.detach(), "actor/entropy": entropy_loss.detach()}

@@ -34,6 +34,7 @@ from hybridrl.utils.fsdp_utils import hf_module
 from hybridrl.utils.torch_functional import logprobs_from_logits
 from hybridrl.workers.rollout.base import BaseRollout, register_rollout
 from hybridrl.workers.rollout.batch_layout import to_batch_layout
+from hybridrl.workers.rollout.sampling import max_new_tokens, sampling_source
 
 
 @register_rollout("hf")
@@ -100,7 +101,7 @@ class HFRollout(BaseRollout):
 
         output = model.generate(
             input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
-            max_new_tokens=response_length, eos_token_id=eos_ids, pad_token_id=pad_id,
+            max_new_tokens=max_new_tokens(self.config, prompts.meta_info), eos_token_id=eos_ids, pad_token_id=pad_id,
             repetition_penalty=1.0, use_cache=True, synced_gpus=self._ranks_step_together(),
             return_dict_in_generate=True,
             output_logits=self.config.calculate_log_probs, **sampling)
@@ -130,8 +131,8 @@ class HFRollout(BaseRollout):
         return isinstance(self.module, FullyShardedDataParallel) and dist.is_initialized() and dist.get_world_size() > 1
 
     def _sampling(self, meta_info: dict) -> dict:
-        """HF generate's sampling kwargs from the config (val_kwargs when validating)."""
-        source = self.config.val_kwargs if meta_info.get("validate", False) else self.config
+        """HF generate's sampling kwargs from the config (val_kwargs when validating; an eval set's overrides)."""
+        source = sampling_source(self.config, meta_info)
         do_sample = meta_info.get("do_sample", source.do_sample)
         if not do_sample or source.temperature == 0:
             return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}

@@ -61,6 +61,7 @@ import torch
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import BaseRollout, register_rollout
 from hybridrl.workers.rollout.batch_layout import to_batch_layout
+from hybridrl.workers.rollout.sampling import max_new_tokens, sampling_source
 from hybridrl.workers.rollout.sglang_weights import DTYPES, FlatBucket, gpu_memory
 
 logger = logging.getLogger(__name__)
@@ -372,9 +373,9 @@ def sampling_params(config, meta_info: dict, eos_ids: list[int]) -> dict[str, An
 
     Greedy when do_sample is false or the temperature is 0. top_k=-1 means off in both configs.
     """
-    source = config.val_kwargs if meta_info.get("validate", False) else config
+    source = sampling_source(config, meta_info)  # an eval set's own settings over val_kwargs
     do_sample = meta_info.get("do_sample", source.do_sample)
-    params = {"max_new_tokens": config.response_length, "ignore_eos": config.ignore_eos,
+    params = {"max_new_tokens": max_new_tokens(config, meta_info), "ignore_eos": config.ignore_eos,
               "stop_token_ids": eos_ids, "min_p": 0.0, "repetition_penalty": 1.0,
               "frequency_penalty": 0.0, "presence_penalty": 0.0}
     if not do_sample or source.temperature == 0:
