@@ -67,6 +67,7 @@ class GroupRollout:
         self.rollout_config = config.actor_rollout_ref.rollout
         self.policy_version = 0
         self.metrics: dict[str, float] = {}
+        self._scored: list[float] = []  # every reward given this step, kept groups or not
         self._next_worker = 0
         self._evaluation = False
 
@@ -106,6 +107,7 @@ class GroupRollout:
             rewards = _call_reward_function(reward_fn, self.config, todo, self.flow.group_reward)
             for sample, reward in zip(todo, rewards):
                 sample.reward, sample.reward_key = reward, self.flow.reward_key
+                self._scored.append(sample.reward_value())
             return group
         batch = groups_to_batch([todo], prompt_length=self.rollout_config.prompt_length,
                                 response_length=self.rollout_config.response_length,
@@ -115,6 +117,7 @@ class GroupRollout:
         extras = reward.get("reward_extra_info", {})
         for row, (sample, score) in enumerate(zip(todo, scores)):
             sample.reward, sample.reward_key = float(score), None
+            self._scored.append(float(score))
             if extras:
                 sample.metadata["reward_extra_info"] = {key: values[row] for key, values in extras.items()}
         for key, value in reward.get("reward_metrics", {}).items():
@@ -139,7 +142,7 @@ class GroupRollout:
     def train_batch(self, step: int, prompt_source: PromptSource) -> tuple[DataProto, dict[str, float]]:
         """The step's training batch (scored: token_level_scores set) from the rollout function, and its metrics.
         Needs rollout mode."""
-        self.policy_version, self.metrics = step - 1, {}
+        self.policy_version, self.metrics, self._scored = step - 1, {}, []
         rollout_fn = self.hooks["rollout_function"] or generate_rollout
         groups = rollout_fn(self, step, prompt_source, False)
         groups = self._check_groups(groups, "data_flow.rollout_function", self.rollout_config.n)
@@ -153,6 +156,8 @@ class GroupRollout:
         metrics.update(partial_rollout_metrics(groups, self.policy_version))
         metrics["data_flow/buffer_size"] = float(len(prompt_source.buffer))
         metrics["data_flow/num_groups_trained"] = float(len(groups))
+        if self._scored:  # the policy's own success, before any filter chose (the trained batch's is biased)
+            metrics["data_flow/generated_reward/mean"] = float(np.mean(self._scored))
         metrics.update(_reward_extra_means(groups))
         return batch, metrics
 
