@@ -11,7 +11,9 @@ import textwrap
 import pytest
 import torch
 
+from hybridrl.data.hooks import load_hook
 from hybridrl.data.sample import VERSIONS_KEY
+from hybridrl.trainer.ppo.group_rollout import HookFailed
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from test_async_rollout import spy_on_update_actor
 from test_e2e_training import make_config, read_metrics, toy_task  # noqa: F401  (toy_task is a fixture)
@@ -126,3 +128,127 @@ def test_partial_rollout_continues_aborted_samples_and_its_buffer_resumes_bit_fo
     # the buffer's groups are sent first and need fewer tokens, so some finish among the first four
     assert continued >= 1
     assert third["data_flow/partial_ratio"] > 0 and third["data_flow/staleness/max"] >= 1
+
+
+HOOKS_FILE = '''
+import asyncio
+from hybridrl.agent_loop.sample_generate import generate
+from hybridrl.trainer.ppo.group_rollout import generate_rollout
+
+
+def rollout_function(rollout, step, prompt_source, evaluation):
+    rollout.record("hooks/rollout_function_calls", 1)
+    if step == 2:  # the buffer filter (newest first) hands out the group parked at step 1
+        taken = prompt_source.get_groups(1, step)
+        rollout.record("hooks/buffer_filter_tagged", sum(bool(s.metadata.get("from_buffer_at_step") == step
+                                                               and s.metadata.get("parked")) for s in taken[0]))
+        prompt_source.add_groups(taken)
+    groups = generate_rollout(rollout, step, prompt_source, evaluation)
+    if step == 1:  # park a fresh group in the buffer, last
+        parked = prompt_source.get_groups(len(prompt_source.buffer) + 1, step)
+        for sample in parked[-1]:
+            sample.metadata["parked"] = True
+        prompt_source.add_groups(parked)
+    return groups
+
+
+def eval_function(rollout, step, prompt_source, evaluation):
+    groups = generate_rollout(rollout, step, prompt_source, evaluation)
+    for group in groups:
+        for sample in group:
+            sample.reward = 0.25  # so the test recognises the eval function's groups
+    return groups
+
+
+async def my_generate(ctx, sample, sampling_params):
+    sample = await generate(ctx, sample, sampling_params)
+    sample.metadata["generated_by"] = f"my_generate v{ctx.policy_version}"
+    return sample
+
+
+def odd_groups_only(config, group):
+    for sample in group:
+        sample.metadata["dynamic_filter_saw"] = True
+    return group[0].group_index % 2 == 1
+
+
+def reverse_order(config, groups):
+    for position, group in enumerate(groups):
+        for sample in group:
+            sample.metadata["arrival"] = position
+    return list(reversed(groups))
+
+
+def newest_first(config, step, buffer, num_groups):
+    taken = list(reversed(buffer))[:num_groups]
+    for group in taken:
+        for sample in group:
+            sample.metadata["from_buffer_at_step"] = step
+    return taken
+
+
+def raises(config, group):
+    return 1 / 0
+
+
+async def count_a(config, sample):
+    await asyncio.sleep(0)
+    return {"a": float(sum(token == config.test_a_id for token in sample.response_ids)), "len": sample.response_length}
+'''
+
+
+def test_every_hook_runs_in_its_place(ray_local, toy_task, tmp_path):
+    hooks = tmp_path / "my_hooks.py"
+    hooks.write_text(HOOKS_FILE.replace("config.test_a_id", "A_ID"))
+    run_dir = str(tmp_path / "run")
+    names = {"rollout_function": "rollout_function", "eval_function": "eval_function",
+             "custom_generate_function": "my_generate", "dynamic_sampling_filter": "odd_groups_only",
+             "over_sampling_filter": "reverse_order", "buffer_filter": "newest_first", "reward_function": "count_a"}
+    overrides = [override for hook, name in names.items()
+                 for override in (f"data_flow.{hook}.path={hooks}", f"data_flow.{hook}.name={name}")]
+    config = make_config(toy_task, run_dir, *flow_overrides(*overrides), "data_flow.reward_key=a",
+                         "data_flow.over_sampling_batch_size=10", "data_flow.max_num_gen_batches=4",
+                         "actor_rollout_ref.rollout.max_num_seqs=2", "trainer.total_training_steps=2",
+                         "trainer.test_freq=2")
+    trainer = RayPPOTrainer(config)
+    a_id = trainer.tokenizer.convert_tokens_to_ids("a")
+    hooks.write_text(HOOKS_FILE.replace("config.test_a_id", str(a_id)))  # the workers load the file again
+    trainer.init_workers()
+    try:
+        batches = spy_on_update_actor(trainer)
+        trainer.fit()
+        # a filter that raises fails the step, naming its key, with its traceback
+        rollout = trainer.group_rollout
+        rollout.hooks["dynamic_sampling_filter"] = load_hook("dynamic_sampling_filter",
+                                                             {"path": str(hooks), "name": "raises"})
+        with pytest.raises(HookFailed, match="(?s)data_flow.dynamic_sampling_filter raised:.*Traceback.*in raises.*"
+                                             "ZeroDivisionError"):
+            trainer.train_step(None)
+        trainer._trainer_mode()
+        # the cap reached with too few groups kept: fail, or train on whole mini-batches of them, as configured
+        rollout.hooks["dynamic_sampling_filter"] = lambda config, group: group[0].group_index % 3 == 0
+        rollout.max_num_gen_batches = 1
+        with pytest.raises(RuntimeError, match=r"max_num_gen_batches=1 batches of 10 groups kept [0-3] of the 8 groups "
+                                               r"data.train_batch_size asks for .data_flow.insufficient_groups='fail'"):
+            trainer.train_step(None)
+        trainer._trainer_mode()
+        rollout.hooks["dynamic_sampling_filter"] = lambda config, group: group[0].group_index % 3 != 0
+        rollout.flow.insufficient_groups = "train"
+        short = trainer.train_step(None)
+    finally:
+        trainer.shutdown()
+    assert short["data_flow/num_groups_short"] == 4 and short["data_flow/num_groups_trained"] == 4
+    steps = read_metrics(run_dir)
+    assert [step["hooks/rollout_function_calls"] for step in steps] == [1, 1]
+    assert steps[-1]["val-core/toy/letter_a/reward/mean@1"] == 0.25  # the eval function's groups were validated
+    for step, batch in zip((1, 2), batches):
+        columns = batch.non_tensor_batch
+        assert all(int(uid) % 2 == 1 for uid in columns["uid"])  # the dynamic filter kept odd groups only
+        assert all(columns["dynamic_filter_saw"]) and set(columns["generated_by"]) == {f"my_generate v{step - 1}"}
+        arrival = [columns["arrival"][row] for row in range(0, len(batch), 2)]
+        assert arrival == sorted(arrival, reverse=True)  # the over-sampling filter's order, first 8 of 10 kept
+        responses = batch.batch["responses"]
+        expected = ((responses == a_id) & batch.batch["response_mask"].bool()).sum(-1).float()
+        assert torch.equal(batch.batch["token_level_scores"].sum(-1), expected)  # count_a's "a" (reward_key)
+    assert steps[0]["data_flow/num_dropped_groups"] > 0
+    assert steps[1]["hooks/buffer_filter_tagged"] == 2  # both samples of the parked group, at step 2

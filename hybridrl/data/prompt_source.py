@@ -12,6 +12,7 @@ they resume exactly: the resumed run hands out the groups (and the partial token
 """
 from __future__ import annotations
 
+import traceback
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
@@ -61,7 +62,10 @@ class PromptSource:
     def _from_buffer(self, num_groups: int, step: int) -> list[list[Sample]]:
         if not self.buffer or num_groups == 0:
             return []
-        taken = list(self.buffer_filter(self.config, step, self.buffer, num_groups))
+        try:
+            taken = list(self.buffer_filter(self.config, step, self.buffer, num_groups))
+        except Exception as err:  # user logic: fail the step, naming the hook, with its traceback
+            raise RuntimeError(f"data_flow.buffer_filter raised:\n{traceback.format_exc()}") from err
         if len(taken) > num_groups:
             raise ValueError(f"data_flow.buffer_filter returned {len(taken)} groups, more than the {num_groups} "
                              f"asked for")

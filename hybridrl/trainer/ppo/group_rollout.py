@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import traceback
 from typing import Any, Callable
 
 import numpy as np
@@ -104,7 +105,8 @@ class GroupRollout:
             return group
         reward_fn = self.hooks["reward_function"]
         if reward_fn is not None:
-            rewards = _call_reward_function(reward_fn, self.config, todo, self.flow.group_reward)
+            rewards = call_hook("data_flow.reward_function", _call_reward_function, reward_fn, self.config, todo,
+                                self.flow.group_reward)
             for sample, reward in zip(todo, rewards):
                 sample.reward, sample.reward_key = reward, self.flow.reward_key
                 self._scored.append(sample.reward_value())
@@ -129,7 +131,7 @@ class GroupRollout:
         dynamic_filter = self.hooks["dynamic_sampling_filter"]
         if dynamic_filter is None:
             return True
-        verdict = dynamic_filter(self.config, group)
+        verdict = call_hook("data_flow.dynamic_sampling_filter", dynamic_filter, self.config, group)
         if not isinstance(verdict, (bool, np.bool_)):
             raise TypeError(f"data_flow.dynamic_sampling_filter returned {verdict!r}, expected True (keep) or False")
         return bool(verdict)
@@ -179,6 +181,21 @@ class GroupRollout:
                 raise ValueError(f"{key}: group {position} has samples without a reward (indices {unscored}); score "
                                  f"them with rollout.score_group")
         return groups
+
+
+class HookFailed(RuntimeError):
+    """A user hook raised: the step fails, naming the hook's key, with the hook's traceback."""
+
+
+def call_hook(key: str, function, *args):
+    """function(*args); what it raises fails the step as HookFailed naming `key`, with the original traceback (a
+    filter's bug is user logic, never a reason to drop a sample quietly)."""
+    try:
+        return function(*args)
+    except HookFailed:
+        raise
+    except Exception as err:
+        raise HookFailed(f"{key} raised:\n{traceback.format_exc()}") from err
 
 
 # ---------------------------------------------------------------------- the built-in rollout function
@@ -236,7 +253,7 @@ def _stop_stragglers(rollout: GroupRollout, refs: list, prompt_source: PromptSou
 
 
 def _order(rollout: GroupRollout, over_sampling_filter, kept: list[list[Sample]]) -> list[list[Sample]]:
-    ordered = over_sampling_filter(rollout.config, list(kept))
+    ordered = call_hook("data_flow.over_sampling_filter", over_sampling_filter, rollout.config, list(kept))
     kept_ids = {id(group) for group in kept}
     if not isinstance(ordered, list) or any(id(group) not in kept_ids for group in ordered):
         raise ValueError("data_flow.over_sampling_filter must return a list of the groups it was given, ordered")
