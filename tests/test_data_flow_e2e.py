@@ -77,6 +77,12 @@ def test_dynamic_sampling_drops_zero_variance_groups_and_learns_at_least_as_fast
     assert filtered[-1][key] >= plain[-1][key], (plain[-1][key], filtered[-1][key])
 
 
+ABORTED_FIRST = '''
+def aborted_first(config, step, buffer, num_groups):
+    return sorted(buffer, key=lambda group: not any(s.status == "aborted" and s.response_ids for s in group))[:num_groups]
+'''
+
+
 def test_partial_rollout_continues_aborted_samples_and_its_buffer_resumes_bit_for_bit(ray_local, toy_task, tmp_path):
     run_dir = str(tmp_path / "run")
     common = ["actor_rollout_ref.rollout.n=2", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
@@ -95,7 +101,13 @@ def test_partial_rollout_continues_aborted_samples_and_its_buffer_resumes_bit_fo
         assert len(sample["rollout_log_probs"]) == len(sample["response_ids"]) == len(sample["token_versions"])
         assert set(sample["token_versions"]) <= {0, 1}
 
-    second = RayPPOTrainer(make_config(toy_task, run_dir, *common, "trainer.total_training_steps=3"))
+    # step 3 takes train_batch_size groups, the ones holding aborted tokens first (a buffer filter), and keeps them all
+    buffer_filter = tmp_path / "aborted_first.py"
+    buffer_filter.write_text(ABORTED_FIRST)
+    second = RayPPOTrainer(make_config(toy_task, run_dir, *common, "trainer.total_training_steps=3",
+                                       "data_flow.over_sampling_batch_size=null",
+                                       f"data_flow.buffer_filter.path={buffer_filter}",
+                                       "data_flow.buffer_filter.name=aborted_first"))
     second.init_workers()
     try:
         batches = spy_on_update_actor(second)
@@ -125,8 +137,7 @@ def test_partial_rollout_continues_aborted_samples_and_its_buffer_resumes_bit_fo
     print(f"{len(partial)} samples aborted midway at step 2, {continued} of them continued and trained at step 3")
     third = read_metrics(run_dir)[-1]
     assert third["training/global_step"] == 3
-    # the buffer's groups are sent first and need fewer tokens, so some finish among the first four
-    assert continued >= 1
+    assert continued == len(partial)
     assert third["data_flow/partial_ratio"] > 0 and third["data_flow/staleness/max"] >= 1
 
 
@@ -226,9 +237,9 @@ def test_every_hook_runs_in_its_place(ray_local, toy_task, tmp_path):
             trainer.train_step(None)
         trainer._trainer_mode()
         # the cap reached with too few groups kept: fail, or train on whole mini-batches of them, as configured
-        rollout.hooks["dynamic_sampling_filter"] = lambda config, group: group[0].group_index % 3 == 0
+        rollout.hooks["dynamic_sampling_filter"] = lambda config, group: group[0].group_index % 5 == 0
         rollout.max_num_gen_batches = 1
-        with pytest.raises(RuntimeError, match=r"max_num_gen_batches=1 batches of 10 groups kept [0-3] of the 8 groups "
+        with pytest.raises(RuntimeError, match=r"max_num_gen_batches=1 batches of 10 groups kept [0-2] of the 8 groups "
                                                r"data.train_batch_size asks for .data_flow.insufficient_groups='fail'"):
             trainer.train_step(None)
         trainer._trainer_mode()
