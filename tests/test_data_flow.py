@@ -304,3 +304,57 @@ def test_hf_server_abort_stops_generation_and_returns_the_tokens_so_far(slow_tin
     assert continued.token_versions == [0] * len(running.token_ids) + [1] * 4 and continued.is_partial()
     assert len(continued.rollout_log_probs) == continued.response_length
     assert PENDING != continued.status
+
+
+# ---------------------------------------------------------------------- scoring and DAPO's keys on the group rollout
+
+REWARD_HOOKS = '''
+import asyncio
+
+async def rank_in_group(config, group):
+    await asyncio.sleep(0)
+    return [{"rank": float(i), "len": len(sample.response_ids)} for i, sample in enumerate(group)]
+
+def per_sample(config, sample):
+    return float(sample.response_ids[-1])
+
+def broken(config, sample):
+    return {}["missing"]
+'''
+
+
+def test_reward_function_scores_samples_or_whole_groups_and_dapo_keys_pick_the_filter(tmp_path):
+    from hybridrl.trainer.ppo.group_rollout import GroupRollout, HookFailed
+
+    hooks = tmp_path / "rewards.py"
+    hooks.write_text(REWARD_HOOKS)
+
+    def rollout(*overrides):
+        return GroupRollout(validate_config(flow_config(tmp_path, *overrides)), agent_loop_manager=None,
+                            tokenizer=None, score_batch=None)
+
+    def fresh():
+        group = scored_group(5, [None, None, 0.5])
+        group[1].response_ids = [4, 6]
+        return group
+
+    grouped = rollout(f"data_flow.reward_function.path={hooks}", "data_flow.reward_function.name=rank_in_group",
+                      "data_flow.group_reward=true", "data_flow.reward_key=rank")
+    group = grouped.score_group(fresh())
+    assert [sample.reward_value() for sample in group] == [0.0, 1.0, 0.5]  # the scored one keeps its reward
+    assert group[1].reward == {"rank": 1.0, "len": 2}
+    single = rollout(f"data_flow.reward_function.path={hooks}", "data_flow.reward_function.name=per_sample")
+    assert [sample.reward for sample in single.score_group(fresh())] == [9.0, 6.0, 0.5]
+    failing = rollout(f"data_flow.reward_function.path={hooks}", "data_flow.reward_function.name=broken")
+    with pytest.raises(HookFailed, match="(?s)data_flow.reward_function raised:.*in broken.*KeyError: 'missing'"):
+        failing.score_group(fresh())
+
+    dapo = rollout("data_flow.enable=false", "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc",
+                   "algorithm.filter_groups.max_num_gen_batches=3")
+    assert dapo.max_num_gen_batches == 3
+    same_acc = scored_group(1, [0.0, 1.0])
+    for sample in same_acc:
+        sample.metadata["reward_extra_info"] = {"acc": 1.0}
+    assert not dapo.keep(same_acc)  # rewards differ, but the group's acc does not: DAPO drops it
+    same_acc[0].metadata["reward_extra_info"] = {"acc": 0.0}
+    assert dapo.keep(same_acc)
