@@ -6,6 +6,7 @@
     as each group finishes: score_group (reward manager or data_flow.reward_function)
                             dynamic-sampling filter: keep or drop (counted); refill while short
     enough kept:            abort the engine servers; groups still in flight come back with their tokens so far
+                            (and groups that finished beyond what was needed)
                             partial_rollout: into the buffer as they are (continued next step, new weights)
                             else: reset to their prompt and into the buffer (generated again next step)
     over-sampling filter:   orders what was kept; the first data.train_batch_size groups are trained on
@@ -227,8 +228,9 @@ def generate_rollout(rollout: GroupRollout, step: int, prompt_source: PromptSour
                 kept.append(group)
             elif len(kept) < target:
                 rollout.record("data_flow/num_dropped_groups", 1)
-            else:  # finished together with the last one needed: back to the buffer, scored
-                prompt_source.add_groups([group])
+            else:  # finished together with the last one needed: back to the buffer (reset unless partial rollout,
+                # so that without it every trained token comes from the weights of its step)
+                prompt_source.add_groups([group if flow.partial_rollout else reset_group(group)])
     rollout.record("data_flow/num_gen_batches", chunks)
     _stop_stragglers(rollout, list(in_flight), prompt_source)
     if over_sampling_filter is not None:
