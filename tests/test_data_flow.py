@@ -349,8 +349,8 @@ def test_reward_function_scores_samples_or_whole_groups_and_dapo_keys_pick_the_f
     with pytest.raises(HookFailed, match="(?s)data_flow.reward_function raised:.*in broken.*KeyError: 'missing'"):
         failing.score_group(fresh())
 
-    dapo = rollout("data_flow.enable=false", "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc",
-                   "algorithm.filter_groups.max_num_gen_batches=3")
+    dapo = rollout("data_flow.enable=false", "algorithm.filter_groups.enable=true",
+                   "algorithm.filter_groups.metric=acc", "algorithm.filter_groups.max_num_gen_batches=3")
     assert dapo.max_num_gen_batches == 3
     same_acc = scored_group(1, [0.0, 1.0])
     for sample in same_acc:

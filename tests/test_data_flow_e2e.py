@@ -79,13 +79,16 @@ def test_dynamic_sampling_drops_zero_variance_groups_and_learns_at_least_as_fast
 
 ABORTED_FIRST = '''
 def aborted_first(config, step, buffer, num_groups):
-    return sorted(buffer, key=lambda group: not any(s.status == "aborted" and s.response_ids for s in group))[:num_groups]
+    def has_aborted_tokens(group):
+        return any(s.status == "aborted" and s.response_ids for s in group)
+    return sorted(buffer, key=lambda group: not has_aborted_tokens(group))[:num_groups]
 '''
 
 
 def test_partial_rollout_continues_aborted_samples_and_its_buffer_resumes_bit_for_bit(ray_local, toy_task, tmp_path):
     run_dir = str(tmp_path / "run")
-    common = ["actor_rollout_ref.rollout.n=2", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    common = ["actor_rollout_ref.rollout.n=2", "data.train_batch_size=4",
+              "actor_rollout_ref.actor.ppo_mini_batch_size=4",
               "data.max_response_length=16", "actor_rollout_ref.rollout.max_num_seqs=1",  # one request at a time
               "actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.save_freq=1", "trainer.test_freq=-1",
               *flow_overrides("data_flow.partial_rollout=true", "data_flow.over_sampling_batch_size=8")]

@@ -504,8 +504,8 @@ def _data_flow_settings(values: _Values, problems: list[str]) -> None:
         return
     switch = "data_flow.enable" if flow["enable"] else "algorithm.filter_groups.enable"
     if values("actor_rollout_ref.rollout.mode") != "async":
-        problems.append(f"actor_rollout_ref.rollout.mode: expected 'async' with {switch}=true (groups run as agent-loop "
-                        f"requests on the engine servers, which can abort them), got "
+        problems.append(f"actor_rollout_ref.rollout.mode: expected 'async' with {switch}=true (groups run as "
+                        f"agent-loop requests on the engine servers, which can abort them), got "
                         f"{values('actor_rollout_ref.rollout.mode')!r}")
     if values("reward_model.enable"):
         problems.append(f"reward_model.enable: expected false with {switch}=true (groups are scored as they finish, "

@@ -36,7 +36,8 @@ def test_abort_returns_tokens_so_far_and_the_next_rollout_mode_generates_again(t
     init_single_gpu_process_group()
     config = hybrid_config(model_dir, [
         f"data.max_prompt_length={PROMPT_LENGTH}", f"data.max_response_length={RESPONSE_LENGTH}",
-        "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true", "actor_rollout_ref.rollout.ignore_eos=true",
+        "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
+        "actor_rollout_ref.rollout.ignore_eos=true",
         "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.rollout.n=1",
         "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"])
     worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor_rollout", seed=1, device="cuda")

@@ -427,7 +427,8 @@ class RayPPOTrainer:
         self._rollout_mode()
         groups = self.group_rollout.eval_groups(self.global_steps, source)
         self._trainer_mode()
-        return validation_metrics(groups, self.config.data.reward_fn_key, self.config.actor_rollout_ref.rollout.val_kwargs.n)
+        return validation_metrics(groups, self.config.data.reward_fn_key,
+                                  self.config.actor_rollout_ref.rollout.val_kwargs.n)
 
     def _record_val_generations(self, samples: list[tuple[str, str, float]]) -> None:
         """Dump them to `validation_data_dir`; log `log_val_generations` of them to the trackers."""
