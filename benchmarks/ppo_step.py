@@ -44,7 +44,8 @@ LAYOUTS = {
                  "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=65536"],
 }
 # The same layout with rollout.mode=async: one agent loop per sample through each rank's engine server.
-LAYOUTS["rmpad64k_async"] = LAYOUTS["rmpad64k"] + ["actor_rollout_ref.rollout.mode=async"]
+for name in ("rmpad32k", "rmpad64k"):
+    LAYOUTS[f"{name}_async"] = LAYOUTS[name] + ["actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true"]
 PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "step"]
 SWITCH = ["update_weights", "resume_weights", "resume_kv_cache", "release_engine", "offload_trainer",
           "reload_actor", "offload_actor"]

@@ -75,6 +75,25 @@ def test_compute_score_gets_decoded_text_and_extra_info(tokenizer):
     assert rewards.sum() == 22.0
 
 
+def test_a_custom_score_adds_the_agent_loops_tool_rewards_from_extra_info(tokenizer):
+    """verl's extra_info keys for multi-turn: num_turns, tool_rewards, rollout_reward_scores (calc_reward)."""
+    def score_plus_tools(data_source, solution_str, ground_truth, extra_info):
+        return float(solution_str.strip().endswith(ground_truth)) + 0.1 * sum(extra_info["tool_rewards"]) \
+            + extra_info["rollout_reward_scores"].get("calculator", 0.0) + 0.01 * extra_info["num_turns"]
+
+    responses = ["#### 7<|im_end|>", "the answer is 12"]
+    batch = make_batch(tokenizer, ["what is 3 + 4 ?", "so"], responses, ["a", "b"], ["7", "3"],
+                       extra_infos=[{"index": 0}, None])
+    columns = {"__num_turns__": [4, 2], "tool_rewards": [[1.0, 0.5], []], "reward_scores": [{"calculator": 0.25}, {}]}
+    for name, values in columns.items():
+        batch.non_tensor_batch[name] = np.empty(2, dtype=object)
+        batch.non_tensor_batch[name][:] = values
+    rewards = NaiveRewardManager(tokenizer, num_examine=0, compute_score=score_plus_tools)(batch)
+
+    assert rewards.sum(-1).tolist() == pytest.approx([1.0 + 0.15 + 0.25 + 0.04, 0.0 + 0.0 + 0.0 + 0.02])
+    assert batch.non_tensor_batch["extra_info"][0] == {"index": 0}  # the batch's own column is not changed
+
+
 def test_reward_fn_key_selects_the_dispatch_column(tokenizer):
     batch = make_batch(tokenizer, ["so"], ["#### 7"], ["ignored"], ["7"])
     batch.non_tensor_batch["my_source"] = np.array(["openai/gsm8k"], dtype=object)

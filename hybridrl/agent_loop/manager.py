@@ -223,6 +223,7 @@ class AgentLoopManager:
             for row, output in enumerate(outputs):  # element-wise: a list value must stay one object
                 column[row] = output.extra_fields.get(key)
             batch.non_tensor_batch[key] = column
+        batch.non_tensor_batch["__num_turns__"] = np.array([output.num_turns for output in outputs], dtype=object)
         batch.batch[AGENT_SCORES_KEY] = torch.tensor(
             [float("nan") if output.reward_score is None else float(output.reward_score) for output in outputs],
             dtype=torch.float32)

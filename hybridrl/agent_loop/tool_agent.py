@@ -28,7 +28,9 @@ then calc_reward and release at the end.
 
 Rewards (verl's behaviour): the reward manager's score stays the sample's score (reward_score is None); the
 tools' rewards travel as extra fields, i.e. non-tensor batch columns: `tool_rewards` (each call's step reward,
-in order) and `reward_scores` ({tool name: calc_reward}), for a custom reward function or analysis to use.
+in order) and `reward_scores` ({tool name: calc_reward}). The reward manager hands them to the scorer in
+extra_info as verl does (`tool_rewards`, `rollout_reward_scores`, with `num_turns`): a custom reward function
+adds them to the score.
 """
 from __future__ import annotations
 

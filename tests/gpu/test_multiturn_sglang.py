@@ -29,7 +29,8 @@ PROMPTS, SAMPLES, STEPS = 64, 8, 3
 def test_tool_agent_on_sglang_takes_several_turns_and_reports_throughput(tmp_path):
     cache_dir = os.environ.get("HYBRIDRL_CACHE_DIR") or str(tmp_path / "cache")
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "HYBRIDRL_CACHE_DIR": cache_dir}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])),
+           "HYBRIDRL_CACHE_DIR": cache_dir}
     command = [sys.executable, "-m", "hybridrl.main_ppo", "--config-name", "tool_default",
                "actor_rollout_ref.rollout.name=sglang", "trainer.device=cuda", "trainer.n_gpus_per_node=1",
                f"data.train_batch_size={PROMPTS}", f"actor_rollout_ref.rollout.n={SAMPLES}",

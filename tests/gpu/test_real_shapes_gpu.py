@@ -95,8 +95,7 @@ def full_gradients(worker, batch: DataProto, rows: slice) -> torch.Tensor:
     micro_batch = {key: value[rows] for key, value in batch.batch.items()}
     batch_info = mini_batch_global_info(micro_batch["response_mask"], actor.device)
     actor.config.global_batch_info = batch_info
-    loss, _, _ = actor._micro_batch_loss(micro_batch, 1.0, batch_info)
-    loss.backward()
+    actor._micro_batch_loss(micro_batch, 1.0, batch_info).loss.backward()
     grads = [parameter.grad.full_tensor() if isinstance(parameter.grad, DTensor) else parameter.grad
              for parameter in actor.actor_module.parameters() if parameter.grad is not None]
     return torch.cat([grad.float().flatten() for grad in grads])

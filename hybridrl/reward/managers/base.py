@@ -83,7 +83,7 @@ def decode_responses(data, tokenizer, reward_fn_key: str) -> DecodedResponses:
     if reward_fn_key not in data.non_tensor_batch:
         raise KeyError(f"the batch has no column {reward_fn_key!r} (data.reward_fn_key); "
                        f"non-tensor columns: {sorted(data.non_tensor_batch)}")
-    extra_infos = data.non_tensor_batch.get("extra_info")
+    extra_infos = with_rollout_fields(data.non_tensor_batch)
     lengths = [_valid_length(response_mask[i], sample=i) for i in range(len(responses))]
     return DecodedResponses(
         data_sources=list(data.non_tensor_batch[reward_fn_key]),
@@ -92,6 +92,28 @@ def decode_responses(data, tokenizer, reward_fn_key: str) -> DecodedResponses:
         ground_truths=[reward_model["ground_truth"] for reward_model in data.non_tensor_batch["reward_model"]],
         extra_infos=[None] * len(responses) if extra_infos is None else list(extra_infos),
         response_lengths=lengths)
+
+
+# Columns an agent loop leaves in the batch that reach the scorer through extra_info, under verl's names: turns of
+# the conversation, each tool call's step reward, and each tool's calc_reward. A custom reward function adds tool
+# rewards to the score from these.
+ROLLOUT_FIELDS = {"__num_turns__": "num_turns", "tool_rewards": "tool_rewards", "reward_scores": "rollout_reward_scores"}
+
+
+def with_rollout_fields(non_tensor_batch: dict):
+    """Each row's extra_info, plus the ROLLOUT_FIELDS columns present (None when there is neither)."""
+    extra_infos = non_tensor_batch.get("extra_info")
+    present = {column: key for column, key in ROLLOUT_FIELDS.items() if column in non_tensor_batch}
+    if not present:
+        return extra_infos
+    rows = len(non_tensor_batch[next(iter(present))])
+    merged = []
+    for row in range(rows):
+        extra_info = dict(extra_infos[row] or {}) if extra_infos is not None else {}
+        for column, key in present.items():
+            extra_info[key] = non_tensor_batch[column][row]
+        merged.append(extra_info)
+    return merged
 
 
 def _valid_length(response_mask_row: torch.Tensor, sample: int) -> int:

@@ -140,8 +140,13 @@ class HFRollout(BaseRollout):
 
 
 def _reshards_after_forward(unit: FSDPModule) -> bool:
-    """The unit's current reshard_after_forward (FSDP2 has a setter only; its param groups hold the value)."""
-    return any(group.post_forward_mesh_info is not None for group in unit._get_fsdp_state()._fsdp_param_groups)
+    """The unit's current reshard_after_forward (FSDP2 has a setter only; its param groups hold the value).
+    torch <= 2.11 keeps one optional `_fsdp_param_group` per state, later releases a list `_fsdp_param_groups`."""
+    state = unit._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:
+        groups = [state._fsdp_param_group] if state._fsdp_param_group is not None else []
+    return any(group.post_forward_mesh_info is not None for group in groups)
 
 
 def mask_through_first_eos(responses: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
