@@ -291,12 +291,8 @@ def _mini_batch_groups(config) -> int:
 
 def _evaluate(rollout: GroupRollout, step: int, prompt_source: PromptSource) -> list[list[Sample]]:
     """Every validation prompt once, all in flight together, scored with the validation reward manager."""
-    refs = []
-    while True:
-        groups = prompt_source.get_groups(rollout.config.data.val_batch_size or 1 << 30, step)
-        if not groups:
-            break
-        refs += [rollout.submit(group, evaluation=True) for group in groups]
+    groups = prompt_source.get_groups(1 << 62, step)  # a finite source: all of it
+    refs = [rollout.submit(group, evaluation=True) for group in groups]
     return [rollout.score_group(group, evaluation=True) for group in ray.get(refs)]
 
 
