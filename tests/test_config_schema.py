@@ -15,7 +15,8 @@ from hybridrl.config.validation import DEPRECATED, REGISTRIES
 # Every group of ppo_trainer.yaml (as an override names it) and the choices its folder holds.
 GROUP_KEYS = {"data": "data", "actor": "actor@actor_rollout_ref.actor", "rollout": "rollout@actor_rollout_ref.rollout",
               "ref": "ref@actor_rollout_ref.ref", "critic": "critic", "reward_model": "reward_model",
-              "algorithm": "algorithm", "trainer": "trainer", "ray_init": "ray_init"}
+              "algorithm": "algorithm", "trainer": "trainer", "ray_init": "ray_init",
+              "data_flow": "data_flow"}
 GROUPS = {GROUP_KEYS[folder]: sorted(name[:-5] for name in os.listdir(os.path.join(CONFIG_DIR, folder))
                                      if name.endswith(".yaml"))
           for folder in GROUP_KEYS}

@@ -36,7 +36,11 @@ from transformers import AutoTokenizer
 
 from hybridrl.agent_loop.base import (AgentLoopOutput, TrainerConfig, instantiate_agent_loop,
                                       load_agent_loop_config)
+from hybridrl.agent_loop import sample_generate
+from hybridrl.agent_loop.sample_generate import GenerateContext
 from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, EngineServerError
+from hybridrl.data.hooks import load_hook
+from hybridrl.data.sample import Sample
 from hybridrl.protocol import DataProto
 from hybridrl.utils.import_utils import load_extensions
 from hybridrl.workers.rollout.batch_layout import to_batch_layout
@@ -93,6 +97,25 @@ class AgentLoopWorker:
                                                        trust_remote_code=model.trust_remote_code)
         self.registry = load_agent_loop_config(rollout.agent.agent_loop_config_path)
         self.server_manager = AsyncLLMServerManager(server_addresses)
+        self.generate_fn = None  # the data flow's generate function, loaded on first use
+
+    async def generate_group(self, group: list[Sample], sampling_params: dict[str, Any],
+                             policy_version: int) -> list[Sample]:
+        """The data flow (trainer/ppo/group_rollout.py): one group's samples generated concurrently by the generate
+        function (data_flow.custom_generate_function, else sample_generate.generate). Whatever it raises fails the
+        step with its traceback: it is user logic, not one sample's bad luck."""
+        if self.generate_fn is None:
+            self.generate_fn = load_hook("custom_generate_function",
+                                         self.config.data_flow.custom_generate_function) or sample_generate.generate
+        ctx = GenerateContext(server_manager=self.server_manager, tokenizer=self.tokenizer, config=self.config,
+                              policy_version=policy_version,
+                              response_length=self.config.actor_rollout_ref.rollout.response_length)
+        outputs = await asyncio.gather(*(self.generate_fn(ctx, sample, dict(sampling_params)) for sample in group))
+        for output in outputs:
+            if not isinstance(output, Sample):
+                raise TypeError(f"data_flow.custom_generate_function returned {type(output).__name__}, expected the "
+                                f"Sample it was given (hybridrl.data.sample.Sample)")
+        return list(outputs)
 
     async def run(self, rows: list[dict[str, Any]], sampling_params: dict[str, Any]) -> list[dict[str, Any]]:
         """One result per row: {"output": AgentLoopOutput as dict} or {"error": traceback}."""
@@ -147,6 +170,7 @@ class AgentLoopManager:
         self.default_agent_loop = rollout.agent.default_agent_loop
         self.max_failed_ratio = rollout.agent.max_failed_sample_ratio
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
+        self.server_addresses = list(server_addresses)  # the data flow aborts them (server_manager.abort_servers)
         self.registry = load_agent_loop_config(rollout.agent.agent_loop_config_path)
         check_agent_names([self.default_agent_loop], self.registry,
                           "actor_rollout_ref.rollout.agent.default_agent_loop")

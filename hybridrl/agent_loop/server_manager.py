@@ -11,6 +11,8 @@ dead worker) raises EngineServerError, which fails the step, never only the samp
 """
 from __future__ import annotations
 
+import json
+import urllib.request
 from collections import OrderedDict
 from typing import Any, Optional
 
@@ -78,3 +80,17 @@ class AsyncLLMServerManager:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def abort_servers(server_addresses: list[str], timeout_s: float = 30.0) -> None:
+    """POST /abort to every engine server (from the controller, which has no event loop): each answers its requests
+    under way with their tokens so far and stop_reason "aborted" (workers/rollout/async_server.py)."""
+    for rank, server in enumerate(server_addresses):
+        request = urllib.request.Request(f"http://{server}/abort", data=json.dumps({}).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                response.read()
+        except Exception as err:
+            raise EngineServerError(f"engine server {server} (rank {rank}) did not take the abort: "
+                                    f"{type(err).__name__}: {err}") from err

@@ -433,6 +433,14 @@ class RolloutCorrectionConfig(ConfigNode):
 
 
 @dataclass
+class FilterGroupsConfig(ConfigNode):
+    """verl's DAPO dynamic sampling; runs through the data flow (trainer/ppo/group_rollout.py)."""
+    enable: bool
+    metric: str
+    max_num_gen_batches: int = at_least(0)
+
+
+@dataclass
 class AlgorithmConfig(ConfigNode):
     adv_estimator: str
     gamma: float = between(0, 1)
@@ -443,6 +451,35 @@ class AlgorithmConfig(ConfigNode):
     kl_ctrl: KLControlConfig
     use_pf_ppo: bool
     rollout_correction: RolloutCorrectionConfig
+    filter_groups: FilterGroupsConfig
+
+
+# ---- data_flow (slime's): hybridrl/data, trainer/ppo/group_rollout.py ----
+
+@dataclass
+class HookConfig(ConfigNode):
+    """A function named by a .py file (`path`) and its name; path null + name: a built-in; both null: none."""
+    path: Optional[str]
+    name: Optional[str]
+
+
+@dataclass
+class DataFlowConfig(ConfigNode):
+    enable: bool
+    over_sampling_batch_size: Optional[int] = positive()
+    max_num_gen_batches: int = at_least(0)
+    insufficient_groups: Literal["fail", "train"]
+    partial_rollout: bool
+    mask_offpolicy_in_partial_rollout: bool
+    group_reward: bool
+    reward_key: Optional[str]
+    rollout_function: HookConfig
+    eval_function: HookConfig
+    custom_generate_function: HookConfig
+    dynamic_sampling_filter: HookConfig
+    over_sampling_filter: HookConfig
+    buffer_filter: HookConfig
+    reward_function: HookConfig
 
 
 # ---- trainer, ray_init, root ----
@@ -507,5 +544,6 @@ class PPOConfig(ConfigNode):
     algorithm: AlgorithmConfig
     trainer: TrainerConfig
     ray_init: RayInitConfig
+    data_flow: DataFlowConfig
     cache_dir: str
     extensions: list[str]

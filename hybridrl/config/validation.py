@@ -576,6 +576,67 @@ def _eval_sets_settings(values: _Values, problems: list[str]) -> None:
                         "(trainer.val_before_train or trainer.test_freq > 0) and data.eval_sets is empty, got []")
 
 
+# data_flow keys that do something only when the data flow is on, with their off values.
+DATA_FLOW_DEFAULTS: dict[str, Any] = {
+    "over_sampling_batch_size": None, "max_num_gen_batches": 0, "insufficient_groups": "fail",
+    "partial_rollout": False, "mask_offpolicy_in_partial_rollout": False, "group_reward": False, "reward_key": None,
+}
+
+
+def _data_flow_settings(values: _Values, problems: list[str]) -> None:
+    """data_flow (slime's) and algorithm.filter_groups (verl's DAPO form of it): on only in async mode, its hooks
+    importable with the right signatures (hybridrl/data/hooks.py), its keys unused while it is off refused."""
+    from hybridrl.data.hooks import HOOKS, HookError, load_hook
+
+    flow = values("data_flow")
+    filter_groups = values("algorithm.filter_groups")
+    if not (flow["enable"] or filter_groups["enable"]):
+        for key, default in DATA_FLOW_DEFAULTS.items():
+            if flow[key] != default:
+                problems.append(f"data_flow.{key}: expected {default!r} with data_flow.enable=false (it acts only in "
+                                f"the data flow; set data_flow.enable=true), got {flow[key]!r}")
+        for hook in HOOKS:
+            if flow[hook].get("path") is not None or flow[hook].get("name") is not None:
+                problems.append(f"data_flow.{hook}: expected null path and name with data_flow.enable=false (set "
+                                f"data_flow.enable=true), got {flow[hook]!r}")
+        return
+    switch = "data_flow.enable" if flow["enable"] else "algorithm.filter_groups.enable"
+    if values("actor_rollout_ref.rollout.mode") != "async":
+        problems.append(f"actor_rollout_ref.rollout.mode: expected 'async' with {switch}=true (groups run as "
+                        f"agent-loop requests on the engine servers, which can abort them), got "
+                        f"{values('actor_rollout_ref.rollout.mode')!r}")
+    if values("reward_model.enable"):
+        problems.append(f"reward_model.enable: expected false with {switch}=true (groups are scored as they finish, "
+                        f"while the engines hold the devices), got True")
+    if values("algorithm.adv_estimator") == "remax":
+        problems.append(f"algorithm.adv_estimator: expected an estimator other than 'remax' with {switch}=true (its "
+                        f"greedy baseline generation is not part of the data flow), got 'remax'")
+    generates_itself = any(flow[hook].get("name") is not None for hook in ("rollout_function",
+                                                                          "custom_generate_function"))
+    loop = values("actor_rollout_ref.rollout.agent.default_agent_loop")
+    if loop != "single_turn_agent" and not generates_itself:
+        problems.append(f"actor_rollout_ref.rollout.agent.default_agent_loop: expected 'single_turn_agent' with "
+                        f"{switch}=true (the built-in generate function is single-turn and continues aborted samples; "
+                        f"for other loops set data_flow.custom_generate_function), got {loop!r}")
+    if filter_groups["enable"] and flow["max_num_gen_batches"] not in (0, filter_groups["max_num_gen_batches"]):
+        problems.append(f"data_flow.max_num_gen_batches: expected 0 or algorithm.filter_groups.max_num_gen_batches = "
+                        f"{filter_groups['max_num_gen_batches']} (the same cap), got {flow['max_num_gen_batches']!r}")
+    train_batch = values("data.train_batch_size")
+    over = flow["over_sampling_batch_size"]
+    if flow["over_sampling_filter"].get("name") is not None and (over or train_batch) < train_batch + 1:
+        problems.append(f"data_flow.over_sampling_batch_size: expected more than data.train_batch_size = {train_batch} "
+                        f"groups with data_flow.over_sampling_filter set (it orders them and keeps the first "
+                        f"train_batch_size), got {over!r}")
+    if flow["group_reward"] and flow["reward_function"].get("name") is None:
+        problems.append("data_flow.group_reward: expected false without data_flow.reward_function (the reward "
+                        "manager scores samples itself), got True")
+    for hook in HOOKS:
+        try:
+            load_hook(hook, flow[hook])
+        except HookError as err:
+            problems.append(str(err))
+
+
 RULES: list[Callable[[_Values, list[str]], None]] = [
     _not_implemented,
     _registered_names,
@@ -597,6 +658,7 @@ RULES: list[Callable[[_Values, list[str]], None]] = [
     _rollout_correction_settings,
     _reward_hub_settings,
     _eval_sets_settings,
+    _data_flow_settings,
 ]
 
 

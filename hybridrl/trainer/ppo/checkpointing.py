@@ -4,7 +4,8 @@ A checkpoint is ``{trainer.default_local_dir}/global_step_N/`` (layout and atomi
 
     actor/     the actor worker group's shards + huggingface/ (ActorRolloutRefWorker.save_checkpoint)
     critic/    the critic's shards, when the run has a critic
-    data.pt    the controller's state: the training dataloader's position and the in-reward KL coefficient
+    data.pt    the controller's state: the training dataloader's position, the in-reward KL coefficient and, with
+               data_flow, the prompt source (its buffer of Sample records with their partial tokens, pending rows)
 
 Exact resume needs the controller to replay the same batches: a seeded sampler draws one permutation per epoch
 from its generator, so ``TrainDataPosition`` remembers the generator's state at the start of the current epoch and
@@ -120,8 +121,11 @@ def has_checkpoint(default_local_dir: str, step: int) -> bool:
 def controller_state(trainer) -> dict:
     """What lives on the controller and changes during training (the workers save everything else)."""
     kl_ctrl = trainer.kl_ctrl_in_reward
-    return {"global_step": trainer.global_steps, "dataloader": trainer.train_data_position.state_dict(),
-            "kl_ctrl_in_reward_value": None if kl_ctrl is None else kl_ctrl.value}
+    state = {"global_step": trainer.global_steps, "dataloader": trainer.train_data_position.state_dict(),
+             "kl_ctrl_in_reward_value": None if kl_ctrl is None else kl_ctrl.value}
+    if trainer.prompt_source is not None:
+        state["prompt_source"] = trainer.prompt_source.state_dict()
+    return state
 
 
 def save_data_state(path: str, state: dict) -> None:
@@ -173,6 +177,12 @@ def load_checkpoint(trainer) -> int:
             raise ValueError(f"{path}/{DATA_STATE_FILE} has no in-reward KL coefficient, but this run uses "
                              "algorithm.use_kl_in_reward=true: the checkpoint comes from a run without it")
         trainer.kl_ctrl_in_reward.value = state["kl_ctrl_in_reward_value"]
+    if trainer.prompt_source is not None:
+        if "prompt_source" not in state:
+            raise ValueError(f"{path}/{DATA_STATE_FILE} has no prompt source (sample buffer), but this run uses "
+                             "data_flow: the checkpoint comes from a run without it, and its batches would not resume "
+                             "exactly")
+        trainer.prompt_source.load_state_dict(state["prompt_source"])
     print(f"checkpointing: resumed from {path} (global step {state['global_step']})")
     return state["global_step"]
 

@@ -22,6 +22,8 @@ import ray
 from hybridrl.agent_loop.manager import (AgentLoopManager, apply_agent_scores, check_agent_names,
                                          scores_on_trained_tokens)
 from hybridrl.agent_loop.base import load_agent_loop_config
+from hybridrl.data.hooks import load_hook
+from hybridrl.data.prompt_source import PromptSource
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller.heartbeat import WorkerWatch
 from hybridrl.single_controller.ray import (
@@ -34,6 +36,7 @@ from hybridrl.algorithms import core_algos
 from hybridrl.algorithms.rollout_correction import compute_rollout_correction_and_add_to_batch
 from hybridrl.trainer.ppo import checkpointing
 from hybridrl.trainer.ppo.evaluation import ValidationResults, eval_sets_from_config
+from hybridrl.trainer.ppo.group_rollout import GroupRollout, data_flow_enabled, validation_metrics
 from hybridrl.trainer.ppo.generation_dump import decode_generations, dump_generations, select_val_samples
 from hybridrl.trainer.ppo.metric_utils import (
     compute_data_metrics,
@@ -99,6 +102,13 @@ class RayPPOTrainer:
         self.val_reward_fn = load_reward_manager(config, self.tokenizer, num_examine=1)
         self.global_steps = 0
         self.train_data_position = checkpointing.TrainDataPosition(self.train_dataloader)
+        # data_flow (slime's sample buffer, dynamic sampling, partial rollout): a prompt source hands out groups and
+        # keeps the buffer; the group rollout is built with the engine servers (init_workers). None: off.
+        self.prompt_source: PromptSource | None = None
+        self.group_rollout: GroupRollout | None = None
+        if data_flow_enabled(config):
+            self.prompt_source = PromptSource(self.train_data_position.batches, config.actor_rollout_ref.rollout.n,
+                                              config, load_hook("buffer_filter", config.data_flow.buffer_filter))
         self.tracking: Tracking | None = None  # set by fit(); _validate logs its generations to it
         self.latest_checkpoint_dir: str | None = None  # the last checkpoint this run saved
 
@@ -189,6 +199,10 @@ class RayPPOTrainer:
             eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
             addresses = self.actor_rollout_wg.start_engine_server([eos], pad)
             self.agent_loop_manager = AgentLoopManager(self.config, addresses, eos_token_id=eos, pad_token_id=pad)
+            if self.prompt_source is not None:
+                self.group_rollout = GroupRollout(self.config, self.agent_loop_manager, self.tokenizer,
+                                                  lambda batch, evaluation: self._score(
+                                                      batch, self.val_reward_fn if evaluation else self.reward_fn))
 
     def shutdown(self):
         """Stop the workers and free their placement groups (so a later trainer in this Ray can start)."""
@@ -229,7 +243,8 @@ class RayPPOTrainer:
                 self._save_before_stopping()
                 return self._finish(logger, start, val_before, val_after, stopped_early=True)
             self.global_steps += 1
-            metrics = self.train_step(DataProto.from_single_dict(next(batches)))
+            # data_flow: the group rollout takes its groups from the prompt source itself
+            metrics = self.train_step(None if self.group_rollout else DataProto.from_single_dict(next(batches)))
             is_last = self.global_steps >= self.total_training_steps
             if trainer.test_freq > 0 and (self.global_steps % trainer.test_freq == 0 or is_last):
                 val_metrics = self._validate()
@@ -266,22 +281,28 @@ class RayPPOTrainer:
             print(f"stopping: saving a checkpoint of step {self.global_steps}", flush=True)
             self.latest_checkpoint_dir = checkpointing.save_checkpoint(self)
 
-    def train_step(self, batch: DataProto) -> dict[str, float]:
-        """One PPO/GRPO iteration on a batch of prompts; returns its metrics."""
+    def train_step(self, batch: DataProto | None) -> dict[str, float]:
+        """One PPO/GRPO iteration on a batch of prompts (None with data_flow: the prompt source gives them); returns
+        its metrics."""
         rollout = self.config.actor_rollout_ref.rollout
         is_remax = self.config.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         with timer("step", timing):
             # Each prompt gets a uid so group estimators (GRPO, RLOO, …) know its n responses.
-            batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+            if batch is not None:  # data_flow: each group's uid is its group index
+                batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
             prompts = batch
 
             with timer("rollout_mode", timing):  # the engine gets its memory and the current weights
                 metrics.update(self._rollout_mode())
             with timer("gen", timing):
-                batch = self._generate(prompts, n=rollout.n, validate=False)
-                metrics.update(reduce_metrics(batch.meta_info.pop("metrics", {})))  # async: agent_loop/*
+                if self.group_rollout is not None:  # groups kept by the filters, already scored (token_level_scores)
+                    batch, flow_metrics = self.group_rollout.train_batch(self.global_steps, self.prompt_source)
+                    metrics.update(flow_metrics)
+                else:
+                    batch = self._generate(prompts, n=rollout.n, validate=False)
+                    metrics.update(reduce_metrics(batch.meta_info.pop("metrics", {})))  # async: agent_loop/*
             if is_remax:  # ReMax's baseline: each prompt's greedy response from the same weights
                 with timer("gen_max", timing):
                     greedy = self._generate(prompts, n=1, validate=False, do_sample=False)
@@ -296,11 +317,12 @@ class RayPPOTrainer:
             if self.config.trainer.balance_batch:  # equal tokens per rank in every pass below
                 metrics.update(balance_batch(batch, self.world_size))
 
-            with timer("reward", timing):
-                reward = self._score(batch, self.reward_fn)
-                batch.batch["token_level_scores"] = reward["reward_tensor"]
-                metrics.update(reward.get("reward_metrics", {}))
-                metrics.update(_reward_extra_metrics(reward.get("reward_extra_info", {})))
+            if self.group_rollout is None:
+                with timer("reward", timing):
+                    reward = self._score(batch, self.reward_fn)
+                    batch.batch["token_level_scores"] = reward["reward_tensor"]
+                    metrics.update(reward.get("reward_metrics", {}))
+                    metrics.update(_reward_extra_metrics(reward.get("reward_extra_info", {})))
 
             with timer("old_log_prob", timing):
                 batch = batch.union(pop_worker_metrics(self.actor_rollout_wg.compute_log_prob(batch), metrics))
@@ -402,6 +424,8 @@ class RayPPOTrainer:
         its own settings, all in one rollout-mode window, then score them: the same _generate and _score as a
         training step. Metrics: trainer/ppo/evaluation.py."""
         val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
+        if self.group_rollout is not None and self.group_rollout.hooks["eval_function"] is not None:
+            return self._validate_with_eval_function()
         self._rollout_mode()
         generated = [(None, val_kwargs.n, self._generate(DataProto.from_single_dict(batch_dict), n=val_kwargs.n,
                                                          validate=True))
@@ -416,6 +440,16 @@ class RayPPOTrainer:
             results.add(batch, self._score(batch, self.val_reward_fn), n=n, eval_set=eval_set)
         self._record_val_generations(results.samples)
         return results.metrics()
+
+    def _validate_with_eval_function(self) -> dict[str, float]:
+        """data_flow.eval_function's scored groups on the validation prompts, as _validate's metrics."""
+        source = PromptSource(lambda: iter(self.val_dataloader), self.config.actor_rollout_ref.rollout.val_kwargs.n,
+                              self.config)
+        self._rollout_mode()
+        groups = self.group_rollout.eval_groups(self.global_steps, source)
+        self._trainer_mode()
+        return validation_metrics(groups, self.config.data.reward_fn_key,
+                                  self.config.actor_rollout_ref.rollout.val_kwargs.n)
 
     def _record_val_generations(self, samples: list[tuple[str, str, float]]) -> None:
         """Dump them to `validation_data_dir`; log `log_val_generations` of them to the trackers."""

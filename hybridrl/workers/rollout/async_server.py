@@ -22,6 +22,11 @@ Request (POST /generate, JSON): {"request_id", "prompt_ids": [int], "sampling_pa
 top_p, top_k, logprobs, max_tokens (default rollout.response_length)}}. Temperature 0 = greedy.
 Answer: verl's TokenOutput as JSON {token_ids, log_probs, stop_reason}; an engine error is an HTTP 500
 whose body is the error and its traceback.
+
+Abort (POST /abort, partial rollout, data/ and trainer/ppo/group_rollout.py): every request under way stops at
+its next token and answers with the tokens (and log-probs) it has so far and stop_reason "aborted"; requests
+still queued, and any that arrive later, answer at once with no tokens and "aborted", until the next rollout
+mode (`serve`) clears the abort. An engine without `abort` answers HTTP 501.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from typing import Any, Optional, Protocol
 
 import torch
 from aiohttp import web
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from hybridrl.utils.fsdp_utils import hf_module
 from hybridrl.utils.torch_functional import logprobs_from_logits
@@ -57,7 +63,8 @@ class EngineServer:
         # (run_until_complete of a release, a resume): a request accepted then waits here, not at the engine.
         self._open = asyncio.Event()
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.add_routes([web.post("/generate", self._generate), web.get("/health", self._health)])
+        app.add_routes([web.post("/generate", self._generate), web.post("/abort", self._abort),
+                        web.get("/health", self._health)])
         self._runner = web.AppRunner(app, handle_signals=False)
         self.loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, host, 0)
@@ -69,6 +76,9 @@ class EngineServer:
         """Start answering requests (rollout mode)."""
         if self._thread is not None:
             return
+        reset_abort = getattr(self.engine, "reset_abort", None)
+        if reset_abort is not None:  # an abort lasts until the next rollout mode
+            reset_abort()
         self._open.set()  # the loop is not running: no other thread touches it now
         self._thread = threading.Thread(target=self.loop.run_forever, name="engine-server", daemon=True)
         self._thread.start()
@@ -97,6 +107,14 @@ class EngineServer:
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
 
+    async def _abort(self, request: web.Request) -> web.Response:
+        abort = getattr(self.engine, "abort", None)
+        if abort is None:
+            return web.Response(status=501, text=f"engine server {self.address}: {type(self.engine).__name__} "
+                                                 f"cannot abort requests")
+        aborted = await abort()
+        return web.json_response({"aborted": aborted})
+
     async def _generate(self, request: web.Request) -> web.Response:
         payload = await request.json()
         await self._open.wait()
@@ -120,6 +138,11 @@ class _Request:
     prompt_ids: list[int]
     max_tokens: int
     future: asyncio.Future = field(repr=False)
+    logprobs: bool = False
+
+
+def _aborted_result(logprobs: bool) -> dict[str, Any]:
+    return {"token_ids": [], "stop_reason": "aborted", "log_probs": [] if logprobs else None}
 
 
 class HFGenerateEngine:
@@ -145,6 +168,22 @@ class HFGenerateEngine:
         self._batcher: Optional[asyncio.Task] = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-generate")
         self.batch_sizes: list[int] = []  # rows of each generate call (tests check that requests were batched)
+        # Set by abort (on the server's loop), read by the generate thread's stopping criterion at every token.
+        self._aborting = threading.Event()
+
+    async def abort(self) -> int:
+        """Stop the batch being generated at its next token and answer every queued request as aborted; later
+        requests too, until reset_abort. Returns how many queued requests were answered here."""
+        self._aborting.set()
+        queued = [request for requests in self._queues.values() for request in requests]
+        self._queues.clear()
+        for request in queued:
+            if not request.future.done():
+                request.future.set_result(_aborted_result(request.logprobs))
+        return len(queued)
+
+    def reset_abort(self) -> None:
+        self._aborting.clear()
 
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
         if not prompt_ids:
@@ -155,11 +194,14 @@ class HFGenerateEngine:
         if not 0 < max_tokens <= self.response_length:
             raise ValueError(f"generate: max_tokens={max_tokens}, expected 1..rollout.response_length="
                              f"{self.response_length}")
+        if self._aborting.is_set():
+            return _aborted_result(bool(sampling_params.get("logprobs", False)))
         if self._batcher is None or self._batcher.done():
             self._wake = asyncio.Event()
             self._batcher = asyncio.get_running_loop().create_task(self._run_batches())
         future = asyncio.get_running_loop().create_future()
-        self._queues.setdefault(key, []).append(_Request(prompt_ids, max_tokens, future))
+        self._queues.setdefault(key, []).append(_Request(prompt_ids, max_tokens, future,
+                                                         bool(sampling_params.get("logprobs", False))))
         self._wake.set()
         return await future
 
@@ -215,24 +257,39 @@ class HFGenerateEngine:
                                 repetition_penalty=1.0, use_cache=True, return_dict_in_generate=True,
                                 # each rank's server runs its own batches: no collective per step (HF turns
                                 # one on for FSDP modules; FSDP2 in rollout mode holds every layer gathered)
-                                synced_gpus=False, output_logits=params["logprobs"], **sampling)
+                                synced_gpus=False, output_logits=params["logprobs"],
+                                stopping_criteria=StoppingCriteriaList([_StopOnAbort(self._aborting)]), **sampling)
         generated = output.sequences[:, width:].cpu()
         log_probs = None
         if params["logprobs"]:
             logits = torch.stack(output.logits, dim=1).float().cpu() / (1.0 if greedy else temperature)
             log_probs = logprobs_from_logits(logits, generated)
-        return [self._row_result(generated[row], None if log_probs is None else log_probs[row], request.max_tokens)
-                for row, request in enumerate(batch)]
+        aborted = self._aborting.is_set()
+        return [self._row_result(generated[row], None if log_probs is None else log_probs[row], request.max_tokens,
+                                 aborted) for row, request in enumerate(batch)]
 
-    def _row_result(self, tokens: torch.Tensor, log_probs: Optional[torch.Tensor], max_tokens: int) -> dict:
+    def _row_result(self, tokens: torch.Tensor, log_probs: Optional[torch.Tensor], max_tokens: int,
+                    aborted: bool = False) -> dict:
         token_ids = tokens[:max_tokens].tolist()
-        stop_reason = "length"
+        # A row cut short by an abort has fewer than max_tokens and no EOS; HF pads rows that ended before
+        # the batch did only after their EOS, so they still read as completed.
+        stop_reason = "aborted" if aborted and len(token_ids) < max_tokens else "length"
         for position, token in enumerate(token_ids):
             if token in self.eos_token_ids:
                 token_ids, stop_reason = token_ids[:position + 1], "completed"
                 break
         return {"token_ids": token_ids, "stop_reason": stop_reason,
                 "log_probs": None if log_probs is None else log_probs[:len(token_ids)].tolist()}
+
+
+class _StopOnAbort(StoppingCriteria):
+    """Ends HF generate at the next token once the engine is aborted (every row: the batch stops)."""
+
+    def __init__(self, aborting: threading.Event):
+        self.aborting = aborting
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        return torch.full((input_ids.shape[0],), self.aborting.is_set(), dtype=torch.bool, device=input_ids.device)
 
 
 def _sampling_key(params: dict[str, Any]) -> tuple:

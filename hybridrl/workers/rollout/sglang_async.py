@@ -13,6 +13,11 @@ rollout_mode starts serving only after its lifecycle calls and trainer_mode stop
 Sampling mirrors sglang_rollout.sampling_params: every parameter explicit, greedy at temperature 0,
 stop at the trainer's EOS ids (stop token kept), `rollout.ignore_eos`; log-probs are SGLang's
 output_token_logprobs (under logits / temperature, as the actor scores them).
+
+Abort (partial rollout): `abort` asks SGLang's tokenizer manager to abort every request (abort_all), on the
+engine's loop where the server's handlers run; SGLang answers each with the tokens it has so far and
+finish_reason "abort", passed on as stop_reason "aborted". Until the next rollout mode (`reset_abort`) new requests
+answer at once with no tokens, so an agent loop's next turn cannot start generating again.
 """
 from __future__ import annotations
 
@@ -27,6 +32,15 @@ class SGLangAsyncEngine:
         """rollout: the worker's SGLangRollout (its engine, config and EngineMonitor)."""
         self.rollout = rollout
         self.eos_token_ids = list(eos_token_ids)
+        self.aborting = False
+
+    async def abort(self) -> int:
+        self.aborting = True
+        self.rollout.engine.tokenizer_manager.abort_request(abort_all=True)
+        return 0
+
+    def reset_abort(self) -> None:
+        self.aborting = False
 
     def sampling_params(self, params: dict[str, Any]) -> dict[str, Any]:
         config = self.rollout.config
@@ -52,6 +66,8 @@ class SGLangAsyncEngine:
             raise RuntimeError(f"generate: the sglang engine's memory is released (awake: "
                                f"{sorted(self.rollout.awake_tags)}); the server answers only in rollout mode")
         logprobs = bool(sampling_params.get("logprobs", False))
+        if self.aborting:
+            return {"token_ids": [], "stop_reason": "aborted", "log_probs": [] if logprobs else None}
         try:
             output = await self.rollout.engine.async_generate(input_ids=list(prompt_ids),
                                                               sampling_params=self.sampling_params(sampling_params),
@@ -62,8 +78,12 @@ class SGLangAsyncEngine:
             raise
         meta = output["meta_info"]
         finish = meta.get("finish_reason") or {}
-        if finish.get("type") == "abort":
+        if finish.get("type") == "abort" and not self.aborting:
             raise RuntimeError(f"sglang aborted the request: {finish.get('message', finish)}")
         token_ids = list(output["output_ids"])
-        return {"token_ids": token_ids, "stop_reason": "length" if finish.get("type") == "length" else "completed",
-                "log_probs": [entry[0] for entry in meta["output_token_logprobs"]] if logprobs else None}
+        stop_reason = {"length": "length", "abort": "aborted"}.get(finish.get("type"), "completed")
+        log_probs = [entry[0] for entry in meta.get("output_token_logprobs") or []] if logprobs else None
+        if log_probs is not None and len(log_probs) != len(token_ids):
+            raise RuntimeError(f"sglang returned {len(token_ids)} tokens but {len(log_probs)} log-probs "
+                               f"(finish_reason {finish})")
+        return {"token_ids": token_ids, "stop_reason": stop_reason, "log_probs": log_probs}

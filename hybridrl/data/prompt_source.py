@@ -1,0 +1,104 @@
+"""The prompt source of the data flow: groups come from the buffer first, then from the training data.
+
+    buffer (groups added back: aborted ones with their tokens so far, or reset ones)
+      └─ data_flow.buffer_filter picks which (default pop_first: first in, first out)
+    training data (trainer/ppo/checkpointing.TrainDataPosition, the same batches a plain run sees, in order)
+      └─ each row becomes a group of rollout.n pending samples
+
+Rows of a dataset batch not yet handed out wait in `pending_rows`, so a step that asks for fewer groups than a
+batch holds takes the next rows next time. `state_dict` holds the buffer (Sample records as plain values), the
+pending rows and the index counters; the dataloader's position is saved by checkpointing.py next to it. Together
+they resume exactly: the resumed run hands out the groups (and the partial tokens) the uninterrupted one would.
+"""
+from __future__ import annotations
+
+import traceback
+from collections.abc import Iterator
+from typing import Any, Callable, Optional
+
+from hybridrl.data.filters import pop_first
+from hybridrl.data.sample import Sample, new_group, to_plain
+
+
+class PromptSource:
+    def __init__(self, batches: Callable[[], Iterator[dict]], n: int, config,
+                 buffer_filter: Optional[Callable] = None):
+        """batches: makes the iterator of collated dataset batches (training: TrainDataPosition.batches, endless;
+        validation: one pass over the loader, after which get_groups hands out fewer groups, then none);
+        n: samples per group; config: the run config (handed to the buffer filter)."""
+        self.batches = batches
+        self.n = n
+        self.config = config
+        self.buffer_filter = buffer_filter or pop_first
+        self.buffer: list[list[Sample]] = []
+        self.pending_rows: list[dict[str, Any]] = []
+        self.next_group_index = 0
+        self.next_sample_index = 0
+        self._batches: Optional[Iterator[dict]] = None  # created on first use, after a resume set the position
+
+    def get_groups(self, num_groups: int, step: int) -> list[list[Sample]]:
+        """Up to `num_groups` from the buffer (as the buffer filter picks), the rest fresh from the data."""
+        groups = self._from_buffer(num_groups, step)
+        while len(groups) < num_groups:
+            if not self.pending_rows:
+                batch = next(self._data_batches(), None)
+                if batch is None:  # a finite source (validation) is used up
+                    break
+                self.pending_rows = _rows(batch)
+            row = self.pending_rows.pop(0)
+            groups.append(new_group(row, self.n, self.next_group_index, self.next_sample_index))
+            self.next_group_index += 1
+            self.next_sample_index += self.n
+        return groups
+
+    def add_groups(self, groups: list[list[Sample]]) -> None:
+        """Put whole groups back (partial rollout's aborted ones, or groups a rollout did not use)."""
+        for group in groups:
+            if len(group) != self.n or len({sample.group_index for sample in group}) != 1:
+                raise ValueError(f"add_groups: a group must be {self.n} samples (rollout.n) of one prompt, got "
+                                 f"{len(group)} samples of group indices {sorted({s.group_index for s in group})}")
+            self.buffer.append(group)
+
+    def _from_buffer(self, num_groups: int, step: int) -> list[list[Sample]]:
+        if not self.buffer or num_groups == 0:
+            return []
+        try:
+            taken = list(self.buffer_filter(self.config, step, self.buffer, num_groups))
+        except Exception as err:  # user logic: fail the step, naming the hook, with its traceback
+            raise RuntimeError(f"data_flow.buffer_filter raised:\n{traceback.format_exc()}") from err
+        if len(taken) > num_groups:
+            raise ValueError(f"data_flow.buffer_filter returned {len(taken)} groups, more than the {num_groups} "
+                             f"asked for")
+        taken_ids = {id(group) for group in taken}  # a filter that also deleted them in place (slime's) is fine
+        remaining = [group for group in self.buffer if id(group) not in taken_ids]
+        self.buffer = remaining
+        return taken
+
+    def _data_batches(self) -> Iterator[dict]:
+        if self._batches is None:
+            self._batches = self.batches()
+        return self._batches
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"buffer": [[sample.to_dict() for sample in group] for group in self.buffer],
+                "pending_rows": to_plain(self.pending_rows), "next_group_index": self.next_group_index,
+                "next_sample_index": self.next_sample_index}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.buffer = [[Sample.from_dict(sample) for sample in group] for group in state["buffer"]]
+        self.pending_rows = list(state["pending_rows"])
+        self.next_group_index = state["next_group_index"]
+        self.next_sample_index = state["next_sample_index"]
+        self._batches = None
+
+
+def _rows(batch: dict[str, Any]) -> list[dict[str, Any]]:
+    """A collated dataset batch as one dict per row: its non-tensor columns, plus raw_prompt_ids (from the padded
+    prompt when a custom dataset does not give them)."""
+    size = len(batch["input_ids"])
+    rows = [{key: to_plain(value[i]) for key, value in batch.items() if not hasattr(value, "dim")}
+            for i in range(size)]
+    for row, ids, mask in zip(rows, batch["input_ids"], batch["attention_mask"]):
+        if "raw_prompt_ids" not in row:
+            row["raw_prompt_ids"] = ids[mask.bool()].tolist()
+    return rows

@@ -1,0 +1,197 @@
+"""Sample records: one response to one prompt, kept as token lists until a training batch is assembled.
+
+slime's data flow (README, "Sample buffer, dynamic sampling, partial rollout") keeps samples as records between
+steps: a group whose generation was aborted waits in the buffer with the tokens it has so far, a completed group
+carries its reward, and a filter looks at whole groups. Only when the trainer takes a batch do the groups become a
+padded DataProto, in one function, `groups_to_batch` (padding itself is batch_layout.to_batch_layout's).
+
+A group is `list[Sample]`: the `rollout.n` samples of one prompt, sharing `group_index`.
+
+Every response token carries the policy version that produced it (`token_versions`): the number of actor updates
+the weights had seen when it was generated. A sample continued after an abort has tokens of two or more versions;
+the trainer sees them as the `response_policy_versions` column and the metrics `data_flow/partial_ratio` and
+`data_flow/staleness/*`.
+
+Records hold only plain Python values (lists, dicts, numbers, strings), so a checkpoint can save them with
+`torch.save` and load them back with `weights_only=True`, bit for bit.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from hybridrl.protocol import DataProto
+from hybridrl.workers.rollout.batch_layout import to_batch_layout
+
+PENDING, COMPLETED, TRUNCATED, ABORTED = "pending", "completed", "truncated", "aborted"
+STATUSES = (PENDING, COMPLETED, TRUNCATED, ABORTED)
+VERSIONS_KEY = "response_policy_versions"  # [B, response_length] int64, -1 on padding
+
+
+@dataclass
+class Sample:
+    """One prompt's response as it is generated, scored, maybe aborted and continued.
+
+    status: pending (nothing generated yet), completed (ended on EOS), truncated (reached the length budget),
+    aborted (generation was stopped midway: `response_ids` holds the tokens so far; partial rollout continues it).
+    reward: a number, or a dict from which `reward_key` picks the number the estimators use (None: not scored).
+    metadata: the dataset row's columns (data_source, reward_model, extra_info, raw_prompt, ...), which the reward
+    manager and the agent loops read; a hook may add its own keys.
+    """
+    group_index: int
+    index: int
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    rollout_log_probs: Optional[list[float]] = None
+    token_versions: list[int] = field(default_factory=list)
+    reward: Optional[Any] = None
+    reward_key: Optional[str] = None
+    status: str = PENDING
+    num_aborts: int = 0
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def response_length(self) -> int:
+        return len(self.response_ids)
+
+    @property
+    def tokens(self) -> list[int]:
+        """Prompt and response so far: what a continued generation is conditioned on."""
+        return self.prompt_ids + self.response_ids
+
+    def reward_value(self) -> float:
+        """The number the estimators use: `reward`, or `reward[reward_key]` for a dict reward."""
+        if self.reward is None:
+            raise ValueError(f"sample {self.index} (group {self.group_index}) has no reward yet")
+        if isinstance(self.reward, dict):
+            if self.reward_key not in self.reward:
+                raise KeyError(f"sample {self.index}: reward is a dict {sorted(self.reward)} and reward_key "
+                               f"{self.reward_key!r} is not one of its keys (set data_flow.reward_key)")
+            return float(self.reward[self.reward_key])
+        return float(self.reward)
+
+    def append(self, token_ids: list[int], log_probs: Optional[list[float]], version: int, trainable: bool = True):
+        """Add generated (or, trainable=False, inserted) tokens produced under policy `version`."""
+        self.response_ids += list(token_ids)
+        self.loss_mask += [1 if trainable else 0] * len(token_ids)
+        self.token_versions += [version] * len(token_ids)
+        if log_probs is not None or self.rollout_log_probs is not None:
+            if log_probs is None or (self.rollout_log_probs is None and len(self.response_ids) > len(token_ids)):
+                raise ValueError(f"sample {self.index}: log-probs given for some generate calls but not all")
+            self.rollout_log_probs = (self.rollout_log_probs or []) + [float(x) for x in log_probs]
+
+    def is_partial(self) -> bool:
+        """Whether its tokens come from more than one policy version (it was continued after an abort)."""
+        return len(set(self.token_versions)) > 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> Sample:
+        return cls(**state)
+
+
+def to_plain(value: Any) -> Any:
+    """A dataset value as plain Python (numpy arrays and scalars, tensors become lists and numbers)."""
+    if isinstance(value, dict):
+        return {key: to_plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(item) for item in value]
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        return to_plain(value.tolist())
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def new_group(row: dict[str, Any], n: int, group_index: int, first_index: int) -> list[Sample]:
+    """`n` pending samples of one dataset row (its `raw_prompt_ids` is the prompt; every column is metadata)."""
+    metadata = to_plain({key: value for key, value in row.items() if key != "raw_prompt_ids"})
+    prompt_ids = [int(token) for token in to_plain(row["raw_prompt_ids"])]
+    return [Sample(group_index=group_index, index=first_index + i, prompt_ids=list(prompt_ids),
+                   metadata=copy.deepcopy(metadata)) for i in range(n)]
+
+
+def reset_group(group: list[Sample]) -> list[Sample]:
+    """The group as if never generated (its prompt goes back to the buffer when partial rollout is off)."""
+    for sample in group:
+        sample.response_ids, sample.loss_mask, sample.token_versions = [], [], []
+        sample.rollout_log_probs, sample.reward, sample.status = None, None, PENDING
+    return group
+
+
+def groups_to_batch(groups: list[list[Sample]], *, prompt_length: int, response_length: int, pad_token_id: int,
+                    with_log_probs: bool, scored: bool, policy_version: Optional[int] = None,
+                    mask_stale_tokens: bool = False) -> DataProto:
+    """The padded DataProto the trainer uses, rows in group order (a group's samples consecutive).
+
+    Tensors: to_batch_layout's (prompts, responses, input_ids, attention_mask, position_ids, response_mask and,
+    with_log_probs, rollout_log_probs), plus VERSIONS_KEY and, when `scored`, token_level_scores (each sample's
+    reward_value() on its last trained token, the reward managers' place). Non-tensor columns: `uid` (the group
+    index, which the group estimators read) and every metadata key (None where a sample lacks it).
+    mask_stale_tokens: response_mask 0 on tokens older than `policy_version` (slime's
+    mask_offpolicy_in_partial_rollout).
+    """
+    samples = [sample for group in groups for sample in group]
+    if not samples:
+        raise ValueError("groups_to_batch: no samples")
+    masks = [list(sample.loss_mask) for sample in samples]
+    if mask_stale_tokens:
+        masks = [[m if version >= policy_version else 0 for m, version in zip(mask, sample.token_versions)]
+                 for mask, sample in zip(masks, samples)]
+    batch = to_batch_layout(
+        [sample.prompt_ids for sample in samples], [sample.response_ids for sample in samples],
+        prompt_length=prompt_length, response_length=response_length, pad_token_id=pad_token_id,
+        response_mask=masks,
+        response_logprobs=[sample.rollout_log_probs or [0.0] * sample.response_length for sample in samples]
+        if with_log_probs else None)
+    versions = torch.full((len(samples), response_length), -1, dtype=torch.long)
+    for row, sample in enumerate(samples):
+        if len(sample.token_versions) != sample.response_length:
+            raise ValueError(f"sample {sample.index}: {len(sample.token_versions)} token versions for "
+                             f"{sample.response_length} response tokens")
+        versions[row, :sample.response_length] = torch.tensor(sample.token_versions, dtype=torch.long)
+    batch.batch[VERSIONS_KEY] = versions
+    if scored:
+        batch.batch["token_level_scores"] = _scores_on_last_trained_token(samples, batch.batch["response_mask"],
+                                                                          response_length)
+    batch.non_tensor_batch["uid"] = _column([str(sample.group_index) for sample in samples])
+    for key in sorted({key for sample in samples for key in sample.metadata}):
+        batch.non_tensor_batch[key] = _column([sample.metadata.get(key) for sample in samples])
+    return batch
+
+
+def _scores_on_last_trained_token(samples: list[Sample], response_mask: torch.Tensor,
+                                  response_length: int) -> torch.Tensor:
+    """The reward on the last token the model is trained on (the last response token when none is)."""
+    scores = torch.zeros((len(samples), response_length), dtype=torch.float32)
+    for row, sample in enumerate(samples):
+        if sample.response_length == 0:
+            continue
+        trained = response_mask[row].nonzero()
+        last = int(trained[-1]) if len(trained) else sample.response_length - 1
+        scores[row, last] = sample.reward_value()
+    return scores
+
+
+def _column(values: list) -> np.ndarray:
+    column = np.empty(len(values), dtype=object)
+    for row, value in enumerate(values):  # element-wise: a list value stays one object
+        column[row] = value
+    return column
+
+
+def partial_rollout_metrics(groups: list[list[Sample]], policy_version: int) -> dict[str, float]:
+    """Share of samples continued after an abort, and how many versions old their oldest tokens are."""
+    samples = [sample for group in groups for sample in group]
+    staleness = [policy_version - min(sample.token_versions) if sample.token_versions else 0 for sample in samples]
+    return {"data_flow/partial_ratio": float(np.mean([sample.is_partial() for sample in samples])),
+            "data_flow/staleness/mean": float(np.mean(staleness)),
+            "data_flow/staleness/max": float(np.max(staleness))}

@@ -1,0 +1,334 @@
+"""The data flow's rollout (slime's): groups in flight, scored as they finish, filtered, the stragglers aborted.
+
+    prompt_source.get_groups ──► submit: one group per agent-loop worker call (async Ray actors, many at once)
+                                   │ sample_generate.generate (or the custom generate function) per sample
+                                   ▼
+    as each group finishes: score_group (reward manager or data_flow.reward_function)
+                            dynamic-sampling filter: keep or drop (counted); refill while short
+    enough kept:            abort the engine servers; groups still in flight come back with their tokens so far
+                            (and groups that finished beyond what was needed)
+                            partial_rollout: into the buffer as they are (continued next step, new weights)
+                            else: reset to their prompt and into the buffer (generated again next step)
+    over-sampling filter:   orders what was kept; the first data.train_batch_size groups are trained on
+
+`generate_rollout` is that loop, the built-in `data_flow.rollout_function`; a custom one gets the same
+`GroupRollout` (submit / wait / score_group / abort / record) and prompt source. Counts go to the step's metrics
+under data_flow/* (README, "Sample buffer, dynamic sampling, partial rollout").
+
+How many are in flight: `data_flow.over_sampling_batch_size` groups are requested at a time (null: as many as
+data.train_batch_size), and again whenever kept + in flight fall below the target (train_batch_size, or
+over_sampling_batch_size with an over-sampling filter), at most `max_num_gen_batches` times a step (0: no cap).
+When the cap is reached with too few groups kept, `insufficient_groups` says what happens: `fail`, or `train` on
+the kept groups (cut to a whole number of mini-batches; the rest go back to the buffer), counted in
+data_flow/num_groups_short.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import traceback
+from typing import Any, Callable
+
+import numpy as np
+import ray
+import torch
+
+from hybridrl.agent_loop.manager import rollout_sampling_params
+from hybridrl.agent_loop.server_manager import abort_servers
+from hybridrl.data.filters import metric_nonzero_std
+from hybridrl.data.hooks import load_all_hooks
+from hybridrl.data.prompt_source import PromptSource
+from hybridrl.data.sample import ABORTED, Sample, groups_to_batch, partial_rollout_metrics, reset_group
+from hybridrl.protocol import DataProto
+from hybridrl.trainer.ppo.metric_utils import compute_validation_metrics
+
+
+def data_flow_enabled(config) -> bool:
+    """Whether steps run through the data flow: data_flow.enable, or verl's algorithm.filter_groups.enable."""
+    return bool(config.data_flow.enable or config.algorithm.filter_groups.enable)
+
+
+class GroupRollout:
+    """The controller's handle on group generation for one run (built by the trainer in async mode)."""
+
+    def __init__(self, config, agent_loop_manager, tokenizer, score_batch: Callable[[DataProto, bool], dict]):
+        """score_batch(batch, evaluation): the trainer's reward manager on a padded batch (RayPPOTrainer._score)."""
+        self.config = config
+        self.flow = config.data_flow
+        self.manager = agent_loop_manager
+        self.tokenizer = tokenizer
+        self.score_batch = score_batch
+        self.hooks = load_all_hooks(self.flow)
+        self.max_num_gen_batches = self.flow.max_num_gen_batches
+        filter_groups = config.algorithm.filter_groups
+        if filter_groups.enable:  # verl's DAPO keys: the same machinery, its filter on `metric`
+            self.hooks["dynamic_sampling_filter"] = self.hooks["dynamic_sampling_filter"] or \
+                metric_nonzero_std(filter_groups.metric)
+            self.max_num_gen_batches = filter_groups.max_num_gen_batches
+        self.rollout_config = config.actor_rollout_ref.rollout
+        self.policy_version = 0
+        self.metrics: dict[str, float] = {}
+        self._scored: list[float] = []  # every reward given this step, kept groups or not
+        self._next_worker = 0
+        self._evaluation = False
+
+    # ------------------------------------------------------------------ what rollout functions use
+    @property
+    def train_batch_size(self) -> int:
+        return self.config.data.train_batch_size
+
+    def sampling_params(self, evaluation: bool) -> dict[str, Any]:
+        source = self.rollout_config.val_kwargs if evaluation else self.rollout_config
+        return rollout_sampling_params(self.rollout_config, validate=evaluation, do_sample=source.do_sample)
+
+    def submit(self, group: list[Sample], evaluation: bool = False) -> ray.ObjectRef:
+        """Start generating one group on the next agent-loop worker; `wait` returns it when it is done."""
+        worker = self.manager.workers[self._next_worker % len(self.manager.workers)]
+        self._next_worker += 1
+        return worker.generate_group.remote(group, self.sampling_params(evaluation), self.policy_version)
+
+    def wait(self, refs: list[ray.ObjectRef]) -> list[tuple[ray.ObjectRef, list[Sample]]]:
+        """Block until at least one of `refs` is done; (ref, group) of each finished one. A worker's error (an engine
+        server's, a custom generate function's) is raised here, with its traceback."""
+        done, _ = ray.wait(list(refs), num_returns=1)
+        return list(zip(done, ray.get(done)))
+
+    def abort(self) -> None:
+        """Every engine server stops what it generates and answers with the tokens so far (status aborted)."""
+        abort_servers(self.manager.server_addresses)
+
+    def score_group(self, group: list[Sample], evaluation: bool = False) -> list[Sample]:
+        """Reward every sample of a finished group that has none yet (a custom generate function may set its own).
+        The one place scoring happens: data_flow.reward_function when set, else the reward manager."""
+        todo = [sample for sample in group if sample.reward is None]
+        if not todo:
+            return group
+        reward_fn = self.hooks["reward_function"]
+        if reward_fn is not None:
+            rewards = call_hook("data_flow.reward_function", _call_reward_function, reward_fn, self.config, todo,
+                                self.flow.group_reward)
+            for sample, reward in zip(todo, rewards):
+                sample.reward, sample.reward_key = reward, self.flow.reward_key
+                self._scored.append(sample.reward_value())
+            return group
+        batch = groups_to_batch([todo], prompt_length=self.rollout_config.prompt_length,
+                                response_length=self.rollout_config.response_length,
+                                pad_token_id=self.tokenizer.pad_token_id, with_log_probs=False, scored=False)
+        reward = self.score_batch(batch, evaluation)
+        scores = reward["reward_tensor"].sum(-1).tolist()
+        extras = reward.get("reward_extra_info", {})
+        for row, (sample, score) in enumerate(zip(todo, scores)):
+            sample.reward, sample.reward_key = float(score), None
+            self._scored.append(float(score))
+            if extras:
+                sample.metadata["reward_extra_info"] = {key: values[row] for key, values in extras.items()}
+        for key, value in reward.get("reward_metrics", {}).items():
+            self.record(key, value)
+        return group
+
+    def keep(self, group: list[Sample]) -> bool:
+        """The dynamic-sampling filter's verdict on a scored group (no filter: keep)."""
+        dynamic_filter = self.hooks["dynamic_sampling_filter"]
+        if dynamic_filter is None:
+            return True
+        verdict = call_hook("data_flow.dynamic_sampling_filter", dynamic_filter, self.config, group)
+        if not isinstance(verdict, (bool, np.bool_)):
+            raise TypeError(f"data_flow.dynamic_sampling_filter returned {verdict!r}, expected True (keep) or False")
+        return bool(verdict)
+
+    def record(self, name: str, value: float) -> None:
+        """Add to a data_flow/* (or reward/*) count of this step."""
+        self.metrics[name] = self.metrics.get(name, 0.0) + float(value)
+
+    # ------------------------------------------------------------------ what the trainer calls
+    def train_batch(self, step: int, prompt_source: PromptSource) -> tuple[DataProto, dict[str, float]]:
+        """The step's training batch (scored: token_level_scores set) from the rollout function, and its metrics.
+        Needs rollout mode."""
+        self.policy_version, self.metrics, self._scored = step - 1, {}, []
+        rollout_fn = self.hooks["rollout_function"] or generate_rollout
+        groups = rollout_fn(self, step, prompt_source, False)
+        groups = self._check_groups(groups, "data_flow.rollout_function", self.rollout_config.n)
+        batch = groups_to_batch(groups, prompt_length=self.rollout_config.prompt_length,
+                                response_length=self.rollout_config.response_length,
+                                pad_token_id=self.tokenizer.pad_token_id,
+                                with_log_probs=self.rollout_config.calculate_log_probs, scored=True,
+                                policy_version=self.policy_version,
+                                mask_stale_tokens=self.flow.mask_offpolicy_in_partial_rollout)
+        metrics = dict(self.metrics)
+        metrics.update(partial_rollout_metrics(groups, self.policy_version))
+        metrics["data_flow/buffer_size"] = float(len(prompt_source.buffer))
+        metrics["data_flow/num_groups_trained"] = float(len(groups))
+        if self._scored:  # the policy's own success, before any filter chose (the trained batch's is biased)
+            metrics["data_flow/generated_reward/mean"] = float(np.mean(self._scored))
+        metrics.update(_reward_extra_means(groups))
+        return batch, metrics
+
+    def eval_groups(self, step: int, prompt_source: PromptSource) -> list[list[Sample]]:
+        """The scored validation groups from data_flow.eval_function. Needs rollout mode."""
+        self.policy_version, self.metrics = step, {}
+        groups = self.hooks["eval_function"](self, step, prompt_source, True)
+        return self._check_groups(groups, "data_flow.eval_function", self.rollout_config.val_kwargs.n)
+
+    def _check_groups(self, groups, key: str, n: int) -> list[list[Sample]]:
+        if not isinstance(groups, list) or not groups:
+            raise ValueError(f"{key} returned {type(groups).__name__} of {len(groups or [])} groups, expected a "
+                             f"non-empty list of groups (lists of Sample)")
+        for position, group in enumerate(groups):
+            if not isinstance(group, list) or len(group) != n or not all(isinstance(s, Sample) for s in group):
+                raise ValueError(f"{key}: group {position} is not a list of {n} Samples (rollout.n): {group!r:.200}")
+            unscored = [sample.index for sample in group if sample.reward is None]
+            if unscored:
+                raise ValueError(f"{key}: group {position} has samples without a reward (indices {unscored}); score "
+                                 f"them with rollout.score_group")
+        return groups
+
+
+class HookFailed(RuntimeError):
+    """A user hook raised: the step fails, naming the hook's key, with the hook's traceback."""
+
+
+def call_hook(key: str, function, *args):
+    """function(*args); what it raises fails the step as HookFailed naming `key`, with the original traceback (a
+    filter's bug is user logic, never a reason to drop a sample quietly)."""
+    try:
+        return function(*args)
+    except HookFailed:
+        raise
+    except Exception as err:
+        raise HookFailed(f"{key} raised:\n{traceback.format_exc()}") from err
+
+
+# ---------------------------------------------------------------------- the built-in rollout function
+
+def generate_rollout(rollout: GroupRollout, step: int, prompt_source: PromptSource,
+                     evaluation: bool) -> list[list[Sample]]:
+    """The built-in data_flow.rollout_function (and eval_function): see the module docstring."""
+    if evaluation:
+        return _evaluate(rollout, step, prompt_source)
+    flow = rollout.flow
+    chunk = flow.over_sampling_batch_size or rollout.train_batch_size
+    over_sampling_filter = rollout.hooks["over_sampling_filter"]
+    target = chunk if over_sampling_filter is not None else rollout.train_batch_size
+    in_flight: dict[ray.ObjectRef, None] = {}
+    kept: list[list[Sample]] = []
+    chunks = 0
+    while True:
+        while len(kept) + len(in_flight) < target and (rollout.max_num_gen_batches == 0
+                                                        or chunks < rollout.max_num_gen_batches):
+            for group in prompt_source.get_groups(chunk, step):
+                in_flight[rollout.submit(group)] = None
+            chunks += 1
+        if len(kept) >= target or not in_flight:
+            break
+        for ref, group in rollout.wait(list(in_flight)):
+            del in_flight[ref]
+            rollout.score_group(group)
+            if len(kept) < target and rollout.keep(group):
+                kept.append(group)
+            elif len(kept) < target:
+                rollout.record("data_flow/num_dropped_groups", 1)
+            else:  # finished together with the last one needed: back to the buffer (reset unless partial rollout,
+                # so that without it every trained token comes from the weights of its step)
+                prompt_source.add_groups([group if flow.partial_rollout else reset_group(group)])
+    rollout.record("data_flow/num_gen_batches", chunks)
+    _stop_stragglers(rollout, list(in_flight), prompt_source)
+    if over_sampling_filter is not None:
+        kept = _order(rollout, over_sampling_filter, kept)
+    trained, rest = kept[:rollout.train_batch_size], kept[rollout.train_batch_size:]
+    rollout.record("data_flow/num_over_sampling_dropped", len(rest))
+    if len(trained) < rollout.train_batch_size:
+        trained = _too_few_groups(rollout, trained, prompt_source)
+    return trained
+
+
+def _stop_stragglers(rollout: GroupRollout, refs: list, prompt_source: PromptSource) -> None:
+    """Abort what is still generating and put those groups back: as they are (partial rollout) or reset."""
+    if not refs:
+        return
+    rollout.abort()
+    groups = ray.get(refs)
+    aborted = sum(sample.status == ABORTED for group in groups for sample in group)
+    rollout.record("data_flow/num_aborted_samples", aborted)
+    rollout.record("data_flow/num_aborted_groups", len(groups))
+    prompt_source.add_groups(groups if rollout.flow.partial_rollout else [reset_group(group) for group in groups])
+
+
+def _order(rollout: GroupRollout, over_sampling_filter, kept: list[list[Sample]]) -> list[list[Sample]]:
+    ordered = call_hook("data_flow.over_sampling_filter", over_sampling_filter, rollout.config, list(kept))
+    kept_ids = {id(group) for group in kept}
+    if not isinstance(ordered, list) or any(id(group) not in kept_ids for group in ordered):
+        raise ValueError("data_flow.over_sampling_filter must return a list of the groups it was given, ordered")
+    return ordered
+
+
+def _too_few_groups(rollout: GroupRollout, kept: list[list[Sample]], prompt_source) -> list[list[Sample]]:
+    """max_num_gen_batches reached with fewer than data.train_batch_size groups kept: fail, or train on a whole number
+    of mini-batches of them (the rest go back to the buffer)."""
+    flow, wanted = rollout.flow, rollout.train_batch_size
+    where = (f"max_num_gen_batches={rollout.max_num_gen_batches} batches of "
+             f"{flow.over_sampling_batch_size or wanted} groups kept {len(kept)} of the {wanted} groups "
+             f"data.train_batch_size asks for")
+    unit = _mini_batch_groups(rollout.config)
+    usable = len(kept) // unit * unit
+    if flow.insufficient_groups == "fail" or usable == 0:
+        raise RuntimeError(f"{where} (data_flow.insufficient_groups={flow.insufficient_groups!r}"
+                           f"{'' if usable else f'; fewer than one mini-batch of {unit} groups'}): raise "
+                           f"max_num_gen_batches or loosen data_flow.dynamic_sampling_filter")
+    print(f"data_flow: {where}; training on {usable}", flush=True)
+    prompt_source.add_groups(kept[usable:])
+    rollout.record("data_flow/num_groups_short", wanted - usable)
+    return kept[:usable]
+
+
+def _mini_batch_groups(config) -> int:
+    """Groups that keep a batch a whole number of actor (and critic) mini-batches, hence divisible by the ranks."""
+    sizes = [config.actor_rollout_ref.actor.ppo_mini_batch_size]
+    if config.critic.enable:
+        sizes.append(config.critic.ppo_mini_batch_size)
+    return math.lcm(*sizes)
+
+
+def _evaluate(rollout: GroupRollout, step: int, prompt_source: PromptSource) -> list[list[Sample]]:
+    """Every validation prompt once, all in flight together, scored with the validation reward manager."""
+    groups = prompt_source.get_groups(1 << 62, step)  # a finite source: all of it
+    refs = [rollout.submit(group, evaluation=True) for group in groups]
+    return [rollout.score_group(group, evaluation=True) for group in ray.get(refs)]
+
+
+def _call_reward_function(reward_fn, config, samples: list[Sample], group_reward: bool) -> list:
+    """data_flow.reward_function on one sample at a time (concurrently when async) or, group_reward, on them all."""
+    if group_reward:
+        rewards = reward_fn(config, samples)
+        rewards = asyncio.run(rewards) if inspect.isawaitable(rewards) else rewards
+        if not isinstance(rewards, list) or len(rewards) != len(samples):
+            raise ValueError(f"data_flow.reward_function (group_reward=true) returned {rewards!r:.200}, expected a "
+                             f"list of {len(samples)} rewards")
+    elif inspect.iscoroutinefunction(reward_fn):
+        async def score_all():
+            return await asyncio.gather(*(reward_fn(config, sample) for sample in samples))
+        rewards = list(asyncio.run(score_all()))
+    else:
+        rewards = [reward_fn(config, sample) for sample in samples]
+    for reward in rewards:
+        if not isinstance(reward, (int, float, dict)) or isinstance(reward, bool):
+            raise TypeError(f"data_flow.reward_function returned {reward!r}, expected a number or a dict")
+    return rewards
+
+
+def _reward_extra_means(groups: list[list[Sample]]) -> dict[str, float]:
+    values: dict[str, list] = {}
+    for group in groups:
+        for sample in group:
+            for key, value in (sample.metadata.get("reward_extra_info") or {}).items():
+                if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+                    values.setdefault(key, []).append(float(value))
+    return {f"reward/{key}/mean": float(np.mean(items)) for key, items in values.items() if items}
+
+
+def validation_metrics(groups: list[list[Sample]], reward_fn_key: str, n: int) -> dict[str, float]:
+    """val-core/<data source>/reward/mean@n of scored validation groups (as RayPPOTrainer._validate logs them)."""
+    samples = [sample for group in groups for sample in group]
+    sources = np.array([str(sample.metadata.get(reward_fn_key)) for sample in samples], dtype=object)
+    scores = torch.tensor([sample.reward_value() for sample in samples], dtype=torch.float32)
+    return compute_validation_metrics(sources, scores, n=n)

@@ -1,0 +1,360 @@
+"""The data flow's parts without a trainer: Sample records and the one batch assembly, the prompt source and its
+buffer (state saved and loaded bit for bit), the built-in filters, hook loading and its refusals at config
+validation, and the HF engine server's abort (real HTTP on 127.0.0.1, a tiny real model)."""
+import asyncio
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from hybridrl.agent_loop.sample_generate import GenerateContext, generate
+from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, abort_servers
+from hybridrl.config import compose_config, validate_config
+from hybridrl.config.validation import ConfigError
+from hybridrl.data import filters
+from hybridrl.data.hooks import HookError, load_hook
+from hybridrl.data.prompt_source import PromptSource
+from hybridrl.data.sample import ABORTED, PENDING, VERSIONS_KEY, Sample, groups_to_batch, partial_rollout_metrics
+from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
+from hybridrl.workers.rollout.async_server import EngineServer, HFGenerateEngine
+
+
+def scored_group(group_index, rewards, response=(7, 8, 9), version=0):
+    return [Sample(group_index=group_index, index=group_index * 10 + i, prompt_ids=[1, 2], response_ids=list(response),
+                   loss_mask=[1] * len(response), token_versions=[version] * len(response), reward=reward,
+                   status="completed", metadata={"data_source": "toy", "extra_info": {"i": i}})
+            for i, reward in enumerate(rewards)]
+
+
+# ---------------------------------------------------------------------- samples and the batch assembly
+
+def test_groups_to_batch_pads_once_and_puts_the_reward_on_the_last_trained_token():
+    first = scored_group(3, [1.0, 0.0])
+    first[1].response_ids, first[1].loss_mask, first[1].token_versions = [7, 8, 5, 6], [1, 1, 0, 0], [0, 0, 1, 1]
+    second = scored_group(4, [{"acc": 0.5, "score": 2.0}, {"acc": 0.25, "score": 3.0}])
+    for sample in second:
+        sample.reward_key = "acc"
+    batch = groups_to_batch([first, second], prompt_length=4, response_length=5, pad_token_id=0,
+                            with_log_probs=False, scored=True)
+    assert batch.batch["prompts"].tolist()[0] == [0, 0, 1, 2]
+    assert batch.batch["responses"].tolist()[1] == [7, 8, 5, 6, 0]
+    assert batch.batch["response_mask"].tolist()[1] == [1, 1, 0, 0, 0]
+    scores = batch.batch["token_level_scores"]
+    assert scores.tolist()[0] == [0, 0, 1.0, 0, 0]
+    assert scores[1].abs().sum() == 0  # reward 0 on token 1, the last trained one
+    assert scores.sum(-1).tolist() == [1.0, 0.0, 0.5, 0.25]  # dict rewards: reward_key's value
+    assert batch.non_tensor_batch["uid"].tolist() == ["3", "3", "4", "4"]
+    assert batch.non_tensor_batch["extra_info"][1] == {"i": 1}
+    assert batch.batch[VERSIONS_KEY].tolist()[1] == [0, 0, 1, 1, -1]
+    stale_masked = groups_to_batch([first], prompt_length=4, response_length=5, pad_token_id=0, with_log_probs=False,
+                                   scored=False, policy_version=1, mask_stale_tokens=True)
+    assert stale_masked.batch["response_mask"].tolist() == [[0, 0, 0, 0, 0], [0, 0, 0, 0, 0]]
+    assert "token_level_scores" not in stale_masked.batch
+
+
+def test_sample_records_survive_torch_save_with_weights_only(tmp_path):
+    sample = scored_group(1, [0.5])[0]
+    with pytest.raises(ValueError, match="log-probs given for some generate calls but not all"):
+        sample.append([11, 12], [-0.5, -1.25], version=3)  # its first 3 tokens came without log-probs
+    sample = scored_group(1, [0.5])[0]
+    sample.append([11, 12], None, version=3)
+    sample.append([13], None, version=4)
+    path = tmp_path / "s.pt"
+    torch.save(sample.to_dict(), path)
+    loaded = Sample.from_dict(torch.load(path, weights_only=True))
+    assert loaded == sample and loaded.token_versions == [0, 0, 0, 3, 3, 4] and loaded.is_partial()
+    assert partial_rollout_metrics([[loaded, scored_group(2, [1.0])[0]]], policy_version=4) == {
+        "data_flow/partial_ratio": 0.5, "data_flow/staleness/mean": 4.0, "data_flow/staleness/max": 4.0}
+
+
+# ---------------------------------------------------------------------- the prompt source
+
+def dataset_batches(num_batches=3, batch_size=3):
+    """Collated batches as the training dataloader gives them: tensors plus numpy object columns."""
+    def batches():
+        for b in range(num_batches):
+            rows = range(b * batch_size, (b + 1) * batch_size)
+            column = np.empty(batch_size, dtype=object)
+            for position, row in enumerate(rows):
+                column[position] = {"index": row}
+            yield {"input_ids": torch.ones(batch_size, 4, dtype=torch.long),
+                   "attention_mask": torch.ones(batch_size, 4, dtype=torch.long),
+                   "raw_prompt_ids": np.array([[row, row + 1] for row in rows] + [None], dtype=object)[:-1],
+                   "extra_info": column, "data_source": np.array(["toy"] * batch_size, dtype=object)}
+    return batches
+
+
+def test_prompt_source_takes_the_buffer_first_then_the_data_and_resumes_exactly():
+    source = PromptSource(dataset_batches(), n=2, config=None)
+    first = source.get_groups(2, step=1)
+    assert [group[0].prompt_ids for group in first] == [[0, 1], [1, 2]]
+    assert [sample.index for group in first for sample in group] == [0, 1, 2, 3]
+    first[1][0].append([9, 9], None, version=0)
+    first[1][0].status = ABORTED
+    source.add_groups([first[1]])
+    with pytest.raises(ValueError, match="2 samples .rollout.n. of one prompt"):
+        source.add_groups([first[0][:1]])
+
+    state = source.state_dict()
+    resumed = PromptSource(dataset_batches(), n=2, config=None)
+    resumed.load_state_dict(torch.load(_saved(state), weights_only=True))
+    # skip the batch the first source already drew (the trainer's TrainDataPosition does this on resume)
+    resumed._batches = dataset_batches(3)()
+    next(resumed._batches)
+    for current in (source, resumed):
+        groups = current.get_groups(3, step=2)
+        assert groups[0][0].response_ids == [9, 9] and groups[0][0].status == ABORTED  # the buffer first
+        assert [group[0].prompt_ids for group in groups] == [[1, 2], [2, 3], [3, 4]]  # then row 2, then batch 2
+        assert groups[2][0].index == 6 and groups[2][0].metadata == {"extra_info": {"index": 3}, "data_source": "toy"}
+
+
+def _saved(state):
+    import io
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def test_a_buffer_filter_picks_which_buffered_groups_are_taken():
+    def newest_first(config, step, buffer, num_groups):
+        return list(reversed(buffer))[:num_groups]
+
+    source = PromptSource(dataset_batches(), n=1, config=None, buffer_filter=newest_first)
+    source.add_groups([scored_group(i, [1.0]) for i in range(3)])
+    assert [group[0].group_index for group in source.get_groups(2, step=1)] == [2, 1]
+    assert [group[0].group_index for group in source.buffer] == [0]
+
+
+# ---------------------------------------------------------------------- built-in filters
+
+def test_builtin_filters():
+    flat, spread, wide = scored_group(0, [1.0, 1.0]), scored_group(1, [0.0, 0.5]), scored_group(2, [0.0, 1.0])
+    assert not filters.check_reward_nonzero_std(None, flat) and filters.check_reward_nonzero_std(None, spread)
+    assert filters.sort_by_reward_std(None, [flat, spread, wide]) == [wide, spread, flat]
+    assert filters.pop_first(None, 1, [flat, spread], 1) == [flat]
+    for sample, acc in zip(flat, [0.0, 1.0]):
+        sample.metadata["reward_extra_info"] = {"acc": acc}
+    assert filters.metric_nonzero_std("acc")(None, flat) and not filters.metric_nonzero_std("score")(None, flat)
+
+
+# ---------------------------------------------------------------------- hooks and their validation
+
+HOOK_FILE = '''
+async def my_generate(ctx, sample, sampling_params):
+    return sample
+
+def not_async_generate(ctx, sample, sampling_params):
+    return sample
+
+def keep_all(config, group):
+    return True
+
+def too_few(config):
+    return True
+'''
+
+
+def flow_config(tmp_path, *overrides):
+    return compose_config([f"actor_rollout_ref.model.path={tmp_path}", "actor_rollout_ref.rollout.mode=async",
+                           "data.return_raw_chat=true", "actor_rollout_ref.actor.strategy=fsdp2",
+                           "trainer.device=cpu", "data_flow.enable=true", *overrides])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data_flow.dynamic_sampling_filter.path={missing}", r"data_flow\.dynamic_sampling_filter: cannot load 'keep_all'"),
+    ("data_flow.dynamic_sampling_filter.name=nope", r"data_flow\.dynamic_sampling_filter: cannot load 'nope'.*"
+                                                    r"defines no 'nope'"),
+    ("data_flow.dynamic_sampling_filter.name=too_few", r"data_flow\.dynamic_sampling_filter: expected `def f\(config, "
+                                                       r"group\)` \(2 positional parameters\), too_few\(config\)"),
+    ("data_flow.custom_generate_function.name=not_async_generate",
+     r"data_flow\.custom_generate_function: expected an async function"),
+    ("data_flow.buffer_filter.name=pop_last", None),
+])
+def test_bad_hooks_are_refused_at_validation_naming_the_key(tmp_path, override, message):
+    hook_file = tmp_path / "hooks.py"
+    hook_file.write_text(HOOK_FILE)
+    hook = override.split(".")[1]
+    overrides = [f"data_flow.{hook}.path={hook_file}", f"data_flow.{hook}.name=keep_all", override.format(
+        missing=tmp_path / "missing.py")]
+    if message is None:  # a built-in name that does not exist
+        overrides = [override]
+        message = r"data_flow\.buffer_filter\.name: expected a built-in \(check_reward_nonzero_std, pop_first, " \
+                  r"sort_by_reward_std\) when data_flow\.buffer_filter\.path is null, got 'pop_last'"
+    with pytest.raises(ConfigError, match=message):
+        validate_config(flow_config(tmp_path, *overrides))
+
+
+def test_good_hooks_load_and_data_flow_keys_are_refused_while_it_is_off(tmp_path):
+    hook_file = tmp_path / "hooks.py"
+    hook_file.write_text(HOOK_FILE)
+    config = validate_config(flow_config(tmp_path, f"data_flow.custom_generate_function.path={hook_file}",
+                                         "data_flow.custom_generate_function.name=my_generate",
+                                         "data_flow.dynamic_sampling_filter.name=check_reward_nonzero_std"))
+    assert load_hook("custom_generate_function", config.data_flow.custom_generate_function).__name__ == "my_generate"
+    assert load_hook("dynamic_sampling_filter", config.data_flow.dynamic_sampling_filter) is \
+        filters.check_reward_nonzero_std
+    with pytest.raises(HookError, match="data_flow.over_sampling_filter.name: expected the function's name"):
+        load_hook("over_sampling_filter", {"path": str(hook_file), "name": None})
+    with pytest.raises(ConfigError) as refused:
+        validate_config(flow_config(tmp_path, "data_flow.enable=false", "data_flow.partial_rollout=true",
+                                    "data_flow.buffer_filter.name=pop_first"))
+    assert refused.value.problems == [
+        "data_flow.partial_rollout: expected False with data_flow.enable=false (it acts only in the data flow; set "
+        "data_flow.enable=true), got True",
+        "data_flow.buffer_filter: expected null path and name with data_flow.enable=false (set data_flow.enable=true), "
+        "got {'path': None, 'name': 'pop_first'}"]
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.rollout\.mode: expected 'async' with "
+                                          r"algorithm\.filter_groups\.enable=true"):
+        validate_config(flow_config(tmp_path, "data_flow.enable=false", "algorithm.filter_groups.enable=true",
+                                    "actor_rollout_ref.rollout.mode=sync"))
+
+
+# ---------------------------------------------------------------------- abort on the HF engine server
+
+@pytest.fixture(scope="module")
+def slow_tiny_model(tmp_path_factory):
+    """A tiny real model whose every forward takes 20 ms more, so a 200-token generation is still running when the
+    test aborts it."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = build_tokenizer(["a b c d e f g h i j say something about apple banana"] * 20, vocab_size=120)
+    model_dir = build_tiny_model(str(tmp_path_factory.mktemp("tiny") / "model"), tokenizer, hidden_size=32,
+                                 num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    model.register_forward_hook(lambda *args: time.sleep(0.02))
+    return model, tokenizer
+
+
+def test_hf_server_abort_stops_generation_and_returns_the_tokens_so_far(slow_tiny_model):
+    model, tokenizer = slow_tiny_model
+    engine = HFGenerateEngine(model, response_length=200, eos_token_ids=[-1],  # no EOS: only the abort stops it
+                              pad_token_id=tokenizer.pad_token_id, max_batch_size=1)
+    server = EngineServer(engine, "127.0.0.1")
+    server.serve()
+    manager = AsyncLLMServerManager([server.address])
+    prompt = tokenizer("say something about apple")["input_ids"]
+    params = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+
+    async def two_requests():
+        return await asyncio.gather(manager.generate("a", prompt_ids=prompt, sampling_params=params),
+                                    manager.generate("b", prompt_ids=prompt, sampling_params=params))
+
+    async def generate_one():
+        try:
+            return await manager.generate("c", prompt_ids=prompt, sampling_params=params)
+        finally:
+            await manager.close()
+
+    timer = threading.Timer(0.6, abort_servers, args=([server.address],))
+    try:
+        timer.start()
+        started = time.perf_counter()
+        running, queued = asyncio.run(two_requests())
+        took = time.perf_counter() - started
+        asyncio.run(manager.close())
+        after = asyncio.run(generate_one())  # until the next rollout mode, every request answers aborted at once
+        server.pause()
+        server.serve()  # the next rollout mode clears the abort
+        manager_again = AsyncLLMServerManager([server.address])
+
+        async def short():
+            try:
+                return await manager_again.generate("d", prompt_ids=prompt, sampling_params={**params, "max_tokens": 3})
+            finally:
+                await manager_again.close()
+        fresh = asyncio.run(short())
+    finally:
+        server.shutdown()
+    assert took < 3.0  # 200 tokens at >= 20 ms each would take 4 s
+    assert running.stop_reason == "aborted" and 0 < len(running.token_ids) < 200
+    assert len(running.log_probs) == len(running.token_ids)
+    assert queued.stop_reason == "aborted" and queued.token_ids == [] and queued.log_probs == []
+    assert after.stop_reason == "aborted" and after.token_ids == []
+    assert fresh.stop_reason == "length" and fresh.token_ids == running.token_ids[:3]  # greedy: the same start
+
+    # the built-in generate function continues an aborted sample from its tokens so far
+    sample = Sample(group_index=0, index=0, prompt_ids=list(prompt))
+    sample.append(running.token_ids, running.log_probs, version=0)
+    sample.status, sample.num_aborts = ABORTED, 1
+    engine = HFGenerateEngine(model, response_length=200, eos_token_ids=[-1], pad_token_id=tokenizer.pad_token_id,
+                              max_batch_size=1)
+    server = EngineServer(engine, "127.0.0.1")
+    server.serve()
+    manager = AsyncLLMServerManager([server.address])
+    budget = 200 - sample.response_length
+    ctx = GenerateContext(server_manager=manager, tokenizer=tokenizer, config=None, policy_version=1,
+                          response_length=min(200, sample.response_length + 4))
+
+    async def continue_it():
+        try:
+            return await generate(ctx, sample, params)
+        finally:
+            await manager.close()
+    try:
+        continued = asyncio.run(continue_it())
+    finally:
+        server.shutdown()
+    assert budget > 4
+    assert continued.status == "truncated" and continued.response_length == len(running.token_ids) + 4
+    assert continued.response_ids[:len(running.token_ids)] == running.token_ids
+    assert continued.token_versions == [0] * len(running.token_ids) + [1] * 4 and continued.is_partial()
+    assert len(continued.rollout_log_probs) == continued.response_length
+    assert PENDING != continued.status
+
+
+# ---------------------------------------------------------------------- scoring and DAPO's keys on the group rollout
+
+REWARD_HOOKS = '''
+import asyncio
+
+async def rank_in_group(config, group):
+    await asyncio.sleep(0)
+    return [{"rank": float(i), "len": len(sample.response_ids)} for i, sample in enumerate(group)]
+
+def per_sample(config, sample):
+    return float(sample.response_ids[-1])
+
+def broken(config, sample):
+    return {}["missing"]
+'''
+
+
+def test_reward_function_scores_samples_or_whole_groups_and_dapo_keys_pick_the_filter(tmp_path):
+    from hybridrl.trainer.ppo.group_rollout import GroupRollout, HookFailed
+
+    hooks = tmp_path / "rewards.py"
+    hooks.write_text(REWARD_HOOKS)
+
+    def rollout(*overrides):
+        return GroupRollout(validate_config(flow_config(tmp_path, *overrides)), agent_loop_manager=None,
+                            tokenizer=None, score_batch=None)
+
+    def fresh():
+        group = scored_group(5, [None, None, 0.5])
+        group[1].response_ids = [4, 6]
+        return group
+
+    grouped = rollout(f"data_flow.reward_function.path={hooks}", "data_flow.reward_function.name=rank_in_group",
+                      "data_flow.group_reward=true", "data_flow.reward_key=rank")
+    group = grouped.score_group(fresh())
+    assert [sample.reward_value() for sample in group] == [0.0, 1.0, 0.5]  # the scored one keeps its reward
+    assert group[1].reward == {"rank": 1.0, "len": 2}
+    single = rollout(f"data_flow.reward_function.path={hooks}", "data_flow.reward_function.name=per_sample")
+    assert [sample.reward for sample in single.score_group(fresh())] == [9.0, 6.0, 0.5]
+    failing = rollout(f"data_flow.reward_function.path={hooks}", "data_flow.reward_function.name=broken")
+    with pytest.raises(HookFailed, match="(?s)data_flow.reward_function raised:.*in broken.*KeyError: 'missing'"):
+        failing.score_group(fresh())
+
+    dapo = rollout("data_flow.enable=false", "algorithm.filter_groups.enable=true",
+                   "algorithm.filter_groups.metric=acc", "algorithm.filter_groups.max_num_gen_batches=3")
+    assert dapo.max_num_gen_batches == 3
+    same_acc = scored_group(1, [0.0, 1.0])
+    for sample in same_acc:
+        sample.metadata["reward_extra_info"] = {"acc": 1.0}
+    assert not dapo.keep(same_acc)  # rewards differ, but the group's acc does not: DAPO drops it
+    same_acc[0].metadata["reward_extra_info"] = {"acc": 0.0}
+    assert dapo.keep(same_acc)

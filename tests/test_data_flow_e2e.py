@@ -1,0 +1,268 @@
+"""The data flow end to end: real local Ray, 2 gloo ranks each serving HF generate over HTTP, the toy task of
+test_e2e_training (a tiny random Qwen2; reward from a file).
+
+- dynamic sampling drops zero-variance groups (counted) and learns at least as fast per step as without it;
+- partial rollout aborts the stragglers, continues them next step under new weights (their tokens carry both
+  versions) and the buffer with their tokens survives a checkpoint and resume bit for bit;
+- every function hook runs where it should (one run with all of them).
+"""
+import textwrap
+
+import pytest
+import torch
+
+from hybridrl.data.hooks import load_hook
+from hybridrl.data.sample import VERSIONS_KEY
+from hybridrl.trainer.ppo.group_rollout import HookFailed
+from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
+from test_async_rollout import spy_on_update_actor
+from test_e2e_training import make_config, read_metrics, toy_task  # noqa: F401  (toy_task is a fixture)
+
+# 1 when the response has at least three "a"s: a random policy's groups are often all 0 (no signal for GRPO).
+REWARD_FILE = '''
+def many_a(data_source, solution_str, ground_truth, extra_info=None):
+    return float(solution_str.replace(" ", "").count("a") >= 3)
+'''
+
+
+@pytest.fixture
+def binary_reward(tmp_path):
+    path = tmp_path / "many_a.py"
+    path.write_text(REWARD_FILE)
+    return [f"custom_reward_function.path={path}", "custom_reward_function.name=many_a"]
+
+
+def flow_overrides(*extra):
+    return ["actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
+            "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.rollout.agent.num_workers=2",
+            "data_flow.enable=true", *extra]
+
+
+def run_trainer(config, spy=False):
+    trainer = RayPPOTrainer(config)
+    trainer.init_workers()
+    try:
+        batches = spy_on_update_actor(trainer) if spy else None
+        trainer.fit()
+    finally:
+        trainer.shutdown()
+    return trainer, batches
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_drops_zero_variance_groups_and_learns_at_least_as_fast(ray_local, toy_task, binary_reward,
+                                                                                  tmp_path):
+    common = [*binary_reward, "actor_rollout_ref.rollout.n=4", "data.train_batch_size=4",
+              "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+              "trainer.total_training_steps=6", "actor_rollout_ref.actor.optim.lr=3e-3", "data.max_response_length=8"]
+    plain_dir, filtered_dir = str(tmp_path / "plain"), str(tmp_path / "filtered")
+    run_trainer(make_config(toy_task, plain_dir, *common, *flow_overrides()))
+    _, batches = run_trainer(make_config(
+        toy_task, filtered_dir, *common,
+        *flow_overrides("data_flow.dynamic_sampling_filter.name=check_reward_nonzero_std",
+                        "data_flow.over_sampling_batch_size=8", "data_flow.max_num_gen_batches=8",
+                        "data_flow.insufficient_groups=train")), spy=True)
+    plain, filtered = read_metrics(plain_dir), read_metrics(filtered_dir)
+    assert sum(step["data_flow/num_dropped_groups"] for step in filtered) > 0
+    for batch in batches:  # every trained group has rewards that differ
+        scores = batch.batch["token_level_scores"].sum(-1)
+        for uid in set(batch.non_tensor_batch["uid"]):
+            rows = torch.tensor([u == uid for u in batch.non_tensor_batch["uid"]])
+            assert scores[rows].std() > 0
+    # learning per step: after the same number of steps, the greedy policy's validation reward (the trained batch's
+    # reward is biased by the filter); the reward of everything generated is printed for the record
+    print("generated reward per step, plain:", [round(step["data_flow/generated_reward/mean"], 3) for step in plain],
+          "filtered:", [round(step["data_flow/generated_reward/mean"], 3) for step in filtered])
+    key = "val-core/toy/letter_a/reward/mean@1"
+    assert filtered[-1][key] >= plain[-1][key], (plain[-1][key], filtered[-1][key])
+
+
+ABORTED_FIRST = '''
+def aborted_first(config, step, buffer, num_groups):
+    def has_aborted_tokens(group):
+        return any(s.status == "aborted" and s.response_ids for s in group)
+    return sorted(buffer, key=lambda group: not has_aborted_tokens(group))[:num_groups]
+'''
+
+
+def test_partial_rollout_continues_aborted_samples_and_its_buffer_resumes_bit_for_bit(ray_local, toy_task, tmp_path):
+    run_dir = str(tmp_path / "run")
+    common = ["actor_rollout_ref.rollout.n=2", "data.train_batch_size=4",
+              "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+              "data.max_response_length=16", "actor_rollout_ref.rollout.max_num_seqs=1",  # one request at a time
+              "actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.save_freq=1", "trainer.test_freq=-1",
+              *flow_overrides("data_flow.partial_rollout=true", "data_flow.over_sampling_batch_size=8")]
+    first, _ = run_trainer(make_config(toy_task, run_dir, *common, "trainer.total_training_steps=2"))
+    saved = torch.load(f"{run_dir}/global_step_2/data.pt", weights_only=True)["prompt_source"]
+    assert saved == first.prompt_source.state_dict()
+    steps = read_metrics(run_dir)
+    assert all(step["data_flow/num_aborted_groups"] > 0 for step in steps)
+    partial = [sample for group in saved["buffer"] for sample in group
+               if sample["status"] == "aborted" and sample["response_ids"]]
+    assert partial, "no sample was aborted midway (its tokens so far kept)"
+    for sample in partial:
+        assert len(sample["rollout_log_probs"]) == len(sample["response_ids"]) == len(sample["token_versions"])
+        assert set(sample["token_versions"]) <= {0, 1}
+
+    # step 3 takes train_batch_size groups, the ones holding aborted tokens first (a buffer filter), and keeps them all
+    buffer_filter = tmp_path / "aborted_first.py"
+    buffer_filter.write_text(ABORTED_FIRST)
+    second = RayPPOTrainer(make_config(toy_task, run_dir, *common, "trainer.total_training_steps=3",
+                                       "data_flow.over_sampling_batch_size=null",
+                                       f"data_flow.buffer_filter.path={buffer_filter}",
+                                       "data_flow.buffer_filter.name=aborted_first"))
+    second.init_workers()
+    try:
+        batches = spy_on_update_actor(second)
+        loaded = {}
+        load = second.prompt_source.load_state_dict
+        second.prompt_source.load_state_dict = lambda state: (loaded.update(state), load(state))
+        second.fit()
+    finally:
+        second.shutdown()
+    assert loaded == saved and len(batches) == 1
+    batch = batches[0]
+    uids = [int(uid) for uid in batch.non_tensor_batch["uid"]]
+    left = {sample.index: sample for group in second.prompt_source.buffer for sample in group}
+    continued = 0
+    for sample in partial:  # each one was continued under the new weights, or is still waiting, tokens intact
+        prefix = sample["response_ids"]
+        rows = [row for row, uid in enumerate(uids) if uid == sample["group_index"]
+                and batch.batch["responses"][row, :len(prefix)].tolist() == prefix]
+        if rows:
+            versions = batch.batch[VERSIONS_KEY][rows[0]]
+            assert versions[:len(prefix)].tolist() == sample["token_versions"]
+            assert torch.equal(batch.batch["rollout_log_probs"][rows[0], :len(prefix)],
+                               torch.tensor(sample["rollout_log_probs"]))
+            continued += int((versions == 2).any())
+        else:
+            assert left[sample["index"]].response_ids[:len(prefix)] == prefix
+    print(f"{len(partial)} samples aborted midway at step 2, {continued} of them continued and trained at step 3")
+    third = read_metrics(run_dir)[-1]
+    assert third["training/global_step"] == 3
+    assert continued == len(partial)
+    assert third["data_flow/partial_ratio"] > 0 and third["data_flow/staleness/max"] >= 1
+
+
+HOOKS_FILE = '''
+import asyncio
+from hybridrl.agent_loop.sample_generate import generate
+from hybridrl.trainer.ppo.group_rollout import generate_rollout
+
+
+def rollout_function(rollout, step, prompt_source, evaluation):
+    rollout.record("hooks/rollout_function_calls", 1)
+    if step == 2:  # the buffer filter (newest first) hands out the group parked at step 1
+        taken = prompt_source.get_groups(1, step)
+        rollout.record("hooks/buffer_filter_tagged", sum(bool(s.metadata.get("from_buffer_at_step") == step
+                                                               and s.metadata.get("parked")) for s in taken[0]))
+        prompt_source.add_groups(taken)
+    groups = generate_rollout(rollout, step, prompt_source, evaluation)
+    if step == 1:  # park a fresh group in the buffer, last
+        parked = prompt_source.get_groups(len(prompt_source.buffer) + 1, step)
+        for sample in parked[-1]:
+            sample.metadata["parked"] = True
+        prompt_source.add_groups(parked)
+    return groups
+
+
+def eval_function(rollout, step, prompt_source, evaluation):
+    groups = generate_rollout(rollout, step, prompt_source, evaluation)
+    for group in groups:
+        for sample in group:
+            sample.reward = 0.25  # so the test recognises the eval function's groups
+    return groups
+
+
+async def my_generate(ctx, sample, sampling_params):
+    sample = await generate(ctx, sample, sampling_params)
+    sample.metadata["generated_by"] = f"my_generate v{ctx.policy_version}"
+    return sample
+
+
+def odd_groups_only(config, group):
+    for sample in group:
+        sample.metadata["dynamic_filter_saw"] = True
+    return group[0].group_index % 2 == 1
+
+
+def reverse_order(config, groups):
+    for position, group in enumerate(groups):
+        for sample in group:
+            sample.metadata["arrival"] = position
+    return list(reversed(groups))
+
+
+def newest_first(config, step, buffer, num_groups):
+    taken = list(reversed(buffer))[:num_groups]
+    for group in taken:
+        for sample in group:
+            sample.metadata["from_buffer_at_step"] = step
+    return taken
+
+
+def raises(config, group):
+    return 1 / 0
+
+
+async def count_a(config, sample):
+    await asyncio.sleep(0)
+    return {"a": float(sum(token == config.test_a_id for token in sample.response_ids)), "len": sample.response_length}
+'''
+
+
+def test_every_hook_runs_in_its_place(ray_local, toy_task, tmp_path):
+    hooks = tmp_path / "my_hooks.py"
+    hooks.write_text(HOOKS_FILE.replace("config.test_a_id", "A_ID"))
+    run_dir = str(tmp_path / "run")
+    names = {"rollout_function": "rollout_function", "eval_function": "eval_function",
+             "custom_generate_function": "my_generate", "dynamic_sampling_filter": "odd_groups_only",
+             "over_sampling_filter": "reverse_order", "buffer_filter": "newest_first", "reward_function": "count_a"}
+    overrides = [override for hook, name in names.items()
+                 for override in (f"data_flow.{hook}.path={hooks}", f"data_flow.{hook}.name={name}")]
+    config = make_config(toy_task, run_dir, *flow_overrides(*overrides), "data_flow.reward_key=a",
+                         "data_flow.over_sampling_batch_size=10", "data_flow.max_num_gen_batches=4",
+                         "actor_rollout_ref.rollout.max_num_seqs=2", "trainer.total_training_steps=2",
+                         "trainer.test_freq=2")
+    trainer = RayPPOTrainer(config)
+    a_id = trainer.tokenizer.convert_tokens_to_ids("a")
+    hooks.write_text(HOOKS_FILE.replace("config.test_a_id", str(a_id)))  # the workers load the file again
+    trainer.init_workers()
+    try:
+        batches = spy_on_update_actor(trainer)
+        trainer.fit()
+        # a filter that raises fails the step, naming its key, with its traceback
+        rollout = trainer.group_rollout
+        rollout.hooks["dynamic_sampling_filter"] = load_hook("dynamic_sampling_filter",
+                                                             {"path": str(hooks), "name": "raises"})
+        with pytest.raises(HookFailed, match="(?s)data_flow.dynamic_sampling_filter raised:.*Traceback.*in raises.*"
+                                             "ZeroDivisionError"):
+            trainer.train_step(None)
+        trainer._trainer_mode()
+        # the cap reached with too few groups kept: fail, or train on whole mini-batches of them, as configured
+        rollout.hooks["dynamic_sampling_filter"] = lambda config, group: group[0].group_index % 5 == 0
+        rollout.max_num_gen_batches = 1
+        with pytest.raises(RuntimeError, match=r"max_num_gen_batches=1 batches of 10 groups kept [0-2] of the 8 groups "
+                                               r"data.train_batch_size asks for .data_flow.insufficient_groups='fail'"):
+            trainer.train_step(None)
+        trainer._trainer_mode()
+        rollout.hooks["dynamic_sampling_filter"] = lambda config, group: group[0].group_index % 3 != 0
+        rollout.flow.insufficient_groups = "train"
+        short = trainer.train_step(None)
+    finally:
+        trainer.shutdown()
+    assert short["data_flow/num_groups_short"] == 4 and short["data_flow/num_groups_trained"] == 4
+    steps = read_metrics(run_dir)
+    assert [step["hooks/rollout_function_calls"] for step in steps] == [1, 1]
+    assert steps[-1]["val-core/toy/letter_a/reward/mean@1"] == 0.25  # the eval function's groups were validated
+    for step, batch in zip((1, 2), batches):
+        columns = batch.non_tensor_batch
+        assert all(int(uid) % 2 == 1 for uid in columns["uid"])  # the dynamic filter kept odd groups only
+        assert all(columns["dynamic_filter_saw"]) and set(columns["generated_by"]) == {f"my_generate v{step - 1}"}
+        arrival = [columns["arrival"][row] for row in range(0, len(batch), 2)]
+        assert arrival == sorted(arrival, reverse=True)  # the over-sampling filter's order, first 8 of 10 kept
+        responses = batch.batch["responses"]
+        expected = ((responses == a_id) & batch.batch["response_mask"].bool()).sum(-1).float()
+        assert torch.equal(batch.batch["token_level_scores"].sum(-1), expected)  # count_a's "a" (reward_key)
+    assert steps[0]["data_flow/num_dropped_groups"] > 0
+    assert steps[1]["hooks/buffer_filter_tagged"] == 2  # both samples of the parked group, at step 2
