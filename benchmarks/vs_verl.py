@@ -325,14 +325,25 @@ def main() -> None:
     parser.add_argument("--verl-transformers", choices=["image", "pinned"], default="image",
                         help="image: the host's transformers 5.17 (as hybridrl and SGLang use); pinned: 5.10.4 from "
                              f"{VERL_TF_SITE} (verl's own pin <5.11)")
-    parser.add_argument("--timeout", type=float, default=1500, help="seconds per trainer run")
+    parser.add_argument("--timeout", type=float, default=540, help="seconds per trainer run")
     parser.add_argument("--work-dir", default="/tmp/vs_verl")
     parser.add_argument("--out", help="write args and every step's metrics as JSON here")
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--check-imports", action="store_true")
+    parser.add_argument("--merge", nargs="+", metavar="JSON",
+                        help="print the tables from earlier --out files (one trainer per call, e.g. under a 10-minute "
+                             "limit per command) instead of running")
     args = parser.parse_args()
     if args.check_imports:
         return check_imports()
+    if args.merge:
+        results = {}
+        for path in args.merge:
+            with open(path) as f:
+                saved = json.load(f)
+            results.update(saved["results"])
+            args = argparse.Namespace(**{**saved["args"], "merge": args.merge})
+        return print_tables(results, args)
     if args.shape == "default-sft" or not (args.data_dir and args.tokenizer):
         from hybridrl.defaults.assets import prepare_default_assets
 
