@@ -87,6 +87,12 @@ def settings(args, model_dir: str) -> list[tuple[str, object, str | None, str]]:
         ("actor_rollout_ref.rollout.enforce_eager", "false", None, "CUDA graphs on"),
         ("actor_rollout_ref.rollout.load_format", "dummy", None, "weights come from the trainer"),
         ("actor_rollout_ref.rollout.calculate_log_probs", "false", None, "verl's default is true: set explicitly"),
+        ("actor_rollout_ref.rollout.max_num_seqs", 1024, None,
+         "SGLang max_running_requests; verl's default is 256, below one step's 512 sequences: set explicitly"),
+        ("actor_rollout_ref.rollout.max_num_batched_tokens", 8192, None, ""),
+        ("actor_rollout_ref.rollout.update_weights_bucket_megabytes", 2048,
+         "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes",
+         "verl's default (hybridrl's is 512); verl moved the key under checkpoint_engine"),
         ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", 32, None, ""),
         ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", str(rmpad).lower(), None, ""),
         ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", tokens, None, ""),
@@ -118,6 +124,9 @@ def only_verl(args, run_dir: str) -> list[tuple[str, object, str]]:
          "offline host build one). With sdpa and remove padding, transformers builds a block-diagonal mask from the "
          "packed position_ids (masking_utils.find_packed_sequence_indices): correct, but a dense tokens x tokens mask. "
          "hybridrl picks its attention itself: PyTorch's varlen flash kernel for remove padding, sdpa when padded."),
+        ("actor_rollout_ref.actor.fsdp_config.use_torch_compile", "true",
+         "verl's default, written out: torch.compile of the entropy from logits only (transformer_impl.py:183-187); "
+         "hybridrl has no such key"),
         ("trainer.logger", "[console,file]", "per-step JSON lines into VERL_FILE_LOGGER_PATH"),
         ("trainer.project_name", "vs_verl", ""), ("trainer.experiment_name", os.path.basename(run_dir), ""),
         ("trainer.default_local_dir", run_dir, ""),
