@@ -128,6 +128,8 @@ def only_verl(args, run_dir: str) -> list[tuple[str, object, str]]:
          "verl's default, written out: torch.compile of the entropy from logits only (transformer_impl.py:183-187); "
          "hybridrl has no such key"),
         ("trainer.logger", "[console,file]", "per-step JSON lines into VERL_FILE_LOGGER_PATH"),
+        ("+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH", os.path.join(run_dir, "verl_metrics.jsonl"),
+         "the file logger lives in the TaskRunner actor: give it the path through Ray as well as the environment"),
         ("trainer.project_name", "vs_verl", ""), ("trainer.experiment_name", os.path.basename(run_dir), ""),
         ("trainer.default_local_dir", run_dir, ""),
         ("trainer.use_v1", "true", "verl 0.9.1's default trainer (TransferQueue); v0 is deprecated"),
