@@ -1,0 +1,137 @@
+"""Disaggregated and asynchronous training end to end: real local Ray, 2 CPU processes (one trainer rank, one
+rollout rank serving the HF engine server), weights over a real gloo group, the toy task of test_e2e_training
+(reward = share of the letter "a" in the response)."""
+import collections
+import os
+
+import pytest
+import torch
+
+from hybridrl.trainer.ppo.async_trainer import trainer_class
+from hybridrl.trainer.ppo.checkpointing import DATA_STATE_FILE
+from hybridrl.utils.checkpoint import step_dir_name
+from tests.test_e2e_training import make_config, read_metrics, toy_task  # noqa: F401  (toy_task: a fixture)
+
+SPLIT = ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
+         "actor_rollout_ref.rollout.agent.num_workers=1", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]
+
+
+def recording(cls, stop_after: int | None = None):
+    """`cls` that also records each step's trained prompts (extra_info index, one per group) and every prompt it
+    took from the data; with stop_after, it is asked to stop after that step (as SIGTERM does: the driver's
+    RunControl), and so saves a checkpoint with what is in flight then."""
+
+    class Recording(cls):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.trained_prompts: list[list[int]] = []
+            self.taken_prompts: list[int] = []
+            self._recorded_batches = None
+
+        def _next_step(self, batches):
+            if self._recorded_batches is None:
+                self._recorded_batches = self._record(batches)
+            return super()._next_step(self._recorded_batches)
+
+        def _record(self, batches):
+            for batch in batches:
+                self.taken_prompts += [info["index"] for info in batch["extra_info"]]
+                yield batch
+
+        def _stop_requested(self):
+            return stop_after is not None and self.global_steps >= stop_after
+
+        def learn_step(self, batch, timing, metrics):
+            by_uid = {uid: info["index"] for uid, info in zip(batch.non_tensor_batch["uid"],
+                                                              batch.non_tensor_batch["extra_info"])}
+            self.trained_prompts.append(sorted(by_uid.values()))
+            return super().learn_step(batch, timing, metrics)
+
+    return Recording
+
+
+def train(config, stop_after: int | None = None):
+    trainer = recording(trainer_class(config), stop_after)(config)
+    trainer.init_workers()
+    try:
+        trainer.fit()
+        pending = trainer.in_flight_state()
+        trainer.versions_at_end = (trainer.rollout_version, trainer.trainer_version())
+    finally:
+        trainer.shutdown()
+    return trainer, pending
+
+
+def test_disaggregated_engines_generate_from_the_trainers_current_weights(ray_local, toy_task, tmp_path):
+    """Separate pools, synchronous schedule: after every update the rollout's engine holds exactly the trainer's
+    weights (its log-probs of its own samples equal the trainer's), and knows their version."""
+    config = make_config(toy_task, str(tmp_path), *SPLIT, "actor_rollout_ref.rollout.calculate_log_probs=true",
+                         "actor_rollout_ref.actor.optim.lr=1e-2", "trainer.total_training_steps=3")
+    trainer, _ = train(config)
+    assert type(trainer).__mro__[1].__name__ == "DisaggregatedPPOTrainer"
+    metrics = read_metrics(str(tmp_path))
+    assert [m["weight_sync/megabytes"] > 0 for m in metrics[1:]] == [True, True]  # a push before steps 2 and 3
+    for m in metrics:  # stale weights (lr 1e-2) would show as a difference of several percent
+        assert m["training/rollout_probs_diff_max"] < 1e-4, m["training/rollout_probs_diff_max"]
+    assert trainer.versions_at_end == (3, 3)  # the engine got the last update too (validation at the end)
+
+
+def test_one_step_off_trains_on_samples_exactly_one_version_old(ray_local, toy_task, tmp_path):
+    config = make_config(toy_task, str(tmp_path), *SPLIT, "async_training.mode=one_step_off",
+                         "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.actor.optim.lr=1e-2",
+                         "trainer.total_training_steps=3")
+    trainer, pending = train(config)
+    metrics = read_metrics(str(tmp_path))
+    assert [(m["async_training/staleness/min"], m["async_training/staleness/max"]) for m in metrics] == [
+        (0, 0), (1, 1), (1, 1)]
+    assert [m["async_training/policy_version"] for m in metrics] == [0, 1, 2]
+    # the engine generated steps 2 and 3 with the weights before the previous update: its log-probs differ
+    assert metrics[0]["training/rollout_probs_diff_max"] < 1e-4
+    assert all(m["training/rollout_probs_diff_max"] > 1e-3 for m in metrics[1:])
+    assert pending == {"prompts": []}  # the last step starts no generation: nothing was taken untrained
+
+
+@pytest.mark.parametrize("max_staleness, stale_samples", [(0, "requeue")])  # drop: test_async_units.py
+def test_fully_async_never_trains_a_sample_staler_than_the_bound(ray_local, toy_task, tmp_path, max_staleness,
+                                                                 stale_samples):
+    config = make_config(toy_task, str(tmp_path), *SPLIT, "async_training.mode=fully_async",
+                         f"async_training.max_staleness={max_staleness}",
+                         f"async_training.stale_samples={stale_samples}", "trainer.total_training_steps=4")
+    trainer, _ = train(config)
+    metrics = read_metrics(str(tmp_path))
+    assert all(m["async_training/staleness/max"] <= max_staleness for m in metrics), metrics
+    assert [len(prompts) for prompts in trainer.trained_prompts] == [8] * 4
+    if max_staleness == 0:  # groups generated during an update's training went stale and came back
+        assert sum(m["async_training/requeued_groups"] for m in metrics) > 0
+        assert all(m["async_training/dropped_groups"] == 0 for m in metrics)
+    else:  # the bound allows one version: generation ran ahead and it was used
+        assert max(m["async_training/staleness/max"] for m in metrics) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["one_step_off", "fully_async"])
+def test_async_resume_loses_no_prompt_and_trains_the_same_samples(ray_local, toy_task, tmp_path, mode):
+    """A 4-step run stopped after step 2 (its checkpoint holds the prompts in flight), then resumed: every prompt
+    taken from the data is trained once or still in flight, the in-flight ones of the checkpoint are generated
+    again first, and the four steps train as many samples as an uninterrupted run."""
+    overrides = [*SPLIT, f"async_training.mode={mode}", "async_training.max_staleness=1", "trainer.save_freq=10",
+                 "trainer.total_training_steps=4", "trainer.test_freq=-1"]
+    first, pending_first = train(make_config(toy_task, str(tmp_path), *overrides), stop_after=2)
+    saved = torch.load(os.path.join(tmp_path, step_dir_name(2), DATA_STATE_FILE), weights_only=True)["in_flight"]
+    saved_prompts = [info["index"] for plain in saved["prompts"] for info in plain["columns"]["extra_info"]]
+    assert saved_prompts, "a checkpoint of an asynchronous run with nothing in flight tests nothing"
+    trained_first = [index for step in first.trained_prompts for index in step]
+    assert collections.Counter(first.taken_prompts) == collections.Counter(trained_first + saved_prompts)
+
+    assert [info["index"] for plain in pending_first["prompts"] for info in plain["columns"]["extra_info"]] == \
+        saved_prompts
+    second, pending_second = train(make_config(toy_task, str(tmp_path), *overrides))
+    assert second.global_steps == 4 and len(second.trained_prompts) == 2
+    trained_second = [index for step in second.trained_prompts for index in step]
+    still_pending = [info["index"] for plain in pending_second["prompts"] for info in plain["columns"]["extra_info"]]
+    # nothing lost, nothing trained twice: what the resumed run had (saved + newly taken) = trained + in flight
+    assert collections.Counter(saved_prompts + second.taken_prompts) == collections.Counter(trained_second +
+                                                                                            still_pending)
+    if mode == "one_step_off":  # the saved batch is exactly the resumed run's first step
+        assert second.trained_prompts[0] == sorted(saved_prompts)
+    assert len(trained_first) + len(trained_second) == 4 * 8  # the uninterrupted run's samples: 4 steps x 8 groups
