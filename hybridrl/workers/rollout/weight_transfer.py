@@ -79,7 +79,10 @@ class WeightTransferGroup:
         timeout = datetime.timedelta(seconds=timeout_s)
         self.rank, self.world_size, self.backend = rank, world_size, backend
         if backend == "nccl":  # SGLang's engines join with this same helper: same store layout and group name
-            from sglang.srt.utils import init_custom_process_group
+            try:
+                from sglang.srt.utils import init_custom_process_group
+            except ImportError:  # newer SGLang keeps it in the submodule only
+                from sglang.srt.utils.common import init_custom_process_group
 
             self._group = init_custom_process_group(backend="nccl", init_method=f"tcp://{master_addr}:{master_port}",
                                                     world_size=world_size, rank=rank, group_name=GROUP_NAME,
@@ -95,7 +98,7 @@ class WeightTransferGroup:
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0's `tensor` into every member's `tensor` (same shape and dtype everywhere)."""
         if self._backend_pg is None:
-            dist.broadcast(tensor, src=0, group=self._group)
+            dist.broadcast(tensor, group=self._group, group_src=0)
             return
         options = dist.BroadcastOptions()
         options.rootRank, options.rootTensor = 0, 0
