@@ -141,8 +141,12 @@ def test_async_resume_loses_no_prompt_and_trains_the_same_samples(ray_local, toy
 # Learning: the toy task's GRPO run (test_e2e_training.test_grpo_learns_the_toy_task's settings, 20 steps) with the
 # synchronous colocated loop, one-step-off and fully asynchronous (max_staleness 1). Each must raise its score by
 # more than RISE (the sync test's bar), and its last-4-step mean score must lie within MODE_MARGIN of the sync run's.
-# MODE_MARGIN: measured on the 2-core CI machine type, 2026-11-27 (last-4 mean score; see the commit message):
-# the spread between seeds of one mode is the noise a mode's difference must be judged against.
+# Measured on the 2-core CI machine type, 2026-11-27 (mean score of steps 1-4 -> steps 17-20):
+#     seed 1: sync 0.078 -> 0.590, one_step_off 0.077 -> 0.524, fully_async 0.073 -> 0.499
+#     seed 2: sync 0.073 -> 0.601, one_step_off 0.065 -> 0.544, fully_async 0.064 -> 0.557
+# Seeds of one mode differ by 0.01-0.06; the asynchronous modes trail sync by 0.04-0.09 (their samples are one
+# version old, so each update starts from a slightly older policy). MODE_MARGIN = 0.15 holds that with room; a
+# run that stopped learning (stale weights never replaced, lost samples) stays near 0.08 and fails RISE first.
 LEARN = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=8", "data.train_batch_size=8",
          "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
          "actor_rollout_ref.actor.optim.lr=1e-2", "trainer.total_training_steps=20", "trainer.test_freq=-1"]
@@ -150,7 +154,7 @@ LEARN_MODES = {"sync": ["trainer.n_gpus_per_node=1"],
                "one_step_off": [*SPLIT, "async_training.mode=one_step_off"],
                "fully_async": [*SPLIT, "async_training.mode=fully_async", "async_training.max_staleness=1"]}
 RISE = 0.2
-MODE_MARGIN = 0.25
+MODE_MARGIN = 0.15
 
 
 def learning_curve(toy_task, run_dir, mode, seed=1):
