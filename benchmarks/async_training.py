@@ -81,7 +81,7 @@ def cpu_task(work_dir: str) -> list[str]:
     return [f"actor_rollout_ref.model.path={model_dir}", f"data.train_files=[{work_dir}/train.parquet]",
             f"data.val_files=[{work_dir}/val.parquet]", f"custom_reward_function.path={reward}",
             "custom_reward_function.name=share_of_a", "data.max_prompt_length=32", "trainer.device=cpu",
-            "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"]
+            "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"]
 
 
 def run_layout(args, name: str, task: list[str], layout: list[str]) -> dict:
@@ -129,7 +129,7 @@ def print_table(results: dict, args) -> None:
               f"{base / step:.2f}x | {result.get('timing_s/gen', float('nan')):.2f} | "
               f"{result.get('timing_s/update_actor', float('nan')):.2f} | "
               f"{result.get('timing_s/sync_weights', float('nan')):.3f} | "
-              f"{result.get('weight_sync/megabytes', float('nan')):.0f} | "
+              f"{result.get("weight_sync/megabytes", float("nan")):.1f} | "
               f"{result.get('async_training/staleness/max', float('nan')):.0f} |")
 
 

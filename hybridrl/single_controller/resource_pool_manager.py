@@ -10,12 +10,12 @@ workers, one engine server each. On CPU (trainer.device=cpu) a "GPU" is a proces
 
 `check_fits` compares what the pools need with what the Ray cluster has, before any worker starts, and names
 what is short (per resource, and per node: a pool's node must fit on one Ray node).
+
+Importing this module does not import Ray (the driver's preflight reads `pool_specs` before Ray is set up).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from hybridrl.single_controller.ray import RayResourcePool
 
 TRAINER_POOL = "trainer_pool"
 ROLLOUT_POOL = "rollout_pool"
@@ -101,6 +101,8 @@ class ResourcePoolManager:
             raise RuntimeError("the resource pools do not fit the Ray cluster:\n  " + "\n  ".join(problems))
 
     def create_pools(self) -> None:
+        from hybridrl.single_controller.ray import RayResourcePool
+
         self.check_fits()
         for name, spec in self.specs.items():
             self.pools[name] = RayResourcePool(process_on_nodes=spec.process_on_nodes, use_gpu=self.use_gpu,
