@@ -129,7 +129,7 @@ def print_table(results: dict, args) -> None:
               f"{base / step:.2f}x | {result.get('timing_s/gen', float('nan')):.2f} | "
               f"{result.get('timing_s/update_actor', float('nan')):.2f} | "
               f"{result.get('timing_s/sync_weights', float('nan')):.3f} | "
-              f"{result.get("weight_sync/megabytes", float("nan")):.1f} | "
+              f"{result.get('weight_sync/megabytes', float('nan')):.1f} | "
               f"{result.get('async_training/staleness/max', float('nan')):.0f} |")
 
 
