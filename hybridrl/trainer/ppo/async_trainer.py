@@ -17,7 +17,8 @@ the old weights, then switch). A group is used at most `async_training.max_stale
 started (the oldest version among its tokens); a staler one is dropped or its prompt generated again
 (`async_training.stale_samples`). Per-token versions: the batch's response_weight_versions (agent_loop/manager.py).
 
-Metrics (async_training/*): policy_version (the weights trained this step), staleness/{min,mean,max} over the
+Metrics (async_training/*): policy_version (the weights trained this step: the actor's weight changes in this
+process, optimizer steps and a resumed checkpoint's load), staleness/{min,mean,max} over the
 step's samples (policy_version minus the version their generation started with; max never exceeds the bound),
 dropped_groups / requeued_groups (this step), groups_ahead (generating or waiting after the step).
 
@@ -78,6 +79,7 @@ class OneStepOffPolicyTrainer(DisaggregatedPPOTrainer):
         metrics: dict[str, float] = {}
         with timer("step", timing):
             if self._ahead is None:  # the first step (or after a resume): nothing was generated ahead
+                metrics.update(self.sync_weights())  # a resumed checkpoint's weights, not the initial ones
                 self._ahead = self._start_generation(self._next_prompts(batches))
             with timer("wait_gen", timing):
                 batch, gen_metrics, gen_timing = self._ahead[1].result()
@@ -138,7 +140,8 @@ class FullyAsyncTrainer(DisaggregatedPPOTrainer):
         self._requeued: list[DataProto] = []
 
     def _next_step(self, batches) -> dict[str, float]:
-        if self.rollouter is None:
+        if self.rollouter is None:  # the first step (or after a resume: the checkpoint's weights go out first)
+            self.sync_weights()
             self.rollouter = Rollouter(self._generate_group, batches,
                                        capacity=(self.max_staleness + 1) * self.groups_per_step,
                                        stale_samples=self.config.async_training.stale_samples,
