@@ -133,6 +133,8 @@ def test_async_resume_loses_no_prompt_and_trains_the_same_samples(ray_local, toy
     # nothing lost, nothing trained twice: what the resumed run had (saved + newly taken) = trained + in flight
     assert collections.Counter(saved_prompts + second.taken_prompts) == collections.Counter(trained_second +
                                                                                             still_pending)
+    resumed_first_step = [m for m in read_metrics(str(tmp_path)) if m["training/global_step"] == 3][-1]
+    assert resumed_first_step["async_training/staleness/max"] == 0  # generated from the checkpoint's weights
     if mode == "one_step_off":  # the saved batch is exactly the resumed run's first step
         assert second.trained_prompts[0] == sorted(saved_prompts)
     assert len(trained_first) + len(trained_second) == 4 * 8  # the uninterrupted run's samples: 4 steps x 8 groups
