@@ -77,67 +77,58 @@ def test_disaggregated_engines_generate_from_the_trainers_current_weights(ray_lo
     assert trainer.versions_at_end == (3, 3)  # the engine got the last update too (validation at the end)
 
 
-def test_one_step_off_trains_on_samples_exactly_one_version_old(ray_local, toy_task, tmp_path):
-    config = make_config(toy_task, str(tmp_path), *SPLIT, "async_training.mode=one_step_off",
-                         "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.actor.optim.lr=1e-2",
-                         "trainer.total_training_steps=3")
-    trainer, pending = train(config)
-    metrics = read_metrics(str(tmp_path))
-    assert [(m["async_training/staleness/min"], m["async_training/staleness/max"]) for m in metrics] == [
-        (0, 0), (1, 1), (1, 1)]
-    assert [m["async_training/policy_version"] for m in metrics] == [0, 1, 2]
-    # the engine generated steps 2 and 3 with the weights before the previous update: its log-probs differ
-    assert metrics[0]["training/rollout_probs_diff_max"] < 1e-4
-    assert all(m["training/rollout_probs_diff_max"] > 1e-3 for m in metrics[1:])
-    assert pending == {"prompts": []}  # the last step starts no generation: nothing was taken untrained
+def in_flight_indices(state) -> list[int]:
+    return [info["index"] for plain in state["prompts"] for info in plain["columns"]["extra_info"]]
 
 
-@pytest.mark.parametrize("max_staleness, stale_samples", [(0, "requeue")])  # drop: test_async_units.py
-def test_fully_async_never_trains_a_sample_staler_than_the_bound(ray_local, toy_task, tmp_path, max_staleness,
-                                                                 stale_samples):
-    config = make_config(toy_task, str(tmp_path), *SPLIT, "async_training.mode=fully_async",
-                         f"async_training.max_staleness={max_staleness}",
-                         f"async_training.stale_samples={stale_samples}", "trainer.total_training_steps=4")
-    trainer, _ = train(config)
-    metrics = read_metrics(str(tmp_path))
-    assert all(m["async_training/staleness/max"] <= max_staleness for m in metrics), metrics
-    assert [len(prompts) for prompts in trainer.trained_prompts] == [8] * 4
-    if max_staleness == 0:  # groups generated during an update's training went stale and came back
-        assert sum(m["async_training/requeued_groups"] for m in metrics) > 0
-        assert all(m["async_training/dropped_groups"] == 0 for m in metrics)
-    else:  # the bound allows one version: generation ran ahead and it was used
-        assert max(m["async_training/staleness/max"] for m in metrics) == 1
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", ["one_step_off", "fully_async"])
-def test_async_resume_loses_no_prompt_and_trains_the_same_samples(ray_local, toy_task, tmp_path, mode):
-    """A 4-step run stopped after step 2 (its checkpoint holds the prompts in flight), then resumed: every prompt
-    taken from the data is trained once or still in flight, the in-flight ones of the checkpoint are generated
-    again first, and the four steps train as many samples as an uninterrupted run."""
-    overrides = [*SPLIT, f"async_training.mode={mode}", "async_training.max_staleness=1", "trainer.save_freq=10",
-                 "trainer.total_training_steps=4", "trainer.test_freq=-1"]
+def stop_and_resume(toy_task, tmp_path, *overrides):
+    """A 4-step run stopped after step 2 (as SIGTERM stops it: its checkpoint holds the prompts in flight), then
+    resumed. Checks that every prompt taken from the data is trained once or still in flight and that the four
+    steps train as many samples as an uninterrupted run; returns (first, second) trainers, the saved prompts and
+    the metrics of the four steps."""
+    overrides = [*SPLIT, *overrides, "trainer.save_freq=10", "trainer.total_training_steps=4", "trainer.test_freq=-1"]
     first, pending_first = train(make_config(toy_task, str(tmp_path), *overrides), stop_after=2)
     saved = torch.load(os.path.join(tmp_path, step_dir_name(2), DATA_STATE_FILE), weights_only=True)["in_flight"]
-    saved_prompts = [info["index"] for plain in saved["prompts"] for info in plain["columns"]["extra_info"]]
+    saved_prompts = in_flight_indices(saved)
     assert saved_prompts, "a checkpoint of an asynchronous run with nothing in flight tests nothing"
+    assert in_flight_indices(pending_first) == saved_prompts
     trained_first = [index for step in first.trained_prompts for index in step]
     assert collections.Counter(first.taken_prompts) == collections.Counter(trained_first + saved_prompts)
 
-    assert [info["index"] for plain in pending_first["prompts"] for info in plain["columns"]["extra_info"]] == \
-        saved_prompts
     second, pending_second = train(make_config(toy_task, str(tmp_path), *overrides))
     assert second.global_steps == 4 and len(second.trained_prompts) == 2
     trained_second = [index for step in second.trained_prompts for index in step]
-    still_pending = [info["index"] for plain in pending_second["prompts"] for info in plain["columns"]["extra_info"]]
     # nothing lost, nothing trained twice: what the resumed run had (saved + newly taken) = trained + in flight
-    assert collections.Counter(saved_prompts + second.taken_prompts) == collections.Counter(trained_second +
-                                                                                            still_pending)
-    resumed_first_step = [m for m in read_metrics(str(tmp_path)) if m["training/global_step"] == 3][-1]
-    assert resumed_first_step["async_training/staleness/max"] == 0  # generated from the checkpoint's weights
-    if mode == "one_step_off":  # the saved batch is exactly the resumed run's first step
-        assert second.trained_prompts[0] == sorted(saved_prompts)
+    assert collections.Counter(saved_prompts + second.taken_prompts) == collections.Counter(
+        trained_second + in_flight_indices(pending_second))
     assert len(trained_first) + len(trained_second) == 4 * 8  # the uninterrupted run's samples: 4 steps x 8 groups
+    metrics = {int(m["training/global_step"]): m for m in read_metrics(str(tmp_path))}  # the resumed run's last
+    return first, second, saved_prompts, [metrics[step] for step in (1, 2, 3, 4)]
+
+
+def test_one_step_off_trains_one_version_old_samples_and_resumes_what_was_in_flight(ray_local, toy_task, tmp_path):
+    first, second, saved_prompts, metrics = stop_and_resume(
+        toy_task, tmp_path, "async_training.mode=one_step_off", "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "actor_rollout_ref.actor.optim.lr=1e-2")
+    # step 2 trains what the weights before step 1's update generated; a resumed run's first step waits for a
+    # generation from the checkpoint's weights (sent over the gloo group), so it is fresh
+    assert [(m["async_training/staleness/min"], m["async_training/staleness/max"]) for m in metrics] == [
+        (0, 0), (1, 1), (0, 0), (1, 1)]
+    diffs = [m["training/rollout_probs_diff_max"] for m in metrics]
+    assert diffs[0] < 1e-4 and diffs[2] < 1e-4, diffs  # the engine held exactly the trainer's weights
+    assert diffs[1] > 1e-3 and diffs[3] > 1e-3, diffs  # ... and one update older ones (lr 1e-2)
+    assert second.trained_prompts[0] == sorted(saved_prompts)  # the batch in flight at the stop is trained first
+
+
+def test_fully_async_never_exceeds_the_staleness_bound_and_resumes_what_was_in_flight(ray_local, toy_task,
+                                                                                      tmp_path):
+    first, second, _, metrics = stop_and_resume(toy_task, tmp_path, "async_training.mode=fully_async",
+                                                "async_training.max_staleness=0", "async_training.stale_samples=requeue")
+    assert [m["async_training/staleness/max"] for m in metrics] == [0] * 4
+    # groups generated while an update trained went stale: they came back instead of being trained or lost
+    assert sum(m["async_training/requeued_groups"] for m in metrics) > 0
+    assert all(m["async_training/dropped_groups"] == 0 for m in metrics)
+    assert all(m["async_training/groups_ahead"] == 8 for m in metrics)  # (max_staleness + 1) x 8 groups ahead
 
 
 # Learning: the toy task's GRPO run (test_e2e_training.test_grpo_learns_the_toy_task's settings, 20 steps) with the

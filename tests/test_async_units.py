@@ -8,7 +8,6 @@ import time
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from hybridrl.agent_loop.manager import WEIGHT_VERSIONS_KEY, VersionRecorder
 from hybridrl.config import ConfigError, compose_config, validate_config
@@ -85,41 +84,41 @@ def _weights() -> list[tuple[str, torch.Tensor]]:
             ("head.weight", torch.randn(3, 8, generator=generator))]
 
 
-def _receiver(rank: int, port: int, metas, bucket_bytes: int, out: dict) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    group = WeightTransferGroup("127.0.0.1", port, rank, 3, "gloo", timeout_s=60)
-    received = {}
-    for bucket in plan_buckets(metas, bucket_bytes):
-        received.update(receive_bucket(bucket, group, "cpu"))
-    out[rank] = received
-
-
 def test_weights_reach_every_receiver_bucket_by_bucket_over_a_gloo_group():
-    """Rank 0 sends, ranks 1 and 2 receive in their own processes: every tensor arrives exactly, in bf16 when the
-    metadata says so (the wire dtype of an engine that holds bf16)."""
+    """Rank 0 sends, ranks 1 and 2 receive (three members of one real gloo group, here in threads of one process:
+    each member has its own ProcessGroupGloo and sockets): every tensor arrives exactly, in bf16 when the metadata
+    says so (the wire dtype of an engine that holds bf16)."""
     weights = _weights()
     metas = describe(weights, wire_dtype="bfloat16")
     assert metas[0] == TensorMeta("embed.weight", "bfloat16", (50, 8)) and metas[0].nbytes == 800
     buckets = plan_buckets(metas, bucket_bytes=900)
     assert [[meta.name for meta in bucket] for bucket in buckets] == [
         ["embed.weight"], ["layers.0.weight", "layers.0.bias", "head.weight"]]
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     port = _free_port()
-    context = mp.get_context("spawn")
-    with context.Manager() as manager:
-        out = manager.dict()
-        receivers = [context.Process(target=_receiver, args=(rank, port, metas, 900, out)) for rank in (1, 2)]
-        for process in receivers:
-            process.start()
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        group = WeightTransferGroup("127.0.0.1", port, 0, 3, "gloo", timeout_s=60)
-        sent = send_weights(iter(weights), metas, group)
-        for process in receivers:
-            process.join(60)
-            assert process.exitcode == 0
-        assert sent == sum(meta.nbytes for meta in metas)
-        for rank in (1, 2):
-            for name, tensor in weights:
-                assert torch.equal(out[rank][name], tensor.to(torch.bfloat16)), (rank, name)
+    received: dict[int, dict] = {}
+    errors: list[BaseException] = []
+
+    def receive(rank: int) -> None:
+        try:
+            group = WeightTransferGroup("127.0.0.1", port, rank, 3, "gloo", timeout_s=60)
+            received[rank] = {name: tensor for bucket in buckets for name, tensor in receive_bucket(bucket, group,
+                                                                                                  "cpu")}
+        except BaseException as err:  # surfaced below
+            errors.append(err)
+
+    receivers = [threading.Thread(target=receive, args=(rank,)) for rank in (1, 2)]
+    for thread in receivers:
+        thread.start()
+    group = WeightTransferGroup("127.0.0.1", port, 0, 3, "gloo", timeout_s=60)
+    sent = send_weights(iter(weights), metas, group)
+    for thread in receivers:
+        thread.join(60)
+    assert not errors, errors
+    assert sent == sum(meta.nbytes for meta in metas)
+    for rank in (1, 2):
+        for name, tensor in weights:
+            assert torch.equal(received[rank][name], tensor.to(torch.bfloat16)), (rank, name)
 
 
 def test_sender_refuses_a_stream_that_changed_since_it_was_described():
