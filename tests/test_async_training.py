@@ -65,15 +65,18 @@ def train(config, stop_after: int | None = None):
 
 def test_disaggregated_engines_generate_from_the_trainers_current_weights(ray_local, toy_task, tmp_path):
     """Separate pools, synchronous schedule: after every update the rollout's engine holds exactly the trainer's
-    weights (its log-probs of its own samples equal the trainer's), and knows their version."""
+    weights (its log-probs of its own samples equal the trainer's), and knows their version. The trainer pool's
+    worker is actor + reference (role actor_ref: a KL loss)."""
     config = make_config(toy_task, str(tmp_path), *SPLIT, "actor_rollout_ref.rollout.calculate_log_probs=true",
-                         "actor_rollout_ref.actor.optim.lr=1e-2", "trainer.total_training_steps=3")
+                         "actor_rollout_ref.actor.optim.lr=1e-2", "trainer.total_training_steps=3",
+                         "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.01")
     trainer, _ = train(config)
     assert type(trainer).__mro__[1].__name__ == "DisaggregatedPPOTrainer"
     metrics = read_metrics(str(tmp_path))
     assert [m["weight_sync/megabytes"] > 0 for m in metrics[1:]] == [True, True]  # a push before steps 2 and 3
     for m in metrics:  # stale weights (lr 1e-2) would show as a difference of several percent
         assert m["training/rollout_probs_diff_max"] < 1e-4, m["training/rollout_probs_diff_max"]
+    assert metrics[-1]["actor/kl_loss"] > 0  # the reference is the initial policy, the actor has moved
     assert trainer.versions_at_end == (3, 3)  # the engine got the last update too (validation at the end)
 
 
