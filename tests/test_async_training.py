@@ -126,7 +126,8 @@ def test_one_step_off_trains_one_version_old_samples_and_resumes_what_was_in_fli
 def test_fully_async_never_exceeds_the_staleness_bound_and_resumes_what_was_in_flight(ray_local, toy_task,
                                                                                       tmp_path):
     first, second, _, metrics = stop_and_resume(toy_task, tmp_path, "async_training.mode=fully_async",
-                                                "async_training.max_staleness=0", "async_training.stale_samples=requeue")
+                                                "async_training.max_staleness=0",
+                                                "async_training.stale_samples=requeue")
     assert [m["async_training/staleness/max"] for m in metrics] == [0] * 4
     # groups generated while an update trained went stale: they came back instead of being trained or lost
     assert sum(m["async_training/requeued_groups"] for m in metrics) > 0

@@ -467,13 +467,13 @@ def _placement_and_schedule(values: _Values, problems: list[str]) -> None:
     schedule = values("async_training.mode")
     if values("actor_rollout_ref.hybrid_engine"):
         if schedule != "sync":
-            problems.append(f"async_training.mode: expected 'sync' with actor_rollout_ref.hybrid_engine=true (generation "
-                            f"overlaps training only on separate pools: set actor_rollout_ref.hybrid_engine=false and "
-                            f"rollout.n_gpus_per_node), got {schedule!r}")
+            problems.append(f"async_training.mode: expected 'sync' with actor_rollout_ref.hybrid_engine=true "
+                            f"(generation overlaps training only on separate pools: set "
+                            f"actor_rollout_ref.hybrid_engine=false and rollout.n_gpus_per_node), got {schedule!r}")
         return
     if values("actor_rollout_ref.rollout.mode") != "async":
-        problems.append("actor_rollout_ref.rollout.mode: expected 'async' with actor_rollout_ref.hybrid_engine=false (the "
-                        "rollout pool's ranks are engine servers that agent loops call), got "
+        problems.append("actor_rollout_ref.rollout.mode: expected 'async' with actor_rollout_ref.hybrid_engine=false "
+                        "(the rollout pool's ranks are engine servers that agent loops call), got "
                         f"{values('actor_rollout_ref.rollout.mode')!r}")
     if schedule != "sync" and values("algorithm.adv_estimator") == "remax":
         problems.append(f"algorithm.adv_estimator: expected an estimator without a greedy baseline rollout with "

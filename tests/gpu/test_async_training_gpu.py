@@ -78,8 +78,8 @@ def test_nccl_weight_sync_gives_the_engine_the_trainers_weights(task, tmp_path):
     steps = run(task, tmp_path / "sync")
     assert len(steps) == STEPS
     for step in steps:
-        print(f"step {int(step['training/global_step'])}: probs diff mean {step['training/rollout_probs_diff_mean']:.4f}"
-              f" max {step['training/rollout_probs_diff_max']:.4f}; sync {step.get('timing_s/sync_weights', 0):.3f} s,"
+        print(f"step {int(step['training/global_step'])}: probs diff mean "
+              f"{step['training/rollout_probs_diff_mean']:.4f} max {step['training/rollout_probs_diff_max']:.4f}; sync {step.get('timing_s/sync_weights', 0):.3f} s,"
               f" {step.get('weight_sync/megabytes', 0):.2f} MB", flush=True)
         assert step["training/rollout_probs_diff_mean"] < BF16_NOISE
     assert all(step["weight_sync/megabytes"] > 0 for step in steps[1:])
