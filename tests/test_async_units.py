@@ -1,5 +1,5 @@
 """The parts of asynchronous training that need no trainer: resource pools and what they lack, the weight-transfer
-group (a real gloo group of 2 processes), the rollouter's staleness bound, and in-flight prompts in checkpoints."""
+group (a real gloo group of 3 members), the rollouter's staleness bound, and in-flight prompts in checkpoints."""
 import os
 import socket
 import threading
