@@ -128,9 +128,9 @@ class TaskRunner:
     def run(self, config: PPOConfig, run_control) -> dict:
         # A fresh process: the registries only hold what the extensions register once imported here too.
         load_extensions(config.extensions)
-        from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
+        from hybridrl.trainer.ppo.async_trainer import trainer_class
 
-        trainer = RayPPOTrainer(config, run_control=run_control)
+        trainer = trainer_class(config)(config, run_control=run_control)  # colocated, disaggregated or asynchronous
         trainer.init_workers()
         return trainer.fit()
 

@@ -325,3 +325,13 @@ def test_every_problem_is_reported_at_once(inputs, tmp_path):
         "data.val_files[0]", "data.train_files", "custom_reward_function.name", "trainer.n_gpus_per_node",
         "trainer.default_local_dir"]
     assert problems[0].endswith("(no such file)")
+
+
+def test_the_rollout_pool_counts_towards_the_ranks_of_a_disaggregated_run(inputs, tmp_path):
+    """hybrid_engine=false: the trainer's 1 rank + the rollout pool's 2 do not fit a local Ray of 2 CPUs."""
+    assert problems_for(inputs, tmp_path, "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=2",
+                        "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.mode=async",
+                        "data.return_raw_chat=true") == [
+        "trainer.n_gpus_per_node: expected at most 2 ranks in all (one CPU each; the local Ray has 2 CPUs, "
+        "ray_init.num_cpus), got trainer.nnodes * trainer.n_gpus_per_node = 1 * 1 + rollout.nnodes * "
+        "rollout.n_gpus_per_node = 1 * 2 = 3"]

@@ -48,6 +48,7 @@ class TokenOutput(BaseModel):
     routed_experts: Optional[Any] = None
     stop_reason: Optional[str] = None  # "completed" (EOS), "length" (max_tokens) or "aborted"
     num_preempted: Optional[int] = None
+    weight_version: Optional[int] = None  # the policy version that generated these tokens (async_server.py)
 
 
 class AgentLoopMetrics(BaseModel):

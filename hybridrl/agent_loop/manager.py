@@ -47,6 +47,9 @@ from hybridrl.workers.rollout.batch_layout import to_batch_layout
 from hybridrl.workers.rollout.sampling import SAMPLING_OVERRIDES, max_new_tokens, sampling_source
 
 AGENT_SCORES_KEY = "agent_reward_scores"  # per row: the loop's reward_score, NaN when it gave none
+# per response token: the policy version (engine server's weight_version) that generated it; -1 for tokens no engine
+# generated (a tool's answer, padding, a failed loop's stand-in)
+WEIGHT_VERSIONS_KEY = "response_weight_versions"
 
 
 def rollout_sampling_params(rollout_config, validate: bool, do_sample: bool,
@@ -124,18 +127,50 @@ class AgentLoopWorker:
     async def _run_row(self, row: dict[str, Any], sampling_params: dict[str, Any]) -> dict[str, Any]:
         row = dict(row)
         agent_name = row.pop("agent_name")
+        recorder = VersionRecorder(self.server_manager)
         try:
             loop = instantiate_agent_loop(agent_name, self.registry, trainer_config=TrainerConfig(self.config),
-                                          server_manager=self.server_manager, tokenizer=self.tokenizer,
-                                          processor=None)
+                                          server_manager=recorder, tokenizer=self.tokenizer, processor=None)
             output = await loop.run(dict(sampling_params), **row)
             check_output(output, self.config.actor_rollout_ref.rollout, agent_name)
-            return {"output": output.model_dump()}
+            return {"output": output.model_dump(), "token_versions": recorder.token_versions(output.response_mask)}
         except Exception as error:
             server_error = _caused_by_server(error)
             if server_error is not None:
                 raise server_error
             return {"error": f"agent loop {agent_name!r}: {traceback.format_exc()}"}
+
+
+class VersionRecorder:
+    """The server manager as one sample's loop sees it: it also notes which policy version generated each call's
+    tokens, so that every generated token of the sample gets its version (a multi-turn sample may span weight
+    updates between its turns)."""
+
+    def __init__(self, server_manager: AsyncLLMServerManager):
+        self.server_manager = server_manager
+        self.calls: list[tuple[int, Optional[int]]] = []  # (tokens generated, weight_version) per generate call
+
+    async def generate(self, request_id: str, **kwargs):
+        output = await self.server_manager.generate(request_id, **kwargs)
+        self.calls.append((len(output.token_ids), output.weight_version))
+        return output
+
+    def __getattr__(self, name: str):
+        return getattr(self.server_manager, name)
+
+    def token_versions(self, response_mask: list[int]) -> list[int]:
+        """One version per response token: the generated ones (response_mask 1) take the calls' versions in order
+        (a loop that kept fewer tokens than generated shifts nothing: it cuts at the end); others -1."""
+        generated = [(-1 if version is None else version) for count, version in self.calls for _ in range(count)]
+        last = generated[-1] if generated else -1
+        versions, position = [], 0
+        for mask in response_mask:
+            if mask:
+                versions.append(generated[position] if position < len(generated) else last)
+                position += 1
+            else:
+                versions.append(-1)
+        return versions
 
 
 def check_output(output, rollout_config, agent_name: str) -> None:
@@ -211,14 +246,16 @@ class AgentLoopManager:
         return rows
 
     def _to_batch(self, rows: list[dict[str, Any]], results: list[dict[str, Any]]) -> DataProto:
-        outputs, errors = [], []
+        outputs, errors, token_versions = [], [], []
         for row, result in zip(rows, results):
             if "error" in result:
                 errors.append(result["error"])
                 outputs.append(AgentLoopOutput(prompt_ids=list(row["raw_prompt_ids"]), response_ids=[self.eos_token_id],
                                                response_mask=[0], reward_score=0.0))
+                token_versions.append([-1])
             else:
                 outputs.append(AgentLoopOutput(**result["output"]))
+                token_versions.append(result["token_versions"])
         self._report(errors, len(rows))
         batch = to_batch_layout(
             [output.prompt_ids for output in outputs], [output.response_ids for output in outputs],
@@ -233,6 +270,10 @@ class AgentLoopManager:
                 column[row] = output.extra_fields.get(key)
             batch.non_tensor_batch[key] = column
         batch.non_tensor_batch["__num_turns__"] = np.array([output.num_turns for output in outputs], dtype=object)
+        versions = torch.full((len(outputs), self.rollout_config.response_length), -1, dtype=torch.long)
+        for row, row_versions in enumerate(token_versions):
+            versions[row, :len(row_versions)] = torch.tensor(row_versions, dtype=torch.long)
+        batch.batch[WEIGHT_VERSIONS_KEY] = versions
         batch.batch[AGENT_SCORES_KEY] = torch.tensor(
             [float("nan") if output.reward_score is None else float(output.reward_score) for output in outputs],
             dtype=torch.float32)

@@ -262,9 +262,13 @@ def _check_resources(config: PPOConfig, problems: list[str]) -> None:
     CPU, and one GPU on CUDA. A running cluster (ray_init.address) is checked once joined (RayResourcePool)."""
     if config.ray_init.address is not None:
         return
+    from hybridrl.single_controller.resource_pool_manager import pool_specs
+
     trainer = config.trainer
-    ranks = trainer.nnodes * trainer.n_gpus_per_node
-    got = f"trainer.nnodes * trainer.n_gpus_per_node = {trainer.nnodes} * {trainer.n_gpus_per_node} = {ranks}"
+    specs = pool_specs(config)  # the rollout's own pool too with actor_rollout_ref.hybrid_engine=false
+    ranks = sum(spec.world_size for spec in specs.values())
+    got = " + ".join(f"{spec.where} = {spec.nnodes} * {spec.processes_per_node}" for spec in specs.values()) \
+        + f" = {ranks}"
     cpus = config.ray_init.num_cpus or _cpus_ray_detects()
     cpus_from = "ray_init.num_cpus" if config.ray_init.num_cpus else "ray_init.num_cpus=null: the CPUs Ray detects"
     if ranks > cpus:

@@ -526,6 +526,21 @@ class TrainerConfig(ConfigNode):
 
 
 @dataclass
+class RolloutPoolConfig(ConfigNode):
+    """The rollout's own resource pool when actor_rollout_ref.hybrid_engine=false (verl's recipe keys)."""
+    nnodes: int = positive()
+    n_gpus_per_node: int = positive()
+
+
+@dataclass
+class AsyncTrainingConfig(ConfigNode):
+    """How generation and training are scheduled (trainer/ppo/async_trainer.py)."""
+    mode: Literal["sync", "one_step_off", "fully_async"]
+    max_staleness: int = at_least(0)
+    stale_samples: Literal["drop", "requeue"]
+
+
+@dataclass
 class RayInitConfig(ConfigNode):
     address: Optional[str]
     num_cpus: Optional[int] = positive()
@@ -545,5 +560,7 @@ class PPOConfig(ConfigNode):
     trainer: TrainerConfig
     ray_init: RayInitConfig
     data_flow: DataFlowConfig
+    rollout: RolloutPoolConfig
+    async_training: AsyncTrainingConfig
     cache_dir: str
     extensions: list[str]

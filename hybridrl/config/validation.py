@@ -26,7 +26,6 @@ from hybridrl.utils.import_utils import load_extensions
 # Keys the YAML accepts (so verl override lists compose) but hybridrl does not implement yet:
 # any value other than the one given here is refused. Remove an entry when its feature lands.
 NOT_IMPLEMENTED: dict[str, Any] = {
-    "actor_rollout_ref.hybrid_engine": True,
     "actor_rollout_ref.model.enable_activation_offload": False,
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 1,
     "actor_rollout_ref.actor.use_torch_compile": False,
@@ -466,6 +465,26 @@ def _async_rollout_settings(values: _Values, problems: list[str]) -> None:
                         "'fsdp'")
 
 
+def _placement_and_schedule(values: _Values, problems: list[str]) -> None:
+    """hybrid_engine=false puts the rollout on its own pool, where it serves agent loops (rollout.mode=async);
+    an overlapping schedule (async_training.mode) needs that separate pool, and generates ahead of the update."""
+    schedule = values("async_training.mode")
+    if values("actor_rollout_ref.hybrid_engine"):
+        if schedule != "sync":
+            problems.append(f"async_training.mode: expected 'sync' with actor_rollout_ref.hybrid_engine=true "
+                            f"(generation overlaps training only on separate pools: set "
+                            f"actor_rollout_ref.hybrid_engine=false and rollout.n_gpus_per_node), got {schedule!r}")
+        return
+    if values("actor_rollout_ref.rollout.mode") != "async":
+        problems.append("actor_rollout_ref.rollout.mode: expected 'async' with actor_rollout_ref.hybrid_engine=false "
+                        "(the rollout pool's ranks are engine servers that agent loops call), got "
+                        f"{values('actor_rollout_ref.rollout.mode')!r}")
+    if schedule != "sync" and values("algorithm.adv_estimator") == "remax":
+        problems.append(f"algorithm.adv_estimator: expected an estimator without a greedy baseline rollout with "
+                        f"async_training.mode={schedule!r} (ReMax generates its baseline from the current weights "
+                        f"inside the step), got 'remax'")
+
+
 def _multi_turn_settings(values: _Values, problems: list[str]) -> None:
     """multi_turn: the tool_agent loop runs only as an agent loop (async mode), with a tool-call syntax it parses."""
     from hybridrl.agent_loop.tool_parser import TOOL_PARSERS
@@ -605,6 +624,10 @@ def _data_flow_settings(values: _Values, problems: list[str]) -> None:
         problems.append(f"actor_rollout_ref.rollout.mode: expected 'async' with {switch}=true (groups run as "
                         f"agent-loop requests on the engine servers, which can abort them), got "
                         f"{values('actor_rollout_ref.rollout.mode')!r}")
+    if values("async_training.mode") != "sync" or not values("actor_rollout_ref.hybrid_engine"):
+        problems.append(f"async_training.mode / actor_rollout_ref.hybrid_engine: expected 'sync' and true with "
+                        f"{switch}=true (the data flow runs on the colocated engines for now), got "
+                        f"{values('async_training.mode')!r} and {values('actor_rollout_ref.hybrid_engine')!r}")
     if values("reward_model.enable"):
         problems.append(f"reward_model.enable: expected false with {switch}=true (groups are scored as they finish, "
                         f"while the engines hold the devices), got True")
@@ -654,6 +677,7 @@ RULES: list[Callable[[_Values, list[str]], None]] = [
     _lora_settings,
     _offload_settings,
     _async_rollout_settings,
+    _placement_and_schedule,
     _multi_turn_settings,
     _rollout_correction_settings,
     _reward_hub_settings,

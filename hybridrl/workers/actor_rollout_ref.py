@@ -10,6 +10,9 @@ One instance per rank, built by a RayWorkerGroup. `role` says which parts this i
     actor_rollout      actor and rollout share ONE model (the hybrid engine): the rollout
                        generates from the very weights being trained, no copy
     actor_rollout_ref  the above plus the reference
+    actor_ref          actor and reference without a rollout: the trainer pool of a disaggregated run
+                       (actor_rollout_ref.hybrid_engine=false), whose rollout-only workers get the weights
+                       through workers/weight_transfer_worker.py
 
 The controller moves the ranks between trainer mode and rollout mode explicitly: `rollout_mode()`
 (the engine gets its memory and the current weights), any number of `generate_sequences`, then
@@ -43,13 +46,14 @@ from hybridrl.utils.memory import memory_metrics
 from hybridrl.utils.offload import FSDPOffload
 from hybridrl.utils.tokenizer import load_tokenizer
 from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
-from hybridrl.workers.rollout import build_rollout
+from hybridrl.workers.rollout import build_rollout, load_rollout_class
 from hybridrl.workers.rollout.mode_switch import RolloutModeSwitch
+from hybridrl.workers.weight_transfer_worker import WeightTransferMixin
 
-ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref", "actor_ref")
 
 
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(Worker, WeightTransferMixin):
     def __init__(self, config, role: str, seed: int = 0, device: str | None = None, extensions: list[str] = (),
                  total_training_steps: int | None = None):
         """config: the `actor_rollout_ref` section. seed: `trainer.seed`; torch's global RNG starts at
@@ -64,9 +68,9 @@ class ActorRolloutRefWorker(Worker):
         self.config = config
         self.role = role
         self.device = device or device_name()
-        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref", "actor_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
-        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_rollout_ref", "actor_ref")
         load_extensions(list(extensions))
         init_process_group_once("nccl" if self.device == "cuda" else "gloo")
         self.seed = seed
@@ -82,11 +86,15 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self) -> None:
         """Load and shard the models this role needs; build the optimizer, schedule and rollout engine."""
         actor, model = self.config.actor, self.config.model
-        if self._is_actor or self._is_rollout:
+        # A rollout-only worker whose engine keeps its own copy (sglang) needs no FSDP model: weights arrive
+        # over the weight-transfer group straight into the engine.
+        self.actor_module = None
+        if self._is_actor or (self._is_rollout and load_rollout_class(self.config.rollout).shares_trainer_weights):
             self.actor_module = self._load_and_shard(actor.strategy, torch.float32,
                                                      actor.fsdp_config.reshard_after_forward,
                                                      cpu_offload=actor.fsdp_config.offload_policy,
-                                                     forward_prefetch=actor.fsdp_config.forward_prefetch)
+                                                     forward_prefetch=actor.fsdp_config.forward_prefetch,
+                                                     with_lora=self._is_actor)
         if self._is_actor:
             self.actor_optimizer = build_optimizer(self.actor_module, actor.optim)
             self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, actor.optim, self.total_training_steps)
@@ -98,13 +106,16 @@ class ActorRolloutRefWorker(Worker):
                 log_prob_max_token_len=(rollout.log_prob_max_token_len_per_gpu if rollout.log_prob_use_dynamic_bsz
                                         else None),
                 use_remove_padding=model.use_remove_padding, use_fused_kernels=model.use_fused_kernels)
-        if self._is_actor or self._is_rollout:
+        if self.actor_module is not None:
             self.actor_offload = FSDPOffload(self.actor_module, getattr(self, "actor_optimizer", None),
                                              param_offload=actor.fsdp_config.param_offload,
                                              optimizer_offload=actor.fsdp_config.optimizer_offload and self._is_actor,
                                              device=self.device)
+        elif self._is_rollout:
+            self.actor_offload = FSDPOffload(None, param_offload=False, optimizer_offload=False, device=self.device)
         if self._is_rollout:
-            self.rollout = build_rollout(self.config.rollout, model, fsdp_root(self.actor_module))
+            module = None if self.actor_module is None else fsdp_root(self.actor_module)
+            self.rollout = build_rollout(self.config.rollout, model, module)
             self.mode_switch = RolloutModeSwitch(self.actor_module, self.rollout, trainer_state=self.actor_offload)
         if self._is_ref:
             ref = self.config.ref
@@ -180,7 +191,7 @@ class ActorRolloutRefWorker(Worker):
         self._require(self._is_rollout, "rollout_mode", "rollout")
         metrics = self.mode_switch.rollout_mode(self.weights_version)
         if self.engine_server is not None:  # serves only with the weights in place
-            self.engine_server.serve()
+            self.engine_server.serve(self.weights_version)
         return {**metrics, **self.actor_offload.take_timing("actor")}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -203,7 +214,8 @@ class ActorRolloutRefWorker(Worker):
 
         from hybridrl.workers.rollout.async_server import build_engine_server
 
-        self.engine_server = build_engine_server(self.rollout, self.config.rollout, fsdp_root(self.actor_module),
+        module = None if self.actor_module is None else fsdp_root(self.actor_module)
+        self.engine_server = build_engine_server(self.rollout, self.config.rollout, module,
                                                  list(eos_token_ids), int(pad_token_id),
                                                  host=ray.util.get_node_ip_address())
         return self.engine_server.address

@@ -4,8 +4,9 @@ A checkpoint is ``{trainer.default_local_dir}/global_step_N/`` (layout and atomi
 
     actor/     the actor worker group's shards + huggingface/ (ActorRolloutRefWorker.save_checkpoint)
     critic/    the critic's shards, when the run has a critic
-    data.pt    the controller's state: the training dataloader's position, the in-reward KL coefficient and, with
-               data_flow, the prompt source (its buffer of Sample records with their partial tokens, pending rows)
+    data.pt    the controller's state: the training dataloader's position, the in-reward KL coefficient; with
+               data_flow, the prompt source (its buffer of Sample records with their partial tokens, pending rows);
+               in an asynchronous run, the prompts taken from the data but not trained on yet (re-queued on resume)
 
 Exact resume needs the controller to replay the same batches: a seeded sampler draws one permutation per epoch
 from its generator, so ``TrainDataPosition`` remembers the generator's state at the start of the current epoch and
@@ -122,7 +123,8 @@ def controller_state(trainer) -> dict:
     """What lives on the controller and changes during training (the workers save everything else)."""
     kl_ctrl = trainer.kl_ctrl_in_reward
     state = {"global_step": trainer.global_steps, "dataloader": trainer.train_data_position.state_dict(),
-             "kl_ctrl_in_reward_value": None if kl_ctrl is None else kl_ctrl.value}
+             "kl_ctrl_in_reward_value": None if kl_ctrl is None else kl_ctrl.value,
+             "in_flight": trainer.in_flight_state()}
     if trainer.prompt_source is not None:
         state["prompt_source"] = trainer.prompt_source.state_dict()
     return state
@@ -172,6 +174,7 @@ def load_checkpoint(trainer) -> int:
         trainer.critic_wg.load_checkpoint(critic_dir)
     state = load_file(os.path.join(path, DATA_STATE_FILE))
     trainer.train_data_position.load_state_dict(state["dataloader"])
+    trainer.restore_in_flight(state.get("in_flight"))
     if trainer.kl_ctrl_in_reward is not None:
         if state["kl_ctrl_in_reward_value"] is None:
             raise ValueError(f"{path}/{DATA_STATE_FILE} has no in-reward KL coefficient, but this run uses "

@@ -26,12 +26,8 @@ from hybridrl.data.hooks import load_hook
 from hybridrl.data.prompt_source import PromptSource
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller.heartbeat import WorkerWatch
-from hybridrl.single_controller.ray import (
-    RayClassWithInitArgs,
-    RayResourcePool,
-    RayWorkerGroup,
-    create_colocated_worker_cls,
-)
+from hybridrl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, create_colocated_worker_cls
+from hybridrl.single_controller.resource_pool_manager import ResourcePoolManager, pool_specs, role_mapping
 from hybridrl.algorithms import core_algos
 from hybridrl.algorithms.rollout_correction import compute_rollout_correction_and_add_to_batch
 from hybridrl.trainer.ppo import checkpointing
@@ -162,18 +158,43 @@ class RayPPOTrainer:
         return steps
 
     def init_workers(self):
-        """One Ray actor per rank holds every role (actor, rollout, ref, critic, reward model): the hybrid engine."""
+        """One Ray actor per rank holds every role (actor, rollout, ref, critic, reward model): the hybrid engine.
+        (actor_rollout_ref.hybrid_engine=false: trainer/ppo/disaggregated.py.)"""
+        self.resource_pool = self._create_resource_pools()
+        self._spawn_trainer_pool("actor_rollout_ref" if self.use_reference else "actor_rollout")
+        if self.async_rollout:  # one engine server per rank; agent-loop workers on the controller's node
+            eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+            addresses = self.actor_rollout_wg.start_engine_server([eos], pad)
+            self.agent_loop_manager = AgentLoopManager(self.config, addresses, eos_token_id=eos, pad_token_id=pad)
+            if self.prompt_source is not None:  # data_flow: kept groups through the prompt source (group_rollout.py)
+                self.group_rollout = GroupRollout(self.config, self.agent_loop_manager, self.tokenizer,
+                                                  lambda batch, evaluation: self._score(
+                                                      batch, self.val_reward_fn if evaluation else self.reward_fn))
+
+    def _create_resource_pools(self) -> ResourcePoolManager:
+        """The pools of every role (single_controller/resource_pool_manager.py), checked against the Ray cluster
+        before any worker starts."""
+        manager = ResourcePoolManager(pool_specs(self.config), role_mapping(self.config), use_gpu=self.device == "cuda")
+        manager.create_pools()
+        return manager
+
+    def worker_init_args(self) -> dict:
+        """The keyword arguments every worker class gets."""
+        return dict(seed=self.config.trainer.seed, device=self.device, extensions=list(self.config.extensions))
+
+    def _spawn_trainer_pool(self, actor_role: str) -> None:
+        """The policy worker (with `actor_role`), critic and reward model, colocated on the trainer pool's ranks;
+        sets actor_rollout_wg, critic_wg, rm_wg."""
         from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
         from hybridrl.workers.critic import CriticWorker
         from hybridrl.workers.reward_model import RewardModelWorker
 
         trainer = self.config.trainer
-        self.resource_pool = pool = RayResourcePool(process_on_nodes=[trainer.n_gpus_per_node] * trainer.nnodes,
-                                                    use_gpu=self.device == "cuda", name_prefix="hybridrl")
-        role = "actor_rollout_ref" if self.use_reference else "actor_rollout"
-        common = dict(seed=trainer.seed, device=self.device, extensions=list(self.config.extensions))
+        pool = self.resource_pool.pool_of("actor_rollout" if actor_role.startswith("actor_rollout") else "actor")
+        # Colocated: "actor_rollout" holds the rollout too; disaggregated: "actor" (+ ref), the rollout elsewhere.
+        common = self.worker_init_args()
         roles = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, self.config.actor_rollout_ref,
-                                                       role=role, total_training_steps=self.total_training_steps,
+                                                       role=actor_role, total_training_steps=self.total_training_steps,
                                                        **common)}
         if self.use_critic:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, self.config.critic,
@@ -195,14 +216,6 @@ class RayPPOTrainer:
         # The actor/rollout goes last so an inference engine sizes its cache after the critic is in memory.
         self.actor_rollout_wg = groups["actor_rollout"]
         self.actor_rollout_wg.init_model()
-        if self.async_rollout:  # one engine server per rank; agent-loop workers on the controller's node
-            eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-            addresses = self.actor_rollout_wg.start_engine_server([eos], pad)
-            self.agent_loop_manager = AgentLoopManager(self.config, addresses, eos_token_id=eos, pad_token_id=pad)
-            if self.prompt_source is not None:
-                self.group_rollout = GroupRollout(self.config, self.agent_loop_manager, self.tokenizer,
-                                                  lambda batch, evaluation: self._score(
-                                                      batch, self.val_reward_fn if evaluation else self.reward_fn))
 
     def shutdown(self):
         """Stop the workers and free their placement groups (so a later trainer in this Ray can start)."""
@@ -243,8 +256,7 @@ class RayPPOTrainer:
                 self._save_before_stopping()
                 return self._finish(logger, start, val_before, val_after, stopped_early=True)
             self.global_steps += 1
-            # data_flow: the group rollout takes its groups from the prompt source itself
-            metrics = self.train_step(None if self.group_rollout else DataProto.from_single_dict(next(batches)))
+            metrics = self._next_step(batches)
             is_last = self.global_steps >= self.total_training_steps
             if trainer.test_freq > 0 and (self.global_steps % trainer.test_freq == 0 or is_last):
                 val_metrics = self._validate()
@@ -265,6 +277,23 @@ class RayPPOTrainer:
             logger.log(val_metrics, step=self.global_steps)
         return self._finish(logger, start, val_before, val_after)
 
+    def _next_step(self, batches) -> dict[str, float]:
+        """One training step on the next batch of prompts; its metrics. (The asynchronous schedules,
+        async_trainer.py, generate ahead instead.)"""
+        if self.group_rollout is not None:  # data_flow: the group rollout takes its groups from the prompt source
+            return self.train_step(None)
+        return self.train_step(DataProto.from_single_dict(next(batches)))
+
+    def in_flight_state(self) -> dict | None:
+        """What a checkpoint keeps of prompts taken from the data but not trained on yet: none here (a synchronous
+        step trains every prompt it takes); see async_trainer.py."""
+        return None
+
+    def restore_in_flight(self, state: dict | None) -> None:
+        if state is not None:
+            raise ValueError("the checkpoint holds the in-flight prompts of an asynchronous run (async_training.mode "
+                             "one_step_off / fully_async); resume it in that mode, or they would be lost")
+
     def _stop_requested(self) -> bool:
         return self.run_control is not None and ray.get(self.run_control.stop_requested.remote())
 
@@ -284,86 +313,99 @@ class RayPPOTrainer:
     def train_step(self, batch: DataProto | None) -> dict[str, float]:
         """One PPO/GRPO iteration on a batch of prompts (None with data_flow: the prompt source gives them); returns
         its metrics."""
-        rollout = self.config.actor_rollout_ref.rollout
-        is_remax = self.config.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         with timer("step", timing):
-            # Each prompt gets a uid so group estimators (GRPO, RLOO, …) know its n responses.
-            if batch is not None:  # data_flow: each group's uid is its group index
-                batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-            prompts = batch
+            batch = self.generate_step(batch, timing, metrics)
+            batch = self.learn_step(batch, timing, metrics)
+        return self.step_metrics(batch, timing, metrics)
 
-            with timer("rollout_mode", timing):  # the engine gets its memory and the current weights
-                metrics.update(self._rollout_mode())
-            with timer("gen", timing):
-                if self.group_rollout is not None:  # groups kept by the filters, already scored (token_level_scores)
-                    batch, flow_metrics = self.group_rollout.train_batch(self.global_steps, self.prompt_source)
-                    metrics.update(flow_metrics)
-                else:
-                    batch = self._generate(prompts, n=rollout.n, validate=False)
-                    metrics.update(reduce_metrics(batch.meta_info.pop("metrics", {})))  # async: agent_loop/*
-            if is_remax:  # ReMax's baseline: each prompt's greedy response from the same weights
-                with timer("gen_max", timing):
-                    greedy = self._generate(prompts, n=1, validate=False, do_sample=False)
-            with timer("trainer_mode", timing):  # the engine gives its memory back
-                metrics.update(self._trainer_mode())
+    def generate_step(self, prompts: DataProto | None, timing: dict[str, float], metrics: dict[str, float]) -> DataProto:
+        """The rollout of one step: `rollout.n` responses per prompt from the current weights, each prompt's rows
+        sharing a uid (group estimators: GRPO, RLOO, ...); ReMax adds each prompt's greedy baseline score."""
+        rollout = self.config.actor_rollout_ref.rollout
+        is_remax = self.config.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX
+        if prompts is not None:  # data_flow: each group's uid is its group index
+            prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
 
-            batch.meta_info["temperature"] = rollout.temperature
-            if is_remax:
-                with timer("gen_max", timing):
-                    baselines = self._score(greedy, self.reward_fn)["reward_tensor"].sum(dim=-1)
-                batch.batch["reward_baselines"] = baselines.repeat_interleave(rollout.n)
-            if self.config.trainer.balance_batch:  # equal tokens per rank in every pass below
-                metrics.update(balance_batch(batch, self.world_size))
+        with timer("rollout_mode", timing):  # the engine gets its memory and the current weights
+            metrics.update(self._rollout_mode())
+        with timer("gen", timing):
+            if self.group_rollout is not None:  # groups kept by the filters, already scored (token_level_scores)
+                batch, flow_metrics = self.group_rollout.train_batch(self.global_steps, self.prompt_source)
+                metrics.update(flow_metrics)
+            else:
+                batch = self._generate(prompts, n=rollout.n, validate=False)
+                metrics.update(reduce_metrics(batch.meta_info.pop("metrics", {})))  # async: agent_loop/*
+        if is_remax:  # ReMax's baseline: each prompt's greedy response from the same weights
+            with timer("gen_max", timing):
+                greedy = self._generate(prompts, n=1, validate=False, do_sample=False)
+        with timer("trainer_mode", timing):  # the engine gives its memory back
+            metrics.update(self._trainer_mode())
 
-            if self.group_rollout is None:
-                with timer("reward", timing):
-                    reward = self._score(batch, self.reward_fn)
-                    batch.batch["token_level_scores"] = reward["reward_tensor"]
-                    metrics.update(reward.get("reward_metrics", {}))
-                    metrics.update(_reward_extra_metrics(reward.get("reward_extra_info", {})))
+        if is_remax:
+            with timer("gen_max", timing):
+                baselines = self._score(greedy, self.reward_fn)["reward_tensor"].sum(dim=-1)
+            batch.batch["reward_baselines"] = baselines.repeat_interleave(rollout.n)
+        return batch
 
-            with timer("old_log_prob", timing):
-                batch = batch.union(pop_worker_metrics(self.actor_rollout_wg.compute_log_prob(batch), metrics))
-            check_finite_at_responses(batch, "old_log_probs", "compute_log_prob", self.global_steps)
-            metrics.update(compute_rollout_probs_diff(batch))
-            if self.use_reference:
-                with timer("ref", timing):
-                    batch = batch.union(pop_worker_metrics(self.actor_rollout_wg.compute_ref_log_prob(batch), metrics))
-                check_finite_at_responses(batch, "ref_log_prob", "ref", self.global_steps)
-            if self.use_critic:
-                with timer("values", timing):
-                    batch = batch.union(self.critic_wg.compute_values(batch))
-                check_finite_at_responses(batch, "values", "compute_values", self.global_steps)
+    def learn_step(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> DataProto:
+        """Everything after generation: score, log-probs (old, reference), values, advantages, then the critic's
+        and the actor's updates. Returns the batch with what each phase added."""
+        batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+        if self.config.trainer.balance_batch:  # equal tokens per rank in every pass below
+            metrics.update(balance_batch(batch, self.world_size))
 
-            with timer("adv", timing):
-                if self.use_kl_in_reward:
-                    batch, kl_metrics = core_algos.apply_kl_penalty(
-                        batch, kl_ctrl=self.kl_ctrl_in_reward, kl_penalty=self.config.algorithm.kl_penalty)
-                    metrics.update(kl_metrics)
-                else:
-                    batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
-                algo = self.config.algorithm
-                if "rollout_log_probs" in batch.batch.keys():  # IS weights, rejection (response_mask), rollout_corr/*
-                    metrics.update(compute_rollout_correction_and_add_to_batch(batch, algo.rollout_correction))
-                batch = core_algos.compute_advantage(
-                    batch, adv_estimator=algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
-                    norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo)
+        if self.group_rollout is None:  # data_flow scores each group as it finishes
+            with timer("reward", timing):
+                reward = self._score(batch, self.reward_fn)
+                batch.batch["token_level_scores"] = reward["reward_tensor"]
+                metrics.update(reward.get("reward_metrics", {}))
+                metrics.update(_reward_extra_metrics(reward.get("reward_extra_info", {})))
 
-            if self.use_critic:
-                with timer("update_critic", timing):
-                    critic_out = self.critic_wg.update_critic(batch)
-                metrics.update(self.nonfinite_guard.after_update("update_critic", critic_out.meta_info["metrics"],
-                                                                 batch, self.global_steps))
-                metrics.update(reduce_metrics(critic_out.meta_info["metrics"]))
-            if self.global_steps > self.config.trainer.critic_warmup:
-                with timer("update_actor", timing):
-                    actor_out = self.actor_rollout_wg.update_actor(batch)
-                metrics.update(self.nonfinite_guard.after_update("update_actor", actor_out.meta_info["metrics"],
-                                                                 batch, self.global_steps))
-                metrics.update(reduce_metrics(actor_out.meta_info["metrics"]))
+        with timer("old_log_prob", timing):
+            batch = batch.union(pop_worker_metrics(self.actor_rollout_wg.compute_log_prob(batch), metrics))
+        check_finite_at_responses(batch, "old_log_probs", "compute_log_prob", self.global_steps)
+        metrics.update(compute_rollout_probs_diff(batch))
+        if self.use_reference:
+            with timer("ref", timing):
+                batch = batch.union(pop_worker_metrics(self.actor_rollout_wg.compute_ref_log_prob(batch), metrics))
+            check_finite_at_responses(batch, "ref_log_prob", "ref", self.global_steps)
+        if self.use_critic:
+            with timer("values", timing):
+                batch = batch.union(self.critic_wg.compute_values(batch))
+            check_finite_at_responses(batch, "values", "compute_values", self.global_steps)
 
+        with timer("adv", timing):
+            if self.use_kl_in_reward:
+                batch, kl_metrics = core_algos.apply_kl_penalty(
+                    batch, kl_ctrl=self.kl_ctrl_in_reward, kl_penalty=self.config.algorithm.kl_penalty)
+                metrics.update(kl_metrics)
+            else:
+                batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+            algo = self.config.algorithm
+            if "rollout_log_probs" in batch.batch.keys():  # IS weights, rejection (response_mask), rollout_corr/*
+                metrics.update(compute_rollout_correction_and_add_to_batch(batch, algo.rollout_correction))
+            batch = core_algos.compute_advantage(
+                batch, adv_estimator=algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
+                norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo)
+
+        if self.use_critic:
+            with timer("update_critic", timing):
+                critic_out = self.critic_wg.update_critic(batch)
+            metrics.update(self.nonfinite_guard.after_update("update_critic", critic_out.meta_info["metrics"],
+                                                             batch, self.global_steps))
+            metrics.update(reduce_metrics(critic_out.meta_info["metrics"]))
+        if self.global_steps > self.config.trainer.critic_warmup:
+            with timer("update_actor", timing):
+                actor_out = self.actor_rollout_wg.update_actor(batch)
+            metrics.update(self.nonfinite_guard.after_update("update_actor", actor_out.meta_info["metrics"],
+                                                             batch, self.global_steps))
+            metrics.update(reduce_metrics(actor_out.meta_info["metrics"]))
+        return batch
+
+    def step_metrics(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> dict[str, float]:
+        """The step's metrics: the phases' own plus data, timing and throughput (and the generations' dump)."""
         metrics["training/global_step"] = self.global_steps
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(timing))

@@ -20,8 +20,9 @@ Engines (`AsyncEngine`: `async generate(prompt_ids, sampling_params) -> dict`):
 
 Request (POST /generate, JSON): {"request_id", "prompt_ids": [int], "sampling_params": {temperature,
 top_p, top_k, logprobs, max_tokens (default rollout.response_length)}}. Temperature 0 = greedy.
-Answer: verl's TokenOutput as JSON {token_ids, log_probs, stop_reason}; an engine error is an HTTP 500
-whose body is the error and its traceback.
+Answer: verl's TokenOutput as JSON {token_ids, log_probs, stop_reason} plus `weight_version`, the policy version
+(actor updates) of the weights that generated it; an engine error is an HTTP 500 whose body is the error
+and its traceback.
 
 Abort (POST /abort, partial rollout, data/ and trainer/ppo/group_rollout.py): every request under way stops at
 its next token and answers with the tokens (and log-probs) it has so far and stop_reason "aborted"; requests
@@ -59,6 +60,7 @@ class EngineServer:
         self.loop = loop or asyncio.new_event_loop()
         self._thread: Optional[threading.Thread] = None
         self._in_flight = 0
+        self.weight_version: Optional[int] = None  # the policy version the engine holds while serving
         # Set only in rollout mode. SGLang's loop also runs in trainer mode, whenever the worker drives the engine
         # (run_until_complete of a release, a resume): a request accepted then waits here, not at the engine.
         self._open = asyncio.Event()
@@ -72,13 +74,14 @@ class EngineServer:
         port = self._runner.addresses[0][1]
         self.address = f"{host}:{port}"
 
-    def serve(self) -> None:
-        """Start answering requests (rollout mode)."""
+    def serve(self, weight_version: Optional[int] = None) -> None:
+        """Start answering requests (rollout mode) with the weights of `weight_version` (reported in every answer)."""
         if self._thread is not None:
             return
         reset_abort = getattr(self.engine, "reset_abort", None)
         if reset_abort is not None:  # an abort lasts until the next rollout mode
             reset_abort()
+        self.weight_version = weight_version
         self._open.set()  # the loop is not running: no other thread touches it now
         self._thread = threading.Thread(target=self.loop.run_forever, name="engine-server", daemon=True)
         self._thread.start()
@@ -124,6 +127,7 @@ class EngineServer:
             if unknown:
                 raise ValueError(f"unknown sampling_params {sorted(unknown)}; known: {sorted(SAMPLING_KEYS)}")
             result = await self.engine.generate(list(payload["prompt_ids"]), dict(payload["sampling_params"]))
+            result["weight_version"] = self.weight_version
         except Exception:  # the client turns this into EngineServerError, which fails the step
             return web.Response(status=500, text=f"engine server {self.address}: {traceback.format_exc()}")
         finally:

@@ -321,6 +321,30 @@ class SGLangRollout(BaseRollout):
             raise RuntimeError(f"sglang update_weights_from_tensor failed for {names[:3]}... ({len(names)} tensors): "
                                f"{message}")
 
+    # ------------------------------------------------------------------ disaggregated: weights over NCCL
+    def init_weights_update_group(self, master_address: str, master_port: int, rank: int, world_size: int,
+                                  group_name: str) -> None:
+        """Join the trainer's weight-transfer group (rollout/weight_transfer.py) as `rank` (tp=1: one engine rank).
+        Blocks until every member joined; the trainer's rank 0 joins through the same SGLang helper."""
+        success, message = self.monitor.call("init_weights_update_group", self.engine.init_weights_update_group,
+                                             master_address=master_address, master_port=master_port,
+                                             rank_offset=rank, world_size=world_size, group_name=group_name,
+                                             backend="nccl")
+        if not success:
+            raise RuntimeError(f"sglang init_weights_update_group failed (rank {rank} of {world_size} at "
+                               f"{master_address}:{master_port}): {message}")
+
+    def update_weights_from_distributed(self, bucket: list, group_name: str) -> None:
+        """Receive one bucket (weight_transfer.TensorMeta list, in broadcast order) from the group's rank 0 straight
+        into the engine; the radix cache is flushed after each bucket (its entries predate the new weights)."""
+        success, message = self.monitor.call(
+            "update_weights_from_distributed", self.engine.update_weights_from_distributed,
+            names=[meta.name for meta in bucket], dtypes=[meta.dtype for meta in bucket],
+            shapes=[list(meta.shape) for meta in bucket], group_name=group_name, flush_cache=True)
+        if not success:
+            raise RuntimeError(f"sglang update_weights_from_distributed failed for {bucket[0].name}... "
+                               f"({len(bucket)} tensors): {message}")
+
     def flush_cache(self) -> None:
         """Drop the radix (prefix) cache: its KV entries were computed with the previous weights."""
         result = self.monitor.call("flush_cache", self.engine.flush_cache)

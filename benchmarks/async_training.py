@@ -1,0 +1,184 @@
+"""Colocated synchronous GRPO vs one-step-off on separate pools, side by side in one invocation: seconds per step,
+samples/s and tokens/s over all the run's GPUs, and what moving the weights costs.
+
+    # GPU (2 H100: colocated on both, vs 1 trainer + 1 rollout), the Qwen2.5 layer shapes of ppo_step.py:
+    PYTHONPATH=. python benchmarks/async_training.py --data-dir DIR --tokenizer DIR --shape 0.5b --gpus 2 \
+        --out $OUT/async_training.json
+    # CPU check (2 processes, a tiny model and a toy task built in the work dir):
+    PYTHONPATH=. python benchmarks/async_training.py --device cpu
+
+Each layout is one real run of `python -m hybridrl.main_ppo` for --steps steps with the same model, prompts per
+step, n and response length; the table reports the mean of the steps after the first two (warm-up, and
+one-step-off's first step, which has nothing generated ahead). Layouts (--layouts):
+
+    colocated      hybrid engine on all --gpus ranks, rollout.mode=sync (the default trainer)
+    colocated_async  the same with rollout.mode=async (agent loops against each rank's engine server)
+    one_step_off   hybrid_engine=false, --gpus/2 trainer ranks + --gpus/2 rollout ranks, rollout.mode=async,
+                   async_training.mode=one_step_off
+    fully_async    the same pools, async_training.mode=fully_async, max_staleness 1
+
+Columns: s/step (timing_s/step), samples/s (prompts x n per second), tokens/s (prompt + response tokens per
+second, whole run: divide by --gpus for per GPU), speed-up over the first layout, the generation's and the
+update's seconds, and the weight sync's seconds and megabytes (disaggregated layouts).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+
+ASYNC = ["actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true"]
+
+
+def layouts(gpus: int) -> dict[str, list[str]]:
+    half = max(gpus // 2, 1)
+    split = ["actor_rollout_ref.hybrid_engine=false", *ASYNC, f"trainer.n_gpus_per_node={half}",
+             f"rollout.n_gpus_per_node={max(gpus - half, 1)}"]
+    return {"colocated": [f"trainer.n_gpus_per_node={gpus}"],
+            "colocated_async": [f"trainer.n_gpus_per_node={gpus}", *ASYNC],
+            "one_step_off": [*split, "async_training.mode=one_step_off"],
+            "fully_async": [*split, "async_training.mode=fully_async", "async_training.max_staleness=1"]}
+
+
+def gpu_overrides(args, model_dir: str) -> list[str]:
+    offload = ["actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+               "actor_rollout_ref.model.enable_gradient_checkpointing=true"] if args.shape == "7b" else []
+    return [f"data.train_files=[{args.data_dir}/train.parquet]", f"data.val_files=[{args.data_dir}/test.parquet]",
+            f"actor_rollout_ref.model.path={model_dir}", "trainer.device=cuda",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32", "actor_rollout_ref.rollout.name=sglang",
+            f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_memory_utilization}",
+            "+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_prefill_cuda_graph=true", *offload]
+
+
+def cpu_task(work_dir: str) -> list[str]:
+    """A tiny model and the toy task of tests/test_e2e_training.py (reward: share of "a"), built in work_dir."""
+    from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
+    from hybridrl.utils.rl_parquet import write_rl_parquet
+
+    words = ["apple", "banana", "cherry", "dog", "egg", "fig", "grape", "hat", "ink", "jam"]
+    tokenizer = build_tokenizer([f"say something about {w}" for w in words] * 10 + ["a a aa aaa"] * 10,
+                                vocab_size=300)
+    model_dir = build_tiny_model(os.path.join(work_dir, "model"), tokenizer, hidden_size=64, num_layers=2,
+                                 num_heads=2, num_kv_heads=1, intermediate_size=128)
+    rows = [{"data_source": "toy/letter_a", "prompt": [{"role": "user", "content": f"say something about {w}"}],
+             "ability": "toy", "reward_model": {"style": "rule", "ground_truth": "a"}, "extra_info": {"index": i}}
+            for i, w in enumerate(words * 20)]
+    write_rl_parquet(rows, os.path.join(work_dir, "train.parquet"))
+    write_rl_parquet(rows[:8], os.path.join(work_dir, "val.parquet"))
+    reward = os.path.join(work_dir, "reward.py")
+    with open(reward, "w") as f:
+        f.write("def share_of_a(data_source, solution_str, ground_truth, extra_info=None):\n"
+                "    text = solution_str.replace(' ', '')\n    return text.count('a') / max(len(text), 1)\n")
+    return [f"actor_rollout_ref.model.path={model_dir}", f"data.train_files=[{work_dir}/train.parquet]",
+            f"data.val_files=[{work_dir}/val.parquet]", f"custom_reward_function.path={reward}",
+            "custom_reward_function.name=share_of_a", "data.max_prompt_length=32", "trainer.device=cpu",
+            "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"]
+
+
+def run_layout(args, name: str, task: list[str], layout: list[str]) -> dict:
+    """One main_ppo run; the mean of each numeric metric over the measured steps."""
+    run_dir = os.path.join(args.work_dir, f"run_{name}")
+    command = [sys.executable, "-m", "hybridrl.main_ppo", *task,
+               f"data.train_batch_size={args.prompts}", f"actor_rollout_ref.rollout.n={args.n}",
+               f"data.max_response_length={args.response_length}",
+               f"actor_rollout_ref.actor.ppo_mini_batch_size={max(args.prompts // 2, 1)}",
+               f"trainer.total_training_steps={args.steps}", "trainer.val_before_train=false", "trainer.test_freq=-1",
+               "trainer.save_freq=-1", "trainer.logger=[console,jsonl]", f"trainer.default_local_dir={run_dir}",
+               "trainer.resume_mode=disable", *layout, *args.overrides]
+    print(f"[{name}] {' '.join(command)}", flush=True)
+    started = time.perf_counter()
+    completed = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT)
+    wall = time.perf_counter() - started
+    with open(os.path.join(args.work_dir, f"{name}.log"), "w") as log:
+        log.write(completed.stdout + completed.stderr)
+    if completed.returncode != 0:
+        tail = (completed.stderr.strip() or completed.stdout.strip()).splitlines()[-1:]
+        return {"error": tail[0] if tail else f"exit {completed.returncode}", "wall_s": wall}
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        steps = [json.loads(line) for line in f if line.strip()]
+    measured = steps[2:] or steps[1:] or steps
+    keys = {key for step in measured for key, value in step.items() if isinstance(value, (int, float))}
+    return {"wall_s": wall, "measured_steps": len(measured),
+            **{key: statistics.mean(step[key] for step in measured if key in step) for key in keys}}
+
+
+def print_table(results: dict, args) -> None:
+    samples = args.prompts * args.n
+    print(f"\nprompts/step {args.prompts}, n {args.n}, response_length {args.response_length}, {args.gpus} "
+          f"{'GPUs' if args.device == 'cuda' else 'CPU processes'}, steps {args.steps} (mean of steps 3+)\n")
+    print("| layout | s/step | samples/s | tokens/s | speed-up | gen s | update_actor s | sync_weights s | sync MB | "
+          "staleness max |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    base = None
+    for name, result in results.items():
+        if "error" in result:
+            print(f"| {name} | failed: {result['error']} | | | | | | | | |")
+            continue
+        step = result["timing_s/step"]
+        base = base or step
+        print(f"| {name} | {step:.2f} | {samples / step:.1f} | {result['perf/total_num_tokens'] / step:.0f} | "
+              f"{base / step:.2f}x | {result.get('timing_s/gen', float('nan')):.2f} | "
+              f"{result.get('timing_s/update_actor', float('nan')):.2f} | "
+              f"{result.get('timing_s/sync_weights', float('nan')):.3f} | "
+              f"{result.get('weight_sync/megabytes', float('nan')):.1f} | "
+              f"{result.get('async_training/staleness/max', float('nan')):.0f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--data-dir", help="cuda: train.parquet / test.parquet in verl's layout")
+    parser.add_argument("--tokenizer", help="cuda: tokenizer directory (its vocabulary sizes the model)")
+    parser.add_argument("--shape", choices=["0.5b", "7b"], default="0.5b")
+    parser.add_argument("--model-dir", default=None, help="cuda: where the random-weight model is (made if absent)")
+    parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--layouts", default="colocated,one_step_off")
+    parser.add_argument("--prompts", type=int, default=None, help="prompts per step (default 64 cuda, 8 cpu)")
+    parser.add_argument("--n", type=int, default=None, help="responses per prompt (default 8 cuda, 4 cpu)")
+    parser.add_argument("--response-length", type=int, default=None, help="default 512 cuda, 16 cpu")
+    parser.add_argument("--steps", type=int, default=None, help="default 8 cuda, 6 cpu")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    parser.add_argument("--work-dir", default=None)
+    parser.add_argument("--out", default=None, help="write the results as JSON here too")
+    parser.add_argument("overrides", nargs="*", help="more Hydra overrides for every layout")
+    args = parser.parse_args()
+    cuda = args.device == "cuda"
+    args.prompts = args.prompts or (64 if cuda else 8)
+    args.n = args.n or (8 if cuda else 4)
+    args.response_length = args.response_length or (512 if cuda else 16)
+    args.steps = args.steps or (8 if cuda else 6)
+    args.work_dir = args.work_dir or tempfile.mkdtemp(prefix="hybridrl-async-training-")
+    os.makedirs(args.work_dir, exist_ok=True)
+
+    if cuda:
+        if not (args.data_dir and args.tokenizer):
+            parser.error("--device cuda needs --data-dir and --tokenizer")
+        from benchmarks.ppo_step import make_model
+
+        model_dir = make_model(args.shape, args.tokenizer, args.model_dir or os.path.join(args.work_dir, args.shape))
+        task = gpu_overrides(args, model_dir)
+    else:
+        task = cpu_task(args.work_dir)
+    known = layouts(args.gpus)
+    chosen = args.layouts.split(",")
+    unknown = [name for name in chosen if name not in known]
+    if unknown:
+        parser.error(f"--layouts: unknown {unknown}; known: {sorted(known)}")
+    results = {name: run_layout(args, name, task, known[name]) for name in chosen}
+    print_table(results, args)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
