@@ -55,9 +55,7 @@ NOT_IMPLEMENTED: dict[str, Any] = {
 }
 
 # Values of otherwise implemented keys that are not implemented yet.
-NOT_IMPLEMENTED_VALUES: dict[str, tuple] = {
-    "actor_rollout_ref.rollout.name": ("vllm",),
-}
+NOT_IMPLEMENTED_VALUES: dict[str, tuple] = {}
 
 # verl keys kept only so old override lists compose: they must stay null.
 DEPRECATED: dict[str, str] = {
@@ -105,6 +103,9 @@ REGISTRIES: dict[str, Callable[[str], Any]] = {
 }
 
 INSTALL_GPU_EXTRAS = "pip install -e '.[gpu]'"
+# Rollout engines that need a CUDA GPU: name -> how to install the package of the same name.
+GPU_ENGINES = {"sglang": INSTALL_GPU_EXTRAS,
+               "vllm": "pip install -e '.[vllm]'; offline GPU host: scripts/gpu/install_vllm.sh"}
 
 
 class ConfigError(ValueError):
@@ -244,20 +245,20 @@ def _check_loggers(values: _Values, problems: list[str]) -> None:
 
 
 def _engine_available(values: _Values, problems: list[str]) -> None:
-    """sglang must be importable; CUDA is required up front only for a local Ray, because a driver
+    """sglang / vllm must be importable; CUDA is required up front only for a local Ray, because a driver
     joining a cluster (`ray_init.address`) may itself have no GPU (the trainer then checks the cluster)."""
     device, rollout = values("trainer.device"), values("actor_rollout_ref.rollout.name")
-    if rollout == "sglang" and importlib.util.find_spec("sglang") is None:
-        problems.append("actor_rollout_ref.rollout.name: expected a rollout whose engine is installed, got 'sglang' "
-                        f"(the sglang package is not importable: {INSTALL_GPU_EXTRAS})")
+    if rollout in GPU_ENGINES and importlib.util.find_spec(rollout) is None:
+        problems.append(f"actor_rollout_ref.rollout.name: expected a rollout whose engine is installed, got {rollout!r} "
+                        f"(the {rollout} package is not importable: {GPU_ENGINES[rollout]})")
     if values("ray_init.address") is not None:
         return
     if device == "cuda" and not _cuda_available():
         problems.append("trainer.device: expected 'cpu' or 'auto' on this machine (torch sees no CUDA GPU), "
                         "got 'cuda'")
-    if rollout == "sglang" and (device == "cpu" or not _cuda_available()):
+    if rollout in GPU_ENGINES and (device == "cpu" or not _cuda_available()):
         problems.append(f"actor_rollout_ref.rollout.name: expected 'hf' without a GPU (trainer.device={device!r}, "
-                        f"CUDA available: {_cuda_available()}), got 'sglang' (sglang needs a CUDA GPU)")
+                        f"CUDA available: {_cuda_available()}), got {rollout!r} ({rollout} needs a CUDA GPU)")
 
 
 def _cuda_available() -> bool:
@@ -341,12 +342,14 @@ def _tensor_parallel_divides(values: _Values, problems: list[str]) -> None:
 
 
 def _sglang_runs_one_engine_per_gpu(values: _Values, problems: list[str]) -> None:
-    """The sglang rollout starts one engine per GPU; tensor-parallel engines across ranks are not built yet."""
+    """The sglang and vllm rollouts start one engine per GPU; tensor-parallel engines across ranks are not built
+    yet (issue #17)."""
     tp = values("actor_rollout_ref.rollout.tensor_model_parallel_size")
-    if values("actor_rollout_ref.rollout.name") == "sglang" and tp != 1:
+    rollout = values("actor_rollout_ref.rollout.name")
+    if rollout in GPU_ENGINES and tp != 1:
         problems.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with "
-                        f"actor_rollout_ref.rollout.name='sglang' (one engine per GPU; tensor parallelism across "
-                        f"ranks is not implemented), got {tp}")
+                        f"actor_rollout_ref.rollout.name={rollout!r} (one engine per GPU; tensor parallelism across "
+                        f"ranks is not implemented yet, issue #17), got {tp}")
 
 
 def _liger_runs_on_a_gpu(values: _Values, problems: list[str]) -> None:
@@ -456,7 +459,7 @@ def _async_rollout_settings(values: _Values, problems: list[str]) -> None:
     custom = values("actor_rollout_ref.rollout.custom_cls")
     if custom.get("path") is not None or custom.get("name") is not None:
         problems.append("actor_rollout_ref.rollout.custom_cls: expected null with actor_rollout_ref.rollout.mode="
-                        "'async' (the engine server serves the built-in hf and sglang engines), got "
+                        "'async' (the engine server serves the built-in hf, sglang and vllm engines), got "
                         f"{custom!r}")
     if values("actor_rollout_ref.rollout.name") == "hf" and values("actor_rollout_ref.actor.strategy") == "fsdp":
         problems.append("actor_rollout_ref.actor.strategy: expected 'fsdp2' with actor_rollout_ref.rollout.mode="

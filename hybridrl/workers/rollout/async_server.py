@@ -16,7 +16,7 @@ gate) until the next rollout_mode: no request ever sees released or half-updated
 
 Engines (`AsyncEngine`: `async generate(prompt_ids, sampling_params) -> dict`):
 - HFGenerateEngine: HF `generate` on the FSDP-held module (CPU and GPU), batching the requests
-  that arrive together (sglang_async.py has SGLang's).
+  that arrive together (sglang_async.py has SGLang's, vllm_async.py vLLM's).
 
 Request (POST /generate, JSON): {"request_id", "prompt_ids": [int], "sampling_params": {temperature,
 top_p, top_k, logprobs, max_tokens (default rollout.response_length)}}. Temperature 0 = greedy.
@@ -311,9 +311,13 @@ def build_engine_server(rollout, rollout_config, module, eos_token_ids: list[int
         from hybridrl.workers.rollout.sglang_async import SGLangAsyncEngine
 
         return EngineServer(SGLangAsyncEngine(rollout, eos_token_ids), host, loop=rollout.engine.loop)
+    if rollout_config.name == "vllm":
+        from hybridrl.workers.rollout.vllm_async import VLLMAsyncEngine
+
+        return EngineServer(VLLMAsyncEngine(rollout, eos_token_ids), host)
     if rollout_config.name == "hf":
         engine = HFGenerateEngine(module, rollout_config.response_length, eos_token_ids, pad_token_id,
                                   max_batch_size=rollout_config.max_num_seqs)
         return EngineServer(engine, host)
-    raise NotImplementedError(f"rollout.mode=async has engine servers for rollout.name hf and sglang, "
+    raise NotImplementedError(f"rollout.mode=async has engine servers for rollout.name hf, sglang and vllm, "
                               f"got {rollout_config.name!r}")

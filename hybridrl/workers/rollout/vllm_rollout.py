@@ -1,0 +1,386 @@
+"""The `vllm` rollout: a vLLM engine inside the worker process that takes token ids and returns token ids.
+
+Hybrid engine, like the sglang rollout: the engine shares the GPU (and the process) with the FSDP
+actor, and the two take turns through the lifecycle contract of rollout/base.py:
+
+- release(tags): `llm.sleep(level=2)` when "weights" is among the tags (weights and KV cache are
+  discarded; the worker pushes the trainer's weights after every resume), `level=1` when only the
+  KV cache goes (the weights wait in CPU memory and come back unchanged).
+- resume(("weights",)): `llm.wake_up(tags=["weights"])`, and the KV cache with it unless
+  `rollout.multi_stage_wake_up`. Before waking, the device must have room, else EngineMemoryError
+  names the numbers and the keys to change (the same check as SGLang's).
+- update_weights(named_tensors): the full parameters, `rollout.update_weights_bucket_megabytes` at a
+  time, cast to `rollout.dtype` and loaded in place with the model's own `load_weights` (vLLM's
+  `apply_model`: it maps HF names onto vLLM's fused parameters, e.g. q/k/v -> qkv_proj).
+- resume(("kv_cache",)): `llm.wake_up(tags=["kv_cache"])`, then the prefix cache is reset (its
+  entries were computed with the previous weights).
+After a level-2 sleep the weights' memory holds garbage until the next push: generating before it is
+refused. With `rollout.free_cache_engine=false` the engine never sleeps and its weights survive.
+
+The engine core runs in THIS process (VLLM_ENABLE_V1_MULTIPROCESSING=0): `apply_model` then calls
+`load_weights` on the very model the engine runs, with the trainer's CUDA tensors, no IPC. For the
+same reason a failing engine raises in the caller at once; `EngineDiedError` wraps it (and every
+later call) with the engine's error, so the step fails with it.
+
+Sampling comes from the config like sglang_rollout.sampling_params (every parameter explicit, greedy
+at temperature 0, stop at the trainer's EOS ids). Log-probs of the sampled tokens come from
+`SamplingParams(logprobs=0)` with `logprobs_mode="processed_logprobs"` (log-softmax of logits /
+temperature, what the actor scores; vLLM's default would ignore the temperature).
+
+Everything vLLM-specific goes through `load_vllm()` (the `LLM` and `SamplingParams` classes) and
+`DeviceMemory` (torch.cuda), so the bookkeeping here runs on CPU against a fake at that boundary.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from functools import partial
+from typing import Any
+
+import torch
+
+from hybridrl.protocol import DataProto
+from hybridrl.workers.rollout.base import BaseRollout, register_rollout
+from hybridrl.workers.rollout.batch_layout import to_batch_layout
+from hybridrl.workers.rollout.sampling import max_new_tokens, sampling_source
+from hybridrl.workers.rollout.sglang_rollout import (GiB, RESUME_HEADROOM, EngineDiedError, EngineMemoryError,
+                                                     _generation_config)
+
+logger = logging.getLogger(__name__)
+
+ALL_MEMORY_TAGS = ("weights", "kv_cache")  # vLLM's CuMemAllocator tags (wake_up also knows "scheduling": level 0)
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+# Engine arguments that come from rollout config keys; engine_kwargs.vllm may not set them.
+CONFIG_OWNED_ENGINE_KWARGS = {
+    "model": "actor_rollout_ref.model.path",
+    "dtype": "rollout.dtype",
+    "gpu_memory_utilization": "rollout.gpu_memory_utilization",
+    "load_format": "rollout.load_format",
+    "tensor_parallel_size": "rollout.tensor_model_parallel_size",
+    "max_model_len": "rollout.max_model_len (default prompt_length + response_length)",
+    "max_num_seqs": "rollout.max_num_seqs",
+    "max_num_batched_tokens": "rollout.max_num_batched_tokens",
+    "enforce_eager": "rollout.enforce_eager",
+    "enable_sleep_mode": "(always on: the hybrid engine releases memory)",
+    "skip_tokenizer_init": "(always on: token ids in and out)",
+    "logprobs_mode": "(always processed_logprobs: log-probs under logits / temperature, as the actor scores)",
+    "seed": "(this process's torch seed)",
+    "disable_log_stats": "rollout.disable_log_stats",
+}
+
+
+def load_vllm():
+    """The vllm module (imported on first use: selecting another engine never imports vllm)."""
+    import vllm
+
+    return vllm
+
+
+class DeviceMemory:
+    """torch.cuda's view of this process's GPU, the only device calls the bookkeeping makes."""
+
+    def __init__(self):
+        self.device = torch.device("cuda", torch.cuda.current_device())
+
+    def free_and_total(self) -> tuple[int, int]:
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.mem_get_info(self.device)
+
+    def allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def return_cached(self) -> None:
+        """Give the trainer's cached blocks back to the device (the engine allocates outside torch's cache)."""
+        torch.cuda.empty_cache()
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+
+def sleep_level(tags: tuple[str, ...]) -> int:
+    """vLLM's sleep level for releasing `tags`: 2 (discard weights and KV cache) when the weights go, else 1
+    (discard the KV cache; the weights wait in CPU memory)."""
+    unknown = set(tags) - set(ALL_MEMORY_TAGS)
+    if unknown:
+        raise ValueError(f"release: unknown memory tags {sorted(unknown)}; expected some of {list(ALL_MEMORY_TAGS)}")
+    return 2 if "weights" in tags else 1
+
+
+@register_rollout("vllm")
+class VLLMRollout(BaseRollout):
+    shares_trainer_weights = False  # the engine holds its own copy: the worker pushes the trainer's weights
+
+    def __init__(self, config, model_config=None, module=None, device_memory: DeviceMemory | None = None):
+        """Start the engine on this process's GPU, measure what waking each tag takes, and fall asleep: the worker
+        rests in trainer mode."""
+        super().__init__(config, model_config, module)
+        if model_config is None:
+            raise ValueError("the vllm rollout needs model_config (actor_rollout_ref.model) for the model path")
+        if config.tensor_model_parallel_size != 1:
+            raise NotImplementedError(f"rollout.tensor_model_parallel_size={config.tensor_model_parallel_size}: the "
+                                      f"vllm rollout runs one engine per GPU (tp=1) for now; tensor-parallel engines "
+                                      f"are issue #17's part 2")
+        self.memory = device_memory or DeviceMemory()
+        self.vllm = load_vllm()
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process (see the module docstring)
+        self.engine_kwargs = engine_kwargs(config, model_config.path, seed=torch.initial_seed() % (2**31))
+        started = time.perf_counter()
+        self.llm = self.vllm.LLM(**self.engine_kwargs)
+        self.engine_start_s = time.perf_counter() - started
+        self.dead_cause: str | None = None
+        self.awake_tags = set(ALL_MEMORY_TAGS)
+        self.weights_stale = False  # True from a level-2 sleep until the next push: the weights' memory is garbage
+        self.last_switch: dict[str, float] = {}  # timings and sync size of the last switch
+        self._metrics: dict[str, float] = {}
+        self.generation_config = _generation_config(model_config.path)
+        logger.info("vllm engine started in %.1f s with %s", self.engine_start_s, self.engine_kwargs)
+        self.resume_bytes: dict[str, int] = {}  # what waking each tag takes from the device (measured below)
+        if config.free_cache_engine:
+            self.resume_bytes = self._measure_resume_bytes()
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        if self.awake_tags != set(ALL_MEMORY_TAGS):
+            raise RuntimeError(f"generate_sequences: the vllm engine is asleep (awake: {sorted(self.awake_tags)}); "
+                               f"generate in rollout mode (resume(('weights',)), update_weights, resume(('kv_cache',)))")
+        if self.weights_stale:
+            raise RuntimeError("generate_sequences: the vllm engine's weights were discarded (sleep level 2) and not "
+                               "pushed since; call update_weights after resume(('weights',))")
+        prompt_ids = prompts.batch["input_ids"]
+        prompt_mask = prompts.batch["attention_mask"]
+        eos_ids = self._token_ids(prompts.meta_info, "eos_token_id")
+        pad_id = self._token_ids(prompts.meta_info, "pad_token_id")[0]
+        params = self.vllm.SamplingParams(**sampling_params(self.config, prompts.meta_info, eos_ids))
+        # Left padding is the trainer's layout, not the model's input: send each prompt's real tokens.
+        token_lists = [row[mask.bool()].tolist() for row, mask in zip(prompt_ids, prompt_mask)]
+        started = time.perf_counter()
+        outputs = self._call("generate", self.llm.generate, [{"prompt_token_ids": ids} for ids in token_lists],
+                             params, use_tqdm=False)
+        engine_seconds = time.perf_counter() - started
+        completions = [_completion(output, row, self.config.response_length) for row, output in enumerate(outputs)]
+        generated = [list(completion.token_ids) for completion in completions]
+        log_probs = None
+        if self.config.calculate_log_probs:
+            log_probs = [sampled_log_probs(completion, row) for row, completion in enumerate(completions)]
+        output = to_batch_layout(token_lists, generated, prompt_length=prompt_ids.shape[1],
+                                 response_length=self.config.response_length, pad_token_id=pad_id,
+                                 response_logprobs=log_probs)
+        tokens = sum(len(ids) for ids in generated)
+        output.meta_info["metrics"] = {"timing_s/engine_generate": engine_seconds,
+                                       "rollout/engine_tokens_per_s": tokens / max(engine_seconds, 1e-9)}
+        return output
+
+    def _token_ids(self, meta_info: dict, key: str) -> list[int]:
+        """meta_info[key] (the trainer sends the tokenizer's ids), else the model directory's generation_config."""
+        value = meta_info.get(key, self.generation_config.get(key))
+        if value is None:
+            raise ValueError(f"generate_sequences needs meta_info[{key!r}] (the model's generation_config has none)")
+        return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+    # ------------------------------------------------------------------ lifecycle (rollout/base.py)
+    @property
+    def weights_survive_release(self) -> bool:
+        return not self.config.free_cache_engine
+
+    def resume(self, tags: tuple[str, ...]) -> None:
+        """"weights": wake the weights' memory (with the KV cache, without multi_stage_wake_up). "kv_cache": wake the
+        KV cache, then reset the prefix cache. Nothing wakes with free_cache_engine=false (the engine never slept)."""
+        if "weights" in tags:
+            self.last_switch = {}
+        engine_tags: tuple[str, ...] = ()
+        if "weights" in tags:
+            engine_tags = ALL_MEMORY_TAGS if not self.config.multi_stage_wake_up else ("weights",)
+        if "kv_cache" in tags:
+            engine_tags += ("kv_cache",)
+        engine_tags = tuple(tag for tag in ALL_MEMORY_TAGS if tag in engine_tags and tag not in self.awake_tags)
+        if engine_tags:
+            self._resume_if_room("resume_weights" if "weights" in tags else "resume_kv_cache", engine_tags)
+        if "kv_cache" in tags:
+            self._timed("reset_prefix_cache", self._call, "reset_prefix_cache", self.llm.reset_prefix_cache)
+            self._metrics["timing_s/reset_prefix_cache"] = self.last_switch["reset_prefix_cache_s"]
+
+    def _resume_if_room(self, stage: str, tags: tuple[str, ...]) -> None:
+        """Wake the engine's `tags` once the device has room for them, else fail now with the numbers and the keys
+        to change (a wake-up that runs out of memory would fail inside vLLM's allocator with a bare CUDA error)."""
+        self.memory.return_cached()
+        need = self.bytes_to_resume(tags)
+        free, total = self.memory.free_and_total()
+        if free < need + RESUME_HEADROOM:
+            raise EngineMemoryError(
+                f"rollout mode: waking the vllm engine's {list(tags)} needs {need / GiB:.2f} GiB, but only "
+                f"{free / GiB:.2f} GiB of {total / GiB:.2f} GiB are free after the trainer returned its cached memory "
+                f"(the trainer holds {self.memory.allocated() / GiB:.2f} GiB allocated). Make room: lower "
+                f"actor_rollout_ref.rollout.gpu_memory_utilization (now {self.config.gpu_memory_utilization}), lower "
+                f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu / ppo_micro_batch_size_per_gpu (activation peaks "
+                f"the allocator keeps), or set actor_rollout_ref.actor.fsdp_config.param_offload=true and "
+                f"optimizer_offload=true (the trainer's state waits in CPU memory during the rollout)")
+        self._timed(stage, self.wake_up, tags)
+
+    def update_weights(self, named_tensors) -> None:
+        """Load every (HF name, full tensor) into the engine's model, one bucket at a time.
+
+        Each tensor is copied at once (it is valid only until the iterator advances), cast to `rollout.dtype`,
+        into a list of at most `rollout.update_weights_bucket_megabytes`; a full list goes to the model's
+        `load_weights` in one call, which splits fused parameters itself. The prefix cache is reset by the
+        following resume(("kv_cache",)).
+        """
+        started = time.perf_counter()
+        capacity = self.config.update_weights_bucket_megabytes << 20
+        dtype = DTYPES[self.config.dtype]
+        bucket: list[tuple[str, torch.Tensor]] = []
+        bucket_bytes = pushed = 0
+        for name, tensor in named_tensors:
+            copy = tensor.detach().to(device=self.memory.device, dtype=dtype, copy=True)
+            if bucket and bucket_bytes + copy.nbytes > capacity:
+                self._load(bucket)
+                bucket, bucket_bytes = [], 0
+            bucket.append((name, copy))
+            bucket_bytes += copy.nbytes
+            pushed += copy.nbytes
+        if bucket:
+            self._load(bucket)
+        self.memory.synchronize()
+        self.weights_stale = False
+        seconds = time.perf_counter() - started
+        self.last_switch.update(update_weights_s=seconds, sync_gib=pushed / GiB, sync_gbps=pushed / max(seconds, 1e-9) / 1e9)
+
+    def _load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        self._call("load_weights", self.llm.apply_model, partial(_load_weights, bucket))
+
+    def release(self, tags: tuple[str, ...]) -> None:
+        """Put the engine to sleep: level 2 when the weights go (they are pushed again after the wake-up), level 1
+        when only the KV cache does; nothing with free_cache_engine=false."""
+        if self.config.free_cache_engine and self.awake_tags:
+            self._timed("release_engine", self.sleep, sleep_level(tags))
+        self.memory.return_cached()
+
+    def take_metrics(self) -> dict[str, float]:
+        metrics, self._metrics = self._metrics, {}
+        return metrics
+
+    # ------------------------------------------------------------------ engine calls
+    def sleep(self, level: int) -> None:
+        self._call(f"sleep(level={level})", self.llm.sleep, level=level)
+        self.awake_tags = set()
+        self.weights_stale = self.weights_stale or level == 2
+
+    def wake_up(self, tags: tuple[str, ...]) -> None:
+        self._call(f"wake_up({list(tags)})", self.llm.wake_up, tags=list(tags))
+        self.awake_tags |= set(tags)
+
+    def bytes_to_resume(self, tags: tuple[str, ...]) -> int:
+        """Device bytes that waking `tags` takes (0 when the engine never sleeps)."""
+        return sum(self.resume_bytes.get(tag, 0) for tag in tags)
+
+    def _measure_resume_bytes(self) -> dict[str, int]:
+        """Sleep (level 2), then wake the weights and the KV cache once each, reading the device's free memory around
+        each step: the bytes a later wake-up of each tag needs. Ends asleep, the state the worker rests in."""
+        self.sleep(2)
+        asleep = self.memory.free_and_total()[0]
+        self.wake_up(("weights",))
+        with_weights = self.memory.free_and_total()[0]
+        self.wake_up(("kv_cache",))
+        awake = self.memory.free_and_total()[0]
+        self.sleep(2)
+        return {"weights": max(asleep - with_weights, 0), "kv_cache": max(with_weights - awake, 0)}
+
+    def _call(self, what: str, fn, *args, **kwargs):
+        """fn(*args, **kwargs); an engine failure (anything but a bad argument) becomes EngineDiedError, and so does
+        every later call: an in-process engine that failed mid-step is not reused."""
+        if self.dead_cause is not None:
+            raise EngineDiedError(f"vllm engine call {what}: the engine failed earlier: {self.dead_cause}")
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, TypeError):
+            raise
+        except Exception as error:
+            self.dead_cause = f"{type(error).__name__}: {error}"
+            raise EngineDiedError(f"vllm engine call {what} failed: {self.dead_cause}") from error
+
+    def _timed(self, stage: str, fn, *args):
+        self.memory.synchronize()
+        started = time.perf_counter()
+        result = fn(*args)
+        self.memory.synchronize()
+        self.last_switch[f"{stage}_s"] = time.perf_counter() - started
+        return result
+
+    def shutdown(self) -> None:
+        """Drop the engine (its memory goes with it: the engine core lives in this process)."""
+        self.llm = None
+        self.memory.return_cached()
+
+
+def _load_weights(bucket: list[tuple[str, torch.Tensor]], model) -> None:
+    """Runs on vLLM's worker (apply_model, in this process): the model's own loader, which takes HF names."""
+    model.load_weights(weights=bucket)
+
+
+# ---------------------------------------------------------------------- configuration mapping
+
+def engine_kwargs(config, model_path: str, seed: int) -> dict[str, Any]:
+    """vllm.LLM keyword arguments from the rollout config; `engine_kwargs.vllm` adds or overrides the rest."""
+    user = dict(config.engine_kwargs.vllm or {})
+    owned = sorted(set(user) & set(CONFIG_OWNED_ENGINE_KWARGS))
+    if owned:
+        raise ValueError(f"rollout.engine_kwargs.vllm sets {owned}; set them through "
+                         f"{[CONFIG_OWNED_ENGINE_KWARGS[key] for key in owned]} instead")
+    return {
+        "model": model_path,
+        "dtype": config.dtype,
+        "gpu_memory_utilization": config.gpu_memory_utilization,
+        "load_format": config.load_format,
+        "tensor_parallel_size": 1,
+        "max_model_len": config.max_model_len or config.prompt_length + config.response_length,
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "enforce_eager": config.enforce_eager,
+        "enable_sleep_mode": True,
+        "skip_tokenizer_init": True,
+        "logprobs_mode": "processed_logprobs",
+        "seed": seed,
+        "disable_log_stats": config.disable_log_stats,
+        **user,
+    }
+
+
+def sampling_params(config, meta_info: dict, eos_ids: list[int]) -> dict[str, Any]:
+    """vllm.SamplingParams keyword arguments for one generate call (val_kwargs when meta_info["validate"]).
+
+    Greedy when do_sample is false or the temperature is 0. vLLM's "top_k off" is 0 (the config's is -1).
+    """
+    source = sampling_source(config, meta_info)
+    do_sample = meta_info.get("do_sample", source.do_sample)
+    params = {"n": 1, "max_tokens": max_new_tokens(config, meta_info), "ignore_eos": config.ignore_eos,
+              "stop_token_ids": eos_ids, "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0,
+              "presence_penalty": 0.0, "detokenize": False,
+              "logprobs": 0 if config.calculate_log_probs else None}  # 0: the sampled token's log-prob only
+    if not do_sample or source.temperature == 0:
+        return {**params, "temperature": 0.0, "top_p": 1.0, "top_k": 0}
+    top_k = int(source.top_k)
+    return {**params, "temperature": float(source.temperature), "top_p": float(source.top_p),
+            "top_k": 0 if top_k < 0 else top_k}
+
+
+def _completion(output, row: int, response_length: int):
+    """The row's one completion (vLLM's CompletionOutput); an aborted request is an error, not an empty answer."""
+    completion = output.outputs[0]
+    if completion.finish_reason == "abort":
+        raise RuntimeError(f"vllm aborted the request of prompt row {row}")
+    if len(completion.token_ids) > response_length:
+        raise RuntimeError(f"vllm returned {len(completion.token_ids)} tokens for prompt row {row}, more than "
+                           f"rollout.response_length={response_length}")
+    return completion
+
+
+def sampled_log_probs(completion, row: int) -> list[float]:
+    """The log-prob of each sampled token: vLLM's `logprobs` holds one {token_id: Logprob} per position, which
+    with logprobs=0 has the sampled token (and nothing else)."""
+    if completion.logprobs is None or len(completion.logprobs) != len(completion.token_ids):
+        got = None if completion.logprobs is None else len(completion.logprobs)
+        raise RuntimeError(f"vllm returned {len(completion.token_ids)} tokens but {got} log-prob entries for prompt "
+                           f"row {row} (SamplingParams(logprobs=0) asks for one per token)")
+    return [float(position[token].logprob) for token, position in zip(completion.token_ids, completion.logprobs)]

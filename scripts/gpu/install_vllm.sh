@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# On the offline GPU host: gather the vLLM wheel's parts (one per transfer), and once all are there, reassemble,
+# check and install vLLM with its carried dependencies into /tmp/site-vllm.
+#   usage: bash scripts/gpu/install_vllm.sh .stage/vllmK [...]      (run once per transfer, any order)
+# Each call copies the parts and wheels it was given into /tmp/vllm-stage (kept while the host is held); the call
+# that completes the set joins them (cat), checks the sha256 from MANIFEST, and installs. Then use
+#   export PYTHONPATH=$PWD:/tmp/site-vllm:/tmp/site
+# (/tmp/site-vllm first: its fastapi/starlette are the versions vLLM needs; /tmp/site, from the SGLang slim bundle
+# (gpu_install.sh .stage/slim), gives the shared dependencies: pydantic, msgspec, pyzmq, openai, pybase64, ...).
+set -euo pipefail
+stage=/tmp/vllm-stage
+mkdir -p "$stage"
+for dir in "$@"; do
+  [ -f "$dir/MANIFEST" ] || { echo "install_vllm.sh: $dir has no MANIFEST (expected a .stage/vllmK folder)" >&2; exit 2; }
+  cp "$dir"/MANIFEST "$dir"/*.part* "$stage/"
+  cp "$dir"/*.whl "$stage/" 2>/dev/null || true
+done
+wheel=$(awk '$1 == "wheel" {print $2}' "$stage/MANIFEST")
+parts=$(awk '$1 == "parts" {print $2}' "$stage/MANIFEST")
+sha=$(awk '$1 == "sha256" {print $2}' "$stage/MANIFEST")
+have=$(ls "$stage/$wheel".part* 2>/dev/null | wc -l)
+if [ "$have" -lt "$parts" ]; then
+  echo "install_vllm.sh: have $have of $parts parts of $wheel in $stage; bring the others (.stage/vllm1..vllm$parts)"
+  exit 0
+fi
+mkdir -p "$stage/whl"
+cat $(ls "$stage/$wheel".part* | sort) > "$stage/whl/$wheel"
+echo "$sha  $stage/whl/$wheel" | sha256sum -c --quiet - || { echo "install_vllm.sh: sha256 mismatch for $wheel" >&2; exit 3; }
+t0=$(date +%s)
+deps=()
+for w in "$stage"/*.whl; do deps+=("$w"); done
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-vllm \
+  "$stage/whl/$wheel" "${deps[@]}"
+echo "installed $wheel and ${#deps[@]} dependencies into /tmp/site-vllm in $(( $(date +%s) - t0 )) s; $(du -sh /tmp/site-vllm | cut -f1)"
+PYTHONPATH=/tmp/site-vllm:/tmp/site${PYTHONPATH:+:$PYTHONPATH} python3 -c \
+  "import vllm, vllm.entrypoints.llm, vllm.v1.engine.llm_engine; print('import vllm', vllm.__version__, 'ok')"
