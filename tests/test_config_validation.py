@@ -199,10 +199,8 @@ def test_tensor_parallel_size_must_divide_world_size():
 # ---- keys accepted but not implemented ----
 
 def test_not_implemented_keys_fail_loudly():
-    assert problems_for("actor_rollout_ref.rollout.name=vllm",
-                        "actor_rollout_ref.actor.ppo_micro_batch_size=16", "algorithm.use_pf_ppo=true") == [
+    assert problems_for("actor_rollout_ref.actor.ppo_micro_batch_size=16", "algorithm.use_pf_ppo=true") == [
         "algorithm.use_pf_ppo: expected False (other values are not implemented yet), got True",
-        "actor_rollout_ref.rollout.name: expected a value other than 'vllm' (not implemented yet), got 'vllm'",
         "actor_rollout_ref.actor.ppo_micro_batch_size: expected null (deprecated, set "
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu instead), got 16",
     ]
@@ -243,9 +241,28 @@ def test_sglang_refuses_tensor_parallel_engines():
     problems = problems_for("actor_rollout_ref.rollout.name=sglang", "trainer.device=cpu",
                             "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
     assert ("actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with actor_rollout_ref.rollout.name="
-            "'sglang' (one engine per GPU; tensor parallelism across ranks is not implemented), got 2") in problems
+            "'sglang' (one engine per GPU; tensor parallelism across ranks is not implemented yet, issue #17), "
+            "got 2") in problems
     # the hf rollout generates from the FSDP module itself: nothing to split, tp=2 is accepted
     validate_config(compose_config(["actor_rollout_ref.rollout.tensor_model_parallel_size=2"]))
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_vllm_says_what_it_needs(tp):
+    problems = problems_for("actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu",
+                            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}")
+    expected = []
+    if importlib.util.find_spec("vllm") is None:
+        expected.append("actor_rollout_ref.rollout.name: expected a rollout whose engine is installed, got 'vllm' "
+                        "(the vllm package is not importable: pip install -e '.[vllm]'; offline GPU host: "
+                        "scripts/gpu/install_vllm.sh)")
+    expected.append("actor_rollout_ref.rollout.name: expected 'hf' without a GPU (trainer.device='cpu', "
+                    f"CUDA available: {torch.cuda.is_available()}), got 'vllm' (vllm needs a CUDA GPU)")
+    if tp == 2:
+        expected.append("actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with "
+                        "actor_rollout_ref.rollout.name='vllm' (one engine per GPU; tensor parallelism across ranks "
+                        "is not implemented yet, issue #17), got 2")
+    assert problems == expected
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
