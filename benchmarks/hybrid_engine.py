@@ -1,6 +1,8 @@
 """Hybrid-engine benchmark on one GPU: FSDP2 actor + colocated SGLang engine, against a standalone engine.
 
     PYTHONPATH=. python benchmarks/hybrid_engine.py --model-dir /tmp/q05 --make-model --out bench.json
+    PYTHONPATH=.:/tmp/site-vllm:/tmp/site python benchmarks/hybrid_engine.py --engine vllm ...   (the same for vLLM:
+        the standalone vllm.LLM runs in this process after the hybrid one is dropped; memory is the device's used)
 
 Model: the Qwen2.5-0.5B architecture (hidden 896, 24 layers, 14 heads, 2 KV heads, real vocabulary
 of 151,936, tied embeddings) with random weights, saved in bf16. Prints one table:
@@ -30,7 +32,7 @@ import torch
 
 from hybridrl.utils.offload import FSDPOffload
 from hybridrl.workers.rollout.mode_switch import RolloutModeSwitch
-from hybridrl.workers.rollout.sglang_rollout import SGLangRollout, sampling_params
+from hybridrl.workers.rollout.sglang_rollout import sampling_params
 
 logger = logging.getLogger(__name__)
 
@@ -71,12 +73,12 @@ def init_single_gpu_process_group() -> None:
     init_process_group_once("nccl")
 
 
-def hybrid_config(model_dir: str, overrides: list[str] = ()):
-    """The validated PPOConfig for one GPU with rollout.name=sglang (plus `overrides`)."""
+def hybrid_config(model_dir: str, overrides: list[str] = (), engine: str = "sglang"):
+    """The validated PPOConfig for one GPU with rollout.name=`engine` (plus `overrides`)."""
     from hybridrl.config import compose_config, validate_config
 
     return validate_config(compose_config([
-        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=sglang",
+        f"actor_rollout_ref.model.path={model_dir}", f"actor_rollout_ref.rollout.name={engine}",
         "trainer.device=cuda", "trainer.n_gpus_per_node=1", *overrides]))
 
 
@@ -95,9 +97,12 @@ def build_actor(config):
 
 
 def build_hybrid(config, module):
-    """The SGLang rollout and the trainer<->rollout mode switch for `module` (what the worker wires)."""
+    """The configured rollout engine (sglang or vllm) and the trainer<->rollout mode switch for `module` (what the
+    worker wires)."""
+    from hybridrl.workers.rollout.base import get_rollout_class
+
     section = config.actor_rollout_ref
-    rollout = SGLangRollout(config=section.rollout, model_config=section.model, module=module)
+    rollout = get_rollout_class(section.rollout.name)(config=section.rollout, model_config=section.model, module=module)
     return rollout, RolloutModeSwitch(module, rollout)
 
 
@@ -159,7 +164,7 @@ def train_step(module, optimizer) -> None:
 def time_switches(switch: RolloutModeSwitch, repeats: int) -> dict[str, float]:
     """Median stage timings over `repeats` rollout→train→rollout switches (trainer_mode, then rollout_mode).
 
-    The engine's own stage timings and memory gauges (`SGLangRollout.last_switch`) win over the switch's
+    The engine's own stage timings and memory gauges (`rollout.last_switch`) win over the switch's
     (which also count the free-memory check and the gauges themselves); offload/reload come from the switch."""
     rollout = switch.rollout
     records = []
@@ -172,11 +177,13 @@ def time_switches(switch: RolloutModeSwitch, repeats: int) -> dict[str, float]:
         full_switch_s = time.perf_counter() - started
         awake = dict(rollout.last_switch)
         switch_parts = {f"{key.removeprefix('timing_s/')}_s": value for key, value in {**to_trainer, **to_rollout}.items()}
+        # SGLang gauges its engine processes' memory; vLLM runs in this process: the device's used memory instead
+        gauge = "engine" if "rollout mode/engine" in awake else "device_used"
         records.append({**switch_parts, "release_engine_s": released["release_engine_s"],
                         **{key: value for key, value in awake.items() if "/" not in key},
                         "full_switch_s": full_switch_s,
-                        "engine_released_gib": released["trainer mode restored/engine"],
-                        "engine_awake_gib": awake["rollout mode/engine"]})
+                        "engine_released_gib": released[f"trainer mode restored/{gauge}"],
+                        "engine_awake_gib": awake[f"rollout mode/{gauge}"]})
     switch.trainer_mode()
     return {key: statistics.median(record[key] for record in records) for key in records[0]}
 
@@ -209,9 +216,34 @@ def time_standalone(engine_kwargs: dict, token_lists: list[list[int]], params: d
     return {"engine_start_s": start_s, "seconds": seconds, "tokens": tokens, "tok_per_s": tokens / seconds}
 
 
+def time_standalone_vllm(engine_kwargs: dict, token_lists: list[list[int]], params: dict, repeats: int) -> dict:
+    """Start a standalone vllm.LLM with `engine_kwargs` (in this process, after the hybrid one is dropped), time
+    generating `token_lists`, drop it."""
+    import gc
+
+    import vllm
+
+    started = time.perf_counter()
+    llm = vllm.LLM(**engine_kwargs)
+    start_s = time.perf_counter() - started
+    sampling = vllm.SamplingParams(**params)
+    prompts = [{"prompt_token_ids": ids} for ids in token_lists]
+
+    def generate(_):
+        outputs = llm.generate(prompts, sampling, use_tqdm=False)
+        return sum(len(output.outputs[0].token_ids) for output in outputs)
+
+    seconds, tokens = time_generation(generate, None, repeats)
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
+    return {"engine_start_s": start_s, "seconds": seconds, "tokens": tokens, "tok_per_s": tokens / seconds}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--engine", choices=["sglang", "vllm"], default="sglang")
     parser.add_argument("--make-model", action="store_true", help="create the random model if the dir is empty")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--n", type=int, default=8)
@@ -230,18 +262,19 @@ def main() -> None:
     if args.make_model:
         make_qwen05b_model(args.model_dir)
     init_single_gpu_process_group()
+    engine_overrides = [  # 64 x 8 sequences decode together: capture decode CUDA graphs up to that batch
+        f"+actor_rollout_ref.rollout.engine_kwargs.sglang.cuda_graph_max_bs_decode={args.prompts * args.n}",
+    ] if args.engine == "sglang" else []
     config = hybrid_config(args.model_dir, [
         f"data.max_prompt_length={args.prompt_length}", f"data.max_response_length={args.new_tokens}",
         "actor_rollout_ref.rollout.ignore_eos=true", "actor_rollout_ref.rollout.multi_stage_wake_up=true",
-        # 64 x 8 sequences decode together: capture decode CUDA graphs up to that batch (default stops at 256)
-        f"+actor_rollout_ref.rollout.engine_kwargs.sglang.cuda_graph_max_bs_decode={args.prompts * args.n}",
-        *args.override])
+        *engine_overrides, *args.override], engine=args.engine)
     module, optimizer, _ = build_actor(config)
     train_step(module, optimizer)
     rollout, switch = build_hybrid(config, module)
     offload_switch = offloading_switch(module, optimizer, rollout)
-    results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
-               "engine_kwargs": {k: v for k, v in rollout.engine_kwargs.items() if k != "model_path"},
+    results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "engine": args.engine,
+               "engine_kwargs": {k: v for k, v in rollout.engine_kwargs.items() if k not in ("model_path", "model")},
                "engine_start_s": rollout.engine_start_s}
     results["switch"] = time_switches(switch, args.switch_repeats)
     results["switch_offload"] = time_switches(offload_switch, args.switch_repeats)
@@ -258,12 +291,19 @@ def main() -> None:
     results["hybrid_generate"] = {"seconds": hybrid_s, "tokens": hybrid_tokens, "tok_per_s": hybrid_tokens / hybrid_s}
 
     token_lists = [row.tolist() for row in prompts.batch["input_ids"]]
-    params = sampling_params(config.actor_rollout_ref.rollout, {}, [EOS_ID])
-    standalone = {"standalone": dict(rollout.engine_kwargs, load_format="auto")}
-    if args.standalone_without_memory_saver:
-        standalone["standalone_no_saver"] = dict(standalone["standalone"], enable_memory_saver=False)
-    for name, engine_kwargs in standalone.items():
-        results[name] = time_standalone(engine_kwargs, token_lists, params, args.gen_repeats)
+    if args.engine == "vllm":
+        from hybridrl.workers.rollout.vllm_rollout import sampling_params as vllm_sampling_params
+
+        params = vllm_sampling_params(config.actor_rollout_ref.rollout, {}, [EOS_ID])
+        results["standalone"] = time_standalone_vllm(dict(rollout.engine_kwargs, load_format="auto"), token_lists,
+                                                     params, args.gen_repeats)
+    else:
+        params = sampling_params(config.actor_rollout_ref.rollout, {}, [EOS_ID])
+        standalone = {"standalone": dict(rollout.engine_kwargs, load_format="auto")}
+        if args.standalone_without_memory_saver:
+            standalone["standalone_no_saver"] = dict(standalone["standalone"], enable_memory_saver=False)
+        for name, engine_kwargs in standalone.items():
+            results[name] = time_standalone(engine_kwargs, token_lists, params, args.gen_repeats)
     results["generation_ratio"] = results["hybrid_generate"]["tok_per_s"] / results["standalone"]["tok_per_s"]
     print_table(results, args)
     if args.out:
@@ -281,17 +321,18 @@ def print_table(results: dict, args) -> None:
         ("weight sync (s)", f"{switch['update_weights_s']:.4f}"),
         ("weight sync (GB/s)", f"{switch['sync_gbps']:.1f} ({switch['sync_gib']:.3f} GiB)"),
         ("resume KV cache + CUDA graphs (s)", f"{switch['resume_kv_cache_s']:.4f}"),
-        ("flush radix cache (s)", f"{switch['flush_cache_s']:.4f}"),
+        ("flush radix / prefix cache (s)", f"{switch.get('flush_cache_s', switch.get('reset_prefix_cache_s', 0)):.4f}"),
         ("release (s)", f"{switch['release_engine_s']:.4f}"),
         ("full switch rollout→train→rollout (s)", f"{switch['full_switch_s']:.4f}"),
         ("  same, FSDP params+Adam offloaded (s)", f"{offload['full_switch_s']:.4f} "
                                                     f"(offload {offload['offload_trainer_s']:.3f}, "
                                                     f"reload {offload['reload_trainer_s']:.3f})"),
-        ("engine GPU memory awake / released (GiB)", f"{switch['engine_awake_gib']:.2f} / "
+        ("engine GPU memory awake / released (GiB)" if results["engine"] == "sglang" else
+         "device GPU memory used awake / asleep (GiB)", f"{switch['engine_awake_gib']:.2f} / "
                                                      f"{switch['engine_released_gib']:.2f}"),
         (f"hybrid generate {args.prompts}x{args.n}x{args.new_tokens} (tok/s)",
          f"{results['hybrid_generate']['tok_per_s']:,.0f} ({results['hybrid_generate']['seconds']:.2f} s)"),
-        ("standalone sglang.Engine, same settings (tok/s)",
+        (f"standalone {results['engine']} engine, same settings (tok/s)",
          f"{results['standalone']['tok_per_s']:,.0f} ({results['standalone']['seconds']:.2f} s)"),
         ("hybrid / standalone", f"{results['generation_ratio']:.3f}"),
     ]

@@ -112,6 +112,9 @@ class FakeDevice:
     def synchronize(self):
         pass
 
+    def used(self):
+        return self.used_by_trainer + self.used_by_engine
+
 
 class FakeModel:
     def __init__(self):
@@ -237,6 +240,8 @@ def test_mode_switch_order_pushes_weights_after_a_level_2_wake_up(engine):
     rollout.llm.calls.clear()
     rollout.release(("kv_cache", "weights"))
     assert rollout.llm.calls == [("sleep", 2)] and rollout.weights_stale and not rollout.weights_survive_release
+    assert rollout.last_switch["rollout mode/device_used"] == 12 and rollout.last_switch[
+        "trainer mode restored/device_used"] == 0
     with pytest.raises(RuntimeError, match=r"asleep \(awake: \[\]\)"):
         rollout.generate_sequences(prompts([[3]]))
 

@@ -98,6 +98,11 @@ class DeviceMemory:
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
 
+    def used(self) -> int:
+        """Bytes in use on the whole device (the engine's allocations are outside torch's allocator statistics)."""
+        free, total = self.free_and_total()
+        return total - free
+
 
 def sleep_level(tags: tuple[str, ...]) -> int:
     """vLLM's sleep level for releasing `tags`: 2 (discard weights and KV cache) when the weights go, else 1
@@ -190,6 +195,7 @@ class VLLMRollout(BaseRollout):
         KV cache, then reset the prefix cache. Nothing wakes with free_cache_engine=false (the engine never slept)."""
         if "weights" in tags:
             self.last_switch = {}
+            self._gauge("trainer mode")
         engine_tags: tuple[str, ...] = ()
         if "weights" in tags:
             engine_tags = ALL_MEMORY_TAGS if not self.config.multi_stage_wake_up else ("weights",)
@@ -201,6 +207,7 @@ class VLLMRollout(BaseRollout):
         if "kv_cache" in tags:
             self._timed("reset_prefix_cache", self._call, "reset_prefix_cache", self.llm.reset_prefix_cache)
             self._metrics["timing_s/reset_prefix_cache"] = self.last_switch["reset_prefix_cache_s"]
+            self._gauge("rollout mode")
 
     def _resume_if_room(self, stage: str, tags: tuple[str, ...]) -> None:
         """Wake the engine's `tags` once the device has room for them, else fail now with the numbers and the keys
@@ -256,6 +263,13 @@ class VLLMRollout(BaseRollout):
         if self.config.free_cache_engine and self.awake_tags:
             self._timed("release_engine", self.sleep, sleep_level(tags))
         self.memory.return_cached()
+        self._gauge("trainer mode restored")
+
+    def _gauge(self, stage: str) -> None:
+        """The device's used memory at a transition, in `last_switch` (GiB) and the log."""
+        used = self.memory.used() / GiB
+        self.last_switch[f"{stage}/device_used"] = used
+        logger.info("GPU memory, %s: device_used %.2f GiB", stage, used)
 
     def take_metrics(self) -> dict[str, float]:
         metrics, self._metrics = self._metrics, {}
