@@ -249,8 +249,8 @@ def _engine_available(values: _Values, problems: list[str]) -> None:
     joining a cluster (`ray_init.address`) may itself have no GPU (the trainer then checks the cluster)."""
     device, rollout = values("trainer.device"), values("actor_rollout_ref.rollout.name")
     if rollout in GPU_ENGINES and importlib.util.find_spec(rollout) is None:
-        problems.append(f"actor_rollout_ref.rollout.name: expected a rollout whose engine is installed, got {rollout!r} "
-                        f"(the {rollout} package is not importable: {GPU_ENGINES[rollout]})")
+        problems.append(f"actor_rollout_ref.rollout.name: expected a rollout whose engine is installed, got "
+                        f"{rollout!r} (the {rollout} package is not importable: {GPU_ENGINES[rollout]})")
     if values("ray_init.address") is not None:
         return
     if device == "cuda" and not _cuda_available():

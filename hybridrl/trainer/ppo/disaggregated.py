@@ -57,7 +57,8 @@ class DisaggregatedPPOTrainer(RayPPOTrainer):
     def _init_weight_transfer(self) -> None:
         """Trainer rank 0 and every rollout rank join one process group (gloo on CPU, NCCL on GPU)."""
         rollout = self.config.actor_rollout_ref.rollout
-        wire_dtype = rollout.dtype if rollout.name == "sglang" else None  # hf generates from the exact weights
+        # the engines hold rollout.dtype copies; hf generates from the exact weights
+        wire_dtype = rollout.dtype if rollout.name in ("sglang", "vllm") else None
         self.weight_metas = self.actor_rollout_wg.describe_weights(wire_dtype)[0]
         address, port = self.actor_rollout_wg.weight_sender_address()[0]
         world_size = 1 + self.rollout_wg.world_size

@@ -150,7 +150,8 @@ class VLLMRollout(BaseRollout):
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         if self.awake_tags != set(ALL_MEMORY_TAGS):
             raise RuntimeError(f"generate_sequences: the vllm engine is asleep (awake: {sorted(self.awake_tags)}); "
-                               f"generate in rollout mode (resume(('weights',)), update_weights, resume(('kv_cache',)))")
+                               f"generate in rollout mode (resume(('weights',)), update_weights, "
+                               f"resume(('kv_cache',)))")
         if self.weights_stale:
             raise RuntimeError("generate_sequences: the vllm engine's weights were discarded (sleep level 2) and not "
                                "pushed since; call update_weights after resume(('weights',))")
@@ -252,7 +253,8 @@ class VLLMRollout(BaseRollout):
         self.memory.synchronize()
         self.weights_stale = False
         seconds = time.perf_counter() - started
-        self.last_switch.update(update_weights_s=seconds, sync_gib=pushed / GiB, sync_gbps=pushed / max(seconds, 1e-9) / 1e9)
+        self.last_switch.update(update_weights_s=seconds, sync_gib=pushed / GiB,
+                                sync_gbps=pushed / max(seconds, 1e-9) / 1e9)
 
     def _load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
         self._call("load_weights", self.llm.apply_model, partial(_load_weights, bucket))
