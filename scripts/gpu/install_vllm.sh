@@ -7,6 +7,16 @@
 #   export PYTHONPATH=$PWD:/tmp/site-vllm:/tmp/site
 # (/tmp/site-vllm first: its fastapi/starlette are the versions vLLM needs; /tmp/site, from the SGLang slim bundle
 # (gpu_install.sh .stage/slim), gives the shared dependencies: pydantic, msgspec, pyzmq, openai, pybase64, ...).
+#
+# The whole sequence, one `run` call per line while the host stays held (each transfer <= 64 MiB with the repo):
+#   1 carry .stage/gpu .stage/slim .stage/deps   source .stage/gpu/gpu_env.sh && bash scripts/gpu/setup_host.sh .stage/slim .stage/deps
+#   2 carry .stage/vllm1                         bash scripts/gpu/install_vllm.sh .stage/vllm1
+#   3 carry .stage/vllm2                         bash scripts/gpu/install_vllm.sh .stage/vllm2
+#   4 carry .stage/gpu .stage/vllm3              source .stage/gpu/gpu_env.sh && bash scripts/gpu/install_vllm.sh .stage/vllm3 \
+#       && export PYTHONPATH=$PWD:/tmp/site-vllm:$PYTHONPATH VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
+#       && python3 -m pytest tests/gpu/test_vllm_rollout.py -q -s > $OUT/vllm.txt 2>&1; tail -40 $OUT/vllm.txt
+# (VLLM_USE_FLASHINFER_SAMPLER=0: the slim bundle's flashinfer is 0.6.14, vLLM 0.24 was built against 0.6.12;
+# the PyTorch sampler needs no JIT build.)
 set -euo pipefail
 stage=/tmp/vllm-stage
 mkdir -p "$stage"
