@@ -128,8 +128,8 @@ class VLLMRollout(BaseRollout):
                                       f"vllm rollout runs one engine per GPU (tp=1) for now; tensor-parallel engines "
                                       f"are issue #17's part 2")
         self.memory = device_memory or DeviceMemory()
-        self.vllm = load_vllm()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process (see the module docstring)
+        self.vllm = load_vllm()
         self.engine_kwargs = engine_kwargs(config, model_config.path, seed=torch.initial_seed() % (2**31))
         started = time.perf_counter()
         self.llm = self.vllm.LLM(**self.engine_kwargs)
@@ -261,7 +261,11 @@ class VLLMRollout(BaseRollout):
 
     def release(self, tags: tuple[str, ...]) -> None:
         """Put the engine to sleep: level 2 when the weights go (they are pushed again after the wake-up), level 1
-        when only the KV cache does; nothing with free_cache_engine=false."""
+        when only the KV cache does; nothing with free_cache_engine=false.
+
+        vLLM ignores a sleep while part of its memory is still asleep (a multi-stage wake-up that stopped after the
+        weights, e.g. on EngineMemoryError): the woken weights then stay resident until the next wake-up, which finds
+        them in place; the bookkeeping here stays right (weights_stale: they are pushed again anyway)."""
         if self.config.free_cache_engine and self.awake_tags:
             self._timed("release_engine", self.sleep, sleep_level(tags))
         self.memory.return_cached()
