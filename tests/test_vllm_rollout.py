@@ -282,6 +282,22 @@ def test_a_wake_up_without_room_fails_first_naming_the_numbers_and_keys(engine):
     assert rollout.awake_tags == {"weights", "kv_cache"}
 
 
+def test_a_partly_awake_engine_is_not_put_to_sleep_and_wakes_only_the_rest(engine):
+    rollout = engine(multi_stage_wake_up=True)
+    rollout.memory.used_by_trainer = 70 * GiB  # room for the weights, not for the KV cache
+    rollout.resume(("weights",))
+    with pytest.raises(EngineMemoryError):
+        rollout.resume(("kv_cache",))
+    rollout.llm.calls.clear()
+    rollout.release(("kv_cache", "weights"))  # what the mode switch does after a failed rollout_mode
+    assert rollout.llm.calls == [] and rollout.awake_tags == {"weights"}  # vLLM would ignore a sleep now
+    rollout.memory.used_by_trainer = 0
+    rollout.resume(("weights",))
+    rollout.resume(("kv_cache",))
+    assert rollout.llm.calls == [("wake_up", ("kv_cache",)), ("reset_prefix_cache",)]
+    assert rollout.llm.awake == {"weights", "kv_cache"}
+
+
 def test_free_cache_engine_false_never_sleeps_and_weights_survive(engine):
     rollout = engine(free_cache_engine=False)
     assert rollout.llm.calls == [] and rollout.weights_survive_release

@@ -263,11 +263,15 @@ class VLLMRollout(BaseRollout):
         """Put the engine to sleep: level 2 when the weights go (they are pushed again after the wake-up), level 1
         when only the KV cache does; nothing with free_cache_engine=false.
 
-        vLLM ignores a sleep while part of its memory is still asleep (a multi-stage wake-up that stopped after the
-        weights, e.g. on EngineMemoryError): the woken weights then stay resident until the next wake-up, which finds
-        them in place; the bookkeeping here stays right (weights_stale: they are pushed again anyway)."""
-        if self.config.free_cache_engine and self.awake_tags:
+        A partly awake engine (a multi-stage wake-up stopped after the weights, e.g. on EngineMemoryError) cannot
+        sleep: vLLM ignores the call while any of its memory is asleep. Its woken part then stays resident and
+        counted as awake, so the next resume wakes only the rest (vLLM's wake_up would ignore a tag that is awake)."""
+        sleep_level(tags)  # unknown tags fail here, whatever the state
+        if self.config.free_cache_engine and self.awake_tags == set(ALL_MEMORY_TAGS):
             self._timed("release_engine", self.sleep, sleep_level(tags))
+        elif self.config.free_cache_engine and self.awake_tags:
+            logger.warning("vllm engine partly awake (%s): it cannot sleep until fully awake; that memory stays in use",
+                           sorted(self.awake_tags))
         self.memory.return_cached()
         self._gauge("trainer mode restored")
 
