@@ -265,6 +265,18 @@ def test_vllm_says_what_it_needs(tp):
     assert problems == expected
 
 
+@pytest.mark.parametrize("engine, key, instead", [
+    ("vllm", "gpu_memory_utilization", "rollout.gpu_memory_utilization"),
+    ("sglang", "mem_fraction_static", "rollout.gpu_memory_utilization")])
+def test_engine_kwargs_that_a_rollout_key_sets_are_refused_up_front(engine, key, instead):
+    problems = problems_for(f"actor_rollout_ref.rollout.name={engine}", "trainer.device=cpu",
+                            f"+actor_rollout_ref.rollout.engine_kwargs.{engine}.{key}=0.9",
+                            f"+actor_rollout_ref.rollout.engine_kwargs.{engine}.enforce_eager_extra=1")
+    assert (f"actor_rollout_ref.rollout.engine_kwargs.{engine}.{key}: expected to be unset (set it through "
+            f"{instead}), got 0.9") in problems
+    assert not any("enforce_eager_extra" in problem for problem in problems)  # an engine's own argument passes
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_cuda_device_without_cuda():
     assert problems_for("trainer.device=cuda") == [

@@ -352,6 +352,20 @@ def _sglang_runs_one_engine_per_gpu(values: _Values, problems: list[str]) -> Non
                         f"ranks is not implemented yet, issue #17), got {tp}")
 
 
+def _engine_kwargs_leave_config_keys_alone(values: _Values, problems: list[str]) -> None:
+    """rollout.engine_kwargs.<engine> adds engine arguments; one that a rollout key sets is refused up front (the
+    engine would refuse it at start, on every worker)."""
+    rollout = values("actor_rollout_ref.rollout.name")
+    if rollout not in GPU_ENGINES:
+        return
+    extra = values(f"actor_rollout_ref.rollout.engine_kwargs.{rollout}") or {}
+    module = importlib.import_module(f"hybridrl.workers.rollout.{rollout}_rollout")  # imports torch, not the engine
+    owned = module.CONFIG_OWNED_ENGINE_KWARGS
+    for key in sorted(set(extra) & set(owned)):
+        problems.append(f"actor_rollout_ref.rollout.engine_kwargs.{rollout}.{key}: expected to be unset (set it "
+                        f"through {owned[key]}), got {extra[key]!r}")
+
+
 def _liger_runs_on_a_gpu(values: _Values, problems: list[str]) -> None:
     """liger's kernels are Triton kernels: CUDA only, and the package comes with the gpu extra."""
     if not values("actor_rollout_ref.model.use_liger"):
@@ -674,6 +688,7 @@ RULES: list[Callable[[_Values, list[str]], None]] = [
     _batch_sizes_divide,
     _tensor_parallel_divides,
     _sglang_runs_one_engine_per_gpu,
+    _engine_kwargs_leave_config_keys_alone,
     _liger_runs_on_a_gpu,
     _reward_model_ready,
     _token_budgets_hold_a_sequence,
