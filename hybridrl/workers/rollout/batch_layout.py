@@ -21,9 +21,9 @@ fixed-shape tensors. `to_batch_layout` is the one function that pads them:
                      generated (a tool's answer, a failed loop's stand-in) and on padding
 
 A policy version counts the training steps whose actor update produced the weights: 0 for the
-initial weights, k after k updates, in every schedule (colocated, disaggregated, asynchronous),
-and a run resumed from the checkpoint of step N continues from N (trainer.critic_warmup steps,
-which do not update the actor, count no version).
+initial weights, k after k updates, in every schedule (colocated, disaggregated, asynchronous).
+A run resumed from the checkpoint of step N continues from N (less the trainer.critic_warmup
+steps, which update no actor: trainer/ppo/checkpointing.weights_version_after).
 
 A row longer than its length is an error naming the row: truncating would silently train on a
 different sequence than the one generated. Cutting a response at its first EOS is the engine's
@@ -112,8 +112,9 @@ def spans_versions(versions: torch.Tensor) -> torch.Tensor:
     """Per row: whether its generated tokens come from more than one version (generation continued after an abort,
     or a multi-turn sample across a weight update)."""
     generated = versions >= 0
-    newest = torch.where(generated, versions, torch.full_like(versions, -1)).max(dim=-1).values
-    oldest = torch.where(generated, versions, torch.full_like(versions, torch.iinfo(versions.dtype).max)).min(dim=-1).values
+    newest = versions.max(dim=-1).values  # padding and inserted tokens are -1
+    never = torch.full_like(versions, torch.iinfo(versions.dtype).max)
+    oldest = torch.where(generated, versions, never).min(dim=-1).values
     return generated.any(dim=-1) & (newest != oldest)
 
 
