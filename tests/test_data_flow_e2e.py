@@ -179,7 +179,7 @@ def eval_function(rollout, step, prompt_source, evaluation):
 
 async def my_generate(ctx, sample, sampling_params):
     sample = await generate(ctx, sample, sampling_params)
-    sample.metadata["generated_by"] = f"my_generate v{max(sample.token_versions)}"  # the engine's version
+    sample.metadata["generated_by"] = f"my_generate v{sorted(set(sample.token_versions))}"  # the engine's versions
     return sample
 
 
@@ -261,7 +261,7 @@ def test_every_hook_runs_in_its_place(ray_local, toy_task, tmp_path):
     for step, batch in zip((1, 2), batches):
         columns = batch.non_tensor_batch
         assert all(int(uid) % 2 == 1 for uid in columns["uid"])  # the dynamic filter kept odd groups only
-        assert all(columns["dynamic_filter_saw"]) and set(columns["generated_by"]) == {f"my_generate v{step - 1}"}
+        assert all(columns["dynamic_filter_saw"]) and set(columns["generated_by"]) == {f"my_generate v[{step - 1}]"}
         arrival = [columns["arrival"][row] for row in range(0, len(batch), 2)]
         assert arrival == sorted(arrival, reverse=True)  # the over-sampling filter's order, first 8 of 10 kept
         responses = batch.batch["responses"]
