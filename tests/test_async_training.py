@@ -57,7 +57,7 @@ def train(config, stop_after: int | None = None):
         trainer.fit()
         pending = trainer.in_flight_state()
         if hasattr(trainer, "rollout_version"):  # separate pools
-            trainer.versions_at_end = (trainer.rollout_version, trainer.trainer_version())
+            trainer.versions_at_end = (trainer.rollout_version, trainer.weights_version())
     finally:
         trainer.shutdown()
     return trainer, pending
@@ -117,6 +117,8 @@ def test_one_step_off_trains_one_version_old_samples_and_resumes_what_was_in_fli
     # generation from the checkpoint's weights (sent over the gloo group), so it is fresh
     assert [(m["async_training/staleness/min"], m["async_training/staleness/max"]) for m in metrics] == [
         (0, 0), (1, 1), (0, 0), (1, 1)]
+    # the version each update starts from counts the steps before it, across the resume after step 2
+    assert [m["async_training/policy_version"] for m in metrics] == [0, 1, 2, 3]
     diffs = [m["training/rollout_probs_diff_max"] for m in metrics]
     assert diffs[0] < 1e-4 and diffs[2] < 1e-4, diffs  # the engine held exactly the trainer's weights
     assert diffs[1] > 1e-3 and diffs[3] > 1e-3, diffs  # ... and one update older ones (lr 1e-2)

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from hybridrl.workers.rollout.batch_layout import to_batch_layout
+from hybridrl.workers.rollout.batch_layout import WEIGHT_VERSIONS_KEY, spans_versions, staleness, to_batch_layout
 
 PAD = 0
 
@@ -56,3 +56,17 @@ def test_a_mask_row_must_match_its_response():
     with pytest.raises(ValueError, match=r"response_mask of row 0 has 1 entries, its response has 2 tokens"):
         to_batch_layout([[1]], [[3, 4]], prompt_length=2, response_length=2, pad_token_id=PAD,
                         response_mask=[[1]])
+
+
+def test_weight_versions_column_and_the_staleness_measures_built_on_it():
+    out = to_batch_layout([[5], [6], [7]], [[11, 12, 13], [14], [15, 16]], prompt_length=2, response_length=4,
+                          pad_token_id=PAD, weight_versions=[[2, 2, 3], [3], [-1, -1]])  # row 2: no engine tokens
+    versions = out.batch[WEIGHT_VERSIONS_KEY]
+    assert versions.tolist() == [[2, 2, 3, -1], [3, -1, -1, -1], [-1, -1, -1, -1]]
+    assert staleness(versions, current_version=4).tolist() == [2, 1]  # rows with generated tokens only
+    assert spans_versions(versions).tolist() == [True, False, False]
+    assert WEIGHT_VERSIONS_KEY not in to_batch_layout([[5]], [[11]], prompt_length=1, response_length=1,
+                                                      pad_token_id=PAD).batch.keys()
+    with pytest.raises(ValueError, match="weight_versions of row 0 has 1 entries, its response has 2 tokens"):
+        to_batch_layout([[5]], [[11, 12]], prompt_length=1, response_length=2, pad_token_id=PAD,
+                        weight_versions=[[0]])

@@ -17,9 +17,11 @@ from hybridrl.config.validation import ConfigError
 from hybridrl.data import filters
 from hybridrl.data.hooks import HookError, load_hook
 from hybridrl.data.prompt_source import PromptSource
-from hybridrl.data.sample import ABORTED, PENDING, VERSIONS_KEY, Sample, groups_to_batch, partial_rollout_metrics
+from hybridrl.data.sample import ABORTED, PENDING, Sample, groups_to_batch, partial_rollout_metrics
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
+from hybridrl.agent_loop.base import TokenOutput
 from hybridrl.workers.rollout.async_server import EngineServer, HFGenerateEngine
+from hybridrl.workers.rollout.batch_layout import WEIGHT_VERSIONS_KEY
 
 
 def scored_group(group_index, rewards, response=(7, 8, 9), version=0):
@@ -48,9 +50,9 @@ def test_groups_to_batch_pads_once_and_puts_the_reward_on_the_last_trained_token
     assert scores.sum(-1).tolist() == [1.0, 0.0, 0.5, 0.25]  # dict rewards: reward_key's value
     assert batch.non_tensor_batch["uid"].tolist() == ["3", "3", "4", "4"]
     assert batch.non_tensor_batch["extra_info"][1] == {"i": 1}
-    assert batch.batch[VERSIONS_KEY].tolist()[1] == [0, 0, 1, 1, -1]
+    assert batch.batch[WEIGHT_VERSIONS_KEY].tolist()[1] == [0, 0, 1, 1, -1]
     stale_masked = groups_to_batch([first], prompt_length=4, response_length=5, pad_token_id=0, with_log_probs=False,
-                                   scored=False, policy_version=1, mask_stale_tokens=True)
+                                   scored=False, current_version=1, mask_stale_tokens=True)
     assert stale_masked.batch["response_mask"].tolist() == [[0, 0, 0, 0, 0], [0, 0, 0, 0, 0]]
     assert "token_level_scores" not in stale_masked.batch
 
@@ -65,9 +67,31 @@ def test_sample_records_survive_torch_save_with_weights_only(tmp_path):
     path = tmp_path / "s.pt"
     torch.save(sample.to_dict(), path)
     loaded = Sample.from_dict(torch.load(path, weights_only=True))
-    assert loaded == sample and loaded.token_versions == [0, 0, 0, 3, 3, 4] and loaded.is_partial()
-    assert partial_rollout_metrics([[loaded, scored_group(2, [1.0])[0]]], policy_version=4) == {
+    assert loaded == sample and loaded.token_versions == [0, 0, 0, 3, 3, 4]
+    batch = groups_to_batch([[loaded, scored_group(2, [1.0])[0]]], prompt_length=4, response_length=8, pad_token_id=0,
+                            with_log_probs=False, scored=False)
+    assert partial_rollout_metrics(batch, current_version=4) == {
         "data_flow/partial_ratio": 0.5, "data_flow/staleness/mean": 4.0, "data_flow/staleness/max": 4.0}
+
+
+class AnsweringServers:
+    """The server manager at its boundary: every answer is `answer`."""
+    def __init__(self, answer: TokenOutput):
+        self.answer = answer
+
+    async def generate(self, request_id, prompt_ids, sampling_params):
+        return self.answer
+
+
+def test_generate_records_the_version_the_engine_reports_and_refuses_an_answer_without_one():
+    ctx = GenerateContext(server_manager=AnsweringServers(TokenOutput(token_ids=[5, 6], stop_reason="completed",
+                                                                      weight_version=7)),
+                          tokenizer=None, config=None, response_length=8)
+    sample = asyncio.run(generate(ctx, Sample(group_index=0, index=0, prompt_ids=[1, 2]), {}))
+    assert sample.response_ids == [5, 6] and sample.token_versions == [7, 7] and sample.status == "completed"
+    ctx.server_manager = AnsweringServers(TokenOutput(token_ids=[5], stop_reason="completed"))
+    with pytest.raises(RuntimeError, match="without a weight_version"):
+        asyncio.run(generate(ctx, Sample(group_index=0, index=1, prompt_ids=[1, 2]), {}))
 
 
 # ---------------------------------------------------------------------- the prompt source
@@ -283,10 +307,10 @@ def test_hf_server_abort_stops_generation_and_returns_the_tokens_so_far(slow_tin
     engine = HFGenerateEngine(model, response_length=200, eos_token_ids=[-1], pad_token_id=tokenizer.pad_token_id,
                               max_batch_size=1)
     server = EngineServer(engine, "127.0.0.1")
-    server.serve()
+    server.serve(weight_version=1)  # the rollout worker serves its weights' version (workers/actor_rollout_ref.py)
     manager = AsyncLLMServerManager([server.address])
     budget = 200 - sample.response_length
-    ctx = GenerateContext(server_manager=manager, tokenizer=tokenizer, config=None, policy_version=1,
+    ctx = GenerateContext(server_manager=manager, tokenizer=tokenizer, config=None,
                           response_length=min(200, sample.response_length + 4))
 
     async def continue_it():
@@ -301,7 +325,7 @@ def test_hf_server_abort_stops_generation_and_returns_the_tokens_so_far(slow_tin
     assert budget > 4
     assert continued.status == "truncated" and continued.response_length == len(running.token_ids) + 4
     assert continued.response_ids[:len(running.token_ids)] == running.token_ids
-    assert continued.token_versions == [0] * len(running.token_ids) + [1] * 4 and continued.is_partial()
+    assert continued.token_versions == [0] * len(running.token_ids) + [1] * 4  # the version the server reported
     assert len(continued.rollout_log_probs) == continued.response_length
     assert PENDING != continued.status
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hybridrl.data.hooks import load_hook
-from hybridrl.data.sample import VERSIONS_KEY
+from hybridrl.workers.rollout.batch_layout import WEIGHT_VERSIONS_KEY
 from hybridrl.trainer.ppo.group_rollout import HookFailed
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from test_async_rollout import spy_on_update_actor
@@ -130,7 +130,7 @@ def test_partial_rollout_continues_aborted_samples_and_its_buffer_resumes_bit_fo
         rows = [row for row, uid in enumerate(uids) if uid == sample["group_index"]
                 and batch.batch["responses"][row, :len(prefix)].tolist() == prefix]
         if rows:
-            versions = batch.batch[VERSIONS_KEY][rows[0]]
+            versions = batch.batch[WEIGHT_VERSIONS_KEY][rows[0]]
             assert versions[:len(prefix)].tolist() == sample["token_versions"]
             assert torch.equal(batch.batch["rollout_log_probs"][rows[0], :len(prefix)],
                                torch.tensor(sample["rollout_log_probs"]))
@@ -141,6 +141,9 @@ def test_partial_rollout_continues_aborted_samples_and_its_buffer_resumes_bit_fo
     third = read_metrics(run_dir)[-1]
     assert third["training/global_step"] == 3
     assert continued == len(partial)
+    # the run resumed from step 2: its engines report version 2 (two updates made the weights), not the one
+    # checkpoint load this process has seen
+    assert batch.batch[WEIGHT_VERSIONS_KEY].max() == 2
     assert third["data_flow/partial_ratio"] > 0 and third["data_flow/staleness/max"] >= 1
 
 
@@ -176,7 +179,7 @@ def eval_function(rollout, step, prompt_source, evaluation):
 
 async def my_generate(ctx, sample, sampling_params):
     sample = await generate(ctx, sample, sampling_params)
-    sample.metadata["generated_by"] = f"my_generate v{ctx.policy_version}"
+    sample.metadata["generated_by"] = f"my_generate v{sorted(set(sample.token_versions))}"  # the engine's versions
     return sample
 
 
@@ -258,7 +261,7 @@ def test_every_hook_runs_in_its_place(ray_local, toy_task, tmp_path):
     for step, batch in zip((1, 2), batches):
         columns = batch.non_tensor_batch
         assert all(int(uid) % 2 == 1 for uid in columns["uid"])  # the dynamic filter kept odd groups only
-        assert all(columns["dynamic_filter_saw"]) and set(columns["generated_by"]) == {f"my_generate v{step - 1}"}
+        assert all(columns["dynamic_filter_saw"]) and set(columns["generated_by"]) == {f"my_generate v[{step - 1}]"}
         arrival = [columns["arrival"][row] for row in range(0, len(batch), 2)]
         assert arrival == sorted(arrival, reverse=True)  # the over-sampling filter's order, first 8 of 10 kept
         responses = batch.batch["responses"]

@@ -250,7 +250,7 @@ def test_an_offloaded_run_computes_what_the_plain_run_does(groups, tiny, tmp_pat
     assert offload.holds_gradients() == [False, False] and plain.holds_gradients() == [True, True]
 
     # resuming from the checkpoint and repeating the second update lands on the same weights
-    offload.load_checkpoint(str(tmp_path / "actor"))
+    offload.load_checkpoint(str(tmp_path / "actor"), 1)  # saved after one update: version 1
     offload.update_actor(batch)
     assert_same_weights(offload.weights()[0], after_two)
 

@@ -96,6 +96,12 @@ def _publish(root, step):
         os.makedirs(os.path.join(tmp_dir, "actor"))
 
 
+def test_a_resumed_runs_weights_version_counts_the_actor_updates_of_its_steps():
+    """The version a checkpoint's weights get on load: one per step that updated the actor (none in critic warmup)."""
+    assert [checkpointing.weights_version_after(step, critic_warmup=2) for step in range(5)] == [0, 0, 0, 1, 2]
+    assert checkpointing.weights_version_after(4, critic_warmup=0) == 4
+
+
 def test_resume_mode_picks_the_checkpoint(tmp_path):
     root = tmp_path / "run"
     assert checkpointing.checkpoint_to_resume(_trainer_section(default_local_dir=str(root))) is None

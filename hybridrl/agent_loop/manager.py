@@ -10,8 +10,9 @@
 
 Each row's loop is chosen by its `agent_name` column, else rollout.agent.default_agent_loop; it gets
 every column of its dataset row as keyword arguments. The outputs come back as token lists and
-are padded once, here, into the trainer's batch layout (batch_layout.to_batch_layout); each key of
-a loop's extra_fields becomes a non-tensor column (None for rows whose loop did not set it), as in verl.
+are padded once, here, into the trainer's batch layout (batch_layout.to_batch_layout), each generated
+token with the weight version the engine server reported for it (response_weight_versions, VersionRecorder);
+each key of a loop's extra_fields becomes a non-tensor column (None for rows whose loop did not set it), as in verl.
 
 Faults:
 - a loop that raises (or returns an output that does not fit) costs its row only: the row gets a
@@ -47,9 +48,6 @@ from hybridrl.workers.rollout.batch_layout import to_batch_layout
 from hybridrl.workers.rollout.sampling import SAMPLING_OVERRIDES, max_new_tokens, sampling_source
 
 AGENT_SCORES_KEY = "agent_reward_scores"  # per row: the loop's reward_score, NaN when it gave none
-# per response token: the policy version (engine server's weight_version) that generated it; -1 for tokens no engine
-# generated (a tool's answer, padding, a failed loop's stand-in)
-WEIGHT_VERSIONS_KEY = "response_weight_versions"
 
 
 def rollout_sampling_params(rollout_config, validate: bool, do_sample: bool,
@@ -102,8 +100,7 @@ class AgentLoopWorker:
         self.server_manager = AsyncLLMServerManager(server_addresses)
         self.generate_fn = None  # the data flow's generate function, loaded on first use
 
-    async def generate_group(self, group: list[Sample], sampling_params: dict[str, Any],
-                             policy_version: int) -> list[Sample]:
+    async def generate_group(self, group: list[Sample], sampling_params: dict[str, Any]) -> list[Sample]:
         """The data flow (trainer/ppo/group_rollout.py): one group's samples generated concurrently by the generate
         function (data_flow.custom_generate_function, else sample_generate.generate). Whatever it raises fails the
         step with its traceback: it is user logic, not one sample's bad luck."""
@@ -111,7 +108,6 @@ class AgentLoopWorker:
             self.generate_fn = load_hook("custom_generate_function",
                                          self.config.data_flow.custom_generate_function) or sample_generate.generate
         ctx = GenerateContext(server_manager=self.server_manager, tokenizer=self.tokenizer, config=self.config,
-                              policy_version=policy_version,
                               response_length=self.config.actor_rollout_ref.rollout.response_length)
         outputs = await asyncio.gather(*(self.generate_fn(ctx, sample, dict(sampling_params)) for sample in group))
         for output in outputs:
@@ -263,17 +259,14 @@ class AgentLoopManager:
             pad_token_id=self.pad_token_id, response_mask=[output.response_mask for output in outputs],
             # failed rows have none: zeros, under their all-zero response_mask
             response_logprobs=([output.response_logprobs or [0.0] * len(output.response_ids) for output in outputs]
-                               if self.rollout_config.calculate_log_probs else None))
+                               if self.rollout_config.calculate_log_probs else None),
+            weight_versions=token_versions)
         for key in sorted({key for output in outputs for key in output.extra_fields}):  # verl: non-tensor columns
             column = np.empty(len(outputs), dtype=object)
             for row, output in enumerate(outputs):  # element-wise: a list value must stay one object
                 column[row] = output.extra_fields.get(key)
             batch.non_tensor_batch[key] = column
         batch.non_tensor_batch["__num_turns__"] = np.array([output.num_turns for output in outputs], dtype=object)
-        versions = torch.full((len(outputs), self.rollout_config.response_length), -1, dtype=torch.long)
-        for row, row_versions in enumerate(token_versions):
-            versions[row, :len(row_versions)] = torch.tensor(row_versions, dtype=torch.long)
-        batch.batch[WEIGHT_VERSIONS_KEY] = versions
         batch.batch[AGENT_SCORES_KEY] = torch.tensor(
             [float("nan") if output.reward_score is None else float(output.reward_score) for output in outputs],
             dtype=torch.float32)

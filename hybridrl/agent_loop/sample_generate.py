@@ -2,7 +2,8 @@
 
 The built-in `generate` is the single-turn loop that can continue: a pending sample generates from its prompt, an
 aborted one (partial rollout) from its prompt plus the tokens it already has, with what is left of
-rollout.response_length; the new tokens are recorded with the policy version that produced them. A completed or
+rollout.response_length; the new tokens are recorded with the weight version the engine server reported for them
+(TokenOutput.weight_version: the weights that really generated them, whatever the schedule). A completed or
 truncated sample comes back unchanged. `data_flow.custom_generate_function` replaces it (same signature; see
 hybridrl/data/hooks.py); a multi-turn one calls ctx.server_manager.generate once per turn.
 """
@@ -19,12 +20,11 @@ STOP_REASON_STATUS = {"completed": COMPLETED, "length": TRUNCATED, "aborted": AB
 
 @dataclass
 class GenerateContext:
-    """What a generate function gets besides the sample: the engines, the tokenizer, the run config, the version of
-    the weights the engines hold now, and the response budget (rollout.response_length)."""
+    """What a generate function gets besides the sample: the engines, the tokenizer, the run config and the response
+    budget (rollout.response_length). The weights' version comes with every answer (TokenOutput.weight_version)."""
     server_manager: Any
     tokenizer: Any
     config: Any
-    policy_version: int
     response_length: int
 
 
@@ -37,8 +37,11 @@ async def generate(ctx: GenerateContext, sample: Sample, sampling_params: dict[s
         return sample
     output = await ctx.server_manager.generate(request_id=uuid4().hex, prompt_ids=sample.tokens,
                                                sampling_params={**sampling_params, "max_tokens": budget})
+    if output.weight_version is None:
+        raise RuntimeError("the engine server answered without a weight_version: it serves no known weights (an engine "
+                           "server must be started with serve(weight_version), as the rollout worker does)")
     sample.append(output.token_ids, output.log_probs if sampling_params.get("logprobs") else None,
-                  ctx.policy_version)
+                  output.weight_version)
     sample.status = STOP_REASON_STATUS[output.stop_reason or "completed"]
     if sample.status == ABORTED:
         sample.num_aborts += 1

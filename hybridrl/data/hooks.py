@@ -12,7 +12,9 @@ function of the right kind taking the listed positional parameters; errors name 
         returns scored groups whose mean reward is logged as val-core/<data_source>/reward/mean@n.
     data_flow.custom_generate_function  async def f(ctx, sample, sampling_params) -> Sample
         one sample in, one out, run in an agent-loop worker: ctx.server_manager.generate(...), ctx.tokenizer,
-        ctx.config, ctx.policy_version. Continue from sample.tokens when sample.status == "aborted".
+        ctx.config, ctx.response_length. Record generated tokens with the version the engine reported for them,
+        sample.append(output.token_ids, output.log_probs, output.weight_version). Continue from sample.tokens when
+        sample.status == "aborted".
     data_flow.dynamic_sampling_filter   def f(config, group) -> bool (keep the group)
     data_flow.over_sampling_filter      def f(config, groups) -> list[list[Sample]] (ordered; the first
         data.train_batch_size are trained on)

@@ -7,10 +7,11 @@ padded DataProto, in one function, `groups_to_batch` (padding itself is batch_la
 
 A group is `list[Sample]`: the `rollout.n` samples of one prompt, sharing `group_index`.
 
-Every response token carries the policy version that produced it (`token_versions`): the number of actor updates
-the weights had seen when it was generated. A sample continued after an abort has tokens of two or more versions;
-the trainer sees them as the `response_policy_versions` column and the metrics `data_flow/partial_ratio` and
-`data_flow/staleness/*`.
+Every response token carries the policy version of the weights that generated it (`token_versions`), as the engine
+server reported it with the tokens (TokenOutput.weight_version; the definition: workers/rollout/batch_layout.py).
+A sample continued after an abort has tokens of two or more versions; the trainer sees them as the
+`response_weight_versions` column (the one the agent loops fill too) and the metrics `data_flow/partial_ratio` and
+`data_flow/staleness/*`, computed from that column.
 
 Records hold only plain Python values (lists, dicts, numbers, strings), so a checkpoint can save them with
 `torch.save` and load them back with `weights_only=True`, bit for bit.
@@ -26,11 +27,10 @@ import numpy as np
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.workers.rollout.batch_layout import to_batch_layout
+from hybridrl.workers.rollout.batch_layout import WEIGHT_VERSIONS_KEY, spans_versions, staleness, to_batch_layout
 
 PENDING, COMPLETED, TRUNCATED, ABORTED = "pending", "completed", "truncated", "aborted"
 STATUSES = (PENDING, COMPLETED, TRUNCATED, ABORTED)
-VERSIONS_KEY = "response_policy_versions"  # [B, response_length] int64, -1 on padding
 
 
 @dataclass
@@ -86,10 +86,6 @@ class Sample:
                 raise ValueError(f"sample {self.index}: log-probs given for some generate calls but not all")
             self.rollout_log_probs = (self.rollout_log_probs or []) + [float(x) for x in log_probs]
 
-    def is_partial(self) -> bool:
-        """Whether its tokens come from more than one policy version (it was continued after an abort)."""
-        return len(set(self.token_versions)) > 1
-
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -128,37 +124,35 @@ def reset_group(group: list[Sample]) -> list[Sample]:
 
 
 def groups_to_batch(groups: list[list[Sample]], *, prompt_length: int, response_length: int, pad_token_id: int,
-                    with_log_probs: bool, scored: bool, policy_version: Optional[int] = None,
+                    with_log_probs: bool, scored: bool, current_version: Optional[int] = None,
                     mask_stale_tokens: bool = False) -> DataProto:
     """The padded DataProto the trainer uses, rows in group order (a group's samples consecutive).
 
-    Tensors: to_batch_layout's (prompts, responses, input_ids, attention_mask, position_ids, response_mask and,
-    with_log_probs, rollout_log_probs), plus VERSIONS_KEY and, when `scored`, token_level_scores (each sample's
-    reward_value() on its last trained token, the reward managers' place). Non-tensor columns: `uid` (the group
-    index, which the group estimators read) and every metadata key (None where a sample lacks it).
-    mask_stale_tokens: response_mask 0 on tokens older than `policy_version` (slime's
-    mask_offpolicy_in_partial_rollout).
+    Tensors: to_batch_layout's (prompts, responses, input_ids, attention_mask, position_ids, response_mask,
+    response_weight_versions and, with_log_probs, rollout_log_probs) plus, when `scored`, token_level_scores
+    (each sample's reward_value() on its last trained token, the reward managers' place). Non-tensor columns: `uid`
+    (the group index, which the group estimators read) and every metadata key (None where a sample lacks it).
+    mask_stale_tokens: response_mask 0 on tokens older than `current_version`, the version the engines hold now
+    (slime's mask_offpolicy_in_partial_rollout).
     """
     samples = [sample for group in groups for sample in group]
     if not samples:
         raise ValueError("groups_to_batch: no samples")
+    for sample in samples:
+        if len(sample.token_versions) != sample.response_length:
+            raise ValueError(f"sample {sample.index}: {len(sample.token_versions)} token versions for "
+                             f"{sample.response_length} response tokens")
     masks = [list(sample.loss_mask) for sample in samples]
     if mask_stale_tokens:
-        masks = [[m if version >= policy_version else 0 for m, version in zip(mask, sample.token_versions)]
+        masks = [[m if version >= current_version else 0 for m, version in zip(mask, sample.token_versions)]
                  for mask, sample in zip(masks, samples)]
     batch = to_batch_layout(
         [sample.prompt_ids for sample in samples], [sample.response_ids for sample in samples],
         prompt_length=prompt_length, response_length=response_length, pad_token_id=pad_token_id,
         response_mask=masks,
         response_logprobs=[sample.rollout_log_probs or [0.0] * sample.response_length for sample in samples]
-        if with_log_probs else None)
-    versions = torch.full((len(samples), response_length), -1, dtype=torch.long)
-    for row, sample in enumerate(samples):
-        if len(sample.token_versions) != sample.response_length:
-            raise ValueError(f"sample {sample.index}: {len(sample.token_versions)} token versions for "
-                             f"{sample.response_length} response tokens")
-        versions[row, :sample.response_length] = torch.tensor(sample.token_versions, dtype=torch.long)
-    batch.batch[VERSIONS_KEY] = versions
+        if with_log_probs else None,
+        weight_versions=[sample.token_versions for sample in samples])
     if scored:
         batch.batch["token_level_scores"] = _scores_on_last_trained_token(samples, batch.batch["response_mask"],
                                                                           response_length)
@@ -188,10 +182,11 @@ def _column(values: list) -> np.ndarray:
     return column
 
 
-def partial_rollout_metrics(groups: list[list[Sample]], policy_version: int) -> dict[str, float]:
-    """Share of samples continued after an abort, and how many versions old their oldest tokens are."""
-    samples = [sample for group in groups for sample in group]
-    staleness = [policy_version - min(sample.token_versions) if sample.token_versions else 0 for sample in samples]
-    return {"data_flow/partial_ratio": float(np.mean([sample.is_partial() for sample in samples])),
-            "data_flow/staleness/mean": float(np.mean(staleness)),
-            "data_flow/staleness/max": float(np.max(staleness))}
+def partial_rollout_metrics(batch: DataProto, current_version: int) -> dict[str, float]:
+    """Share of the batch's samples whose tokens span versions (continued after an abort), and how many versions
+    older than `current_version` their oldest tokens are; from the batch's response_weight_versions column."""
+    versions = batch.batch[WEIGHT_VERSIONS_KEY]
+    stale = staleness(versions, current_version).float()
+    return {"data_flow/partial_ratio": spans_versions(versions).float().mean().item(),
+            "data_flow/staleness/mean": stale.mean().item() if len(stale) else 0.0,
+            "data_flow/staleness/max": stale.max().item() if len(stale) else 0.0}

@@ -76,8 +76,10 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
         self.seed = seed
         self.total_training_steps = total_training_steps
         torch.manual_seed(seed + self.rank)
-        # Counts the actor's weight changes (optimizer steps, checkpoint loads): the mode switch pushes the
-        # weights into an engine only when the engine holds an older version.
+        # The policy version of the actor's weights: training steps whose update produced them (+1 per update_actor;
+        # a checkpoint's load sets its step's). The engine server reports it with every answer, the one source of the
+        # per-token versions (rollout/batch_layout.py); the mode switch pushes the weights into an engine only when
+        # the engine holds another version.
         self.weights_version = 0
         self.engine_server = None  # rollout.mode=async: this rank's engine server (start_engine_server)
 
@@ -301,15 +303,19 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
             save_hf_config_and_tokenizer(local_path, model.config, tokenizer, model.generation_config)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, local_path: str) -> None:
+    def load_checkpoint(self, local_path: str, weights_version: int) -> None:
         """Load what save_checkpoint wrote (actor.checkpoint.load_contents); a checkpoint from another world size
-        is resharded, its RNG states are then not restored (see utils/checkpoint.py)."""
+        is resharded, its RNG states are then not restored (see utils/checkpoint.py). `weights_version`: the
+        version of the loaded weights (the updates the checkpointed run had made), so that a resumed run's engines
+        report the versions an uninterrupted run's would."""
         self._require(self._is_actor, "load_checkpoint", "actor")
         self._require_trainer_mode("load_checkpoint")
         with self.actor_offload.loaded(optimizer=True):  # loaded state lands on the device, then is parked
             load_sharded_model_state(self.actor_module, self.actor_optimizer, self.actor_lr_scheduler, local_path,
                                      self.rank, list(self.config.actor.checkpoint.load_contents))
-        self.weights_version += 1
+        self.weights_version = weights_version
+        if self._is_rollout:  # whatever the engine holds, it is not known to be what was just loaded: push it
+            self.mode_switch.engine_weights_version = None
 
     # ------------------------------------------------------------------ helpers
     def _at_rollout_temperature(self, data: DataProto) -> DataProto:

@@ -45,7 +45,8 @@ class WeightTransferMixin:
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def current_weights_version(self) -> int:
-        """The policy version this rank holds: the actor's optimizer steps (and checkpoint loads) so far."""
+        """The policy version this rank holds: training steps whose update produced its weights (rollout/
+        batch_layout.py)."""
         return self.weights_version
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)  # the other side joins at the same time

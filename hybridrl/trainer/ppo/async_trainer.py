@@ -17,9 +17,10 @@ the old weights, then switch). A group is used at most `async_training.max_stale
 started (the oldest version among its tokens); a staler one is dropped or its prompt generated again
 (`async_training.stale_samples`). Per-token versions: the batch's response_weight_versions (agent_loop/manager.py).
 
-Metrics (async_training/*): policy_version (the weights trained this step: the actor's weight changes in this
-process, optimizer steps and a resumed checkpoint's load), staleness/{min,mean,max} over the
-step's samples (policy_version minus the version their generation started with; max never exceeds the bound),
+Metrics (async_training/*): policy_version (the version of the weights this step's update starts from: training
+steps whose update produced them, workers/rollout/batch_layout.py; a resumed run continues from its checkpoint's
+step), staleness/{min,mean,max} over the step's samples (policy_version minus the version their generation started
+with, batch_layout.staleness on response_weight_versions; max never exceeds the bound),
 dropped_groups / requeued_groups (this step), groups_ahead (generating or waiting after the step).
 
 Checkpoints: every prompt taken from the data but not trained on yet (being generated, waiting, or waiting to be
@@ -31,14 +32,13 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
-import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.ppo.disaggregated import DisaggregatedPPOTrainer
 from hybridrl.trainer.ppo.metric_utils import reduce_metrics, timer
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from hybridrl.trainer.ppo.rollouter import Rollouter, assign_uids, prompts_from_plain, prompts_to_plain
-from hybridrl.agent_loop.manager import WEIGHT_VERSIONS_KEY
+from hybridrl.workers.rollout.batch_layout import WEIGHT_VERSIONS_KEY, staleness
 
 
 def trainer_class(config) -> type[RayPPOTrainer]:
@@ -53,16 +53,13 @@ def trainer_class(config) -> type[RayPPOTrainer]:
 
 def staleness_metrics(batch: DataProto, policy_version: int) -> dict[str, float]:
     """async_training/staleness/*: per sample, policy_version minus the oldest version among its generated tokens."""
-    versions = batch.batch[WEIGHT_VERSIONS_KEY]
-    generated = versions >= 0
-    oldest = torch.where(generated, versions, torch.full_like(versions, policy_version)).min(dim=-1).values
-    staleness = (policy_version - oldest)[generated.any(dim=-1)].float()
-    if len(staleness) == 0:
+    stale = staleness(batch.batch[WEIGHT_VERSIONS_KEY], policy_version).float()
+    if len(stale) == 0:
         return {"async_training/policy_version": float(policy_version)}
     return {"async_training/policy_version": float(policy_version),
-            "async_training/staleness/min": staleness.min().item(),
-            "async_training/staleness/mean": staleness.mean().item(),
-            "async_training/staleness/max": staleness.max().item()}
+            "async_training/staleness/min": stale.min().item(),
+            "async_training/staleness/mean": stale.mean().item(),
+            "async_training/staleness/max": stale.max().item()}
 
 
 class OneStepOffPolicyTrainer(DisaggregatedPPOTrainer):

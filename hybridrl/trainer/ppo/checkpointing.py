@@ -168,11 +168,12 @@ def load_checkpoint(trainer) -> int:
         return 0
     actor_dir, critic_dir = os.path.join(path, "actor"), os.path.join(path, "critic")
     _require_dir(actor_dir, "the actor's shards")
-    trainer.actor_rollout_wg.load_checkpoint(actor_dir)
+    state = load_file(os.path.join(path, DATA_STATE_FILE))
+    trainer.actor_rollout_wg.load_checkpoint(
+        actor_dir, weights_version_after(state["global_step"], trainer.config.trainer.critic_warmup))
     if trainer.use_critic:
         _require_dir(critic_dir, "the critic's shards (this run has a critic)")
         trainer.critic_wg.load_checkpoint(critic_dir)
-    state = load_file(os.path.join(path, DATA_STATE_FILE))
     trainer.train_data_position.load_state_dict(state["dataloader"])
     trainer.restore_in_flight(state.get("in_flight"))
     if trainer.kl_ctrl_in_reward is not None:
@@ -188,6 +189,12 @@ def load_checkpoint(trainer) -> int:
         trainer.prompt_source.load_state_dict(state["prompt_source"])
     print(f"checkpointing: resumed from {path} (global step {state['global_step']})")
     return state["global_step"]
+
+
+def weights_version_after(global_step: int, critic_warmup: int) -> int:
+    """The policy version of the actor's weights after `global_step` steps: the steps whose update produced them.
+    The actor is updated on every step after the first trainer.critic_warmup (RayPPOTrainer.learn_step)."""
+    return max(0, global_step - critic_warmup)
 
 
 def _require_dir(path: str, holds: str) -> None:

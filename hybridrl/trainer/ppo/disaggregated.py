@@ -10,7 +10,8 @@ weight_transfer_worker.py), "trainer mode" is nothing (the engines keep their me
 devices). The overlapping schedules (one-step-off, fully asynchronous) build on this class: async_trainer.py.
 
 Every engine knows the policy version it holds (`rollout_version` here, the engine server's weight_version,
-reported with every response: agent_loop/manager.py records it per token as response_weight_versions).
+reported with every response: agent_loop/manager.py records it per token as response_weight_versions; the
+definition, the same in every schedule: workers/rollout/batch_layout.py).
 """
 from __future__ import annotations
 
@@ -67,13 +68,10 @@ class DisaggregatedPPOTrainer(RayPPOTrainer):
                                                            rollout.update_weights_bucket_megabytes << 20))
 
     # ------------------------------------------------------------------ weights: trainer pool -> rollout pool
-    def trainer_version(self) -> int:
-        return self.actor_rollout_wg.current_weights_version()[0]
-
     def sync_weights(self) -> dict[str, float]:
         """Give every engine the actor's current weights unless it holds them already; timing_s/sync_weights and
         the parts' timings. The engines pause (finishing the requests under way) and resume around it."""
-        version = self.trainer_version()
+        version = self.weights_version()
         if version == self.rollout_version:
             return {}
         started = time.perf_counter()

@@ -67,7 +67,6 @@ class GroupRollout:
                 metric_nonzero_std(filter_groups.metric)
             self.max_num_gen_batches = filter_groups.max_num_gen_batches
         self.rollout_config = config.actor_rollout_ref.rollout
-        self.policy_version = 0
         self.metrics: dict[str, float] = {}
         self._scored: list[float] = []  # every reward given this step, kept groups or not
         self._next_worker = 0
@@ -86,7 +85,7 @@ class GroupRollout:
         """Start generating one group on the next agent-loop worker; `wait` returns it when it is done."""
         worker = self.manager.workers[self._next_worker % len(self.manager.workers)]
         self._next_worker += 1
-        return worker.generate_group.remote(group, self.sampling_params(evaluation), self.policy_version)
+        return worker.generate_group.remote(group, self.sampling_params(evaluation))
 
     def wait(self, refs: list[ray.ObjectRef]) -> list[tuple[ray.ObjectRef, list[Sample]]]:
         """Block until at least one of `refs` is done; (ref, group) of each finished one. A worker's error (an engine
@@ -142,10 +141,12 @@ class GroupRollout:
         self.metrics[name] = self.metrics.get(name, 0.0) + float(value)
 
     # ------------------------------------------------------------------ what the trainer calls
-    def train_batch(self, step: int, prompt_source: PromptSource) -> tuple[DataProto, dict[str, float]]:
+    def train_batch(self, step: int, prompt_source: PromptSource,
+                    weights_version: int) -> tuple[DataProto, dict[str, float]]:
         """The step's training batch (scored: token_level_scores set) from the rollout function, and its metrics.
-        Needs rollout mode."""
-        self.policy_version, self.metrics, self._scored = step - 1, {}, []
+        Needs rollout mode; `weights_version`: the version of the weights the engines hold (the tokens generated now
+        carry it; older ones come from the buffer, data_flow/staleness/*)."""
+        self.metrics, self._scored = {}, []
         rollout_fn = self.hooks["rollout_function"] or generate_rollout
         groups = rollout_fn(self, step, prompt_source, False)
         groups = self._check_groups(groups, "data_flow.rollout_function", self.rollout_config.n)
@@ -153,10 +154,10 @@ class GroupRollout:
                                 response_length=self.rollout_config.response_length,
                                 pad_token_id=self.tokenizer.pad_token_id,
                                 with_log_probs=self.rollout_config.calculate_log_probs, scored=True,
-                                policy_version=self.policy_version,
+                                current_version=weights_version,
                                 mask_stale_tokens=self.flow.mask_offpolicy_in_partial_rollout)
         metrics = dict(self.metrics)
-        metrics.update(partial_rollout_metrics(groups, self.policy_version))
+        metrics.update(partial_rollout_metrics(batch, weights_version))
         metrics["data_flow/buffer_size"] = float(len(prompt_source.buffer))
         metrics["data_flow/num_groups_trained"] = float(len(groups))
         if self._scored:  # the policy's own success, before any filter chose (the trained batch's is biased)
@@ -166,7 +167,7 @@ class GroupRollout:
 
     def eval_groups(self, step: int, prompt_source: PromptSource) -> list[list[Sample]]:
         """The scored validation groups from data_flow.eval_function. Needs rollout mode."""
-        self.policy_version, self.metrics = step, {}
+        self.metrics = {}
         groups = self.hooks["eval_function"](self, step, prompt_source, True)
         return self._check_groups(groups, "data_flow.eval_function", self.rollout_config.val_kwargs.n)
 

@@ -332,7 +332,8 @@ class RayPPOTrainer:
             metrics.update(self._rollout_mode())
         with timer("gen", timing):
             if self.group_rollout is not None:  # groups kept by the filters, already scored (token_level_scores)
-                batch, flow_metrics = self.group_rollout.train_batch(self.global_steps, self.prompt_source)
+                batch, flow_metrics = self.group_rollout.train_batch(self.global_steps, self.prompt_source,
+                                                                     self.weights_version())
                 metrics.update(flow_metrics)
             else:
                 batch = self._generate(prompts, n=rollout.n, validate=False)
@@ -424,6 +425,11 @@ class RayPPOTrainer:
     def _trainer_mode(self) -> dict[str, float]:
         """Rollout mode -> trainer mode on every rank (the engine releases its memory); timings."""
         return mean_of_rank_metrics(self.actor_rollout_wg.trainer_mode())
+
+    def weights_version(self) -> int:
+        """The policy version of the actor's weights (the workers' count, batch_layout.py): what the engines report
+        with the tokens they generate once they hold these weights."""
+        return self.actor_rollout_wg.current_weights_version()[0]
 
     def _generate(self, prompts: DataProto, *, n: int, validate: bool, do_sample: bool | None = None,
                   sampling_overrides: dict | None = None) -> DataProto:

@@ -21,8 +21,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from hybridrl.agent_loop.manager import WEIGHT_VERSIONS_KEY
 from hybridrl.protocol import DataProto
+from hybridrl.workers.rollout.batch_layout import WEIGHT_VERSIONS_KEY
 
 
 @dataclass

@@ -21,8 +21,9 @@ Engines (`AsyncEngine`: `async generate(prompt_ids, sampling_params) -> dict`):
 Request (POST /generate, JSON): {"request_id", "prompt_ids": [int], "sampling_params": {temperature,
 top_p, top_k, logprobs, max_tokens (default rollout.response_length)}}. Temperature 0 = greedy.
 Answer: verl's TokenOutput as JSON {token_ids, log_probs, stop_reason} plus `weight_version`, the policy version
-(actor updates) of the weights that generated it; an engine error is an HTTP 500 whose body is the error
-and its traceback.
+of the weights that generated it (training steps whose update produced them, batch_layout.py): the one source of
+every per-token version the trainer sees (response_weight_versions); an engine error is an HTTP 500 whose body is
+the error and its traceback.
 
 Abort (POST /abort, partial rollout, data/ and trainer/ppo/group_rollout.py): every request under way stops at
 its next token and answers with the tokens (and log-probs) it has so far and stop_reason "aborted"; requests

@@ -15,6 +15,15 @@ fixed-shape tensors. `to_batch_layout` is the one function that pads them:
     response_mask    the given mask (0 = not trained on, e.g. tool tokens), else 1 on every
                      response token; always 0 on padding
     rollout_log_probs when given: the engine's log-probs, 0 on padding
+    response_weight_versions  when given (WEIGHT_VERSIONS_KEY): per response token, the policy
+                     version of the weights that generated it, as the engine server reported it
+                     with the tokens (workers/rollout/async_server.py); -1 on tokens no engine
+                     generated (a tool's answer, a failed loop's stand-in) and on padding
+
+A policy version counts the training steps whose actor update produced the weights: 0 for the
+initial weights, k after k updates, in every schedule (colocated, disaggregated, asynchronous).
+A run resumed from the checkpoint of step N continues from N (less the trainer.critic_warmup
+steps, which update no actor: trainer/ppo/checkpointing.weights_version_after).
 
 A row longer than its length is an error naming the row: truncating would silently train on a
 different sequence than the one generated. Cutting a response at its first EOS is the engine's
@@ -26,10 +35,13 @@ import torch
 
 from hybridrl.protocol import DataProto
 
+WEIGHT_VERSIONS_KEY = "response_weight_versions"  # [B, response_length] int64, see the module docstring
+
 
 def to_batch_layout(prompt_ids: list[list[int]], response_ids: list[list[int]], *, prompt_length: int,
                     response_length: int, pad_token_id: int, response_mask: list[list[int]] | None = None,
-                    response_logprobs: list[list[float]] | None = None) -> DataProto:
+                    response_logprobs: list[list[float]] | None = None,
+                    weight_versions: list[list[int]] | None = None) -> DataProto:
     """Pad ragged prompt/response token lists into the trainer's batch layout (see the module docstring)."""
     rows = len(prompt_ids)
     _check_rows("response_ids", response_ids, rows)
@@ -37,6 +49,8 @@ def to_batch_layout(prompt_ids: list[list[int]], response_ids: list[list[int]], 
         _check_rows("response_mask", response_mask, rows)
     if response_logprobs is not None:
         _check_rows("response_logprobs", response_logprobs, rows)
+    if weight_versions is not None:
+        _check_rows("weight_versions", weight_versions, rows)
 
     prompts = torch.full((rows, prompt_length), pad_token_id, dtype=torch.long)
     prompt_mask = torch.zeros((rows, prompt_length), dtype=torch.long)
@@ -44,6 +58,7 @@ def to_batch_layout(prompt_ids: list[list[int]], response_ids: list[list[int]], 
     response_attention = torch.zeros((rows, response_length), dtype=torch.long)
     loss_mask = torch.zeros((rows, response_length), dtype=torch.long)
     log_probs = torch.zeros((rows, response_length), dtype=torch.float32)
+    versions = torch.full((rows, response_length), -1, dtype=torch.long)
     for row in range(rows):
         prompt, response = prompt_ids[row], response_ids[row]
         if not prompt:
@@ -65,6 +80,8 @@ def to_batch_layout(prompt_ids: list[list[int]], response_ids: list[list[int]], 
         if response_logprobs is not None:
             log_probs[row, :width] = _row_values("response_logprobs", response_logprobs[row], row, width,
                                                  torch.float32)
+        if weight_versions is not None:
+            versions[row, :width] = _row_values("weight_versions", weight_versions[row], row, width, torch.long)
 
     prompt_positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
     response_positions = prompt_positions[:, -1:] + torch.arange(1, response_length + 1, dtype=torch.long)
@@ -78,7 +95,27 @@ def to_batch_layout(prompt_ids: list[list[int]], response_ids: list[list[int]], 
     }
     if response_logprobs is not None:
         tensors["rollout_log_probs"] = log_probs
+    if weight_versions is not None:
+        tensors[WEIGHT_VERSIONS_KEY] = versions
     return DataProto.from_dict(tensors)
+
+
+def staleness(versions: torch.Tensor, current_version: int) -> torch.Tensor:
+    """Per row that has generated tokens (version >= 0): how many versions older than `current_version` its oldest
+    token is. The one measure behind data_flow/staleness/* and async_training/staleness/*."""
+    generated = versions >= 0
+    oldest = torch.where(generated, versions, torch.full_like(versions, current_version)).min(dim=-1).values
+    return (current_version - oldest)[generated.any(dim=-1)]
+
+
+def spans_versions(versions: torch.Tensor) -> torch.Tensor:
+    """Per row: whether its generated tokens come from more than one version (generation continued after an abort,
+    or a multi-turn sample across a weight update)."""
+    generated = versions >= 0
+    newest = versions.max(dim=-1).values  # padding and inserted tokens are -1
+    never = torch.full_like(versions, torch.iinfo(versions.dtype).max)
+    oldest = torch.where(generated, versions, never).min(dim=-1).values
+    return generated.any(dim=-1) & (newest != oldest)
 
 
 def _check_rows(name: str, values: list, rows: int) -> None:
