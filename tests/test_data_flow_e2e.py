@@ -89,7 +89,9 @@ def test_partial_rollout_continues_aborted_samples_and_its_buffer_resumes_bit_fo
     run_dir = str(tmp_path / "run")
     common = ["actor_rollout_ref.rollout.n=2", "data.train_batch_size=4",
               "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-              "data.max_response_length=16", "actor_rollout_ref.rollout.max_num_seqs=1",  # one request at a time
+              # one request at a time, each long enough (the tiny random model rarely samples EOS) that the abort
+              # finds one midway rather than in the gap between two
+              "data.max_response_length=64", "actor_rollout_ref.rollout.max_num_seqs=1",
               "actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.save_freq=1", "trainer.test_freq=-1",
               *flow_overrides("data_flow.partial_rollout=true", "data_flow.over_sampling_batch_size=8")]
     first, _ = run_trainer(make_config(toy_task, run_dir, *common, "trainer.total_training_steps=2"))
