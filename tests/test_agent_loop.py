@@ -15,7 +15,7 @@ from hybridrl.agent_loop import AgentLoopOutput
 from hybridrl.protocol import DataProto
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.workers.rollout.async_server import EngineServer, HFGenerateEngine
-from hybridrl.workers.rollout.batch_layout import to_batch_layout
+from hybridrl.data.batch_layout import to_batch_layout
 
 
 # ---------------------------------------------------------------------- registry

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hybridrl.agent_loop.manager import VersionRecorder
-from hybridrl.workers.rollout.batch_layout import WEIGHT_VERSIONS_KEY
+from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY
 from hybridrl.config import ConfigError, compose_config, validate_config
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller.resource_pool_manager import (ROLLOUT_POOL, TRAINER_POOL, pool_specs, role_mapping,

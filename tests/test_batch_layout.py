@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from hybridrl.workers.rollout.batch_layout import WEIGHT_VERSIONS_KEY, spans_versions, staleness, to_batch_layout
+from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY, spans_versions, staleness, to_batch_layout
 
 PAD = 0
 

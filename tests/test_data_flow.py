@@ -21,7 +21,7 @@ from hybridrl.data.sample import ABORTED, PENDING, Sample, groups_to_batch, part
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.agent_loop.base import TokenOutput
 from hybridrl.workers.rollout.async_server import EngineServer, HFGenerateEngine
-from hybridrl.workers.rollout.batch_layout import WEIGHT_VERSIONS_KEY
+from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY
 
 
 def scored_group(group_index, rewards, response=(7, 8, 9), version=0):

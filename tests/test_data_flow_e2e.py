@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hybridrl.data.hooks import load_hook
-from hybridrl.workers.rollout.batch_layout import WEIGHT_VERSIONS_KEY
+from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY
 from hybridrl.trainer.ppo.group_rollout import HookFailed
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from test_async_rollout import spy_on_update_actor

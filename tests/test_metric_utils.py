@@ -28,7 +28,7 @@ def test_no_rollout_log_probs_no_metric():
 
 def test_lengths_count_masked_tool_tokens_but_advantages_only_trained_ones():
     from hybridrl.trainer.ppo.metric_utils import compute_data_metrics
-    from hybridrl.workers.rollout.batch_layout import to_batch_layout
+    from hybridrl.data.batch_layout import to_batch_layout
 
     # row 0: 2 model tokens, 2 tool tokens (mask 0), 1 model token = 5 of 5 (clipped); row 1: 2 model tokens
     batch = to_batch_layout([[7, 8], [9]], [[1, 2, 3, 4, 5], [6, 2]], prompt_length=2, response_length=5,

@@ -42,7 +42,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from hybridrl.workers.rollout import BaseRollout
-from hybridrl.workers.rollout.batch_layout import to_batch_layout
+from hybridrl.data.batch_layout import to_batch_layout
 from hybridrl.workers.rollout.hf_rollout import mask_through_first_eos
 
 EVENTS_DIR = {events_dir!r}

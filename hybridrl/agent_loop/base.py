@@ -15,7 +15,7 @@ Shaped like verl's `verl.experimental.agent_loop` so a verl agent loop ports by 
 One instance runs one sample: `run` gets the rollout's sampling parameters and every column of the
 sample's dataset row as keyword arguments (raw_prompt, extra_info, reward_model, data_source, ...).
 It returns token lists, never padded tensors: padding happens once, when the manager turns all
-outputs into the batch (workers/rollout/batch_layout.py).
+outputs into the batch (data/batch_layout.py).
 
 Loops are found by name: `@register("name")` in code, or a YAML list named by
 `actor_rollout_ref.rollout.agent.agent_loop_config_path`

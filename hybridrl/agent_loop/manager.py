@@ -44,7 +44,7 @@ from hybridrl.data.hooks import load_hook
 from hybridrl.data.sample import Sample
 from hybridrl.protocol import DataProto
 from hybridrl.utils.import_utils import load_extensions
-from hybridrl.workers.rollout.batch_layout import to_batch_layout
+from hybridrl.data.batch_layout import to_batch_layout
 from hybridrl.workers.rollout.sampling import SAMPLING_OVERRIDES, max_new_tokens, sampling_source
 
 AGENT_SCORES_KEY = "agent_reward_scores"  # per row: the loop's reward_score, NaN when it gave none

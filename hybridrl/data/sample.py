@@ -8,7 +8,7 @@ padded DataProto, in one function, `groups_to_batch` (padding itself is batch_la
 A group is `list[Sample]`: the `rollout.n` samples of one prompt, sharing `group_index`.
 
 Every response token carries the policy version of the weights that generated it (`token_versions`), as the engine
-server reported it with the tokens (TokenOutput.weight_version; the definition: workers/rollout/batch_layout.py).
+server reported it with the tokens (TokenOutput.weight_version; the definition: data/batch_layout.py).
 A sample continued after an abort has tokens of two or more versions; the trainer sees them as the
 `response_weight_versions` column (the one the agent loops fill too) and the metrics `data_flow/partial_ratio` and
 `data_flow/staleness/*`, computed from that column.
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.workers.rollout.batch_layout import WEIGHT_VERSIONS_KEY, spans_versions, staleness, to_batch_layout
+from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY, spans_versions, staleness, to_batch_layout
 
 PENDING, COMPLETED, TRUNCATED, ABORTED = "pending", "completed", "truncated", "aborted"
 STATUSES = (PENDING, COMPLETED, TRUNCATED, ABORTED)

@@ -78,7 +78,7 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
         torch.manual_seed(seed + self.rank)
         # The policy version of the actor's weights: training steps whose update produced them (+1 per update_actor;
         # a checkpoint's load sets its step's). The engine server reports it with every answer, the one source of the
-        # per-token versions (rollout/batch_layout.py); the mode switch pushes the weights into an engine only when
+        # per-token versions (data/batch_layout.py); the mode switch pushes the weights into an engine only when
         # the engine holds another version.
         self.weights_version = 0
         self.engine_server = None  # rollout.mode=async: this rank's engine server (start_engine_server)

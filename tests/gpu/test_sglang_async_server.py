@@ -29,7 +29,7 @@ from benchmarks.hybrid_engine import (QWEN25_05B, hybrid_config, init_single_gpu
 from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, EngineServerError  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker  # noqa: E402
-from hybridrl.workers.rollout.batch_layout import to_batch_layout  # noqa: E402
+from hybridrl.data.batch_layout import to_batch_layout  # noqa: E402
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 64, 64
 MEAN_ABS_TOLERANCE = 0.02  # bf16 engine vs bf16 FSDP forward, per response token (as test_sglang_worker)

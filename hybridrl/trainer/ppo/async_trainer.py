@@ -18,7 +18,7 @@ started (the oldest version among its tokens); a staler one is dropped or its pr
 (`async_training.stale_samples`). Per-token versions: the batch's response_weight_versions (agent_loop/manager.py).
 
 Metrics (async_training/*): policy_version (the version of the weights this step's update starts from: training
-steps whose update produced them, workers/rollout/batch_layout.py; a resumed run continues from its checkpoint's
+steps whose update produced them, data/batch_layout.py; a resumed run continues from its checkpoint's
 step), staleness/{min,mean,max} over the step's samples (policy_version minus the version their generation started
 with, batch_layout.staleness on response_weight_versions; max never exceeds the bound),
 dropped_groups / requeued_groups (this step), groups_ahead (generating or waiting after the step).
@@ -38,7 +38,7 @@ from hybridrl.trainer.ppo.disaggregated import DisaggregatedPPOTrainer
 from hybridrl.trainer.ppo.metric_utils import reduce_metrics, timer
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from hybridrl.trainer.ppo.rollouter import Rollouter, assign_uids, prompts_from_plain, prompts_to_plain
-from hybridrl.workers.rollout.batch_layout import WEIGHT_VERSIONS_KEY, staleness
+from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY, staleness
 
 
 def trainer_class(config) -> type[RayPPOTrainer]:

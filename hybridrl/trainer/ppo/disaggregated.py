@@ -11,7 +11,7 @@ devices). The overlapping schedules (one-step-off, fully asynchronous) build on 
 
 Every engine knows the policy version it holds (`rollout_version` here, the engine server's weight_version,
 reported with every response: agent_loop/manager.py records it per token as response_weight_versions; the
-definition, the same in every schedule: workers/rollout/batch_layout.py).
+definition, the same in every schedule: data/batch_layout.py).
 """
 from __future__ import annotations
 

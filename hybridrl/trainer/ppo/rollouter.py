@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.workers.rollout.batch_layout import WEIGHT_VERSIONS_KEY
+from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY
 
 
 @dataclass

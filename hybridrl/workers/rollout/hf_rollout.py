@@ -33,7 +33,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.utils.fsdp_utils import hf_module
 from hybridrl.utils.torch_functional import logprobs_from_logits
 from hybridrl.workers.rollout.base import BaseRollout, register_rollout
-from hybridrl.workers.rollout.batch_layout import to_batch_layout
+from hybridrl.data.batch_layout import to_batch_layout
 from hybridrl.workers.rollout.sampling import max_new_tokens, sampling_source
 
 

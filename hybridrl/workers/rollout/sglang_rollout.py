@@ -60,7 +60,7 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import BaseRollout, register_rollout
-from hybridrl.workers.rollout.batch_layout import to_batch_layout
+from hybridrl.data.batch_layout import to_batch_layout
 from hybridrl.workers.rollout.sampling import max_new_tokens, sampling_source
 from hybridrl.workers.rollout.sglang_weights import DTYPES, FlatBucket, gpu_memory
 
