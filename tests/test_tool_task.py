@@ -9,8 +9,8 @@ The greedy gain is a late, threshold-like event: sampled accuracy stays at 1-3 %
 sample rise (0.21 -> 0.5), and the greedy answer flips to calling the tool only near the end. On 2026-11-27 the
 final greedy accuracy was 28.9 % in a run alone and 9.4 % in one under a full-suite load. So the test asks for a
 5-point gain (the margin below the worst run seen) and, the steadier signal, for 1.5x the tool calls per sample
-in the last 5 steps as in the first 5; the issue's 15 points are not yet reliable (open in issue 14). Slow: on an empty cache it builds the warm
-start first (600 SFT steps, 3-9 minutes).
+in the last 5 steps as in the first 5; the issue's 15 points are not yet reliable (open in issue 14).
+Slow: on an empty cache it builds the warm start first (600 SFT steps, 3-9 minutes).
 """
 import json
 import os
