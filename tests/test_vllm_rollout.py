@@ -18,7 +18,7 @@ from hybridrl.config import compose_config, validate_config
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout import vllm_rollout
 from hybridrl.workers.rollout.base import get_rollout_class
-from hybridrl.workers.rollout.sglang_rollout import EngineDiedError, EngineMemoryError
+from hybridrl.workers.rollout.engine_io import EngineDiedError, EngineMemoryError
 from hybridrl.workers.rollout.vllm_async import VLLMAsyncEngine
 from hybridrl.workers.rollout.vllm_rollout import VLLMRollout, engine_kwargs, sampling_params, sleep_level
 
@@ -273,7 +273,7 @@ def test_a_wake_up_without_room_fails_first_naming_the_numbers_and_keys(engine):
     with pytest.raises(EngineMemoryError) as caught:
         rollout.resume(("weights",))
     message = str(caught.value)
-    assert "waking the vllm engine's ['weights', 'kv_cache'] needs 12.00 GiB, but only 10.00 GiB of 80.00 GiB" in message
+    assert "resuming the vllm engine's ['weights', 'kv_cache'] needs 12.00 GiB, but only 10.00 GiB of 80.00 GiB" in message
     assert "the trainer holds 70.00 GiB allocated" in message
     assert "actor_rollout_ref.rollout.gpu_memory_utilization (now 0.6)" in message and "param_offload=true" in message
     assert rollout.llm.calls == []  # refused before vLLM's allocator could fail

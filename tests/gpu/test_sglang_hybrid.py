@@ -27,7 +27,7 @@ from benchmarks.hybrid_engine import (EOS_ID, PAD_ID, QWEN25_05B, build_actor, b
                                       hybrid_config, init_single_gpu_process_group, make_qwen05b_model,
                                       offloading_switch, random_prompts, rollout_window, train_step)
 from hybridrl.algorithms.core_algos import compute_advantage  # noqa: E402
-from hybridrl.workers.rollout.sglang_rollout import EngineDiedError, EngineMemoryError  # noqa: E402
+from hybridrl.workers.rollout.engine_io import EngineDiedError, EngineMemoryError  # noqa: E402
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 64, 64
 VOCAB = QWEN25_05B["vocab_size"]

@@ -29,7 +29,7 @@ pytest.importorskip("vllm")
 from benchmarks.hybrid_engine import (EOS_ID, QWEN25_05B, build_actor, build_hybrid, hybrid_config,  # noqa: E402
                                       init_single_gpu_process_group, make_qwen05b_model, random_prompts,
                                       rollout_window)
-from hybridrl.workers.rollout.sglang_rollout import EngineMemoryError  # noqa: E402
+from hybridrl.workers.rollout.engine_io import EngineMemoryError  # noqa: E402
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 64, 64
 VOCAB = QWEN25_05B["vocab_size"]

@@ -24,7 +24,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hybridrl.workers.rollout.sglang_rollout import ALL_MEMORY_TAGS, EngineDiedError
+from hybridrl.workers.rollout.engine_io import EngineDiedError
+from hybridrl.workers.rollout.sglang_rollout import ALL_MEMORY_TAGS
 
 
 class SGLangAsyncEngine:

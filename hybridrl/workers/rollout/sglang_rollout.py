@@ -60,15 +60,15 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import BaseRollout, register_rollout
-from hybridrl.data.batch_layout import to_batch_layout
+from hybridrl.workers.rollout.engine_io import (RESUME_HEADROOM, EngineDiedError, GiB,
+                                                engine_output, generation_config_ids, prompt_token_lists,
+                                                resume_memory_error, token_ids)
 from hybridrl.workers.rollout.sampling import max_new_tokens, sampling_source
 from hybridrl.workers.rollout.sglang_weights import DTYPES, FlatBucket, gpu_memory
 
 logger = logging.getLogger(__name__)
 
 ALL_MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")  # sglang.srt.constants GPU_MEMORY_TYPE_*
-GiB = 1 << 30
-RESUME_HEADROOM = 256 << 20  # CUDA contexts and allocation granularity: never resume into the last bytes
 
 # Engine arguments that come from rollout config keys; engine_kwargs.sglang may not set them.
 CONFIG_OWNED_ENGINE_KWARGS = {
@@ -87,15 +87,6 @@ CONFIG_OWNED_ENGINE_KWARGS = {
     "random_seed": "(this process's torch seed)",
 }
 DEFAULT_ENGINE_KWARGS = {"attention_backend": "triton", "sampling_backend": "pytorch", "log_level": "error"}
-
-
-class EngineDiedError(RuntimeError):
-    """An SGLang engine process died; the message names it and its exit code."""
-
-
-class EngineMemoryError(RuntimeError):
-    """The engine cannot resume: the device has less free memory than the resume takes. Raised before trying,
-    since a resume that runs out of memory kills the engine's scheduler (torch_memory_saver: cudaError 2)."""
 
 
 @register_rollout("sglang")
@@ -122,7 +113,7 @@ class SGLangRollout(BaseRollout):
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.last_switch: dict[str, float] = {}  # timings, sync size and memory of the last switch
         self._metrics: dict[str, float] = {}
-        self.generation_config = _generation_config(model_config.path)
+        self.generation_config = generation_config_ids(model_config.path)
         logger.info("sglang engine started in %.1f s with %s", self.engine_start_s, self.engine_kwargs)
         self.resume_bytes: dict[str, int] = {}  # what resuming each tag takes from the device (measured below)
         if config.free_cache_engine:
@@ -134,13 +125,10 @@ class SGLangRollout(BaseRollout):
         if self.awake_tags != set(ALL_MEMORY_TAGS):
             raise RuntimeError(f"generate_sequences: the engine's memory is released (awake: {sorted(self.awake_tags)}); "
                                f"generate in rollout mode (resume(('weights',)), update_weights, resume(('kv_cache',)))")
-        prompt_ids = prompts.batch["input_ids"]
-        prompt_mask = prompts.batch["attention_mask"]
-        eos_ids = self._token_ids(prompts.meta_info, "eos_token_id")
-        pad_id = self._token_ids(prompts.meta_info, "pad_token_id")[0]
+        eos_ids = token_ids(prompts.meta_info, "eos_token_id", self.generation_config)
+        pad_id = token_ids(prompts.meta_info, "pad_token_id", self.generation_config)[0]
         params = sampling_params(self.config, prompts.meta_info, eos_ids)
-        # Left padding is the trainer's layout, not the model's input: send each prompt's real tokens.
-        token_lists = [row[mask.bool()].tolist() for row, mask in zip(prompt_ids, prompt_mask)]
+        token_lists = prompt_token_lists(prompts)
         started = time.perf_counter()
         outputs = self.monitor.call("generate", self.engine.generate, input_ids=token_lists,
                                     sampling_params=params, return_logprob=self.config.calculate_log_probs)
@@ -150,20 +138,8 @@ class SGLangRollout(BaseRollout):
         log_probs = None
         if self.config.calculate_log_probs:
             log_probs = [[entry[0] for entry in output["meta_info"]["output_token_logprobs"]] for output in outputs]
-        output = to_batch_layout(token_lists, generated, prompt_length=prompt_ids.shape[1],
-                                 response_length=response_length, pad_token_id=pad_id, response_logprobs=log_probs)
-        # The engine's own share of timing_s/gen (the rest is dispatch and packing), and its decode rate.
-        tokens = sum(len(ids) for ids in generated)
-        output.meta_info["metrics"] = {"timing_s/engine_generate": engine_seconds,
-                                       "rollout/engine_tokens_per_s": tokens / max(engine_seconds, 1e-9)}
-        return output
-
-    def _token_ids(self, meta_info: dict, key: str) -> list[int]:
-        """meta_info[key] (the trainer sends the tokenizer's ids), else the model directory's generation_config."""
-        value = meta_info.get(key, self.generation_config.get(key))
-        if value is None:
-            raise ValueError(f"generate_sequences needs meta_info[{key!r}] (the model's generation_config has none)")
-        return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+        return engine_output(prompts, token_lists, generated, log_probs, response_length=response_length,
+                             pad_token_id=pad_id, engine_seconds=engine_seconds)
 
     def _measure_resume_bytes(self) -> dict[str, int]:
         """Release everything, then resume the weights and the rest once each, reading the device's free memory
@@ -226,15 +202,8 @@ class SGLangRollout(BaseRollout):
         need = self.bytes_to_resume(tags)
         free, total = torch.cuda.mem_get_info(self.device)
         if free < need + RESUME_HEADROOM:
-            raise EngineMemoryError(
-                f"rollout mode: resuming the sglang engine's {list(tags)} needs {need / GiB:.2f} GiB on {self.device}, "
-                f"but only {free / GiB:.2f} GiB of {total / GiB:.2f} GiB are free after the trainer returned its cached "
-                f"memory (the trainer holds {torch.cuda.memory_allocated(self.device) / GiB:.2f} GiB allocated). "
-                f"Make room: lower actor_rollout_ref.rollout.gpu_memory_utilization (now "
-                f"{self.config.gpu_memory_utilization}), lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu / "
-                f"ppo_micro_batch_size_per_gpu (activation peaks the allocator keeps), or set "
-                f"actor_rollout_ref.actor.fsdp_config.param_offload=true and optimizer_offload=true (the trainer's "
-                f"state waits in CPU memory during the rollout)")
+            raise resume_memory_error("sglang", tags, need, free, total, torch.cuda.memory_allocated(self.device),
+                                      self.config)
         self._timed(stage, self.resume_memory, tags)
 
     def update_weights(self, named_tensors) -> None:
@@ -418,17 +387,6 @@ def _generated_ids(output: dict, row: int, response_length: int) -> list[int]:
         raise RuntimeError(f"sglang returned {len(generated)} tokens for prompt row {row}, more than "
                            f"rollout.response_length={response_length}")
     return generated
-
-
-def _generation_config(model_path: str) -> dict:
-    """eos/pad ids of the model directory's generation_config (empty when it has none)."""
-    from transformers import GenerationConfig
-
-    try:
-        generation_config = GenerationConfig.from_pretrained(model_path)
-    except OSError:
-        return {}
-    return {"eos_token_id": generation_config.eos_token_id, "pad_token_id": generation_config.pad_token_id}
 
 
 # ---------------------------------------------------------------------- engine failure → exception

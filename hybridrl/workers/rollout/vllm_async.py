@@ -26,7 +26,7 @@ import asyncio
 import itertools
 from typing import Any
 
-from hybridrl.workers.rollout.sglang_rollout import EngineDiedError
+from hybridrl.workers.rollout.engine_io import EngineDiedError
 from hybridrl.workers.rollout.vllm_rollout import ALL_MEMORY_TAGS, sampled_log_probs
 
 STOP_REASONS = {"length": "length", "abort": "aborted"}  # vLLM finish_reason -> verl's stop_reason ("completed" else)

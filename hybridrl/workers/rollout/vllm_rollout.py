@@ -42,10 +42,10 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import BaseRollout, register_rollout
-from hybridrl.data.batch_layout import to_batch_layout
 from hybridrl.workers.rollout.sampling import max_new_tokens, sampling_source
-from hybridrl.workers.rollout.sglang_rollout import (GiB, RESUME_HEADROOM, EngineDiedError, EngineMemoryError,
-                                                     _generation_config)
+from hybridrl.workers.rollout.engine_io import (RESUME_HEADROOM, EngineDiedError, GiB,
+                                                engine_output, generation_config_ids, prompt_token_lists,
+                                                resume_memory_error, token_ids)
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class VLLMRollout(BaseRollout):
         self.weights_stale = False  # True from a level-2 sleep until the next push: the weights' memory is garbage
         self.last_switch: dict[str, float] = {}  # timings and sync size of the last switch
         self._metrics: dict[str, float] = {}
-        self.generation_config = _generation_config(model_config.path)
+        self.generation_config = generation_config_ids(model_config.path)
         logger.info("vllm engine started in %.1f s with %s", self.engine_start_s, self.engine_kwargs)
         self.resume_bytes: dict[str, int] = {}  # what waking each tag takes from the device (measured below)
         if config.free_cache_engine:
@@ -155,13 +155,10 @@ class VLLMRollout(BaseRollout):
         if self.weights_stale:
             raise RuntimeError("generate_sequences: the vllm engine's weights were discarded (sleep level 2) and not "
                                "pushed since; call update_weights after resume(('weights',))")
-        prompt_ids = prompts.batch["input_ids"]
-        prompt_mask = prompts.batch["attention_mask"]
-        eos_ids = self._token_ids(prompts.meta_info, "eos_token_id")
-        pad_id = self._token_ids(prompts.meta_info, "pad_token_id")[0]
+        eos_ids = token_ids(prompts.meta_info, "eos_token_id", self.generation_config)
+        pad_id = token_ids(prompts.meta_info, "pad_token_id", self.generation_config)[0]
         params = self.vllm.SamplingParams(**sampling_params(self.config, prompts.meta_info, eos_ids))
-        # Left padding is the trainer's layout, not the model's input: send each prompt's real tokens.
-        token_lists = [row[mask.bool()].tolist() for row, mask in zip(prompt_ids, prompt_mask)]
+        token_lists = prompt_token_lists(prompts)
         started = time.perf_counter()
         outputs = self._call("generate", self.llm.generate, [{"prompt_token_ids": ids} for ids in token_lists],
                              params, use_tqdm=False)
@@ -171,20 +168,8 @@ class VLLMRollout(BaseRollout):
         log_probs = None
         if self.config.calculate_log_probs:
             log_probs = [sampled_log_probs(completion, row) for row, completion in enumerate(completions)]
-        output = to_batch_layout(token_lists, generated, prompt_length=prompt_ids.shape[1],
-                                 response_length=self.config.response_length, pad_token_id=pad_id,
-                                 response_logprobs=log_probs)
-        tokens = sum(len(ids) for ids in generated)
-        output.meta_info["metrics"] = {"timing_s/engine_generate": engine_seconds,
-                                       "rollout/engine_tokens_per_s": tokens / max(engine_seconds, 1e-9)}
-        return output
-
-    def _token_ids(self, meta_info: dict, key: str) -> list[int]:
-        """meta_info[key] (the trainer sends the tokenizer's ids), else the model directory's generation_config."""
-        value = meta_info.get(key, self.generation_config.get(key))
-        if value is None:
-            raise ValueError(f"generate_sequences needs meta_info[{key!r}] (the model's generation_config has none)")
-        return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+        return engine_output(prompts, token_lists, generated, log_probs, response_length=self.config.response_length,
+                             pad_token_id=pad_id, engine_seconds=engine_seconds)
 
     # ------------------------------------------------------------------ lifecycle (rollout/base.py)
     @property
@@ -217,14 +202,7 @@ class VLLMRollout(BaseRollout):
         need = self.bytes_to_resume(tags)
         free, total = self.memory.free_and_total()
         if free < need + RESUME_HEADROOM:
-            raise EngineMemoryError(
-                f"rollout mode: waking the vllm engine's {list(tags)} needs {need / GiB:.2f} GiB, but only "
-                f"{free / GiB:.2f} GiB of {total / GiB:.2f} GiB are free after the trainer returned its cached memory "
-                f"(the trainer holds {self.memory.allocated() / GiB:.2f} GiB allocated). Make room: lower "
-                f"actor_rollout_ref.rollout.gpu_memory_utilization (now {self.config.gpu_memory_utilization}), lower "
-                f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu / ppo_micro_batch_size_per_gpu (activation peaks "
-                f"the allocator keeps), or set actor_rollout_ref.actor.fsdp_config.param_offload=true and "
-                f"optimizer_offload=true (the trainer's state waits in CPU memory during the rollout)")
+            raise resume_memory_error("vllm", tags, need, free, total, self.memory.allocated(), self.config)
         self._timed(stage, self.wake_up, tags)
 
     def update_weights(self, named_tensors) -> None:
