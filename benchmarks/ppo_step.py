@@ -95,7 +95,8 @@ def trainer_overrides(args, model_dir: str, run_dir: str) -> list[str]:
 def run_trainer(args, model_dir: str, layout: str) -> dict:
     """One main_ppo run; the mean of each metric over the steps after the first."""
     run_dir = os.path.join(args.work_dir, f"run_{args.shape}_{args.gpus}gpu_{layout}")
-    command = [sys.executable, "-m", "hybridrl.main_ppo", *trainer_overrides(args, model_dir, run_dir), *LAYOUTS[layout]]
+    command = [sys.executable, "-m", "hybridrl.main_ppo", *trainer_overrides(args, model_dir, run_dir), *LAYOUTS[layout],
+               *args.overrides]
     started = time.perf_counter()
     completed = subprocess.run(command, capture_output=True, text=True)
     wall = time.perf_counter() - started
@@ -223,6 +224,7 @@ def main() -> None:
                         help="SGLang log_level=info: summarise the scheduler's decode lines per layout")
     parser.add_argument("--work-dir", default="/tmp/ppo_step")
     parser.add_argument("--out", default=None, help="write the results as JSON here too")
+    parser.add_argument("overrides", nargs="*", help="more Hydra overrides for every trainer run")
     args = parser.parse_args()
     os.makedirs(args.work_dir, exist_ok=True)
     model_dir = make_model(args.shape, args.tokenizer, os.path.join(args.work_dir, f"model_{args.shape}"))

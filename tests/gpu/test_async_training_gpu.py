@@ -67,7 +67,7 @@ def run(task, run_dir, *overrides) -> list[dict]:
                "actor_rollout_ref.rollout.calculate_log_probs=true", f"trainer.total_training_steps={STEPS}",
                "trainer.val_before_train=false", "trainer.test_freq=-1", f"trainer.default_local_dir={run_dir}",
                "trainer.logger=[console,jsonl]", *overrides]
-    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")]))}
     result = subprocess.run(command, cwd=run_dir.parent, env=env, capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, f"exit code {result.returncode}; stderr ends:\n{result.stderr[-4000:]}"
     with open(run_dir / "metrics.jsonl") as f:
