@@ -39,6 +39,7 @@ The compose API takes the same file (searchpath lines included):
 """
 from __future__ import annotations
 
+import os
 import sys
 
 import hydra
@@ -54,8 +55,12 @@ from hybridrl.defaults.tool_task import ensure_tool_task_assets
 from hybridrl.utils.import_utils import load_extensions
 
 # Set in every Ray worker process: tokenizers' own thread pool deadlocks after fork, and NCCL's
-# INFO chatter would drown the training log.
-WORKER_ENV_VARS = {"TOKENIZERS_PARALLELISM": "false", "NCCL_DEBUG": "WARN"}
+# INFO chatter would drown the training log. SGLang's engine processes always run NCCL with
+# NCCL_CUMEM_ENABLE=0; a trainer rank that shares an NCCL group with them (the weight-update group of
+# disaggregated training) must use the same buffer kind, or the group's first broadcast fails with
+# "Cuda failure 'invalid argument'" (seen on 2 H200s, 2026-11-27). A value the user exported wins.
+WORKER_ENV_VARS = {"TOKENIZERS_PARALLELISM": "false", "NCCL_DEBUG": "WARN",
+                   "NCCL_CUMEM_ENABLE": os.environ.get("NCCL_CUMEM_ENABLE", "0")}
 
 
 
