@@ -13,8 +13,12 @@ own `ray start --head --block` instead, and the driver connects to it:
   SIGKILL (Linux prctl PR_SET_PDEATHSIG), and the head stops raylet and GCS gracefully, so workers and agents follow
   within seconds. `stop()` does the same for a driver that ends normally, then SIGKILLs what is left.
 - It runs in a session of its own, so Ctrl-C reaches the driver alone, which can then stop cleanly.
-- Its files live in its own temp dir (<tmp>/hybridrl-ray), so a plain `ray.init()` elsewhere on the machine does not
-  find it and join it (`ray start` records its address for that in its temp dir).
+- Its files live in a temp dir of its own (<tmp>/hybridrl-ray-<driver pid>), so a plain `ray.init()` elsewhere on
+  the machine does not find it and join it (`ray start` records its address for that in its temp dir), and two runs
+  started at once on one machine do not share session files.
+- Every port it listens on is a free one picked here: Ray's fixed defaults (dashboard 8265, client server 10001,
+  dashboard agent 52365, ...) made the second of two runs started at once on one machine fail ("Failed to find a
+  valid port for dashboard", then "Failed to register worker to Raylet").
 - It uses token authentication with a token made for this run (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN), as a local
   `ray.init()` cluster does; the environment's own RAY_AUTH_MODE / RAY_AUTH_TOKEN win.
 """
@@ -38,6 +42,10 @@ SINGLE_MACHINE_MODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 HEAD_START_TIMEOUT_S = 120
 HEAD_STARTED_LINE = "Ray runtime started."  # what `ray start` prints once the node is up
 HEAD_STOP_TIMEOUT_S = 30
+# `ray start` flags of the ports a head node listens on besides the GCS's --port; each gets a free port
+HEAD_PORT_FLAGS = ("dashboard-port", "ray-client-server-port", "node-manager-port", "object-manager-port",
+                   "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
+                   "metrics-export-port")
 _PR_SET_PDEATHSIG = 1
 
 
@@ -71,15 +79,16 @@ class LocalRayCluster:
     def __init__(self, num_cpus: Optional[int], node_ip_address: Optional[str]):
         self.num_cpus = num_cpus
         self.host = "127.0.0.1" if node_ip_address is None else node_ip_address
-        self.temp_dir = os.path.join(tempfile.gettempdir(), "hybridrl-ray")
-        self.log_path = os.path.join(self.temp_dir, f"head_{os.getpid()}.log")
+        self.temp_dir = os.path.join(tempfile.gettempdir(), f"hybridrl-ray-{os.getpid()}")
+        self.log_path = os.path.join(self.temp_dir, "head.log")
         self._head: Optional[subprocess.Popen] = None
 
     def start(self) -> str:
         os.makedirs(self.temp_dir, exist_ok=True)
-        port = _free_port(self.host)
+        port, *other_ports = _free_ports(self.host, 1 + len(HEAD_PORT_FLAGS))
         command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
-                   f"--temp-dir={self.temp_dir}", "--disable-usage-stats", f"--node-ip-address={self.host}"]
+                   f"--temp-dir={self.temp_dir}", "--disable-usage-stats", f"--node-ip-address={self.host}",
+                   *(f"--{flag}={other}" for flag, other in zip(HEAD_PORT_FLAGS, other_ports))]
         if self.num_cpus is not None:
             command.append(f"--num-cpus={self.num_cpus}")
         # No drain period on SIGTERM: nothing here serves traffic, and the head should go at once. Unbuffered: the
@@ -137,10 +146,17 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+def _free_ports(host: str, count: int) -> list[int]:
+    """`count` distinct ports free on `host` now (all held open while they are picked)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sockets = [socket.socket(family, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def _tail(path: str, lines: int = 30) -> str:
