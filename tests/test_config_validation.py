@@ -237,12 +237,15 @@ def test_sglang_says_what_it_needs():
         assert problems == [needs_gpu]
 
 
-def test_sglang_refuses_tensor_parallel_engines():
-    problems = problems_for("actor_rollout_ref.rollout.name=sglang", "trainer.device=cpu",
-                            "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
-    assert ("actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with actor_rollout_ref.rollout.name="
-            "'sglang' (one engine per GPU; tensor parallelism across ranks is not implemented yet, issue #17), "
-            "got 2") in problems
+def test_sglang_tensor_parallel_engines_run_in_the_synchronous_colocated_trainer():
+    base = ("actor_rollout_ref.rollout.name=sglang", "trainer.device=cpu",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
+    assert not any("tensor_model_parallel_size" in problem for problem in problems_for(*base))
+    assert ("actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with actor_rollout_ref.rollout.mode="
+            "'async' and actor_rollout_ref.hybrid_engine=True (tensor-parallel sglang engines run in the synchronous "
+            "colocated trainer: rollout.mode=sync, hybrid_engine=true; engine servers and separate rollout pools are "
+            "one engine per GPU, issue #17), got 2") in problems_for(*base, "actor_rollout_ref.rollout.mode=async",
+                                                                     "data.return_raw_chat=true")
     # the hf rollout generates from the FSDP module itself: nothing to split, tp=2 is accepted
     validate_config(compose_config(["actor_rollout_ref.rollout.tensor_model_parallel_size=2"]))
 

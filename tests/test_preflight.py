@@ -335,3 +335,20 @@ def test_the_rollout_pool_counts_towards_the_ranks_of_a_disaggregated_run(inputs
         "trainer.n_gpus_per_node: expected at most 2 ranks in all (one CPU each; the local Ray has 2 CPUs, "
         "ray_init.num_cpus), got trainer.nnodes * trainer.n_gpus_per_node = 1 * 1 + rollout.nnodes * "
         "rollout.n_gpus_per_node = 1 * 2 = 3"]
+
+
+@pytest.mark.parametrize("tp, name, refused", [(2, "sglang", False), (4, "sglang", True), (4, "hf", False)])
+def test_a_tensor_parallel_engine_needs_the_heads_to_divide(inputs, tp, name, refused):
+    """Checked on the model's config.json before any worker starts (sglang's config needs a GPU to validate, so the
+    check runs on the config's namespace here)."""
+    from types import SimpleNamespace
+
+    from hybridrl.config.preflight import _check_tensor_parallel_heads
+
+    rollout = SimpleNamespace(tensor_model_parallel_size=tp, name=name)
+    config = SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=rollout, model=SimpleNamespace(
+        path=inputs["model"])))
+    problems = []
+    _check_tensor_parallel_heads(config, problems)
+    assert problems == ([f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected a divisor of the model's "
+                         f"num_attention_heads (2, {inputs['model']}/config.json), got 4"] if refused else [])

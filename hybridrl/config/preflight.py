@@ -48,6 +48,7 @@ def check_before_start(config: PPOConfig) -> list[str]:
     _check_reward_function(config, problems)
     _check_tool_config(config, problems)
     _check_resources(config, problems)
+    _check_tensor_parallel_heads(config, problems)
     _check_run_dir(config.trainer.default_local_dir, problems)
     if problems:
         raise ConfigError(problems)
@@ -165,6 +166,24 @@ def _has_ground_truth(column_type: pa.DataType) -> bool:
 
 
 # ---- models ----
+
+def _check_tensor_parallel_heads(config: PPOConfig, problems: list[str]) -> None:
+    """A tensor-parallel engine splits the attention heads over its GPUs: their count must divide by the size
+    (the engine would refuse at start, on every rank, after the trainer had loaded)."""
+    tp = config.actor_rollout_ref.rollout.tensor_model_parallel_size
+    path = os.path.join(config.actor_rollout_ref.model.path, "config.json")
+    if tp == 1 or config.actor_rollout_ref.rollout.name == "hf" or not os.path.isfile(path):
+        return
+    try:
+        with open(path) as f:
+            model = json.load(f)
+        heads = model.get("text_config", model)["num_attention_heads"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # _check_model_dir reports an unreadable config.json
+    if heads % tp:
+        problems.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected a divisor of the model's "
+                        f"num_attention_heads ({heads}, {path}), got {tp}")
+
 
 def _model_dirs(config: PPOConfig) -> dict[str, str]:
     """The model directories the run loads, by the key that names each."""

@@ -341,15 +341,25 @@ def _tensor_parallel_divides(values: _Values, problems: list[str]) -> None:
                         f"size trainer.nnodes * trainer.n_gpus_per_node = {world}, got {tp}")
 
 
-def _sglang_runs_one_engine_per_gpu(values: _Values, problems: list[str]) -> None:
-    """The sglang and vllm rollouts start one engine per GPU; tensor-parallel engines across ranks are not built
-    yet (issue #17)."""
+def _tensor_parallel_engines_built(values: _Values, problems: list[str]) -> None:
+    """sglang spans tensor_model_parallel_size GPUs with one engine per group of ranks in the synchronous colocated
+    trainer (rollout/tensor_parallel.py); the vllm rollout, the engine servers of rollout.mode=async and the separate
+    rollout pools of hybrid_engine=false still run one engine per GPU (issue #17)."""
     tp = values("actor_rollout_ref.rollout.tensor_model_parallel_size")
     rollout = values("actor_rollout_ref.rollout.name")
-    if rollout in GPU_ENGINES and tp != 1:
+    if rollout not in GPU_ENGINES or tp == 1:
+        return
+    if rollout != "sglang":
         problems.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with "
                         f"actor_rollout_ref.rollout.name={rollout!r} (one engine per GPU; tensor parallelism across "
                         f"ranks is not implemented yet, issue #17), got {tp}")
+    elif values("actor_rollout_ref.rollout.mode") != "sync" or not values("actor_rollout_ref.hybrid_engine"):
+        problems.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with "
+                        f"actor_rollout_ref.rollout.mode={values('actor_rollout_ref.rollout.mode')!r} and "
+                        f"actor_rollout_ref.hybrid_engine={values('actor_rollout_ref.hybrid_engine')} (tensor-parallel "
+                        f"sglang engines run in the synchronous colocated trainer: rollout.mode=sync, "
+                        f"hybrid_engine=true; engine servers and separate rollout pools are one engine per GPU, "
+                        f"issue #17), got {tp}")
 
 
 def _engine_kwargs_leave_config_keys_alone(values: _Values, problems: list[str]) -> None:
@@ -687,7 +697,7 @@ RULES: list[Callable[[_Values, list[str]], None]] = [
     _heartbeats_fit_in_their_timeout,
     _batch_sizes_divide,
     _tensor_parallel_divides,
-    _sglang_runs_one_engine_per_gpu,
+    _tensor_parallel_engines_built,
     _engine_kwargs_leave_config_keys_alone,
     _liger_runs_on_a_gpu,
     _reward_model_ready,

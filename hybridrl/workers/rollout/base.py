@@ -144,5 +144,13 @@ def load_rollout_class(rollout_config: Any) -> type:
 
 
 def build_rollout(rollout_config: Any, model_config: Any = None, module: Any = None):
-    """Instantiate the configured rollout engine."""
-    return load_rollout_class(rollout_config)(config=rollout_config, model_config=model_config, module=module)
+    """Instantiate the configured rollout engine; with tensor_model_parallel_size k > 1 and an engine that can span
+    GPUs (`spans_gpus`: sglang), one engine per k ranks, which every rank of the group drives
+    (rollout/tensor_parallel.py). hf generates from the FSDP module itself and ignores k."""
+    cls = load_rollout_class(rollout_config)
+    if rollout_config.tensor_model_parallel_size == 1 or not getattr(cls, "spans_gpus", False):
+        return cls(config=rollout_config, model_config=model_config, module=module)
+    from hybridrl.workers.rollout.tensor_parallel import TensorParallelRollout
+
+    return TensorParallelRollout(rollout_config, lambda gpu_ids: cls(config=rollout_config, model_config=model_config,
+                                                                     module=module, engine_gpus=gpu_ids))

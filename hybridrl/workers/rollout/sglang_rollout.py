@@ -50,6 +50,7 @@ its exit code, within about a second.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import threading
@@ -64,6 +65,7 @@ from hybridrl.workers.rollout.engine_io import (RESUME_HEADROOM, EngineDiedError
                                                 engine_output, generation_config_ids, prompt_token_lists,
                                                 resume_memory_error, token_ids)
 from hybridrl.workers.rollout.sampling import max_new_tokens, sampling_source
+from hybridrl.workers.rollout.tensor_parallel import visible_devices
 from hybridrl.workers.rollout.sglang_weights import DTYPES, FlatBucket, gpu_memory
 
 logger = logging.getLogger(__name__)
@@ -92,21 +94,27 @@ DEFAULT_ENGINE_KWARGS = {"attention_backend": "triton", "sampling_backend": "pyt
 @register_rollout("sglang")
 class SGLangRollout(BaseRollout):
     shares_trainer_weights = False  # the engine holds its own copy: the worker pushes the trainer's weights
+    spans_gpus = True  # build_rollout gives it tensor_model_parallel_size GPUs (rollout/tensor_parallel.py)
 
-    def __init__(self, config, model_config=None, module=None):
-        """Start the engine on this process's GPU, then release its memory: the worker rests in trainer mode."""
+    def __init__(self, config, model_config=None, module=None, engine_gpus: list[str] | None = None):
+        """Start the engine on this process's GPU, then release its memory: the worker rests in trainer mode.
+        engine_gpus: with tensor_model_parallel_size k > 1, the k GPUs the engine spans (physical ids, TP-rank
+        order; rollout/tensor_parallel.py builds it so, on the group's first rank)."""
         super().__init__(config, model_config, module)
         if model_config is None:
             raise ValueError("the sglang rollout needs model_config (actor_rollout_ref.model) for the model path")
-        if config.tensor_model_parallel_size != 1:
-            raise NotImplementedError(f"rollout.tensor_model_parallel_size={config.tensor_model_parallel_size}: "
-                                      f"the sglang rollout runs one engine per GPU (tp=1) for now")
+        tp = config.tensor_model_parallel_size
+        if tp != len(engine_gpus or [None]):
+            raise ValueError(f"rollout.tensor_model_parallel_size={tp}: build the rollout with build_rollout (one "
+                             f"engine per group of {tp} ranks, rollout/tensor_parallel.py), got engine_gpus={engine_gpus}")
         import sglang
 
-        self.engine_kwargs = engine_kwargs(config, model_config.path, gpu_id=torch.cuda.current_device(),
-                                           seed=torch.initial_seed() % (2**31))
+        first_gpu = 0 if engine_gpus else torch.cuda.current_device()  # engine_gpus: the engine sees only those
+        self.engine_kwargs = engine_kwargs(config, model_config.path, gpu_id=first_gpu,
+                                           seed=torch.initial_seed() % (2**31), tp_size=tp)
         started = time.perf_counter()
-        self.engine = sglang.Engine(**self.engine_kwargs)
+        with visible_devices(engine_gpus) if engine_gpus else contextlib.nullcontext():
+            self.engine = sglang.Engine(**self.engine_kwargs)
         self.engine_start_s = time.perf_counter() - started
         self.monitor = EngineMonitor(self.engine)
         self.awake_tags = set(ALL_MEMORY_TAGS)
@@ -281,14 +289,17 @@ class SGLangRollout(BaseRollout):
         lies) into the engine: one CUDA IPC handle for the whole bucket. The radix cache is not flushed here."""
         from sglang.srt.utils import MultiprocessingSerializer
 
-        payload = MultiprocessingSerializer.serialize({"flattened_tensor": flat, "metadata": metadata})
+        self.update_weights_payloads([MultiprocessingSerializer.serialize({"flattened_tensor": flat,
+                                                                           "metadata": metadata})])
+
+    def update_weights_payloads(self, payloads: list[bytes]) -> None:
+        """One serialized flat bucket per TP rank of the engine (TP rank i reads payloads[i], a CUDA IPC handle
+        of a buffer on its own GPU)."""
         success, message = self.monitor.call("update_weights_from_tensor", self.engine.update_weights_from_tensor,
-                                             named_tensors=[payload], load_format="flattened_bucket",
+                                             named_tensors=payloads, load_format="flattened_bucket",
                                              flush_cache=False)
         if not success:
-            names = [entry.name for entry in metadata]
-            raise RuntimeError(f"sglang update_weights_from_tensor failed for {names[:3]}... ({len(names)} tensors): "
-                               f"{message}")
+            raise RuntimeError(f"sglang update_weights_from_tensor failed ({len(payloads)} TP payload(s)): {message}")
 
     # ------------------------------------------------------------------ disaggregated: weights over NCCL
     def init_weights_update_group(self, master_address: str, master_port: int, rank: int, world_size: int,
@@ -331,10 +342,11 @@ class SGLangRollout(BaseRollout):
 
 # ---------------------------------------------------------------------- configuration mapping
 
-def engine_kwargs(config, model_path: str, gpu_id: int, seed: int) -> dict[str, Any]:
+def engine_kwargs(config, model_path: str, gpu_id: int, seed: int, tp_size: int = 1) -> dict[str, Any]:
     """sglang.Engine keyword arguments from the rollout config; `engine_kwargs.sglang` adds or overrides the rest.
 
-    gpu_id: this process's CUDA device (the engine shares it); seed: the sampling seed (the process's torch seed).
+    gpu_id: the engine's first CUDA device as its processes see it (this process's, without TP); seed: the
+    sampling seed (the process's torch seed); tp_size: GPUs the engine spans.
     """
     user = dict(config.engine_kwargs.sglang or {})
     owned = sorted(set(user) & set(CONFIG_OWNED_ENGINE_KWARGS))
@@ -346,7 +358,7 @@ def engine_kwargs(config, model_path: str, gpu_id: int, seed: int) -> dict[str, 
         "dtype": config.dtype,
         "mem_fraction_static": config.gpu_memory_utilization,
         "load_format": config.load_format,
-        "tp_size": 1,
+        "tp_size": tp_size,
         # SGLang caps max_new_tokens at context_length - prompt - 2: keep two positions in reserve
         "context_length": config.max_model_len or config.prompt_length + config.response_length + 2,
         "max_running_requests": config.max_num_seqs,

@@ -1,0 +1,224 @@
+"""Tensor-parallel engines: one engine per `rollout.tensor_model_parallel_size` GPUs, driven by its group's ranks.
+
+Every rank stays what it is without tensor parallelism: one Ray worker, one GPU, one FSDP shard, one slice of the
+batch. The k ranks of a group (consecutive global ranks, as verl's infer_tp mesh) share one engine that spans their k
+GPUs. The group's first rank (the leader) owns the engine's processes; all k ranks take part in every lifecycle
+call (rollout/base.py), so the trainer loop and the mode switch do not change:
+
+- update_weights: every rank gathers the full tensors (FSDP's all-gather needs all ranks anyway) into a flat bucket
+  on its own GPU and sends the leader a CUDA IPC handle of it; the leader hands the engine one handle per TP rank
+  (SGLang's "flattened_bucket" load format takes tp_size payloads), so TP rank i copies from GPU i and no weight
+  crosses a GPU link. The ranks keep their bucket until the engine has copied it.
+- generate_sequences: the ranks' prompts go to the leader (token ids over a gloo group: small), which generates
+  them in one engine call and sends each rank its own rows back. The data-parallel split follows the engines.
+- resume: each rank first returns its cached blocks and checks that its own GPU has room for the engine's share
+  (the engine takes the same on each GPU), so a resume that cannot fit fails on every rank with the numbers,
+  before any engine process runs out of memory. release: the leader's engine frees all k GPUs.
+A call that fails on the leader fails on every rank of the group with the leader's error (never a rank waiting
+forever for a collective the leader left).
+
+Where the engine is not sglang (`vllm`, `hf`), or the rollout is async (engine servers) or disaggregated, the config
+is refused at validation: those combinations are not built yet.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from hybridrl.protocol import DataProto
+from hybridrl.workers.rollout.engine_io import RESUME_HEADROOM, EngineMemoryError
+
+
+class EngineGroupError(RuntimeError):
+    """Raised on the non-leader ranks of a group when the call failed on the leader (its error in the message)."""
+
+
+class TensorParallelGroup:
+    """This rank's group of `size` consecutive ranks, with object collectives rooted at the group's first rank."""
+
+    def __init__(self, size: int):
+        world, rank = dist.get_world_size(), dist.get_rank()
+        if size < 1 or world % size:
+            raise ValueError(f"rollout.tensor_model_parallel_size={size} must divide the world size {world}")
+        self.size, self.rank, self.leader = size, rank % size, rank - rank % size
+        # every rank creates every group (torch.distributed's rule), then keeps its own; gloo: the payloads are
+        # Python objects (token ids, IPC handles), and the trainer's NCCL streams are left alone
+        groups = [dist.new_group(list(range(start, start + size)), backend="gloo") for start in range(0, world, size)]
+        self.group = groups[rank // size]
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+    def gather(self, obj: Any) -> list | None:
+        """Every rank's `obj` on the leader (in group-rank order); None elsewhere."""
+        out = [None] * self.size if self.is_leader else None
+        dist.gather_object(obj, out, dst=self.leader, group=self.group)
+        return out
+
+    def scatter(self, objs: list | None) -> Any:
+        """objs[i] from the leader to group rank i."""
+        out = [None]
+        dist.scatter_object_list(out, objs if self.is_leader else None, src=self.leader, group=self.group)
+        return out[0]
+
+    def broadcast(self, obj: Any) -> Any:
+        holder = [obj]
+        dist.broadcast_object_list(holder, src=self.leader, group=self.group)
+        return holder[0]
+
+    def all_gather(self, obj: Any) -> list:
+        out = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def on_leader(self, fn: Callable, *args) -> Any:
+        """Run fn on the leader; its result is returned there. If it raises, the leader re-raises and the other
+        ranks raise EngineGroupError with its message, so no rank is left waiting in a later collective."""
+        result, error = None, None
+        if self.is_leader:
+            try:
+                result = fn(*args)
+            except BaseException as err:  # noqa: BLE001 - reported to the group, then re-raised
+                error = err
+        failure = self.broadcast(None if error is None else f"{type(error).__name__}: {error}\n"
+                                 f"{''.join(traceback.format_exception(error))}")
+        if error is not None:
+            raise error
+        if failure is not None:
+            raise EngineGroupError(f"the rollout engine of ranks {self.leader}..{self.leader + self.size - 1} failed "
+                                   f"on rank {self.leader}: {failure}")
+        return result
+
+
+def physical_gpu_id() -> str:
+    """This process's GPU as the machine numbers it (Ray gives each worker one GPU through CUDA_VISIBLE_DEVICES)."""
+    device = torch.cuda.current_device()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return visible.split(",")[device].strip() if visible else str(device)
+
+
+@contextlib.contextmanager
+def visible_devices(gpu_ids: list[str]):
+    """CUDA_VISIBLE_DEVICES for the processes started inside (an engine's TP workers), restored afterwards; this
+    process keeps the CUDA context it has."""
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
+class TensorParallelRollout:
+    """The lifecycle contract for one rank of a TP group; the engine (leader only) is built by `make_engine(gpu_ids)`,
+    where gpu_ids are the group's GPUs in TP-rank order (the engine spans them, TP rank i on gpu_ids[i])."""
+
+    shares_trainer_weights = False
+
+    def __init__(self, config, make_engine: Callable[[list[str]], Any]):
+        self.config = config
+        self.tp = TensorParallelGroup(config.tensor_model_parallel_size)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        gpu_ids = self.tp.all_gather(physical_gpu_id() if torch.cuda.is_available() else str(self.tp.rank))
+        self.engine = self.tp.on_leader(make_engine, gpu_ids)
+        self.resume_bytes: dict[str, int] = self.tp.broadcast(getattr(self.engine, "resume_bytes", {}))
+
+    @property
+    def weights_survive_release(self) -> bool:
+        return not self.config.free_cache_engine
+
+    # ------------------------------------------------------------------ lifecycle (rollout/base.py)
+    def resume(self, tags: tuple[str, ...]) -> None:
+        self._check_room(tags)
+        self.tp.on_leader(self.engine.resume if self.tp.is_leader else None, tags)
+
+    def release(self, tags: tuple[str, ...]) -> None:
+        self.tp.on_leader(self.engine.release if self.tp.is_leader else None, tags)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def update_weights(self, named_tensors) -> None:
+        """Each rank fills its own buckets with the same tensors in the same order (so bucket boundaries agree)."""
+        bucket = self.new_bucket()
+        for name, tensor in named_tensors:
+            if not bucket.fits(tensor):
+                self._push(bucket)
+            bucket.add(name, tensor)
+        if bucket.metadata:
+            self._push(bucket)
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        parts = self.tp.gather(prompts)
+
+        def generate_all() -> list[DataProto]:
+            output = self.engine.generate_sequences(DataProto.concat(parts))
+            starts = [sum(len(part) for part in parts[:index]) for index in range(len(parts) + 1)]
+            return [output[starts[index]:starts[index + 1]] for index in range(len(parts))]
+        return self.tp.scatter(self.tp.on_leader(generate_all))
+
+    def take_metrics(self) -> dict[str, float]:
+        return self.tp.broadcast(self.engine.take_metrics() if self.tp.is_leader else None)
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+
+    # ------------------------------------------------------------------ parts
+    def _check_room(self, tags: tuple[str, ...]) -> None:
+        """Every GPU of the group needs room for the engine's share of `tags` (measured once on the leader's GPU at
+        engine start); a shortfall anywhere fails the resume on every rank with that GPU's numbers."""
+        need = self.bytes_to_resume(tags)
+        reports = self.tp.all_gather(self.device_memory() if need else None)
+        for rank, entry in enumerate(reports):
+            if entry is not None and entry[0] < need + RESUME_HEADROOM:
+                free, total, allocated = entry
+                raise EngineMemoryError(
+                    f"rollout mode: resuming the engine's {list(tags)} needs {need / 2**30:.2f} GiB on each of the "
+                    f"group's GPUs, but TP rank {rank}'s GPU has {free / 2**30:.2f} of {total / 2**30:.2f} GiB free "
+                    f"(its trainer holds {allocated / 2**30:.2f} GiB). Make room: lower "
+                    f"actor_rollout_ref.rollout.gpu_memory_utilization (now {self.config.gpu_memory_utilization}), "
+                    f"lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu / ppo_micro_batch_size_per_gpu, or set "
+                    f"actor_rollout_ref.actor.fsdp_config.param_offload=true and optimizer_offload=true")
+
+    def device_memory(self) -> tuple[int, int, int] | None:
+        """(free, total, allocated by the trainer) bytes of this rank's GPU once its cached blocks are returned."""
+        if self.device is None:
+            return None
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        return free, total, torch.cuda.memory_allocated(self.device)
+
+    def bytes_to_resume(self, tags: tuple[str, ...]) -> int:
+        if not self.config.free_cache_engine:
+            return 0
+        need = self.resume_bytes.get("weights", 0) if "weights" in tags else 0
+        if "kv_cache" in tags:
+            need += self.resume_bytes.get("kv_cache+cuda_graph", 0)
+        return need
+
+    def _push(self, bucket) -> None:
+        flat, metadata = bucket.take()
+        payloads = self.tp.gather(self.serialize(flat, metadata))
+        self.tp.on_leader(self.engine.update_weights_payloads if self.tp.is_leader else None, payloads)
+        del flat  # every TP rank of the engine has copied from it (on_leader returned on every rank)
+
+    # the CUDA IPC boundary (sglang's bucket and serializer); a CPU test replaces these two
+    def new_bucket(self):
+        from hybridrl.workers.rollout.sglang_weights import DTYPES, FlatBucket
+
+        return FlatBucket(self.config.update_weights_bucket_megabytes << 20, DTYPES[self.config.dtype], self.device)
+
+    @staticmethod
+    def serialize(flat: torch.Tensor, metadata: list) -> bytes:
+        from sglang.srt.utils import MultiprocessingSerializer
+
+        return MultiprocessingSerializer.serialize({"flattened_tensor": flat, "metadata": metadata})

@@ -1,0 +1,162 @@
+"""One engine per tensor-parallel group, driven by every rank of the group (rollout/tensor_parallel.py), on 4 gloo
+ranks in 2 groups of 2. The engine is a recording stand-in (SGLang and CUDA IPC cannot run here); what is real is the
+choreography the trainer depends on: which rank builds the engine and with which GPUs, every rank's prompts
+generated in one engine call and each rank's rows coming back to it, one payload per TP rank per weight bucket in
+TP order with identical bucket boundaries, the leader's error reaching every rank of its group (never a rank left
+waiting), and a resume refused on every rank when any GPU of the group lacks room. GPU proof: tests/gpu/ (issue 17).
+"""
+import json
+import os
+import types
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hybridrl.protocol import DataProto
+from hybridrl.workers.rollout.engine_io import EngineMemoryError
+from hybridrl.workers.rollout.tensor_parallel import EngineGroupError, TensorParallelRollout
+
+WORLD, TP = 4, 2
+
+
+class RecordingEngine:
+    """Stands in for SGLangRollout on the leader: records its calls, 'generates' prompt + 100 as the response."""
+
+    def __init__(self, gpu_ids):
+        self.gpu_ids, self.calls, self.payloads = gpu_ids, [], []
+        self.resume_bytes = {"weights": 10, "kv_cache+cuda_graph": 20}
+
+    def resume(self, tags):
+        self.calls.append(("resume", tags))
+        if tags == ("kv_cache",) and os.environ.get("FAIL_RESUME"):
+            raise RuntimeError("engine process scheduler_1 (pid 4242) died with exit code -9")
+
+    def release(self, tags):
+        self.calls.append(("release", tags))
+
+    def update_weights_payloads(self, payloads):
+        self.payloads.append(payloads)
+
+    def generate_sequences(self, prompts):
+        self.calls.append(("generate", len(prompts)))
+        return DataProto.from_dict({"input_ids": prompts.batch["input_ids"],
+                                    "responses": prompts.batch["input_ids"] + 100})
+
+    def take_metrics(self):
+        return {"timing_s/engine_generate": 1.5}
+
+
+class Bucket:
+    """The FlatBucket contract (fits / add / take / metadata) on CPU, 8 elements per bucket."""
+
+    def __init__(self):
+        self.metadata, self.values = [], []
+
+    def fits(self, tensor):
+        return not self.metadata or sum(v.numel() for v in self.values) + tensor.numel() <= 8
+
+    def add(self, name, tensor):
+        self.metadata.append(name)
+        self.values.append(tensor.flatten())
+
+    def take(self):
+        flat, metadata = torch.cat(self.values), self.metadata
+        self.metadata, self.values = [], []
+        return flat, metadata
+
+
+class CPURollout(TensorParallelRollout):
+    def new_bucket(self):
+        return Bucket()
+
+    @staticmethod
+    def serialize(flat, metadata):
+        return {"rank": dist.get_rank(), "names": metadata, "sum": float(flat.sum())}
+
+    def device_memory(self):
+        """80 GiB GPUs with 40 free; rank 3's has 8 bytes free when SHORT_GPU is set."""
+        free = 8 if os.environ.get("SHORT_GPU") and dist.get_rank() == 3 else 40 << 30
+        return free, 80 << 30, 30 << 30
+
+
+def _rank_main(rank: int, work_dir: str, fault: str | None) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{work_dir}/pg", rank=rank, world_size=WORLD)
+    if fault:
+        os.environ[fault] = "1"
+    config = types.SimpleNamespace(tensor_model_parallel_size=TP, free_cache_engine=True, gpu_memory_utilization=0.5)
+    rollout = CPURollout(config, RecordingEngine)
+    report = {"rank": rank, "leader": rollout.tp.is_leader, "resume_bytes": rollout.resume_bytes}
+    try:
+        rollout.resume(("weights",))
+        weights = [(f"w{i}", torch.full((3,), float(i))) for i in range(5)]  # 15 elements: buckets of 2 + 2 + 1
+        rollout.update_weights(iter(weights))
+        rollout.resume(("kv_cache",))
+    except (RuntimeError, EngineGroupError, EngineMemoryError) as err:
+        report["resume_error"] = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+    prompts = DataProto.from_dict({"input_ids": torch.arange(rank + 1).unsqueeze(1) + 10 * rank})
+    output = rollout.generate_sequences(prompts)
+    report["responses"] = output.batch["responses"].flatten().tolist()
+    report["metrics"] = rollout.take_metrics()
+    rollout.release(("kv_cache", "weights"))
+    if rollout.engine is not None:
+        report.update(gpu_ids=rollout.engine.gpu_ids, calls=rollout.engine.calls, payloads=rollout.engine.payloads)
+    with open(os.path.join(work_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(report, f)
+    dist.destroy_process_group()
+
+
+def run_ranks(tmp_path, fault=None) -> list[dict]:
+    mp.spawn(_rank_main, args=(str(tmp_path), fault), nprocs=WORLD, join=True)
+    return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    return run_ranks(tmp_path_factory.mktemp("tp"))
+
+
+def test_the_first_rank_of_each_group_owns_the_engine_on_the_groups_devices(reports):
+    assert [report["leader"] for report in reports] == [True, False, True, False]
+    assert reports[0]["gpu_ids"] == ["0", "1"] and reports[2]["gpu_ids"] == ["0", "1"]  # CPU: group ranks stand in
+    assert all(report["resume_bytes"] == {"weights": 10, "kv_cache+cuda_graph": 20} for report in reports)
+
+
+def test_each_group_generates_its_ranks_prompts_in_one_call_and_returns_each_rank_its_rows(reports):
+    # rank r sends r + 1 prompts [10r, 10r + 1, ...]; the engine answers prompt + 100
+    assert [report["responses"] for report in reports] == [[100], [110, 111], [120, 121, 122], [130, 131, 132, 133]]
+    assert ["generate", 3] in reports[0]["calls"] and ["generate", 7] in reports[2]["calls"]
+    assert all(report["metrics"] == {"timing_s/engine_generate": 1.5} for report in reports)
+
+
+def test_each_bucket_reaches_the_engine_as_one_payload_per_tp_rank_in_tp_order(reports):
+    for leader in (0, 2):
+        payloads = reports[leader]["payloads"]
+        assert [[p["names"] for p in bucket] for bucket in payloads] == [[["w0", "w1"]] * 2, [["w2", "w3"]] * 2,
+                                                                          [["w4"]] * 2]
+        assert [[p["rank"] for p in bucket] for bucket in payloads] == [[leader, leader + 1]] * 3
+        assert [bucket[0]["sum"] for bucket in payloads] == [3.0, 15.0, 12.0]  # 3 x (0+1), 3 x (2+3), 3 x 4
+    assert reports[0]["calls"] == [["resume", ["weights"]], ["resume", ["kv_cache"]], ["generate", 3],
+                                   ["release", ["kv_cache", "weights"]]]
+
+
+def test_an_engine_failure_on_the_leader_fails_every_rank_of_its_group(tmp_path):
+    reports = run_ranks(tmp_path, fault="FAIL_RESUME")
+    assert reports[0]["resume_error"] == "RuntimeError: engine process scheduler_1 (pid 4242) died with exit code -9"
+    assert reports[1]["resume_error"].startswith("EngineGroupError: the rollout engine of ranks 0..1 failed on rank 0: "
+                                                 "RuntimeError: engine process scheduler_1 (pid 4242) died")
+    assert reports[3]["resume_error"].startswith("EngineGroupError: the rollout engine of ranks 2..3 failed on rank 2")
+    # the group goes on answering collectives afterwards: the later generate still works on every rank
+    assert [report["responses"] for report in reports] == [[100], [110, 111], [120, 121, 122], [130, 131, 132, 133]]
+
+
+def test_a_resume_that_does_not_fit_one_gpu_of_the_group_is_refused_on_every_rank_of_that_group(tmp_path):
+    reports = run_ranks(tmp_path, fault="SHORT_GPU")
+    assert "resume_error" not in reports[0] and "resume_error" not in reports[1]  # the other group resumes
+    for rank in (2, 3):
+        assert reports[rank]["resume_error"].startswith(
+            "EngineMemoryError: rollout mode: resuming the engine's ['weights'] needs 0.00 GiB on each of the group's "
+            "GPUs, but TP rank 1's GPU has 0.00 of 80.00 GiB free (its trainer holds 30.00 GiB). Make room: lower "
+            "actor_rollout_ref.rollout.gpu_memory_utilization (now 0.5)")
+    assert ["resume", ["weights"]] not in reports[2]["calls"]  # refused before the engine was asked
