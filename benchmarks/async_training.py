@@ -56,7 +56,10 @@ def gpu_overrides(args, model_dir: str) -> list[str]:
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32", "actor_rollout_ref.rollout.name=sglang",
             f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_memory_utilization}",
-            "+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_prefill_cuda_graph=true", *offload]
+            "+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_prefill_cuda_graph=true",
+            # packed rows in 32k-token micro-batches (ppo_step.py's rmpad32k): the update a real run would use
+            "actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768", *offload]
 
 
 def cpu_task(work_dir: str) -> list[str]:
