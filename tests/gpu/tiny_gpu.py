@@ -48,3 +48,58 @@ def generate(worker, batch: DataProto) -> DataProto:
     output = worker.generate_sequences(batch)
     worker.trainer_mode()
     return output
+
+
+# ---- whole-trainer GPU tests (test_async_training_gpu.py, test_sglang_tp.py): the toy task of test_e2e_training.py
+WORDS = ["apple", "banana", "cherry", "dog", "egg", "fig", "grape", "hat", "ink", "jam"]
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def write_toy_task(root, num_heads: int = 2, num_kv_heads: int = 1) -> dict[str, str]:
+    """A tiny random Qwen2 (head_dim 32: triton attention), 80 prompts "say something about <word>" and a reward
+    (the share of "a" in the answer), under `root`; returns their paths."""
+    from hybridrl.utils.rl_parquet import write_rl_parquet
+
+    tokenizer = build_tokenizer([f"say something about {w}" for w in WORDS] * 10 + ["a a aa aaa"] * 10,
+                                vocab_size=300)
+    model_dir = build_tiny_model(os.path.join(root, "model"), tokenizer, hidden_size=32 * num_heads,
+                                 num_layers=2, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                                 intermediate_size=64 * num_heads)
+    rows = [{"data_source": "toy/letter_a", "prompt": [{"role": "user", "content": f"say something about {w}"}],
+             "ability": "toy", "reward_model": {"style": "rule", "ground_truth": "a"}, "extra_info": {"index": i}}
+            for i, w in enumerate(WORDS * 8)]
+    paths = {"model": model_dir, "train": os.path.join(root, "train.parquet"),
+             "val": os.path.join(root, "val.parquet"), "reward": os.path.join(root, "reward.py")}
+    write_rl_parquet(rows, paths["train"])
+    write_rl_parquet(rows[:8], paths["val"])
+    with open(paths["reward"], "w") as f:
+        f.write("def share_of_a(data_source, solution_str, ground_truth, extra_info=None):\n"
+                "    text = solution_str.replace(' ', '')\n    return text.count('a') / max(len(text), 1)\n")
+    return paths
+
+
+def run_toy_task(task: dict[str, str], run_dir, *overrides, steps: int = 4) -> list[dict]:
+    """`python -m hybridrl.main_ppo` on the toy task with sglang on CUDA (16 prompts x 4, lr 1e-2, the engine's
+    log-probs reported); the metrics of each training step."""
+    import json
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "hybridrl.main_ppo", f"actor_rollout_ref.model.path={task['model']}",
+               f"data.train_files=[{task['train']}]", f"data.val_files=[{task['val']}]",
+               f"custom_reward_function.path={task['reward']}", "custom_reward_function.name=share_of_a",
+               "data.max_prompt_length=32", "data.max_response_length=16", "data.train_batch_size=16",
+               "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64", "actor_rollout_ref.actor.optim.lr=1e-2",
+               "trainer.device=cuda", "actor_rollout_ref.rollout.name=sglang",
+               "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+               "+actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=triton",
+               "actor_rollout_ref.rollout.calculate_log_probs=true", f"trainer.total_training_steps={steps}",
+               "trainer.val_before_train=false", "trainer.test_freq=-1", f"trainer.default_local_dir={run_dir}",
+               "trainer.logger=[console,jsonl]", *overrides]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run(command, cwd=os.path.dirname(str(run_dir)), env=env, capture_output=True, text=True,
+                            timeout=1200)
+    assert result.returncode == 0, f"exit code {result.returncode}; stderr ends:\n{result.stderr[-4000:]}"
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if "training/global_step" in line]
