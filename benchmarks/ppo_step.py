@@ -43,6 +43,8 @@ LAYOUTS = {
                  "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
                  "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=65536"],
 }
+# 64k tokens fit beside the engine on an 80 GB H100 only with liger's fused norm/SwiGLU (benchmarks/README.md)
+LAYOUTS["rmpad64k_liger"] = LAYOUTS["rmpad64k"] + ["actor_rollout_ref.model.use_liger=true"]
 # The same layout with rollout.mode=async: one agent loop per sample through each rank's engine server.
 for name in ("rmpad32k", "rmpad64k"):
     LAYOUTS[f"{name}_async"] = LAYOUTS[name] + ["actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true"]

@@ -106,3 +106,17 @@ def test_two_runs_started_at_once_each_get_their_own_cluster():
         results.append(json.loads(out.strip().splitlines()[-1]))
     assert [result["answer"] for result in results] == [42, 42]
     assert results[0]["temp_dir"] != results[1]["temp_dir"]
+
+
+@pytest.mark.parametrize("exported, expected", [(None, "0"), ("1", "1")])
+def test_ray_workers_run_nccl_with_sglangs_buffer_kind_unless_the_user_says_otherwise(exported, expected):
+    """SGLang's engine processes set NCCL_CUMEM_ENABLE=0; a trainer rank sharing an NCCL group with them (the
+    disaggregated weight-update group) must match, or the first broadcast fails with 'invalid argument' (2 H200s,
+    2026-11-27). main_ppo gives every Ray worker that value; one the user exported wins."""
+    env = {key: value for key, value in os.environ.items() if key != "NCCL_CUMEM_ENABLE"}
+    if exported is not None:
+        env["NCCL_CUMEM_ENABLE"] = exported
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+    out = subprocess.run([sys.executable, "-c", "from hybridrl.main_ppo import WORKER_ENV_VARS as v; "
+                          "print(v['NCCL_CUMEM_ENABLE'])"], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == expected
