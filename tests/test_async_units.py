@@ -199,3 +199,16 @@ def test_in_flight_prompts_survive_a_checkpoints_plain_round_trip(tmp_path):
                                                            [{"role": "user", "content": "yo"}]]
     assert list(loaded.non_tensor_batch["extra_info"]) == [{"index": 3}, {"index": 4}]
     assert "uid" not in loaded.non_tensor_batch  # a requeued prompt is a new group
+
+
+def test_engine_servers_check_each_requests_length_budget_and_refuse_a_repetition_penalty():
+    from hybridrl.workers.rollout.engine_io import requested_max_tokens
+
+    assert requested_max_tokens({}, 16, "hf") == 16
+    assert requested_max_tokens({"max_new_tokens": 5}, 16, "sglang") == 5
+    assert requested_max_tokens({"max_tokens": 7, "max_new_tokens": 5, "repetition_penalty": 1.0}, 16, "vllm") == 7
+    for bad in (0, 17):
+        with pytest.raises(ValueError, match=rf"^generate: max_tokens={bad}, expected 1..rollout.response_length=16$"):
+            requested_max_tokens({"max_tokens": bad}, 16, "hf")
+    with pytest.raises(ValueError, match="^the vllm engine server pins repetition_penalty to 1 "):
+        requested_max_tokens({"repetition_penalty": 1.1}, 16, "vllm")

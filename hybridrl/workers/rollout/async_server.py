@@ -45,6 +45,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from hybridrl.utils.fsdp_utils import hf_module
 from hybridrl.utils.torch_functional import logprobs_from_logits
+from hybridrl.workers.rollout.engine_io import requested_max_tokens
 
 SAMPLING_KEYS = {"temperature", "top_p", "top_k", "logprobs", "max_tokens", "max_new_tokens", "repetition_penalty"}
 
@@ -193,12 +194,8 @@ class HFGenerateEngine:
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
         if not prompt_ids:
             raise ValueError("generate: prompt_ids is empty")
+        max_tokens = requested_max_tokens(sampling_params, self.response_length, "hf")
         key = _sampling_key(sampling_params)
-        max_tokens = int(sampling_params.get("max_tokens", sampling_params.get("max_new_tokens",
-                                                                               self.response_length)))
-        if not 0 < max_tokens <= self.response_length:
-            raise ValueError(f"generate: max_tokens={max_tokens}, expected 1..rollout.response_length="
-                             f"{self.response_length}")
         if self._aborting.is_set():
             return _aborted_result(bool(sampling_params.get("logprobs", False)))
         if self._batcher is None or self._batcher.done():
@@ -299,8 +296,6 @@ class _StopOnAbort(StoppingCriteria):
 
 def _sampling_key(params: dict[str, Any]) -> tuple:
     """The parameters a batch must share, normalised (hashable; the batch's max_tokens is the rows' max)."""
-    if float(params.get("repetition_penalty", 1.0)) != 1.0:
-        raise ValueError("the hf engine server pins repetition_penalty to 1 (the policy the trainer scores)")
     return (("temperature", float(params.get("temperature", 1.0))), ("top_p", float(params.get("top_p", 1.0))),
             ("top_k", int(params.get("top_k", -1))), ("logprobs", bool(params.get("logprobs", False))))
 

@@ -1,6 +1,7 @@
 """What every GPU engine behind the lifecycle contract (sglang_rollout.py, vllm_rollout.py) shares: the trainer's
 padded prompts in as token lists, the engine's answers out in the batch layout with the engine's own timing, the
-eos/pad ids, and the two failures the switch turns into clear errors (a dead engine, a resume that cannot fit)."""
+eos/pad ids, and the two failures the switch turns into clear errors (a dead engine, a resume that cannot fit).
+The engine servers of rollout.mode=async (hf's too) check each request's length budget here."""
 from __future__ import annotations
 
 from hybridrl.data.batch_layout import to_batch_layout
@@ -31,6 +32,17 @@ def token_ids(meta_info: dict, key: str, generation_config: dict) -> list[int]:
     if value is None:
         raise ValueError(f"generate_sequences needs meta_info[{key!r}] (the model's generation_config has none)")
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def requested_max_tokens(params: dict, response_length: int, engine: str) -> int:
+    """An engine server request's length budget (max_tokens, or max_new_tokens, default rollout.response_length),
+    checked; a repetition_penalty other than 1 is refused (the policy the trainer scores has none)."""
+    max_tokens = int(params.get("max_tokens", params.get("max_new_tokens", response_length)))
+    if not 0 < max_tokens <= response_length:
+        raise ValueError(f"generate: max_tokens={max_tokens}, expected 1..rollout.response_length={response_length}")
+    if float(params.get("repetition_penalty", 1.0)) != 1.0:
+        raise ValueError(f"the {engine} engine server pins repetition_penalty to 1 (the policy the trainer scores)")
+    return max_tokens
 
 
 def generation_config_ids(model_path: str) -> dict:

@@ -26,7 +26,7 @@ import asyncio
 import itertools
 from typing import Any
 
-from hybridrl.workers.rollout.engine_io import EngineDiedError
+from hybridrl.workers.rollout.engine_io import EngineDiedError, requested_max_tokens
 from hybridrl.workers.rollout.vllm_rollout import ALL_MEMORY_TAGS, sampled_log_probs
 
 STOP_REASONS = {"length": "length", "abort": "aborted"}  # vLLM finish_reason -> verl's stop_reason ("completed" else)
@@ -49,12 +49,7 @@ class VLLMAsyncEngine:
 
     def sampling_params(self, params: dict[str, Any]) -> dict[str, Any]:
         config = self.rollout.config
-        max_tokens = int(params.get("max_tokens", params.get("max_new_tokens", config.response_length)))
-        if not 0 < max_tokens <= config.response_length:
-            raise ValueError(f"generate: max_tokens={max_tokens}, expected 1..rollout.response_length="
-                             f"{config.response_length}")
-        if float(params.get("repetition_penalty", 1.0)) != 1.0:
-            raise ValueError("the vllm engine server pins repetition_penalty to 1 (the policy the trainer scores)")
+        max_tokens = requested_max_tokens(params, config.response_length, "vllm")
         base = {"n": 1, "max_tokens": max_tokens, "ignore_eos": config.ignore_eos,
                 "stop_token_ids": self.eos_token_ids, "min_p": 0.0, "repetition_penalty": 1.0,
                 "frequency_penalty": 0.0, "presence_penalty": 0.0, "detokenize": False,
