@@ -70,11 +70,13 @@ def engine_output(prompts: DataProto, token_lists: list[list[int]], generated: l
 
 
 def resume_memory_error(engine: str, tags, need: int, free: int, total: int, allocated: int,
-                        config) -> EngineMemoryError:
+                        config, on: str | None = None) -> EngineMemoryError:
     """The error for a resume of `engine`'s `tags` that needs `need` bytes with only `free` of `total` free (the
-    trainer holding `allocated`): the numbers and the keys that make room."""
+    trainer holding `allocated`) on this process's GPU, or the one `on` names: the numbers and the keys that make
+    room."""
     return EngineMemoryError(
-        f"rollout mode: resuming the {engine} engine's {list(tags)} needs {need / GiB:.2f} GiB, but only "
+        f"rollout mode: resuming the {engine} engine's {list(tags)} needs {need / GiB:.2f} GiB"
+        f"{f' on {on}' if on else ''}, but only "
         f"{free / GiB:.2f} GiB of {total / GiB:.2f} GiB are free after the trainer returned its cached memory (the "
         f"trainer holds {allocated / GiB:.2f} GiB allocated). Make room: lower "
         f"actor_rollout_ref.rollout.gpu_memory_utilization (now {config.gpu_memory_utilization}), lower "

@@ -173,6 +173,21 @@ class SGLangRollout(BaseRollout):
             need += self.resume_bytes.get("kv_cache+cuda_graph", 0)
         return need
 
+    def resume_need(self, tags: tuple[str, ...]) -> int:
+        """Device bytes that resume(tags) (the lifecycle tags) will take; a tensor-parallel group checks every
+        one of its GPUs against it (the engine takes the same share on each)."""
+        return self.bytes_to_resume(self._engine_tags(tags))
+
+    def _engine_tags(self, tags: tuple[str, ...]) -> tuple[str, ...]:
+        """The engine's memory tags that resume(tags) resumes: all of them for "weights" without
+        multi_stage_wake_up, KV cache and CUDA graphs for "kv_cache"; none already awake."""
+        engine_tags: tuple[str, ...] = ()
+        if "weights" in tags:
+            engine_tags = ALL_MEMORY_TAGS if not self.config.multi_stage_wake_up else ("weights",)
+        if "kv_cache" in tags:
+            engine_tags += ("kv_cache", "cuda_graph")
+        return tuple(tag for tag in ALL_MEMORY_TAGS if tag in engine_tags and tag not in self.awake_tags)
+
     # ------------------------------------------------------------------ lifecycle (rollout/base.py)
     @property
     def weights_survive_release(self) -> bool:
@@ -184,12 +199,7 @@ class SGLangRollout(BaseRollout):
         if "weights" in tags:
             self.last_switch = {}
             self._log_memory("trainer mode")
-        engine_tags: tuple[str, ...] = ()
-        if "weights" in tags:
-            engine_tags = ALL_MEMORY_TAGS if not self.config.multi_stage_wake_up else ("weights",)
-        if "kv_cache" in tags:
-            engine_tags += ("kv_cache", "cuda_graph")
-        engine_tags = tuple(tag for tag in ALL_MEMORY_TAGS if tag in engine_tags and tag not in self.awake_tags)
+        engine_tags = self._engine_tags(tags)
         if engine_tags:
             stage = "resume_weights" if "weights" in tags else "resume_kv_cache"
             self._resume_if_room(stage, engine_tags)

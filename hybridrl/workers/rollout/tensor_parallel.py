@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from hybridrl.protocol import DataProto
-from hybridrl.workers.rollout.engine_io import RESUME_HEADROOM, EngineMemoryError
+from hybridrl.workers.rollout.engine_io import RESUME_HEADROOM, resume_memory_error
 
 
 class EngineGroupError(RuntimeError):
@@ -130,7 +130,6 @@ class TensorParallelRollout:
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         gpu_ids = self.tp.all_gather(physical_gpu_id() if torch.cuda.is_available() else str(self.tp.rank))
         self.engine = self.tp.on_leader(make_engine, gpu_ids)
-        self.resume_bytes: dict[str, int] = self.tp.broadcast(getattr(self.engine, "resume_bytes", {}))
 
     @property
     def weights_survive_release(self) -> bool:
@@ -174,20 +173,15 @@ class TensorParallelRollout:
 
     # ------------------------------------------------------------------ parts
     def _check_room(self, tags: tuple[str, ...]) -> None:
-        """Every GPU of the group needs room for the engine's share of `tags` (measured once on the leader's GPU at
-        engine start); a shortfall anywhere fails the resume on every rank with that GPU's numbers."""
-        need = self.bytes_to_resume(tags)
+        """Every GPU of the group needs room for the engine's share of `tags` (the leader's engine knows it: what
+        it measured at start, less what is awake); a shortfall anywhere fails the resume on every rank with that
+        GPU's numbers."""
+        need = self.tp.broadcast(self.engine.resume_need(tags) if self.tp.is_leader else None)
         reports = self.tp.all_gather(self.device_memory() if need else None)
-        for rank, entry in enumerate(reports):
-            if entry is not None and entry[0] < need + RESUME_HEADROOM:
-                free, total, allocated = entry
-                raise EngineMemoryError(
-                    f"rollout mode: resuming the engine's {list(tags)} needs {need / 2**30:.2f} GiB on each of the "
-                    f"group's GPUs, but TP rank {rank}'s GPU has {free / 2**30:.2f} of {total / 2**30:.2f} GiB free "
-                    f"(its trainer holds {allocated / 2**30:.2f} GiB). Make room: lower "
-                    f"actor_rollout_ref.rollout.gpu_memory_utilization (now {self.config.gpu_memory_utilization}), "
-                    f"lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu / ppo_micro_batch_size_per_gpu, or set "
-                    f"actor_rollout_ref.actor.fsdp_config.param_offload=true and optimizer_offload=true")
+        for rank, report in enumerate(reports):
+            if report is not None and report[0] < need + RESUME_HEADROOM:
+                raise resume_memory_error("tensor-parallel sglang", tags, need, *report, self.config,
+                                          on=f"TP rank {rank}'s GPU")
 
     def device_memory(self) -> tuple[int, int, int] | None:
         """(free, total, allocated by the trainer) bytes of this rank's GPU once its cached blocks are returned."""
@@ -196,14 +190,6 @@ class TensorParallelRollout:
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
         return free, total, torch.cuda.memory_allocated(self.device)
-
-    def bytes_to_resume(self, tags: tuple[str, ...]) -> int:
-        if not self.config.free_cache_engine:
-            return 0
-        need = self.resume_bytes.get("weights", 0) if "weights" in tags else 0
-        if "kv_cache" in tags:
-            need += self.resume_bytes.get("kv_cache+cuda_graph", 0)
-        return need
 
     def _push(self, bucket) -> None:
         flat, metadata = bucket.take()
