@@ -17,3 +17,17 @@ def ray_local():
                  runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def engine_rollout_config():
+    """A validated rollout section with non-default sampling and engine keys: what the sglang and vllm rollouts'
+    mapping tests translate into engine arguments."""
+    from hybridrl.config import compose_config, validate_config
+
+    config = validate_config(compose_config([
+        "data.max_prompt_length=100", "data.max_response_length=28", "actor_rollout_ref.rollout.temperature=0.7",
+        "actor_rollout_ref.rollout.top_p=0.9", "actor_rollout_ref.rollout.top_k=50",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "actor_rollout_ref.rollout.max_num_seqs=256",
+        "actor_rollout_ref.rollout.enforce_eager=true"]))
+    return config.actor_rollout_ref.rollout

@@ -14,7 +14,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hybridrl.config import compose_config, validate_config
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout import vllm_rollout
 from hybridrl.workers.rollout.base import get_rollout_class
@@ -26,34 +25,25 @@ GiB = 1 << 30
 WEIGHTS, KV_CACHE = 2 * GiB, 10 * GiB
 
 
-@pytest.fixture(scope="module")
-def rollout_config():
-    config = validate_config(compose_config([
-        "data.max_prompt_length=100", "data.max_response_length=28", "actor_rollout_ref.rollout.temperature=0.7",
-        "actor_rollout_ref.rollout.top_p=0.9", "actor_rollout_ref.rollout.top_k=50",
-        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "actor_rollout_ref.rollout.max_num_seqs=256",
-        "actor_rollout_ref.rollout.enforce_eager=true"]))
-    return config.actor_rollout_ref.rollout
-
-
 def replace(config, **changes):
     return dataclasses.replace(config, **changes)
 
 
 # ---------------------------------------------------------------------- configuration mapping
 
-def test_engine_kwargs_come_from_the_rollout_keys(rollout_config):
-    assert engine_kwargs(rollout_config, "/models/q", seed=7) == {
+def test_engine_kwargs_come_from_the_rollout_keys(engine_rollout_config):
+    assert engine_kwargs(engine_rollout_config, "/models/q", seed=7) == {
         "model": "/models/q", "dtype": "bfloat16", "gpu_memory_utilization": 0.6, "load_format": "dummy",
         "tensor_parallel_size": 1, "max_model_len": 128, "max_num_seqs": 256, "max_num_batched_tokens": 8192,
         "enforce_eager": True, "enable_sleep_mode": True, "skip_tokenizer_init": True,
         "logprobs_mode": "processed_logprobs", "seed": 7, "disable_log_stats": True}
-    assert engine_kwargs(replace(rollout_config, max_model_len=4096), "/m", seed=0)["max_model_len"] == 4096
+    assert engine_kwargs(replace(engine_rollout_config, max_model_len=4096), "/m", seed=0)["max_model_len"] == 4096
 
 
-def test_engine_kwargs_vllm_adds_arguments_but_not_config_owned_ones(rollout_config):
+def test_engine_kwargs_vllm_adds_arguments_but_not_config_owned_ones(engine_rollout_config):
     def with_vllm(**kwargs):
-        return replace(rollout_config, engine_kwargs=dataclasses.replace(rollout_config.engine_kwargs, vllm=kwargs))
+        engine = dataclasses.replace(engine_rollout_config.engine_kwargs, vllm=kwargs)
+        return replace(engine_rollout_config, engine_kwargs=engine)
 
     kwargs = engine_kwargs(with_vllm(enable_prefix_caching=False, attention_backend="TRITON_ATTN"), "/m", seed=0)
     assert kwargs["enable_prefix_caching"] is False and kwargs["attention_backend"] == "TRITON_ATTN"
@@ -63,16 +53,17 @@ def test_engine_kwargs_vllm_adds_arguments_but_not_config_owned_ones(rollout_con
         engine_kwargs(with_vllm(enable_sleep_mode=False), "/m", seed=0)
 
 
-def test_sampling_params_for_training_validation_and_forced_greedy(rollout_config):
+def test_sampling_params_for_training_validation_and_forced_greedy(engine_rollout_config):
     common = {"n": 1, "max_tokens": 28, "ignore_eos": False, "stop_token_ids": [5, 9], "min_p": 0.0,
               "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "detokenize": False,
               "logprobs": None}
-    assert sampling_params(rollout_config, {}, [5, 9]) == {**common, "temperature": 0.7, "top_p": 0.9, "top_k": 50}
+    assert sampling_params(engine_rollout_config, {}, [5, 9]) == {**common, "temperature": 0.7, "top_p": 0.9,
+                                                                  "top_k": 50}
     greedy = {**common, "temperature": 0.0, "top_p": 1.0, "top_k": 0}
-    assert sampling_params(rollout_config, {"validate": True}, [5, 9]) == greedy  # val_kwargs: do_sample false
-    assert sampling_params(rollout_config, {"do_sample": False}, [5, 9]) == greedy
+    assert sampling_params(engine_rollout_config, {"validate": True}, [5, 9]) == greedy  # val_kwargs: do_sample false
+    assert sampling_params(engine_rollout_config, {"do_sample": False}, [5, 9]) == greedy
     # the config's "top_k off" (-1) is vLLM's 0; logprobs=0 asks for the sampled token's log-prob only
-    with_log_probs = replace(rollout_config, top_k=-1, calculate_log_probs=True)
+    with_log_probs = replace(engine_rollout_config, top_k=-1, calculate_log_probs=True)
     assert sampling_params(with_log_probs, {}, [5]) == {
         **common, "stop_token_ids": [5], "temperature": 0.7, "top_p": 0.9, "top_k": 0, "logprobs": 0}
 
@@ -174,7 +165,7 @@ class FakeLLM:
 
 
 @pytest.fixture
-def engine(monkeypatch, rollout_config):
+def engine(monkeypatch, engine_rollout_config):
     """A VLLMRollout over the fake, built like the worker builds it (log-probs on, 1 MiB buckets)."""
     device = FakeDevice()
     llm_class = type("LLM", (FakeLLM,), {"device": device})
@@ -182,7 +173,7 @@ def engine(monkeypatch, rollout_config):
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
 
     def build(**changes):
-        config = replace(rollout_config, calculate_log_probs=True, update_weights_bucket_megabytes=1, **changes)
+        config = replace(engine_rollout_config, calculate_log_probs=True, update_weights_bucket_megabytes=1, **changes)
         return VLLMRollout(config, model_config=SimpleNamespace(path="/no/such/model"), device_memory=device)
     return build
 

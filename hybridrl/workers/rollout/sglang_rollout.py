@@ -106,7 +106,8 @@ class SGLangRollout(BaseRollout):
         tp = config.tensor_model_parallel_size
         if tp != len(engine_gpus or [None]):
             raise ValueError(f"rollout.tensor_model_parallel_size={tp}: build the rollout with build_rollout (one "
-                             f"engine per group of {tp} ranks, rollout/tensor_parallel.py), got engine_gpus={engine_gpus}")
+                             f"engine per group of {tp} ranks, rollout/tensor_parallel.py), got "
+                             f"engine_gpus={engine_gpus}")
         import sglang
 
         first_gpu = 0 if engine_gpus else torch.cuda.current_device()  # engine_gpus: the engine sees only those
