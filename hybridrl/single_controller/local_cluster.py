@@ -42,10 +42,11 @@ SINGLE_MACHINE_MODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 HEAD_START_TIMEOUT_S = 120
 HEAD_STARTED_LINE = "Ray runtime started."  # what `ray start` prints once the node is up
 HEAD_STOP_TIMEOUT_S = 30
-# `ray start` flags of the ports a head node listens on besides the GCS's --port; each gets a free port
-HEAD_PORT_FLAGS = ("dashboard-port", "ray-client-server-port", "node-manager-port", "object-manager-port",
-                   "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
-                   "metrics-export-port")
+# `ray start` flags of the ports every node listens on, and a head node besides (and besides the GCS's --port);
+# each gets a free port
+NODE_PORT_FLAGS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
+                   "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
+HEAD_PORT_FLAGS = ("dashboard-port", "ray-client-server-port", *NODE_PORT_FLAGS)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -85,10 +86,10 @@ class LocalRayCluster:
 
     def start(self) -> str:
         os.makedirs(self.temp_dir, exist_ok=True)
-        port, *other_ports = _free_ports(self.host, 1 + len(HEAD_PORT_FLAGS))
+        port, *other_ports = free_ports(self.host, 1 + len(HEAD_PORT_FLAGS))
         command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
                    f"--temp-dir={self.temp_dir}", "--disable-usage-stats", f"--node-ip-address={self.host}",
-                   *(f"--{flag}={other}" for flag, other in zip(HEAD_PORT_FLAGS, other_ports))]
+                   *port_flags(HEAD_PORT_FLAGS, other_ports)]
         if self.num_cpus is not None:
             command.append(f"--num-cpus={self.num_cpus}")
         # No drain period on SIGTERM: nothing here serves traffic, and the head should go at once. Unbuffered: the
@@ -146,7 +147,12 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def _free_ports(host: str, count: int) -> list[int]:
+def port_flags(flags: tuple[str, ...], ports: list[int]) -> list[str]:
+    """`ray start` arguments giving each flag its port."""
+    return [f"--{flag}={port}" for flag, port in zip(flags, ports, strict=True)]
+
+
+def free_ports(host: str, count: int) -> list[int]:
     """`count` distinct ports free on `host` now (all held open while they are picked)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sockets = [socket.socket(family, socket.SOCK_STREAM) for _ in range(count)]
