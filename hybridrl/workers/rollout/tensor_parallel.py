@@ -167,10 +167,6 @@ class TensorParallelRollout:
     def take_metrics(self) -> dict[str, float]:
         return self.tp.broadcast(self.engine.take_metrics() if self.tp.is_leader else None)
 
-    def shutdown(self) -> None:
-        if self.engine is not None:
-            self.engine.shutdown()
-
     # ------------------------------------------------------------------ parts
     def _check_room(self, tags: tuple[str, ...]) -> None:
         """Every GPU of the group needs room for the engine's share of `tags` (the leader's engine knows it: what
