@@ -92,9 +92,9 @@ print(json.dumps({"answer": answer, "temp_dir": cluster.temp_dir}))
 
 
 def test_two_runs_started_at_once_each_get_their_own_cluster():
-    """Ray's fixed default ports (dashboard 8265, client server 10001, ...) and one shared temp dir made the
-    second of two runs started together fail to register its workers; each cluster now picks free ports and its own
-    directory."""
+    """Ray's fixed default ports (dashboard 8265, client server 10001) and one shared temp dir made the second of
+    two runs started together fail to register its workers; each cluster now picks free ports for those and has its
+    own directory."""
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
     drivers = [subprocess.Popen([sys.executable, "-c", ONE_DRIVER], cwd=REPO_ROOT, env=env, text=True,

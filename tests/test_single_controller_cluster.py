@@ -26,13 +26,13 @@ DRIVER_TIMEOUT_S = 90
 
 def test_all_reduce_over_a_two_node_cluster():
     temp_dir = tempfile.mkdtemp(prefix="hrl_", dir="/tmp")  # short: Ray's unix socket paths live under it
-    gcs_port, *head_ports = free_ports(NODE_IP, 1 + len(HEAD_PORT_FLAGS))
+    gcs_port, *head_ports = free_ports(NODE_IP, 1 + len(HEAD_PORT_FLAGS) + len(NODE_PORT_FLAGS))
     worker_ports = free_ports(NODE_IP, len(NODE_PORT_FLAGS))
     address = f"{NODE_IP}:{gcs_port}"
     nodes = []
     try:
         nodes.append(_start_node(["--head", f"--port={gcs_port}", "--include-dashboard=false",
-                                  *port_flags(HEAD_PORT_FLAGS, head_ports)], temp_dir, "head"))
+                                  *port_flags(HEAD_PORT_FLAGS + NODE_PORT_FLAGS, head_ports)], temp_dir, "head"))
         nodes.append(_start_node([f"--address={address}", *port_flags(NODE_PORT_FLAGS, worker_ports)], temp_dir,
                                  "worker"))
         driver = subprocess.run([sys.executable, __file__, address], cwd=REPO_ROOT, env=_ray_env(),

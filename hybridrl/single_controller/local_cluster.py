@@ -16,9 +16,9 @@ own `ray start --head --block` instead, and the driver connects to it:
 - Its files live in a temp dir of its own (<tmp>/hybridrl-ray-<driver pid>), so a plain `ray.init()` elsewhere on
   the machine does not find it and join it (`ray start` records its address for that in its temp dir), and two runs
   started at once on one machine do not share session files.
-- Every port it listens on is a free one picked here: Ray's fixed defaults (dashboard 8265, client server 10001,
-  dashboard agent 52365, ...) made the second of two runs started at once on one machine fail ("Failed to find a
-  valid port for dashboard", then "Failed to register worker to Raylet").
+- Its dashboard and client server listen on free ports picked here: Ray's fixed defaults (8265, 10001) made the
+  second of two runs started at once on one machine fail ("Failed to find a valid port for dashboard", then "Failed
+  to register worker to Raylet"). The node's other ports stay Ray's own choice.
 - It uses token authentication with a token made for this run (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN), as a local
   `ray.init()` cluster does; the environment's own RAY_AUTH_MODE / RAY_AUTH_TOKEN win.
 """
@@ -42,11 +42,11 @@ SINGLE_MACHINE_MODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 HEAD_START_TIMEOUT_S = 120
 HEAD_STARTED_LINE = "Ray runtime started."  # what `ray start` prints once the node is up
 HEAD_STOP_TIMEOUT_S = 30
-# `ray start` flags of the ports every node listens on, and a head node besides (and besides the GCS's --port);
-# each gets a free port
+# `ray start` flags of the ports every node listens on, and those a head node adds besides the GCS's --port.
+# A local run picks free ports for the head's (fixed defaults otherwise); the two-node test pins them all.
 NODE_PORT_FLAGS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
                    "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
-HEAD_PORT_FLAGS = ("dashboard-port", "ray-client-server-port", *NODE_PORT_FLAGS)
+HEAD_PORT_FLAGS = ("dashboard-port", "ray-client-server-port")
 _PR_SET_PDEATHSIG = 1
 
 
