@@ -1,5 +1,4 @@
 """What a local run listens on, piece by piece (the whole run: test_driver_lifecycle.py)."""
-import json
 import os
 import subprocess
 import sys
@@ -73,39 +72,6 @@ def test_a_cluster_on_a_network_address_gets_a_run_token_and_keeps_the_users(mon
     monkeypatch.delenv("RAY_AUTH_TOKEN")
     prepare_driver_process("10.0.0.7")
     assert os.environ["RAY_AUTH_MODE"] == "disabled" and "RAY_AUTH_TOKEN" not in os.environ
-
-
-# A driver that starts its own local cluster, runs one task on it and reports where the cluster kept its files.
-ONE_DRIVER = '''
-import json, sys
-from hybridrl.single_controller.local_cluster import LocalRayCluster, prepare_driver_process
-prepare_driver_process(None)
-cluster = LocalRayCluster(num_cpus=1, node_ip_address=None)
-address = cluster.start()
-import ray
-ray.init(address=address)
-answer = ray.get(ray.remote(lambda: 6 * 7).remote())
-ray.shutdown()
-cluster.stop()
-print(json.dumps({"answer": answer, "temp_dir": cluster.temp_dir}))
-'''
-
-
-def test_two_runs_started_at_once_each_get_their_own_cluster():
-    """Ray's fixed default ports (dashboard 8265, client server 10001) and one shared temp dir made the second of
-    two runs started together fail to register its workers; each cluster now picks free ports for those and has its
-    own directory."""
-    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
-    drivers = [subprocess.Popen([sys.executable, "-c", ONE_DRIVER], cwd=REPO_ROOT, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
-    results = []
-    for driver in drivers:
-        out, err = driver.communicate(timeout=180)
-        assert driver.returncode == 0, err[-3000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    assert [result["answer"] for result in results] == [42, 42]
-    assert results[0]["temp_dir"] != results[1]["temp_dir"]
 
 
 @pytest.mark.parametrize("exported, expected", [(None, "0"), ("1", "1")])

@@ -10,13 +10,12 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-from hybridrl.single_controller.local_cluster import HEAD_PORT_FLAGS, NODE_PORT_FLAGS, free_ports, port_flags
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NODE_IP = "127.0.0.1"
@@ -26,15 +25,15 @@ DRIVER_TIMEOUT_S = 90
 
 def test_all_reduce_over_a_two_node_cluster():
     temp_dir = tempfile.mkdtemp(prefix="hrl_", dir="/tmp")  # short: Ray's unix socket paths live under it
-    gcs_port, *head_ports = free_ports(NODE_IP, 1 + len(HEAD_PORT_FLAGS) + len(NODE_PORT_FLAGS))
-    worker_ports = free_ports(NODE_IP, len(NODE_PORT_FLAGS))
+    gcs_port, *head_ports = _free_ports(8)
+    worker_ports = _free_ports(6)
     address = f"{NODE_IP}:{gcs_port}"
     nodes = []
     try:
         nodes.append(_start_node(["--head", f"--port={gcs_port}", "--include-dashboard=false",
-                                  *port_flags(HEAD_PORT_FLAGS + NODE_PORT_FLAGS, head_ports)], temp_dir, "head"))
-        nodes.append(_start_node([f"--address={address}", *port_flags(NODE_PORT_FLAGS, worker_ports)], temp_dir,
-                                 "worker"))
+                                  f"--ray-client-server-port={head_ports.pop()}", *_node_port_flags(head_ports)],
+                                 temp_dir, "head"))
+        nodes.append(_start_node([f"--address={address}", *_node_port_flags(worker_ports)], temp_dir, "worker"))
         driver = subprocess.run([sys.executable, __file__, address], cwd=REPO_ROOT, env=_ray_env(),
                                 capture_output=True, text=True, timeout=DRIVER_TIMEOUT_S)
         assert driver.returncode == 0, driver.stdout[-3000:] + driver.stderr[-3000:]
@@ -46,6 +45,22 @@ def test_all_reduce_over_a_two_node_cluster():
         for node in reversed(nodes):
             _stop_node(node)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:  # all held open at once, so the ports are distinct
+        sock.bind((NODE_IP, 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def _node_port_flags(ports: list[int]) -> list[str]:
+    names = ["node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
+             "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port"]
+    return [f"--{name}={port}" for name, port in zip(names, ports, strict=True)]
 
 
 def _ray_env() -> dict:

@@ -13,12 +13,8 @@ own `ray start --head --block` instead, and the driver connects to it:
   SIGKILL (Linux prctl PR_SET_PDEATHSIG), and the head stops raylet and GCS gracefully, so workers and agents follow
   within seconds. `stop()` does the same for a driver that ends normally, then SIGKILLs what is left.
 - It runs in a session of its own, so Ctrl-C reaches the driver alone, which can then stop cleanly.
-- Its files live in a temp dir of its own (<tmp>/hybridrl-ray-<driver pid>), so a plain `ray.init()` elsewhere on
-  the machine does not find it and join it (`ray start` records its address for that in its temp dir), and two runs
-  started at once on one machine do not share session files.
-- Its dashboard and client server listen on free ports picked here: Ray's fixed defaults (8265, 10001) made the
-  second of two runs started at once on one machine fail ("Failed to find a valid port for dashboard", then "Failed
-  to register worker to Raylet"). The node's other ports stay Ray's own choice.
+- Its files live in its own temp dir (<tmp>/hybridrl-ray), so a plain `ray.init()` elsewhere on the machine does not
+  find it and join it (`ray start` records its address for that in its temp dir).
 - It uses token authentication with a token made for this run (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN), as a local
   `ray.init()` cluster does; the environment's own RAY_AUTH_MODE / RAY_AUTH_TOKEN win.
 """
@@ -42,11 +38,6 @@ SINGLE_MACHINE_MODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 HEAD_START_TIMEOUT_S = 120
 HEAD_STARTED_LINE = "Ray runtime started."  # what `ray start` prints once the node is up
 HEAD_STOP_TIMEOUT_S = 30
-# `ray start` flags of the ports every node listens on, and those a head node adds besides the GCS's --port.
-# A local run picks free ports for the head's (fixed defaults otherwise); the two-node test pins them all.
-NODE_PORT_FLAGS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
-                   "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
-HEAD_PORT_FLAGS = ("dashboard-port", "ray-client-server-port")
 _PR_SET_PDEATHSIG = 1
 
 
@@ -80,16 +71,15 @@ class LocalRayCluster:
     def __init__(self, num_cpus: Optional[int], node_ip_address: Optional[str]):
         self.num_cpus = num_cpus
         self.host = "127.0.0.1" if node_ip_address is None else node_ip_address
-        self.temp_dir = os.path.join(tempfile.gettempdir(), f"hybridrl-ray-{os.getpid()}")
-        self.log_path = os.path.join(self.temp_dir, "head.log")
+        self.temp_dir = os.path.join(tempfile.gettempdir(), "hybridrl-ray")
+        self.log_path = os.path.join(self.temp_dir, f"head_{os.getpid()}.log")
         self._head: Optional[subprocess.Popen] = None
 
     def start(self) -> str:
         os.makedirs(self.temp_dir, exist_ok=True)
-        port, *other_ports = free_ports(self.host, 1 + len(HEAD_PORT_FLAGS))
+        port = _free_port(self.host)
         command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
-                   f"--temp-dir={self.temp_dir}", "--disable-usage-stats", f"--node-ip-address={self.host}",
-                   *port_flags(HEAD_PORT_FLAGS, other_ports)]
+                   f"--temp-dir={self.temp_dir}", "--disable-usage-stats", f"--node-ip-address={self.host}"]
         if self.num_cpus is not None:
             command.append(f"--num-cpus={self.num_cpus}")
         # No drain period on SIGTERM: nothing here serves traffic, and the head should go at once. Unbuffered: the
@@ -147,22 +137,10 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def port_flags(flags: tuple[str, ...], ports: list[int]) -> list[str]:
-    """`ray start` arguments giving each flag its port."""
-    return [f"--{flag}={port}" for flag, port in zip(flags, ports, strict=True)]
-
-
-def free_ports(host: str, count: int) -> list[int]:
-    """`count` distinct ports free on `host` now (all held open while they are picked)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sockets = [socket.socket(family, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind((host, 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 def _tail(path: str, lines: int = 30) -> str:
