@@ -114,8 +114,8 @@ def run_ppo(config: PPOConfig) -> dict:
         ray.init(address=address, runtime_env={"env_vars": WORKER_ENV_VARS})
         signals.install()  # ray.init sets a SIGTERM handler of its own
         control = RunControl.remote()
-        result = ray.remote(num_cpus=0)(TaskRunner).remote().run.remote(config, control)
-        return wait_or_stop(result, control, signals, config.trainer)
+        runner = ray.remote(num_cpus=0)(TaskRunner).remote()
+        return wait_or_stop(runner, runner.run.remote(config, control), control, signals, config.trainer)
     finally:
         ray.shutdown()
         if cluster is not None:

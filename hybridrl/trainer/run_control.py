@@ -67,9 +67,10 @@ class StopSignals:
         return self.received[0] if self.received else None
 
 
-def wait_or_stop(result: ray.ObjectRef, control, signals: StopSignals, trainer_config) -> dict:
-    """The TaskRunner's summary (``result``), plus ``stopped_by_signal`` (None, or the first signal's number) and
-    ``stop_report``; on a signal, first ask the trainer to stop after its step, or stop at once (module docstring)."""
+def wait_or_stop(runner, result: ray.ObjectRef, control, signals: StopSignals, trainer_config) -> dict:
+    """The TaskRunner's summary (``result`` of ``runner``'s run), plus ``stopped_by_signal`` (None, or the first
+    signal's number) and ``stop_report``; on a signal, first ask the trainer to stop after its step, or stop at once
+    (module docstring)."""
     asked_to_stop = False
     while True:
         received = list(signals.received)  # one snapshot per round: a signal may land at any line
@@ -89,7 +90,15 @@ def wait_or_stop(result: ray.ObjectRef, control, signals: StopSignals, trainer_c
         step = ray.get(control.last_step.remote(), timeout=5)
     except ray.exceptions.GetTimeoutError:
         step = None
+    _kill_and_wait(runner, result)
     return {"stopped_by_signal": signals.first, "stop_report": stop_report(step, trainer_config)}
+
+
+def _kill_and_wait(runner, result: ray.ObjectRef, timeout: float = 30) -> None:
+    """Kill the TaskRunner and wait until Ray reports it dead: it publishes checkpoints (the rename of a finished
+    save), so the stop report may name the newest one only once nothing can publish another."""
+    ray.kill(runner, no_restart=True)
+    ray.wait([result], timeout=timeout)
 
 
 def _must_stop_now(received: list[int], stop_on_signal: str) -> bool:
