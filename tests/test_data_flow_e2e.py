@@ -64,6 +64,9 @@ def test_dynamic_sampling_drops_zero_variance_groups_and_learns_at_least_as_fast
                         "data_flow.insufficient_groups=train")), spy=True)
     plain, filtered = read_metrics(plain_dir), read_metrics(filtered_dir)
     assert sum(step["data_flow/num_dropped_groups"] for step in filtered) > 0
+    # counts are logged at every step, 0 included (a step that dropped nothing once logged no key at all)
+    assert [(step["data_flow/num_dropped_groups"], step["data_flow/num_aborted_groups"]) for step in plain] == \
+        [(0, 0)] * len(plain)
     for batch in batches:  # every trained group has rewards that differ
         scores = batch.batch["token_level_scores"].sum(-1)
         for uid in set(batch.non_tensor_batch["uid"]):

@@ -214,6 +214,8 @@ def generate_rollout(rollout: GroupRollout, step: int, prompt_source: PromptSour
     in_flight: dict[ray.ObjectRef, None] = {}
     kept: list[list[Sample]] = []
     chunks = 0
+    for count in ("num_dropped_groups", "num_aborted_groups", "num_aborted_samples"):  # every step logs each, 0 too
+        rollout.record(f"data_flow/{count}", 0)
     while True:
         while len(kept) + len(in_flight) < target and (rollout.max_num_gen_batches == 0
                                                         or chunks < rollout.max_num_gen_batches):
