@@ -3,9 +3,10 @@
 The driver (main_ppo) counts the signals instead of dying on them (`StopSignals`). With
 ``trainer.stop_on_signal=after_step`` the first one asks the trainer, through the `RunControl` actor, to stop once
 the running step is done; the trainer then saves a checkpoint of that step (when ``trainer.save_freq > 0``) and
-returns. A second signal, or ``stop_on_signal=now``, stops at once: the last checkpoint is the last one saved. Either
-way the driver shuts Ray down, prints `stop_report` (``stopped at step N; last checkpoint <dir>; rerun to resume``)
-and exits with 128 + the signal's number, as a shell reports a process killed by it: 143 for SIGTERM, 130 for SIGINT.
+returns. A second signal, or ``stop_on_signal=now``, stops at once: the TaskRunner is killed, and the last checkpoint
+is the last one it published. Either way the driver shuts Ray down, prints `stop_report` (``stopped at step N; last
+checkpoint <dir>; rerun to resume``) and exits with 128 + the signal's number, as a shell reports a process killed
+by it: 143 for SIGTERM, 130 for SIGINT.
 """
 from __future__ import annotations
 
