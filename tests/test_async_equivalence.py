@@ -4,12 +4,13 @@ against the ranks' HF engine servers, validation through the same path).
 
 The margins. Both runs must gain more than test_default_pipeline's MARGIN (0.25: 5.5 binomial sds of a
 difference of two accuracies on the 239 validation questions): a broken async path (no learning, stale
-weights, lost samples) fails there. Their final accuracies must also lie within MODE_MARGIN = 0.40 of each
+weights, lost samples) fails there. Their final accuracies must also lie within MODE_MARGIN = 0.48 of each
 other. The two modes sample different tokens (async batches requests as they arrive, so the RNG streams
 differ), so their gap is the run-to-run noise of training, not of evaluation: the sync run's final accuracy
 has been 43.1 %, 71.1 % (seeds 1 and 2, here) and 57.7-68.6 % (seeds 1-3, test_default_pipeline, before the
 engine-lifecycle change), an sd of about 11.5 points, so a gap between two runs has an sd of about 16 points;
-0.40 is 2.5 of those. Measured on the shared 2-core CI machine type, 2026-11-27:
+0.48 is 3 of those (0.40, 2.5 sds, would fail a correct tree about once in 80 CI runs). Measured on the shared
+2-core CI machine type, 2026-11-27:
     seed 1 (default): sync 0.0 % -> 43.1 %, async 0.0 % -> 57.7 % (gap +14.6 points)
     seed 2:           sync 0.0 % -> 71.1 %, async 0.0 % -> 51.9 % (gap -19.2 points)
 """
@@ -17,7 +18,7 @@ import pytest
 
 from tests.test_default_pipeline import MARGIN, read_summary, run_default
 
-MODE_MARGIN = 0.40
+MODE_MARGIN = 0.48
 
 
 @pytest.mark.slow
