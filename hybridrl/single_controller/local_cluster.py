@@ -15,12 +15,18 @@ own `ray start --head --block` instead, and the driver connects to it:
 - It runs in a session of its own, so Ctrl-C reaches the driver alone, which can then stop cleanly.
 - Its files live in its own temp dir (<tmp>/hybridrl-ray), so a plain `ray.init()` elsewhere on the machine does not
   find it and join it (`ray start` records its address for that in its temp dir).
+- Heads on one machine start one at a time (a lock file in that temp dir). Two started together both saw Ray's fixed
+  dashboard port 8265 free; the one whose dashboard then lost the port waited 60 s for it before its node came up
+  (measured 63 s against 6 s). Started in turn, the second sees the port taken, logs it and is up in seconds,
+  without a dashboard of its own. Ports stay Ray's choice: giving each head free ports, or no dashboard, stalled the
+  test suite's own Ray (3 of 4 full runs, and 1 of 1 subset), cause not found (commits 6de7671 to 0615bb7).
 - It uses token authentication with a token made for this run (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN), as a local
   `ray.init()` cluster does; the environment's own RAY_AUTH_MODE / RAY_AUTH_TOKEN win.
 """
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import ipaddress
 import os
 import secrets
@@ -38,6 +44,7 @@ SINGLE_MACHINE_MODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 HEAD_START_TIMEOUT_S = 120
 HEAD_STARTED_LINE = "Ray runtime started."  # what `ray start` prints once the node is up
 HEAD_STOP_TIMEOUT_S = 30
+HEAD_START_LOCK = "head_start.lock"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -77,19 +84,11 @@ class LocalRayCluster:
 
     def start(self) -> str:
         os.makedirs(self.temp_dir, exist_ok=True)
-        port = _free_port(self.host)
-        command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
-                   f"--temp-dir={self.temp_dir}", "--disable-usage-stats", f"--node-ip-address={self.host}"]
-        if self.num_cpus is not None:
-            command.append(f"--num-cpus={self.num_cpus}")
-        # No drain period on SIGTERM: nothing here serves traffic, and the head should go at once. Unbuffered: the
-        # driver reads the head's output to know when it is up.
-        env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "PYTHONUNBUFFERED": "1"}
-        with open(self.log_path, "w") as log:
-            self._head = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True,
-                                          preexec_fn=_die_with_parent)
-        self._wait_until_started()
+        with open(os.path.join(self.temp_dir, HEAD_START_LOCK), "w") as lock:
+            _wait_for_lock(lock)
+            port = _free_port(self.host)
+            self._start_head(port)
+            self._wait_until_started()
         return f"{self.host}:{port}"
 
     def stop(self) -> None:
@@ -114,6 +113,19 @@ class LocalRayCluster:
         psutil.wait_procs(cluster, timeout=HEAD_STOP_TIMEOUT_S)
         self._head = None
 
+    def _start_head(self, port: int) -> None:
+        command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
+                   f"--temp-dir={self.temp_dir}", "--disable-usage-stats", f"--node-ip-address={self.host}"]
+        if self.num_cpus is not None:
+            command.append(f"--num-cpus={self.num_cpus}")
+        # No drain period on SIGTERM: nothing here serves traffic, and the head should go at once. Unbuffered: the
+        # driver reads the head's output to know when it is up.
+        env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "PYTHONUNBUFFERED": "1"}
+        with open(self.log_path, "w") as log:
+            self._head = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True,
+                                          preexec_fn=_die_with_parent)
+
     def _wait_until_started(self) -> None:
         """Until `ray start` reports the node started: its GCS accepts connections before the raylet has
         registered, and a driver connecting then finds no node."""
@@ -129,6 +141,16 @@ class LocalRayCluster:
         self.stop()
         raise RuntimeError(f"the local Ray head did not start within {HEAD_START_TIMEOUT_S} s; its output "
                            f"({self.log_path}):\n{_tail(self.log_path)}")
+
+
+def _wait_for_lock(lock) -> None:
+    """Take the head-start lock; say so when another run's head is starting (it holds the lock up to
+    HEAD_START_TIMEOUT_S). The kernel releases it when its holder dies."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print("local Ray cluster: waiting for another run's Ray head on this machine to finish starting", flush=True)
+        fcntl.flock(lock, fcntl.LOCK_EX)
 
 
 def _die_with_parent() -> None:
