@@ -152,9 +152,14 @@ def test_dataloader_workers_give_the_same_batches(tokenizer, tmp_path):
     path = str(tmp_path / "many.parquet")
     write_rl_parquet([row(QUESTIONS[i % 3], str(i), i) for i in range(10)], path)
     dataset = RLHFDataset(path, tokenizer, data_config())
-    in_process, with_workers = (list(make_dataloader(dataset, batch_size=4, shuffle=True, seed=3, drop_last=False,
-                                                     num_workers=workers)) for workers in (0, 2))
+    loader = make_dataloader(dataset, batch_size=4, shuffle=True, seed=3, drop_last=False, num_workers=2)
+    # spawned, not forked: a fork copies the gRPC threads of the Ray in this process (make_dataloader's docstring)
+    assert loader.multiprocessing_context.get_start_method() == "spawn" and loader.persistent_workers
+    assert loader.dataset.rows is dataset.rows and len(loader.dataset) == 10  # reads pass through _ByValue
+    in_process = list(make_dataloader(dataset, batch_size=4, shuffle=True, seed=3, drop_last=False))
+    with_workers, second_epoch = list(loader), list(loader)
     assert [list(b["index"]) for b in with_workers] == [list(b["index"]) for b in in_process]
+    assert [list(b["index"]) for b in second_epoch] != [list(b["index"]) for b in with_workers]  # reshuffled
     for ours, theirs in zip(with_workers, in_process):
         assert torch.equal(ours["input_ids"], theirs["input_ids"])
         assert torch.equal(ours["attention_mask"], theirs["attention_mask"])

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from hybridrl.config.compose import compose_config
 from hybridrl.config.validation import validate_config
 from hybridrl.protocol import DataProto
-from hybridrl.utils.dataset import RLHFDataset, collate_fn, create_rl_dataset
+from hybridrl.utils.dataset import RLHFDataset, collate_fn, create_rl_dataset, make_dataloader
 from hybridrl.defaults.tiny_model import build_tokenizer
 from hybridrl.reward.managers import NaiveRewardManager
 
@@ -126,6 +126,9 @@ def test_create_rl_dataset_builtin_and_custom_class(tokenizer, tmp_path):
     custom = create_rl_dataset([path], tokenizer, config, max_samples=2)
     assert type(custom).__name__ == "TinyDataset" and len(custom) == 2
     assert custom.data_files == [path] and custom.tokenizer is tokenizer and custom.config is config
+    # spawned DataLoader workers get the class by value: its module is a file, not an importable name
+    loader = make_dataloader(custom, batch_size=2, shuffle=False, seed=0, drop_last=False, num_workers=1)
+    assert [batch["index"].tolist() for batch in loader] == [[0, 1]]
 
     with pytest.raises(TypeError, match="'NotADataset' in .*my_dataset.py must be a subclass of"):
         create_rl_dataset(path, tokenizer, data_config(custom_cls={"path": str(custom_file), "name": "NotADataset"}),

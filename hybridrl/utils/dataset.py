@@ -187,7 +187,41 @@ def make_dataloader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int,
                     num_workers: int = 0) -> DataLoader:
     """A deterministic DataLoader: the same seed gives the same batches in the same order, with or without
     `num_workers` (data.dataloader_num_workers) worker processes: the sampler, and so the order, stays in this
-    process; the workers only tokenise and collate."""
-    return DataLoader(dataset, batch_size=batch_size, sampler=create_rl_sampler(dataset, shuffle, seed),
-                      collate_fn=collate_fn, drop_last=drop_last, num_workers=num_workers)
+    process; the workers only tokenise and collate.
 
+    Workers are spawned, never forked. This process runs Ray (the trainer's actor, or a driver), and a fork copies
+    Ray's gRPC threads mid-call: Ray's data-loading guide asks for spawn or forkserver (ray-project/ray#52924), and
+    after such a fork the test suite's driver stopped hearing of its actors' state (every later test hung, CI
+    2026-11-27). Spawned workers start once (persistent_workers) and receive the dataset by value (`_ByValue`).
+    """
+    sampler = create_rl_sampler(dataset, shuffle, seed)
+    if num_workers == 0:
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn, drop_last=drop_last)
+    return DataLoader(_ByValue(dataset), batch_size=batch_size, sampler=sampler, collate_fn=collate_fn,
+                      drop_last=drop_last, num_workers=num_workers, multiprocessing_context="spawn",
+                      persistent_workers=True)
+
+
+class _ByValue(Dataset):
+    """A dataset that a spawned worker receives pickled by value (cloudpickle), class included: a data.custom_cls
+    class comes from a user's file that load_extern_object keeps out of sys.modules, where plain pickle would look
+    for it. The worker gets the dataset itself; here, attribute reads pass through to it."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        return self.dataset[index]
+
+    def __getattr__(self, name: str):  # only for names the wrapper itself lacks
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __reduce__(self):
+        from ray import cloudpickle
+
+        return cloudpickle.loads, (cloudpickle.dumps(self.dataset),)
