@@ -154,7 +154,7 @@ def test_dataloader_workers_give_the_same_batches(tokenizer, tmp_path):
     dataset = RLHFDataset(path, tokenizer, data_config())
     loader = make_dataloader(dataset, batch_size=4, shuffle=True, seed=3, drop_last=False, num_workers=2)
     # spawned, not forked: a fork copies the gRPC threads of the Ray in this process (make_dataloader's docstring)
-    assert loader.multiprocessing_context.get_start_method() == "spawn" and loader.persistent_workers
+    assert loader.multiprocessing_context.get_start_method() == "spawn"
     assert loader.dataset.rows is dataset.rows and len(loader.dataset) == 10  # reads pass through _ByValue
     in_process = list(make_dataloader(dataset, batch_size=4, shuffle=True, seed=3, drop_last=False))
     with_workers, second_epoch = list(loader), list(loader)

@@ -192,14 +192,14 @@ def make_dataloader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int,
     Workers are spawned, never forked. This process runs Ray (the trainer's actor, or a driver), and a fork copies
     Ray's gRPC threads mid-call: Ray's data-loading guide asks for spawn or forkserver (ray-project/ray#52924), and
     after such a fork the test suite's driver stopped hearing of its actors' state (every later test hung, CI
-    2026-11-27). Spawned workers start once (persistent_workers) and receive the dataset by value (`_ByValue`).
+    2026-11-27). They receive the dataset by value (`_ByValue`) and start at each pass over the data (an epoch, a
+    validation): about 1.4 s for two, where persistent workers would hold a process per worker and loader all run.
     """
     sampler = create_rl_sampler(dataset, shuffle, seed)
     if num_workers == 0:
         return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn, drop_last=drop_last)
     return DataLoader(_ByValue(dataset), batch_size=batch_size, sampler=sampler, collate_fn=collate_fn,
-                      drop_last=drop_last, num_workers=num_workers, multiprocessing_context="spawn",
-                      persistent_workers=True)
+                      drop_last=drop_last, num_workers=num_workers, multiprocessing_context="spawn")
 
 
 class _ByValue(Dataset):
