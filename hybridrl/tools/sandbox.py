@@ -196,6 +196,8 @@ def probe_isolation(allow_network: bool) -> bool:
     Without namespaces: raises SandboxUnavailable, unless allow_network, where it checks that the
     plain launcher (rlimits + no-new-process filter) works, logs a warning and returns False.
     """
+    if not allow_network:
+        _check_python_is_visible_inside()
     check_network = "import socket\ntry:\n    socket.create_connection(('192.0.2.1', 9), timeout=1)\n" \
                     "except OSError:\n    pass\nelse:\n    raise SystemExit('network reachable')\n"
     exit_code, output = _run_sync("pass" if allow_network else check_network, True, allow_network)
@@ -215,6 +217,18 @@ def probe_isolation(allow_network: bool) -> bool:
     logger.warning("code sandbox: namespaces unavailable (%s); allow_network: true, so code runs with rlimits "
                    "and the no-new-process filter only, with network and the host filesystem", reason)
     return False
+
+
+def _check_python_is_visible_inside() -> None:
+    """The sandbox mounts fresh tmpfs on /tmp and /dev/shm, so a Python (a virtualenv) installed under them cannot
+    start inside it; say so, instead of the launcher's bare "No such file" read as missing namespaces."""
+    for hidden in ("/tmp", "/dev/shm"):
+        if os.path.abspath(sys.executable).startswith(hidden + os.sep):
+            raise SandboxUnavailable(
+                f"cannot build the code sandbox: this Python ({sys.executable}) is under {hidden}, which the sandbox "
+                f"replaces with an empty tmpfs, so the code cannot start inside it. Run from a Python installed "
+                f"outside /tmp and /dev/shm, or set allow_network: true in the tool's config to run code without "
+                f"namespaces (rlimits and the no-new-process filter only: network and host filesystem open)")
 
 
 def limits_from_config(config: dict) -> SandboxLimits:
