@@ -190,9 +190,9 @@ def make_dataloader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int,
     process; the workers only tokenise and collate.
 
     Workers are spawned, never forked. This process runs Ray (the trainer's actor, or a driver), and a fork copies
-    Ray's gRPC threads mid-call: Ray's data-loading guide asks for spawn or forkserver (ray-project/ray#52924), and
-    after such a fork the test suite's driver stopped hearing of its actors' state (every later test hung, CI
-    2026-11-27). They receive the dataset by value (`_ByValue`) and start at each pass over the data (an epoch, a
+    Ray's gRPC threads mid-call: Ray's data-loading guide asks for spawn or forkserver (ray-project/ray#52924). The
+    test suite's driver stopped hearing its actors' state right after such a fork, and every later test hung (CI and
+    a local rerun, 2026-11-27). They receive the dataset by value (`_ByValue`) and start at each pass over the data (an epoch, a
     validation): about 1.4 s for two, where persistent workers would hold a process per worker and loader all run.
     """
     sampler = create_rl_sampler(dataset, shuffle, seed)
