@@ -189,6 +189,11 @@ def _run_sync(code: str, namespaces: bool, allow_network: bool) -> tuple[int, st
         _remove(workdir)
 
 
+# The way out both refusals offer where the sandbox cannot be built.
+_WITHOUT_NAMESPACES = ("set allow_network: true in the tool's config to run code without namespaces (rlimits and the "
+                       "no-new-process filter only: network and host filesystem open)")
+
+
 def probe_isolation(allow_network: bool) -> bool:
     """Whether the namespaced sandbox works here: run a snippet in it once, at tool creation.
 
@@ -209,8 +214,7 @@ def probe_isolation(allow_network: bool) -> bool:
             f"cannot build the code sandbox (user + network + mount + PID namespaces): {reason}. Allow "
             "unprivileged user namespaces (sysctls user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1,"
             " kernel.apparmor_restrict_unprivileged_userns=0; in Docker a seccomp profile allowing unshare/mount), "
-            "or set allow_network: true in the tool's config to run code without namespaces (rlimits and the "
-            "no-new-process filter only: network and host filesystem open)")
+            f"or {_WITHOUT_NAMESPACES}")
     plain_code, plain_output = _run_sync("pass", False, True)
     if plain_code != 0:
         raise SandboxUnavailable(f"cannot start the code sandbox even without namespaces: {plain_output or plain_code}")
@@ -227,8 +231,7 @@ def _check_python_is_visible_inside() -> None:
             raise SandboxUnavailable(
                 f"cannot build the code sandbox: this Python ({sys.executable}) is under {hidden}, which the sandbox "
                 f"replaces with an empty tmpfs, so the code cannot start inside it. Run from a Python installed "
-                f"outside /tmp and /dev/shm, or set allow_network: true in the tool's config to run code without "
-                f"namespaces (rlimits and the no-new-process filter only: network and host filesystem open)")
+                f"outside /tmp and /dev/shm, or {_WITHOUT_NAMESPACES}")
 
 
 def limits_from_config(config: dict) -> SandboxLimits:

@@ -195,11 +195,10 @@ def make_dataloader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int,
     a local rerun, 2026-11-27). They receive the dataset by value (`_ByValue`) and start at each pass over the data (an epoch, a
     validation): about 1.4 s for two, where persistent workers would hold a process per worker and loader all run.
     """
-    sampler = create_rl_sampler(dataset, shuffle, seed)
-    if num_workers == 0:
-        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn, drop_last=drop_last)
-    return DataLoader(_ByValue(dataset), batch_size=batch_size, sampler=sampler, collate_fn=collate_fn,
-                      drop_last=drop_last, num_workers=num_workers, multiprocessing_context="spawn")
+    spawned = num_workers > 0
+    return DataLoader(_ByValue(dataset) if spawned else dataset, batch_size=batch_size,
+                      sampler=create_rl_sampler(dataset, shuffle, seed), collate_fn=collate_fn, drop_last=drop_last,
+                      num_workers=num_workers, multiprocessing_context="spawn" if spawned else None)
 
 
 class _ByValue(Dataset):
