@@ -192,8 +192,9 @@ def make_dataloader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int,
     Workers are spawned, never forked. This process runs Ray (the trainer's actor, or a driver), and a fork copies
     Ray's gRPC threads mid-call: Ray's data-loading guide asks for spawn or forkserver (ray-project/ray#52924). The
     test suite's driver stopped hearing its actors' state right after such a fork, and every later test hung (CI and
-    a local rerun, 2026-11-27). They receive the dataset by value (`_ByValue`) and start at each pass over the data (an epoch, a
-    validation): about 1.4 s for two, where persistent workers would hold a process per worker and loader all run.
+    a local rerun, 2026-11-27). They receive the dataset by value (`_ByValue`) and start at each pass over the data
+    (an epoch, a validation): about 1.4 s for two, where persistent workers would hold a process per worker and
+    loader all run.
     """
     spawned = num_workers > 0
     return DataLoader(_ByValue(dataset) if spawned else dataset, batch_size=batch_size,
