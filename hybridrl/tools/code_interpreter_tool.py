@@ -4,22 +4,26 @@ Tool YAML `config:` keys (defaults in parentheses; see sandbox.py / sandbox_laun
     timeout_s (10)            wall clock per call; the process group is SIGKILLed past it
     cpu_time_s (5)            RLIMIT_CPU: SIGKILL at this many CPU seconds
     memory_mb (1024)          RLIMIT_AS (address space); a larger allocation raises MemoryError
-    file_size_mb (16)         RLIMIT_FSIZE; also the size of the private /tmp tmpfs
+    file_size_mb (16)         RLIMIT_FSIZE: the largest file
+    disk_mb (64)              the private tmpfs (/tmp with the work folder, /dev/shm) in all
     open_files (64)           RLIMIT_NOFILE
     processes (32)            RLIMIT_NPROC (threads); new processes are refused by a seccomp filter
     max_output_bytes (1 MiB)  bytes of output the host keeps from each end before truncating
     max_tool_response_length (2048)   characters of output returned to the model
     tool_response_truncate_side (middle)   left keeps the start, right the end, middle both ends
-    allow_network (false)     true: run without namespaces when none can be made (network and host
-                              filesystem open); false: refuse to start without them
-The sandbox is probed once when the tool is built, so a machine without user namespaces fails at
-config load, not at the first call.
+    allow_network (false)     true: the code shares the host's network namespace (it can reach the
+                              network and the host's own TCP/UDP services); every other layer stays
+    read_only_paths ([])      host paths the code may read, bound read-only at the same place
+    unsafe_no_isolation (false)   true: run WITHOUT namespaces (rlimits and the seccomp filter only; the
+                              host's files, processes and network are open); warns at every call
+The sandbox is probed once when the tool is built, so a machine that cannot build it fails at config
+load with the step that failed, not at the first call; it never falls back to less isolation.
 
 execute({"code": "..."}) returns the combined stdout+stderr, followed by a status line when the
 code did not exit 0 ("[exit code 1]", "[killed: wall-clock timeout 10 s]", "[killed: CPU time
 limit 5 s]", "[killed by SIGSEGV]"). Step reward 0; metrics (all numbers): exit_code (-1 when the
 wall clock killed it, 128 + signal for a signal, 152 = 128 + SIGXCPU for the CPU limit), timed_out,
-wall_s, output_bytes.
+wall_s, output_bytes, leftovers (what cleanup could not remove: processes, the cgroup; 0 expected).
 """
 from __future__ import annotations
 
@@ -27,12 +31,13 @@ from typing import Any, Optional
 from uuid import uuid4
 
 from hybridrl.tools.base_tool import BaseTool
-from hybridrl.tools.sandbox import SandboxLimits, limits_from_config, probe_isolation, run_python
+from hybridrl.tools.sandbox import (SandboxAccess, SandboxLimits, access_from_config, limits_from_config,
+                                    probe_isolation, run_python)
 from hybridrl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from hybridrl.tools.utils.truncate import TRUNCATE_SIDES, truncate_text
 
-CONFIG_KEYS = {"type", "allow_network", "max_tool_response_length", "tool_response_truncate_side",
-               *SandboxLimits.__dataclass_fields__}
+CONFIG_KEYS = {"type", "max_tool_response_length", "tool_response_truncate_side",
+               *SandboxLimits.__dataclass_fields__, *SandboxAccess.__dataclass_fields__}
 
 
 class CodeInterpreterTool(BaseTool):
@@ -42,9 +47,7 @@ class CodeInterpreterTool(BaseTool):
         if unknown:
             raise ValueError(f"unknown config keys {sorted(unknown)}; expected keys among {sorted(CONFIG_KEYS)}")
         self.limits = limits_from_config(config)
-        self.allow_network = config.get("allow_network", False)
-        if not isinstance(self.allow_network, bool):
-            raise ValueError(f"allow_network must be true or false, got {self.allow_network!r}")
+        self.access = access_from_config(config)
         self.max_tool_response_length = config.get("max_tool_response_length", 2048)
         if isinstance(self.max_tool_response_length, bool) or not isinstance(self.max_tool_response_length, int) \
                 or self.max_tool_response_length <= 0:
@@ -53,7 +56,7 @@ class CodeInterpreterTool(BaseTool):
         if self.truncate_side not in TRUNCATE_SIDES:
             raise ValueError(f"tool_response_truncate_side must be one of {list(TRUNCATE_SIDES)}, "
                              f"got {self.truncate_side!r}")
-        self.namespaces = probe_isolation(self.allow_network)
+        probe_isolation(self.limits, self.access)
         self._instance_dict: dict[str, dict[str, Any]] = {}
 
     async def create(self, instance_id: Optional[str] = None, **kwargs) -> tuple[str, ToolResponse]:
@@ -70,12 +73,12 @@ class CodeInterpreterTool(BaseTool):
                                       f"got {parameters!r}"), 0.0, {"malformed_parameters": 1})
         if instance_id in self._instance_dict:
             self._instance_dict[instance_id]["calls"] += 1
-        result = await run_python(code, self.limits, namespaces=self.namespaces, allow_network=self.allow_network)
+        result = await run_python(code, self.limits, self.access)
         text = truncate_text(result.output, self.max_tool_response_length, self.truncate_side)
         status = self._status_line(result)
         metrics = {"exit_code": -1 if result.exit_code is None else result.exit_code,
                    "timed_out": int(result.timed_out), "wall_s": result.wall_s,
-                   "output_bytes": result.output_bytes}
+                   "output_bytes": result.output_bytes, "leftovers": result.leftovers}
         return ToolResponse(text=text + status if text else status.lstrip("\n")), 0.0, metrics
 
     def _status_line(self, result) -> str:
