@@ -81,6 +81,25 @@ def attack(tool, code: str, raw_syscalls: bool = False) -> list[str]:
     return response.text.splitlines()
 
 
+def observe_while_running(tool, code: str, look):
+    """Run `code` in the sandbox while the host calls `look()` every 50 ms until it returns something; that."""
+    seen = []
+
+    def watch():
+        for _ in range(100):
+            found = look()
+            if found is not None:
+                seen.append(found)
+                return
+            threading.Event().wait(0.05)
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    attack(tool, code)
+    watcher.join()
+    assert seen, "the host never saw what it looked for while the code ran"
+    return seen[0]
+
+
 # Raw syscalls for the attacks below (x86_64 numbers; the tests skip elsewhere).
 SYSCALLS = """
 import ctypes, errno, os
@@ -403,22 +422,16 @@ def test_root_only_files_stay_unreadable(tmp_path):
 
 @pytest.mark.skipif(not ROOT_HOST, reason="the code's host uid is 65534 only on a root host")
 def test_the_code_is_nobody_on_the_host_with_no_groups(tool):
-    result = {}
-
-    def watch():
-        for _ in range(100):
-            pids = [pid for pid in sandbox_processes() if open(f"/proc/{pid}/cmdline", "rb").read().startswith(
-                sys.executable.encode() + b"\0-I\0-u\0main.py")]
-            if pids:
-                status = dict(line.split(":", 1) for line in open(f"/proc/{pids[0]}/status").read().splitlines())
-                result.update({key: status[key].split() for key in ("Uid", "Gid", "Groups", "CapEff", "CapBnd")})
-                return
-            threading.Event().wait(0.05)
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    attack(tool, "import time\ntime.sleep(3)")
-    watcher.join()
-    assert result == {"Uid": ["65534"] * 4, "Gid": ["65534"] * 4, "Groups": [], "CapEff": ["0000000000000000"],
+    def code_process_status():
+        for pid in sandbox_processes():
+            try:
+                if open(f"/proc/{pid}/cmdline", "rb").read().startswith(sys.executable.encode() + b"\0-I\0-u\0"):
+                    status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines())
+                    return {key: status[key].split() for key in ("Uid", "Gid", "Groups", "CapEff", "CapBnd")}
+            except OSError:
+                pass
+    status = observe_while_running(tool, "import time\ntime.sleep(3)", code_process_status)
+    assert status == {"Uid": ["65534"] * 4, "Gid": ["65534"] * 4, "Groups": [], "CapEff": ["0000000000000000"],
                       "CapBnd": ["0000000000000000"]}
 
 
@@ -492,27 +505,19 @@ def test_memory_is_capped_by_a_cgroup_where_one_can_be_made(tool):
     # the code sees its own cgroup namespace (rooted at the call's cgroup); the host side is checked by its limit
     assert "0::/" in lines
     limits = SandboxLimits(**{key: value for key, value in LIMITS.items() if key != "max_tool_response_length"})
-    seen = {}
 
-    def watch():
-        for _ in range(100):
-            for name in os.listdir(root):
-                if name.startswith(CGROUP_PREFIX):
-                    folder = os.path.join(root, name)
-                    limit_file = "memory.max" if os.path.exists(f"{folder}/memory.max") else "memory.limit_in_bytes"
-                    try:
-                        procs = len(open(os.path.join(folder, "cgroup.procs")).read().split())
-                        if procs:  # the launcher has joined it: launcher, holder, code
-                            seen.update(limit=int(open(os.path.join(folder, limit_file)).read()), procs=procs)
-                            return
-                    except (OSError, ValueError):
-                        pass
-            threading.Event().wait(0.05)
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    attack(tool, "import time\ntime.sleep(2)")
-    watcher.join()
-    assert seen["limit"] == limits.cgroup_bytes() and seen["procs"] >= 1
+    def joined_cgroup():
+        for name in os.listdir(root):
+            folder = os.path.join(root, name)
+            limit_file = "memory.max" if os.path.exists(f"{folder}/memory.max") else "memory.limit_in_bytes"
+            try:
+                processes = len(open(os.path.join(folder, "cgroup.procs")).read().split())
+                if name.startswith(CGROUP_PREFIX) and processes:  # launcher, holder and code have joined it
+                    return int(open(os.path.join(folder, limit_file)).read()), processes
+            except (OSError, ValueError):
+                pass
+    limit, processes = observe_while_running(tool, "import time\ntime.sleep(2)", joined_cgroup)
+    assert limit == limits.cgroup_bytes() and processes == 3
 
 
 # ------------------------------------------------------------------------------------------------ privilege

@@ -217,16 +217,18 @@ def remove_cgroup(folder: str) -> int:
             time.sleep(0.02)
 
 
-def remove_stale_cgroups(root: str | None) -> None:
-    """Earlier runs killed mid-call leave empty cgroups behind; remove them (rmdir refuses non-empty ones)."""
+def remove_stale_cgroups(root: str | None, older_than_s: float = 600) -> None:
+    """Runs killed mid-call leave empty cgroups behind; remove those older than any call (a fresh one may be
+    another process's, about to be joined; rmdir refuses non-empty ones)."""
     if root is None:
         return
     for name in os.listdir(root):
-        if name.startswith(CGROUP_PREFIX):
-            try:
-                os.rmdir(os.path.join(root, name))
-            except OSError:
-                pass
+        folder = os.path.join(root, name)
+        try:
+            if name.startswith(CGROUP_PREFIX) and time.time() - os.stat(folder).st_mtime > older_than_s:
+                os.rmdir(folder)
+        except OSError:
+            pass
 
 
 # ------------------------------------------------------------------------------------------------ cleanup
