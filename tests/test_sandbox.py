@@ -242,6 +242,8 @@ def test_malformed_parameters_come_back_as_an_error_message(tool, parameters):
     ({"allow_network": "yes"}, "allow_network='yes': expected true or false"),
     ({"unsafe_no_isolation": 1}, "unsafe_no_isolation=1: expected true or false"),
     ({"read_only_paths": "/data"}, "read_only_paths='/data': expected a list of absolute paths"),
+    ({"read_only_paths": ["data"]}, "read_only_paths: 'data' is not an existing absolute path"),
+    ({"read_only_paths": ["/no/such/folder"]}, "read_only_paths: '/no/such/folder' is not an existing absolute"),
     ({"disk_mb": -1}, "disk_mb=-1: expected a positive number"),
     ({"tool_response_truncate_side": "both"}, "tool_response_truncate_side must be one of"),
     ({"max_output": 5}, r"unknown config keys \['max_output'\]"),

@@ -328,7 +328,10 @@ async def run_python(code: str, limits: SandboxLimits, access: SandboxAccess = S
     """Run `code` once in the sandbox; never raises for anything the code does."""
     started = time.monotonic()
     cgroup_root = None if access.unsafe_no_isolation else memory_cgroup_root()
-    cgroup = make_cgroup(cgroup_root, limits.cgroup_bytes()) if cgroup_root else None
+    try:
+        cgroup = make_cgroup(cgroup_root, limits.cgroup_bytes()) if cgroup_root else None
+    except OSError as error:
+        raise SandboxUnavailable(f"cannot make the sandbox's memory cgroup under {cgroup_root}: {error}") from error
     workdir = None
     if access.unsafe_no_isolation:
         logger.warning("code sandbox: unsafe_no_isolation is set, so this call runs with rlimits and the seccomp "
@@ -371,9 +374,6 @@ def probe_isolation(limits: SandboxLimits, access: SandboxAccess) -> None:
         logger.warning("code sandbox: unsafe_no_isolation is set: every call runs without namespaces (host files, "
                        "processes and network open to the code)")
         return
-    for path in access.read_only_paths:
-        if not os.path.isabs(path) or not os.path.exists(path):
-            raise SandboxUnavailable(f"read_only_paths: {path!r} is not an existing absolute path")
     probe = "import os\nprint(os.getcwd(), os.getuid())\n"
     with ThreadPoolExecutor(1) as pool:  # its own event loop, whether or not the caller runs one
         result = pool.submit(asyncio.run, run_python(probe, replace(limits, timeout_s=30), access)).result()
@@ -407,5 +407,8 @@ def access_from_config(config: dict) -> SandboxAccess:
     paths = config.get("read_only_paths", [])
     if not isinstance(paths, (list, tuple)) or not all(isinstance(path, str) for path in paths):
         raise ValueError(f"sandbox config read_only_paths={paths!r}: expected a list of absolute paths")
+    for path in paths:
+        if not os.path.isabs(path) or not os.path.exists(path):
+            raise ValueError(f"sandbox config read_only_paths: {path!r} is not an existing absolute path")
     return SandboxAccess(allow_network=config.get("allow_network", False), read_only_paths=tuple(paths),
                          unsafe_no_isolation=config.get("unsafe_no_isolation", False))
