@@ -13,6 +13,8 @@ are prepared. It reports every problem in one ConfigError, one `<key>: expected 
   models     config.json parses, the weights are there and every safetensors file is complete (its header is read,
              never its tensors);
   reward     custom_reward_function.name names a function of custom_reward_function.path;
+  rollout    the tool and interaction YAMLs build; in async mode every agent-loop YAML entry's _target_ imports
+             and the default agent loop is registered;
   resources  a local Ray has a CPU for every rank, and on CUDA a GPU;
   run dir    trainer.default_local_dir can be created and written (test-written here).
 
@@ -47,6 +49,8 @@ def check_before_start(config: PPOConfig) -> list[str]:
     parameters = _check_models(config, problems)
     _check_reward_function(config, problems)
     _check_tool_config(config, problems)
+    _check_interaction_config(config, problems)
+    _check_agent_loops(config, problems)
     _check_resources(config, problems)
     _check_tensor_parallel_heads(config, problems)
     _check_run_dir(config.trainer.default_local_dir, problems)
@@ -78,6 +82,39 @@ def _check_tool_config(config: PPOConfig, problems: list[str]) -> None:
     except Exception as err:  # the registry names file and entry; a tool's own __init__ can raise anything
         problems.append(f"actor_rollout_ref.rollout.multi_turn.tool_config_path: expected a tool YAML whose every "
                         f"entry builds, got {multi_turn.tool_config_path!r}: {err}")
+
+
+def _check_interaction_config(config: PPOConfig, problems: list[str]) -> None:
+    """Build the interactions of multi_turn.interaction_config_path here, as the tool_agent loop will."""
+    multi_turn = config.actor_rollout_ref.rollout.multi_turn
+    if not multi_turn.enable or multi_turn.interaction_config_path is None:
+        return
+    from hybridrl.interactions import initialize_interactions_from_config
+
+    try:
+        initialize_interactions_from_config(multi_turn.interaction_config_path)
+    except Exception as err:  # the registry names file and entry; an interaction's own __init__ can raise anything
+        problems.append(f"actor_rollout_ref.rollout.multi_turn.interaction_config_path: expected an interaction YAML "
+                        f"whose every entry builds, got {multi_turn.interaction_config_path!r}: {err}")
+
+
+def _check_agent_loops(config: PPOConfig, problems: list[str]) -> None:
+    """Import every _target_ of the agent-loop YAML and find the default loop, as the agent-loop workers will: a
+    module or class that does not import is refused now, not after the cluster is up."""
+    agent = config.actor_rollout_ref.rollout.agent
+    if config.actor_rollout_ref.rollout.mode != "async":
+        return
+    from hybridrl.agent_loop.base import load_agent_loop_config
+
+    try:
+        registry = load_agent_loop_config(agent.agent_loop_config_path)
+    except Exception as err:  # names the file and the entry
+        problems.append(f"actor_rollout_ref.rollout.agent.agent_loop_config_path: expected a YAML whose every "
+                        f"_target_ imports, got {agent.agent_loop_config_path!r}: {err}")
+        return
+    if agent.default_agent_loop not in registry:
+        problems.append(f"actor_rollout_ref.rollout.agent.default_agent_loop: expected a registered agent loop "
+                        f"(one of {sorted(registry)}), got {agent.default_agent_loop!r}")
 
 
 # ---- data ----
