@@ -216,6 +216,29 @@ def test_an_agent_loop_target_that_does_not_import_is_refused_before_ray_starts(
     assert "entry 0 ('mine'): cannot import _target_ 'no_such_module.MyLoop'" in problems[0], problems
 
 
+
+def test_an_interaction_yaml_that_does_not_build_is_refused_before_start_naming_the_entry(tmp_path):
+    from hybridrl.config.preflight import _check_multi_turn_files
+
+    interactions = write_yaml(tmp_path / "interactions.yaml", """\
+        interaction:
+          - class_name: hybridrl.compat.verl.interactions.gsm8k_interaction.Gsm8kInteraction
+          - class_name: hybridrl.interactions.gsm8k_interaction.Gsm8kInteraction
+        """)
+    calculator = os.path.join(os.path.dirname(TESTS), "hybridrl/defaults/arithmetic_tool_config.yaml")
+    config = loop_config(calculator, f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={interactions}")
+    problems: list[str] = []
+    _check_multi_turn_files(config, problems)
+    assert problems == [f"actor_rollout_ref.rollout.multi_turn.interaction_config_path: expected an interaction YAML "
+                        f"whose every entry builds, got {interactions!r}: {interactions}: interaction[1]: a second "
+                        f"interaction named 'gsm8k'; interaction names must be unique"]
+    example = os.path.join(os.path.dirname(TESTS), "examples/sglang_multiturn/config/interaction_config/"
+                                                   "gsm8k_interaction_config.yaml")
+    config.actor_rollout_ref.rollout.multi_turn.interaction_config_path = example
+    problems = []
+    _check_multi_turn_files(config, problems)
+    assert problems == []
+
 # ---- through the real agent-loop manager (Ray workers)
 
 START_LOOPS = '''
@@ -302,8 +325,7 @@ def arithmetic_task(tmp_path_factory):
 
 def test_the_builtin_tool_task_trains_two_steps_driven_by_a_verl_loop(ray_local, arithmetic_task, verl_files,
                                                                       tmp_path, monkeypatch):
-    from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
-    from test_async_rollout import spy_on_update_actor
+    from test_async_rollout import fit_keeping_update_batches
     from test_e2e_training import make_config, read_metrics
 
     monkeypatch.setenv("PYTHONPATH", f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
@@ -317,13 +339,7 @@ def test_the_builtin_tool_task_trains_two_steps_driven_by_a_verl_loop(ray_local,
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={verl_files['tools']}",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
         "actor_rollout_ref.rollout.agent.default_agent_loop=react_agent")
-    trainer = RayPPOTrainer(config)
-    trainer.init_workers()
-    try:
-        batches = spy_on_update_actor(trainer)
-        trainer.fit()
-    finally:
-        trainer.shutdown()
+    trainer, batches = fit_keeping_update_batches(config)
     steps = read_metrics(str(tmp_path))
     assert len(steps) == 2 and all(step["agent_loop/num_failed"] == 0 for step in steps)
     tool_calls = 0

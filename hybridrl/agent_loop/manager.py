@@ -36,6 +36,7 @@ from typing import Any, Optional
 import numpy as np
 import ray
 import torch
+
 from hybridrl.agent_loop.base import (AgentLoopMetrics, AgentLoopOutput, DictConfigWrap, instantiate_agent_loop,
                                       load_agent_loop_config, yaml_agent_loop_names)
 from hybridrl.agent_loop import sample_generate
@@ -230,8 +231,8 @@ class AgentLoopManager:
         env = {"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}} if os.environ.get("PYTHONPATH") else None
         self.workers = [AgentLoopWorker.options(num_cpus=0, runtime_env=env).remote(config, server_addresses)
                         for _ in range(rollout.agent.num_workers)]
-        ray.get(self.workers[0].check_loops.remote(
-            list(dict.fromkeys([self.default_agent_loop, *yaml_agent_loop_names(rollout.agent.agent_loop_config_path)]))))
+        loops_used = [self.default_agent_loop, *yaml_agent_loop_names(rollout.agent.agent_loop_config_path)]
+        ray.get(self.workers[0].check_loops.remote(list(dict.fromkeys(loops_used))))
         self._reported: set[str] = set()
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -284,11 +285,7 @@ class AgentLoopManager:
             response_logprobs=([output.response_logprobs or [0.0] * len(output.response_ids) for output in outputs]
                                if self.rollout_config.calculate_log_probs else None),
             weight_versions=token_versions)
-        for key in sorted({key for output in outputs for key in output.extra_fields}):  # verl: non-tensor columns
-            batch.non_tensor_batch[key] = object_column([output.extra_fields.get(key) for output in outputs])
-        batch.non_tensor_batch["__num_turns__"] = np.array([output.num_turns for output in outputs], dtype=object)
-        if any(output.routed_experts is not None for output in outputs):
-            batch.non_tensor_batch["routed_experts"] = object_column([output.routed_experts for output in outputs])
+        batch.non_tensor_batch.update(output_columns(outputs))
         batch.batch[AGENT_SCORES_KEY] = torch.tensor(
             [float("nan") if output.reward_score is None else float(output.reward_score) for output in outputs],
             dtype=torch.float32)
@@ -310,6 +307,17 @@ class AgentLoopManager:
     def shutdown(self) -> None:
         for worker in self.workers:
             ray.kill(worker)
+
+
+def output_columns(outputs: list[AgentLoopOutput]) -> dict[str, np.ndarray]:
+    """The non-tensor batch columns of the outputs, as verl's: each key of a loop's extra_fields (None for rows
+    whose loop did not set it), __num_turns__, and routed_experts when a loop gave it."""
+    columns = {key: object_column([output.extra_fields.get(key) for output in outputs])
+               for key in sorted({key for output in outputs for key in output.extra_fields})}
+    columns["__num_turns__"] = np.array([output.num_turns for output in outputs], dtype=object)
+    if any(output.routed_experts is not None for output in outputs):
+        columns["routed_experts"] = object_column([output.routed_experts for output in outputs])
+    return columns
 
 
 def object_column(values: list[Any]) -> np.ndarray:

@@ -48,8 +48,7 @@ def check_before_start(config: PPOConfig) -> list[str]:
     train_rows = _check_data(config, problems)
     parameters = _check_models(config, problems)
     _check_reward_function(config, problems)
-    _check_tool_config(config, problems)
-    _check_interaction_config(config, problems)
+    _check_multi_turn_files(config, problems)
     _check_agent_loops(config, problems)
     _check_resources(config, problems)
     _check_tensor_parallel_heads(config, problems)
@@ -67,35 +66,29 @@ def _missing_paths(config: PPOConfig) -> list[str]:
     return []
 
 
-# ---- tools ----
+# ---- rollout: tools, interactions, agent loops ----
 
-def _check_tool_config(config: PPOConfig, problems: list[str]) -> None:
-    """Build the tools of multi_turn.tool_config_path here, as each agent-loop worker will: a missing class or an
-    invalid schema is refused now, naming the file and the entry (the tool registry's message)."""
+def _check_multi_turn_files(config: PPOConfig, problems: list[str]) -> None:
+    """Build the tools of multi_turn.tool_config_path and the interactions of multi_turn.interaction_config_path
+    here, as each agent-loop worker will: a missing class or an invalid schema is refused now, naming the file and
+    the entry (the registries' messages)."""
     multi_turn = config.actor_rollout_ref.rollout.multi_turn
-    if not multi_turn.enable or multi_turn.tool_config_path is None:
-        return
-    from hybridrl.tools import initialize_tools_from_config
-
-    try:
-        initialize_tools_from_config(multi_turn.tool_config_path)
-    except Exception as err:  # the registry names file and entry; a tool's own __init__ can raise anything
-        problems.append(f"actor_rollout_ref.rollout.multi_turn.tool_config_path: expected a tool YAML whose every "
-                        f"entry builds, got {multi_turn.tool_config_path!r}: {err}")
-
-
-def _check_interaction_config(config: PPOConfig, problems: list[str]) -> None:
-    """Build the interactions of multi_turn.interaction_config_path here, as the tool_agent loop will."""
-    multi_turn = config.actor_rollout_ref.rollout.multi_turn
-    if not multi_turn.enable or multi_turn.interaction_config_path is None:
+    if not multi_turn.enable:
         return
     from hybridrl.interactions import initialize_interactions_from_config
+    from hybridrl.tools import initialize_tools_from_config
 
-    try:
-        initialize_interactions_from_config(multi_turn.interaction_config_path)
-    except Exception as err:  # the registry names file and entry; an interaction's own __init__ can raise anything
-        problems.append(f"actor_rollout_ref.rollout.multi_turn.interaction_config_path: expected an interaction YAML "
-                        f"whose every entry builds, got {multi_turn.interaction_config_path!r}: {err}")
+    for key, build, expected in (("tool_config_path", initialize_tools_from_config, "a tool YAML"),
+                                 ("interaction_config_path", initialize_interactions_from_config,
+                                  "an interaction YAML")):
+        path = getattr(multi_turn, key)
+        if path is None:
+            continue
+        try:
+            build(path)
+        except Exception as err:  # the registries name file and entry; a class's own __init__ can raise anything
+            problems.append(f"actor_rollout_ref.rollout.multi_turn.{key}: expected {expected} whose every entry "
+                            f"builds, got {path!r}: {err}")
 
 
 def _check_agent_loops(config: PPOConfig, problems: list[str]) -> None:
