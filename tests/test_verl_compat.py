@@ -34,6 +34,18 @@ DEFAULT_SYSTEM_TEMPLATE = (
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*34"}}</tool_call>'
 
 
+@pytest.fixture(autouse=True)
+def agent_loop_registry_restored():
+    """The loops these tests register (by import or by YAML) are gone afterwards: later modules see the registry
+    they would see without this one."""
+    from hybridrl.agent_loop import base
+
+    saved = base.load_agent_loop_config(None)  # the built-in loops included: they register once, on import
+    yield
+    base._agent_loop_registry.clear()
+    base._agent_loop_registry.update(saved)
+
+
 # ---- the compat modules are hybridrl's own objects
 
 @pytest.mark.parametrize("verl_module, name, hybridrl_module", [
