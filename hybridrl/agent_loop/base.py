@@ -32,6 +32,7 @@ Loops are found by name: `@register("name")` in code, or a YAML list named by
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import os
 from abc import ABC, abstractmethod
@@ -126,8 +127,13 @@ class AgentLoopBase(ABC):
         self.dataset_config = self.data_config  # the name verl's AgentLoopBase gave it before data_config
         self.dataset_cls = get_dataset_class(self.data_config) if dataset_cls is None else dataset_cls
         self.apply_chat_template_kwargs = dict(self.data_config.get("apply_chat_template_kwargs") or {})
-        self.system_prompt = system_prompt_ids(tokenizer, self.apply_chat_template_kwargs)
         self.loop = asyncio.get_running_loop()
+
+    @functools.cached_property
+    def system_prompt(self) -> list[int]:
+        """The ids the chat template puts before the first message (computed on first use: a loop that never
+        removes it never renders it, and a template that cannot render two user turns in a row fails only there)."""
+        return system_prompt_ids(self.tokenizer, self.apply_chat_template_kwargs)
 
     @classmethod
     def init_class(cls, config, tokenizer, processor=None, **kwargs) -> None:
