@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from hybridrl.agent_loop.base import AgentLoopBase, load_agent_loop_config
-from hybridrl.agent_loop.manager import (AGENT_SCORES_KEY, apply_agent_scores, check_agent_names, check_output,
-                                         scores_on_trained_tokens)
+from hybridrl.agent_loop.manager import (AGENT_SCORES_KEY, agent_loop_metrics, apply_agent_scores,
+                                         check_agent_names, check_output, output_columns, scores_on_trained_tokens)
 from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, EngineServerError
 from hybridrl.agent_loop import AgentLoopOutput
 from hybridrl.protocol import DataProto
@@ -62,9 +62,31 @@ def test_outputs_that_do_not_fit_are_the_loops_fault():
                          (dict(good, response_mask=[1, 2]), "only 0 and 1")):
         with pytest.raises(ValueError, match=message):
             check_output(AgentLoopOutput(**bad), Rollout, "x")
+    check_output(AgentLoopOutput(**good, multi_modal_data={}), Rollout, "x")  # what verl's loops give for text
+    with pytest.raises(ValueError, match=r"multi_modal_data is set \(\['images'\]\), but the models here are "
+                                         r"text-only"):
+        check_output(AgentLoopOutput(**good, multi_modal_data={"images": [object()]}), Rollout, "x")
     Rollout.calculate_log_probs = True
     with pytest.raises(ValueError, match="calculate_log_probs is on but the loop returned no response_logprobs"):
         check_output(AgentLoopOutput(**good), Rollout, "x")
+
+
+def test_every_verl_output_field_and_metric_reaches_the_batch_or_the_metrics():
+    """routed_experts and extra_fields become columns; verl's metrics (a dict, as verl's loops pass them) and a
+    loop's own numeric ones become agent_loop/<name>/mean; num_preempted -1 (unknown) stays out of its mean."""
+    base = dict(prompt_ids=[1], response_ids=[2, 3], response_mask=[1, 1], num_turns=2)
+    outputs = [AgentLoopOutput(**base, routed_experts=[[0, 1]] * 3, extra_fields={"turn_scores": [1.0]},
+                               metrics={"generate_sequences": 0.5, "num_preempted": 2, "compute_score": 0.25,
+                                        "queue_s": 3.0, "note": "not a number"}),
+               AgentLoopOutput(**base, metrics={"generate_sequences": 1.5, "num_preempted": -1})]
+    columns = output_columns(outputs)
+    assert columns["routed_experts"][0] == [[0, 1]] * 3 and columns["routed_experts"][1] is None
+    assert list(columns["turn_scores"]) == [[1.0], None] and list(columns["__num_turns__"]) == [2, 2]
+    metrics = agent_loop_metrics(outputs)
+    assert (metrics["agent_loop/generate_sequences/mean"], metrics["agent_loop/num_preempted/mean"],
+            metrics["agent_loop/compute_score/mean"], metrics["agent_loop/queue_s/mean"]) == (1.0, 2.0, 0.125, 3.0)
+    assert "agent_loop/note/mean" not in metrics
+    assert "routed_experts" not in output_columns(outputs[1:])
 
 
 # ---------------------------------------------------------------------- the loop's reward

@@ -119,10 +119,8 @@ def spy_on_update_actor(trainer):
     return seen
 
 
-def test_yaml_loop_with_a_masked_span_trains_only_on_model_tokens(ray_local, toy_task, user_loops, tmp_path):
-    config = make_config(toy_task, str(tmp_path), *async_overrides(user_loops, "tool_span_agent"),
-                         "algorithm.adv_estimator=reinforce_plus_plus",
-                         "actor_rollout_ref.rollout.calculate_log_probs=true")
+def fit_keeping_update_batches(config):
+    """(the trainer, after fit and shutdown; every batch its actor was updated on)."""
     trainer = RayPPOTrainer(config)
     trainer.init_workers()
     try:
@@ -130,6 +128,14 @@ def test_yaml_loop_with_a_masked_span_trains_only_on_model_tokens(ray_local, toy
         trainer.fit()
     finally:
         trainer.shutdown()
+    return trainer, batches
+
+
+def test_yaml_loop_with_a_masked_span_trains_only_on_model_tokens(ray_local, toy_task, user_loops, tmp_path):
+    config = make_config(toy_task, str(tmp_path), *async_overrides(user_loops, "tool_span_agent"),
+                         "algorithm.adv_estimator=reinforce_plus_plus",
+                         "actor_rollout_ref.rollout.calculate_log_probs=true")
+    trainer, batches = fit_keeping_update_batches(config)
     span = trainer.tokenizer("ink ink", add_special_tokens=False)["input_ids"]
     assert len(batches) == 2
     for batch in batches:

@@ -42,7 +42,7 @@ def _reference_agg(token_losses, mask, mode):
         return math.fsum(math.fsum(row) for row in non_empty) / len(non_empty)
     if mode == "seq-mean-token-mean":
         return math.fsum(math.fsum(row) / len(row) for row in non_empty) / len(non_empty)
-    return math.fsum(math.fsum(row) / mask.shape[1] for row in non_empty) / len(non_empty)
+    return math.fsum(math.fsum(row) for row in non_empty) / mask.shape[1]  # verl: no mean over the sequences
 
 
 def _floats(*tensors, at):
@@ -65,7 +65,7 @@ def test_agg_loss_literals_and_invalid_mode():
     assert core_algos.agg_loss(loss_mat, mask, "token-mean").item() == pytest.approx(10 / 4)
     assert core_algos.agg_loss(loss_mat, mask, "seq-mean-token-sum").item() == pytest.approx((6 + 4) / 2)
     assert core_algos.agg_loss(loss_mat, mask, "seq-mean-token-mean").item() == pytest.approx((2 + 4) / 2)
-    assert core_algos.agg_loss(loss_mat, mask, "seq-mean-token-sum-norm").item() == pytest.approx((6 / 3 + 4 / 3) / 2)
+    assert core_algos.agg_loss(loss_mat, mask, "seq-mean-token-sum-norm").item() == pytest.approx((6 + 4) / 3)
     with pytest.raises(ValueError, match="'seq-mean-token-sum-norm'"):
         core_algos.agg_loss(loss_mat, mask, "sum")
 
@@ -80,7 +80,7 @@ def test_agg_loss_with_global_counts_and_an_empty_batch():
     assert agg(loss_mat, mask, "seq-mean-token-mean", dp_size=4,
                global_batch_size=8).item() == pytest.approx((2 + 4) / 8 * 4)
     assert agg(loss_mat, mask, "seq-mean-token-sum-norm", global_batch_size=4,
-               loss_scale_factor=10).item() == pytest.approx((6 + 4) / 10 / 4)
+               loss_scale_factor=10).item() == pytest.approx((6 + 4) / 10)
     empty = torch.zeros_like(mask)
     for mode in MODES:  # nothing to learn from: 0, never NaN (even with a NaN under the padding)
         assert agg(torch.full((3, 3), float("nan")), empty, mode).item() == 0.0

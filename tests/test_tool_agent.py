@@ -13,9 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from hybridrl.agent_loop.base import TokenOutput, TrainerConfig
+from hybridrl.agent_loop.base import DictConfigWrap, TokenOutput
 from hybridrl.agent_loop.tool_agent import ToolAgentLoop
 from hybridrl.agent_loop.tool_parser import get_tool_parser, parse_hermes
+from hybridrl.config import compose_config, validate_config
 from hybridrl.defaults.tiny_model import build_tokenizer
 from hybridrl.defaults.tool_chat_template import TOOL_CHAT_TEMPLATE
 from hybridrl.tools.calculator_tool import evaluate
@@ -99,23 +100,26 @@ class ScriptedServer:
 
 
 def multi_turn_config(**overrides):
-    values = dict(enable=True, max_assistant_turns=None, max_user_turns=None, tool_config_path=CALCULATOR_YAML,
-                  max_parallel_calls=1, max_tool_response_length=256, tool_response_truncate_side="middle",
-                  format="hermes", tokenization_sanity_check_mode="strict")
+    """The run config (composed and validated) with multi_turn.<key>=<value> for each override, response_length the
+    rollout's."""
+    values = dict(tool_config_path=CALCULATOR_YAML)
     values.update(overrides)
     response_length = values.pop("response_length", 1000)
-    return SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(
-        response_length=response_length, multi_turn=SimpleNamespace(**values))))
+    return validate_config(compose_config(
+        ["actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true", "actor_rollout_ref.rollout.multi_turn.enable=true",
+         f"data.max_response_length={response_length}"]
+        + [f"actor_rollout_ref.rollout.multi_turn.{key}={'null' if value is None else value}"
+           for key, value in values.items()]))
 
 
-def run_loop(tokenizer, server, config, raw_prompt=None, extra_info=None):
+def run_loop(tokenizer, server, config, raw_prompt=None, tools_kwargs=None):
     ToolAgentLoop._class_initialized = False  # each test builds the class's tools from its own config
 
     async def go():
-        loop = ToolAgentLoop(TrainerConfig(config), server_manager=server, tokenizer=tokenizer)
+        loop = ToolAgentLoop(DictConfigWrap(config), server_manager=server, tokenizer=tokenizer)
         return await loop.run({"temperature": 1.0, "logprobs": True},
                               raw_prompt=raw_prompt or [{"role": "user", "content": "What is 12*34?"}],
-                              extra_info=extra_info or {})
+                              tools_kwargs=tools_kwargs or {})
     return asyncio.run(go())
 
 
@@ -204,9 +208,9 @@ def test_tool_output_is_truncated_on_the_configured_side(tokenizer):
 
 def test_tool_rewards_and_calc_reward_travel_as_extra_fields(tokenizer):
     call = '<tool_call>{"name": "calc_gsm8k_reward", "arguments": {"answer": "408"}}</tool_call>'
-    extra = {"tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "408"}}}}
+    tools_kwargs = {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "408"}}}
     output = run_loop(tokenizer, ScriptedServer(tokenizer, [call, call, "done"]),
-                      multi_turn_config(tool_config_path=GSM8K_YAML), extra_info=extra)
+                      multi_turn_config(tool_config_path=GSM8K_YAML), tools_kwargs=tools_kwargs)
     assert output.extra_fields["tool_rewards"] == [0.0, -0.05]  # verl's penalty for a non-improving resubmission
     assert output.extra_fields["reward_scores"] == {"calc_gsm8k_reward": 1.0}
     assert output.reward_score is None  # the reward manager's score stays the sample's
@@ -271,7 +275,7 @@ def test_multi_turn_needs_async_mode_and_a_known_format():
 ])
 def test_a_bad_tool_yaml_is_refused_before_start_naming_file_and_entry(tmp_path, entry, message):
     from hybridrl.config import compose_config, validate_config
-    from hybridrl.config.preflight import _check_tool_config
+    from hybridrl.config.preflight import _check_multi_turn_files
 
     path = tmp_path / "tools.yaml"
     path.write_text("tools:\n" + entry)
@@ -280,11 +284,11 @@ def test_a_bad_tool_yaml_is_refused_before_start_naming_file_and_entry(tmp_path,
         "actor_rollout_ref.rollout.multi_turn.enable=true",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={path}"]))
     problems: list[str] = []
-    _check_tool_config(config, problems)
+    _check_multi_turn_files(config, problems)
     assert len(problems) == 1 and str(path) in problems[0] and message in problems[0], problems
     config.actor_rollout_ref.rollout.multi_turn.tool_config_path = CALCULATOR_YAML
     problems = []
-    _check_tool_config(config, problems)
+    _check_multi_turn_files(config, problems)
     assert problems == []
 
 
@@ -304,11 +308,12 @@ def test_parallel_calls_of_one_tool_share_one_instance_released_at_the_end(token
         released.append(instance_id)
         await original_release(self, instance_id, **kwargs)
 
-    extra = {"tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "408"}}}}
+    tools_kwargs = {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "408"}}}
     Gsm8kTool.create, Gsm8kTool.release = create, release
     try:
         output = run_loop(tokenizer, ScriptedServer(tokenizer, [call + call, "done"]),
-                          multi_turn_config(tool_config_path=GSM8K_YAML, max_parallel_calls=2), extra_info=extra)
+                          multi_turn_config(tool_config_path=GSM8K_YAML, max_parallel_calls=2),
+                          tools_kwargs=tools_kwargs)
     finally:
         Gsm8kTool.create, Gsm8kTool.release = original_create, original_release
     assert output.metrics.num_tool_calls == 2 and len(created) == 1 and released == created

@@ -13,9 +13,8 @@ from transformers import AutoModelForCausalLM
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.defaults.tool_chat_template import TOOL_CHAT_TEMPLATE
 from hybridrl.defaults.tool_task import answer_text, sft, tool_call_text
-from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from hybridrl.utils.rl_parquet import write_rl_parquet
-from test_async_rollout import spy_on_update_actor
+from test_async_rollout import fit_keeping_update_batches
 from test_e2e_training import make_config, read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,13 +53,7 @@ def test_a_tool_agent_step_masks_tool_tokens_and_reports_tool_metrics(ray_local,
         "actor_rollout_ref.rollout.multi_turn.enable=true", "actor_rollout_ref.rollout.multi_turn.max_user_turns=2",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={CALCULATOR_YAML}", "trainer.total_training_steps=1",
         "actor_rollout_ref.rollout.temperature=0.5")
-    trainer = RayPPOTrainer(config)
-    trainer.init_workers()
-    try:
-        batches = spy_on_update_actor(trainer)
-        trainer.fit()
-    finally:
-        trainer.shutdown()
+    _, batches = fit_keeping_update_batches(config)
     tokenizer = tool_task["tokenizer"]
     [batch] = batches
     response_mask, advantages = batch.batch["response_mask"], batch.batch["advantages"]

@@ -120,7 +120,8 @@ def _without_description():
     ({"class_name": "collections.OrderedDict", "tool_schema": _second_schema()},
      r"tools\[1\] \('second'\): class_name 'collections.OrderedDict' is .*expected a subclass of .*BaseTool"),
     ({"class_name": "test_tools.EchoTool"},
-     r"tools\[1\]: tool_schema is missing; expected \{type: function"),
+     r"tools\[1\]: test_tools.EchoTool\(config=\{\}\) failed: ValueError: EchoTool has no tool_schema: give one "
+     r"in the YAML entry, or override get_openai_tool_schema\(\) to return it"),
     ({"class_name": "test_tools.EchoTool", "tool_schema": _second_schema(type="array")},
      r"tools\[1\] \('second'\): invalid tool_schema: tool_schema.function.parameters.type: Input should be 'object'"),
     ({"class_name": "test_tools.EchoTool", "tool_schema": _second_schema(required=["missing"])},
@@ -211,6 +212,29 @@ def test_a_verl_tool_ports_by_changing_imports_only(tmp_path, monkeypatch):
         return outcome, reward
     outcome, reward = asyncio.run(trajectory())
     assert (outcome.response.text, outcome.error, reward) == ("15", None, 15.0)
+
+
+class SelfDescribedTool(BaseTool):
+    """verl's tutorial shape (its SandboxTool, its test WeatherTool): the YAML says tool_schema: null and the class
+    gives its own schema, here a function without parameters."""
+
+    def get_openai_tool_schema(self):
+        return OpenAIFunctionToolSchema.model_validate(
+            {"type": "function", "function": {"name": "get_time", "description": "the current time"}})
+
+
+def test_a_tool_without_a_yaml_schema_describes_itself_and_parameters_are_optional(tmp_path):
+    path = write_yaml(tmp_path / "tools.yaml", """\
+        tools:
+          - class_name: test_tools.SelfDescribedTool
+            config: {type: native}
+            tool_schema: null
+        """)
+    (tool,) = initialize_tools_from_config(path)
+    assert tool.name == "get_time" and tool.tool_schema.function.parameters.properties == {}
+    # what the chat template gets: no parameters invented for a function that declares none
+    assert tool.get_openai_tool_schema().model_dump(exclude_unset=True, exclude_none=True) == {
+        "type": "function", "function": {"name": "get_time", "description": "the current time"}}
 
 
 # ---- GSM8K tool ----------------------------------------------------------------------------------

@@ -13,9 +13,15 @@ Shaped like verl's `verl.experimental.agent_loop` so a verl agent loop ports by 
             ...  # output.token_ids, output.log_probs
 
 One instance runs one sample: `run` gets the rollout's sampling parameters and every column of the
-sample's dataset row as keyword arguments (raw_prompt, extra_info, reward_model, data_source, ...).
-It returns token lists, never padded tensors: padding happens once, when the manager turns all
-outputs into the batch (data/batch_layout.py).
+sample's dataset row as keyword arguments (raw_prompt, extra_info, tools_kwargs, interaction_kwargs,
+reward_model, data_source, ...). It returns token lists, never padded tensors: padding happens once, when
+the manager turns all outputs into the batch (data/batch_layout.py).
+
+What a loop finds on self (verl's attributes): config (the run config), rollout_config (its
+actor_rollout_ref.rollout), server_manager, tokenizer, processor (None: models here are text-only),
+dataset_cls and data_config (the run's dataset class and `data` config), apply_chat_template_kwargs
+(data.apply_chat_template_kwargs), system_prompt (the ids the chat template puts before the first message:
+a default system prompt, or nothing) and loop (the event loop).
 
 Loops are found by name: `@register("name")` in code, or a YAML list named by
 `actor_rollout_ref.rollout.agent.agent_loop_config_path`
@@ -26,18 +32,28 @@ Loops are found by name: `@register("name")` in code, or a YAML list named by
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import os
 from abc import ABC, abstractmethod
 from typing import Any, Optional
 
 import yaml
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
+
+from hybridrl.utils.dataset import get_dataset_class
 
 # name -> {"_target_": "module.Class", **init kwargs}; filled by @register and by the YAML file.
 _agent_loop_registry: dict[str, dict[str, Any]] = {}
 
 BUILTIN_AGENT_LOOP_MODULES = ("hybridrl.agent_loop.single_turn", "hybridrl.agent_loop.tool_agent")
+
+
+class DictConfigWrap:
+    """How a config travels to an agent loop's __init__ (verl's wrapper): `.config` is the config itself."""
+
+    def __init__(self, config) -> None:
+        self.config = config
 
 
 class TokenOutput(BaseModel):
@@ -52,10 +68,15 @@ class TokenOutput(BaseModel):
 
 
 class AgentLoopMetrics(BaseModel):
-    """Seconds a loop spent waiting for the engine and for its tools (verl's names), and the tool loop's counts
-    (tool_agent.py; 0 for loops without tools)."""
+    """Seconds a loop spent waiting for the engine, its tools and its scoring, and the engine's preemptions of its
+    requests (-1: unknown) under verl's names; the tool loop's counts (tool_agent.py; 0 for loops without tools).
+    A loop may add numeric fields of its own (verl allows them): each becomes a metric agent_loop/<name>/mean."""
+    model_config = ConfigDict(extra="allow")
+
     generate_sequences: float = 0.0
     tool_calls: float = 0.0
+    compute_score: float = 0.0
+    num_preempted: int = -1
     num_tool_calls: int = 0           # calls the model made, malformed ones included
     num_tool_errors: int = 0          # calls answered with an error: malformed, unknown tool, raised, timed out
     tool_latency_s: float = 0.0       # summed over the sample's executed calls
@@ -69,23 +90,21 @@ class AgentLoopOutput(BaseModel):
     response_ids holds everything after the prompt: the model's tokens and whatever the loop inserted
     (tool output, observations); response_mask is 1 on the model's tokens (trained on) and 0 on the
     inserted ones. reward_score, when set, is the sample's score and replaces the reward manager's.
+    routed_experts (an MoE engine's routing of every token) becomes the batch column of that name.
+    multi_modal_data and mm_processor_kwargs must stay empty: the models here are text-only
+    (manager.check_output refuses others).
     """
     prompt_ids: list[int]
     response_ids: list[int]
     response_mask: list[int]
     response_logprobs: Optional[list[float]] = None
+    routed_experts: Optional[Any] = None
     multi_modal_data: Optional[dict[str, Any]] = None
     reward_score: Optional[float] = None
     num_turns: int = 0
     metrics: AgentLoopMetrics = AgentLoopMetrics()
     extra_fields: dict[str, Any] = {}
-
-
-class TrainerConfig:
-    """The `trainer_config` argument of AgentLoopBase: the whole run config as `.config` (verl's _DummyConfig)."""
-
-    def __init__(self, config) -> None:
-        self.config = config
+    mm_processor_kwargs: Optional[dict[str, Any]] = None
 
 
 class AgentLoopBase(ABC):
@@ -93,15 +112,28 @@ class AgentLoopBase(ABC):
 
     _class_initialized = False
 
-    def __init__(self, trainer_config: TrainerConfig, server_manager, tokenizer, processor=None, **kwargs):
+    def __init__(self, trainer_config: DictConfigWrap, server_manager, tokenizer, processor=None,
+                 dataset_cls: Optional[type] = None, data_config: Optional[DictConfigWrap] = None, **kwargs):
         """trainer_config.config: the run config (self.config); server_manager: `generate` on the engines;
+        dataset_cls / data_config: the run's dataset class and `data` config (default: the run config's);
         kwargs: the loop's YAML entry besides name/_target_, also handed to init_class once per class."""
         self.init_class(config=trainer_config.config, tokenizer=tokenizer, processor=processor, **kwargs)
         self.config = trainer_config.config
+        self.rollout_config = self.config.actor_rollout_ref.rollout
         self.server_manager = server_manager
         self.tokenizer = tokenizer
         self.processor = processor
+        self.data_config = self.config.data if data_config is None else data_config.config
+        self.dataset_config = self.data_config  # the name verl's AgentLoopBase gave it before data_config
+        self.dataset_cls = get_dataset_class(self.data_config) if dataset_cls is None else dataset_cls
+        self.apply_chat_template_kwargs = dict(self.data_config.get("apply_chat_template_kwargs") or {})
         self.loop = asyncio.get_running_loop()
+
+    @functools.cached_property
+    def system_prompt(self) -> list[int]:
+        """The ids the chat template puts before the first message (computed on first use: a loop that never
+        removes it never renders it, and a template that cannot render two user turns in a row fails only there)."""
+        return system_prompt_ids(self.tokenizer, self.apply_chat_template_kwargs)
 
     @classmethod
     def init_class(cls, config, tokenizer, processor=None, **kwargs) -> None:
@@ -110,18 +142,47 @@ class AgentLoopBase(ABC):
             return
         cls._class_initialized = True
 
+    async def process_vision_info(self, messages: list[dict]) -> dict[str, Any]:
+        """The images and videos of `messages` (verl's name): {} here, where models are text-only (no processor)."""
+        return {}
+
     async def apply_chat_template(self, messages: list[dict], tools: Optional[list[dict]] = None,
-                                  **kwargs) -> list[int]:
-        """Token ids of `messages` with the generation prompt appended (tokenized off the event loop)."""
+                                  images: Optional[list[Any]] = None, videos: Optional[list[Any]] = None,
+                                  remove_system_prompt: bool = False, **kwargs) -> list[int]:
+        """Token ids of `messages` with the generation prompt appended (tokenized off the event loop), rendered
+        with data.apply_chat_template_kwargs and `kwargs`. remove_system_prompt drops the leading
+        self.system_prompt ids, so that a turn appended to a conversation does not repeat a template's default
+        system prompt. images/videos: only None (text-only models)."""
+        if images is not None or videos is not None:
+            raise ValueError("apply_chat_template: images/videos given, but the model here is text-only (no "
+                             "processor); multi-modal rollouts are not supported")
+        template_kwargs = {**self.apply_chat_template_kwargs, **kwargs}
+
         def tokenize() -> list[int]:
-            text = self.tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=True,
-                                                      tokenize=False, **kwargs)
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return await self.loop.run_in_executor(None, tokenize)
+            return render_ids(self.tokenizer, list(messages), tools=tools, add_generation_prompt=True,
+                              **template_kwargs)
+        prompt_ids = await self.loop.run_in_executor(None, tokenize)
+        return prompt_ids[len(self.system_prompt):] if remove_system_prompt else prompt_ids
 
     @abstractmethod
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         """One sample's trajectory. kwargs: the sample's dataset columns (raw_prompt, extra_info, ...)."""
+
+
+def render_ids(tokenizer, messages: list[dict], **template_kwargs) -> list[int]:
+    """The token ids of the chat template's text for `messages` (the text tokenized without special tokens, as the
+    dataset tokenizes prompts, so both give the same ids)."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, **template_kwargs)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def system_prompt_ids(tokenizer, template_kwargs: dict[str, Any]) -> list[int]:
+    """The ids the chat template puts before a conversation's first message (a default system prompt, or []):
+    what one user message adds beyond the ids of two user messages minus one (verl's initialize_system_prompt)."""
+    one = render_ids(tokenizer, [{"role": "user", "content": ""}], add_generation_prompt=False, **template_kwargs)
+    two = render_ids(tokenizer, [{"role": "user", "content": ""}] * 2, add_generation_prompt=False,
+                     **template_kwargs)
+    return one[:len(one) - (len(two) - len(one))]
 
 
 def register(agent_name: str):
@@ -139,8 +200,21 @@ def load_agent_loop_config(path: Optional[str]) -> dict[str, dict[str, Any]]:
     errors name the file and the entry."""
     for module in BUILTIN_AGENT_LOOP_MODULES:
         importlib.import_module(module)
+    for position, entry in enumerate(_read_agent_loop_entries(path)):
+        resolve_target(entry["_target_"], f"{path} entry {position} ({entry['name']!r})")
+        _agent_loop_registry[entry["name"]] = {key: value for key, value in entry.items() if key != "name"}
+    return dict(_agent_loop_registry)
+
+
+def yaml_agent_loop_names(path: Optional[str]) -> list[str]:
+    """The names the agent-loop YAML at `path` registers, in file order ([] for None)."""
+    return [entry["name"] for entry in _read_agent_loop_entries(path)]
+
+
+def _read_agent_loop_entries(path: Optional[str]) -> list[dict[str, Any]]:
+    """The entries of the agent-loop YAML, each checked to be a mapping with string name and _target_."""
     if path is None:
-        return dict(_agent_loop_registry)
+        return []
     where = "actor_rollout_ref.rollout.agent.agent_loop_config_path"
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{where}={path!r}: no such file")
@@ -153,9 +227,7 @@ def load_agent_loop_config(path: Optional[str]) -> dict[str, dict[str, Any]]:
                 not isinstance(entry.get("_target_"), str):
             raise ValueError(f"{path} entry {position}: expected a mapping with string keys name and _target_, "
                              f"got {entry!r}")
-        resolve_target(entry["_target_"], f"{path} entry {position} ({entry['name']!r})")
-        _agent_loop_registry[entry["name"]] = {key: value for key, value in entry.items() if key != "name"}
-    return dict(_agent_loop_registry)
+    return entries
 
 
 def resolve_target(target: str, where: str) -> type:

@@ -21,6 +21,9 @@ Faults:
   `rollout.agent.max_failed_sample_ratio` of the rows fail, the step fails with the first traceback.
 - an engine server's error or death (EngineServerError, also when a loop wrapped it) fails the step.
 - an agent name that no loop is registered under is refused before any row runs, naming the known ones.
+- a loop that cannot be built (its __init__ or init_class reads a config key or attribute that does not exist)
+  fails the run when the manager starts, naming the loop and the error: the default loop and every loop of
+  rollout.agent.agent_loop_config_path are built once in a worker then.
 """
 from __future__ import annotations
 
@@ -33,17 +36,18 @@ from typing import Any, Optional
 import numpy as np
 import ray
 import torch
-from transformers import AutoTokenizer
 
-from hybridrl.agent_loop.base import (AgentLoopOutput, TrainerConfig, instantiate_agent_loop,
-                                      load_agent_loop_config)
+from hybridrl.agent_loop.base import (AgentLoopMetrics, AgentLoopOutput, DictConfigWrap, instantiate_agent_loop,
+                                      load_agent_loop_config, yaml_agent_loop_names)
 from hybridrl.agent_loop import sample_generate
 from hybridrl.agent_loop.sample_generate import GenerateContext
 from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, EngineServerError
 from hybridrl.data.hooks import load_hook
 from hybridrl.data.sample import Sample
 from hybridrl.protocol import DataProto
+from hybridrl.utils.dataset import get_dataset_class
 from hybridrl.utils.import_utils import load_extensions
+from hybridrl.utils.tokenizer import policy_tokenizer
 from hybridrl.data.batch_layout import to_batch_layout
 from hybridrl.workers.rollout.sampling import SAMPLING_OVERRIDES, max_new_tokens, sampling_source
 
@@ -93,9 +97,8 @@ class AgentLoopWorker:
         self.config = config
         load_extensions(list(config.extensions))  # loops an extension file registers with @register
         rollout = config.actor_rollout_ref.rollout
-        model = config.actor_rollout_ref.model
-        self.tokenizer = AutoTokenizer.from_pretrained(config.data.tokenizer or model.path,
-                                                       trust_remote_code=model.trust_remote_code)
+        self.tokenizer = policy_tokenizer(config)
+        self.dataset_cls = get_dataset_class(config.data)
         self.registry = load_agent_loop_config(rollout.agent.agent_loop_config_path)
         self.server_manager = AsyncLLMServerManager(server_addresses)
         self.generate_fn = None  # the data flow's generate function, loaded on first use
@@ -116,6 +119,22 @@ class AgentLoopWorker:
                                 f"Sample it was given (hybridrl.data.sample.Sample)")
         return list(outputs)
 
+    async def check_loops(self, agent_names: list[str]) -> None:
+        """Build one instance of each named loop, as a row would: a loop that reads a key or attribute that does not
+        exist fails here, at start, naming the loop, instead of on every row mid-run."""
+        for agent_name in agent_names:
+            try:
+                self._new_loop(agent_name, self.server_manager)
+            except Exception as error:
+                target = self.registry[agent_name]["_target_"]
+                raise RuntimeError(f"agent loop {agent_name!r} ({target}) cannot be built: {type(error).__name__}: "
+                                   f"{error}") from error
+
+    def _new_loop(self, agent_name: str, server_manager):
+        return instantiate_agent_loop(agent_name, self.registry, trainer_config=DictConfigWrap(self.config),
+                                      server_manager=server_manager, tokenizer=self.tokenizer, processor=None,
+                                      dataset_cls=self.dataset_cls, data_config=DictConfigWrap(self.config.data))
+
     async def run(self, rows: list[dict[str, Any]], sampling_params: dict[str, Any]) -> list[dict[str, Any]]:
         """One result per row: {"output": AgentLoopOutput as dict} or {"error": traceback}."""
         return list(await asyncio.gather(*(self._run_row(row, sampling_params) for row in rows)))
@@ -125,8 +144,7 @@ class AgentLoopWorker:
         agent_name = row.pop("agent_name")
         recorder = VersionRecorder(self.server_manager)
         try:
-            loop = instantiate_agent_loop(agent_name, self.registry, trainer_config=TrainerConfig(self.config),
-                                          server_manager=recorder, tokenizer=self.tokenizer, processor=None)
+            loop = self._new_loop(agent_name, recorder)
             output = await loop.run(dict(sampling_params), **row)
             check_output(output, self.config.actor_rollout_ref.rollout, agent_name)
             return {"output": output.model_dump(), "token_versions": recorder.token_versions(output.response_mask)}
@@ -190,6 +208,10 @@ def check_output(output, rollout_config, agent_name: str) -> None:
                          f"{rollout_config.response_length}")
     if any(value not in (0, 1) for value in output.response_mask):
         raise ValueError("response_mask must hold only 0 and 1")
+    for name in ("multi_modal_data", "mm_processor_kwargs"):
+        if getattr(output, name):
+            raise ValueError(f"{name} is set ({sorted(getattr(output, name))}), but the models here are text-only: "
+                             f"multi-modal training is not supported")
 
 
 class AgentLoopManager:
@@ -209,6 +231,8 @@ class AgentLoopManager:
         env = {"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}} if os.environ.get("PYTHONPATH") else None
         self.workers = [AgentLoopWorker.options(num_cpus=0, runtime_env=env).remote(config, server_addresses)
                         for _ in range(rollout.agent.num_workers)]
+        loops_used = [self.default_agent_loop, *yaml_agent_loop_names(rollout.agent.agent_loop_config_path)]
+        ray.get(self.workers[0].check_loops.remote(list(dict.fromkeys(loops_used))))
         self._reported: set[str] = set()
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -261,12 +285,7 @@ class AgentLoopManager:
             response_logprobs=([output.response_logprobs or [0.0] * len(output.response_ids) for output in outputs]
                                if self.rollout_config.calculate_log_probs else None),
             weight_versions=token_versions)
-        for key in sorted({key for output in outputs for key in output.extra_fields}):  # verl: non-tensor columns
-            column = np.empty(len(outputs), dtype=object)
-            for row, output in enumerate(outputs):  # element-wise: a list value must stay one object
-                column[row] = output.extra_fields.get(key)
-            batch.non_tensor_batch[key] = column
-        batch.non_tensor_batch["__num_turns__"] = np.array([output.num_turns for output in outputs], dtype=object)
+        batch.non_tensor_batch.update(output_columns(outputs))
         batch.batch[AGENT_SCORES_KEY] = torch.tensor(
             [float("nan") if output.reward_score is None else float(output.reward_score) for output in outputs],
             dtype=torch.float32)
@@ -290,13 +309,37 @@ class AgentLoopManager:
             ray.kill(worker)
 
 
+def output_columns(outputs: list[AgentLoopOutput]) -> dict[str, np.ndarray]:
+    """The non-tensor batch columns of the outputs, as verl's: each key of a loop's extra_fields (None for rows
+    whose loop did not set it), __num_turns__, and routed_experts when a loop gave it."""
+    columns = {key: object_column([output.extra_fields.get(key) for output in outputs])
+               for key in sorted({key for output in outputs for key in output.extra_fields})}
+    columns["__num_turns__"] = np.array([output.num_turns for output in outputs], dtype=object)
+    if any(output.routed_experts is not None for output in outputs):
+        columns["routed_experts"] = object_column([output.routed_experts for output in outputs])
+    return columns
+
+
+def object_column(values: list[Any]) -> np.ndarray:
+    """A non-tensor batch column holding each value as one object (a list value stays one element)."""
+    column = np.empty(len(values), dtype=object)
+    for row, value in enumerate(values):
+        column[row] = value
+    return column
+
+
 def agent_loop_metrics(outputs: list[AgentLoopOutput]) -> dict[str, float]:
-    """The batch's agent_loop/* metrics: turns (verl's num_turns/{mean,min,max}), engine and tool seconds per
-    sample, and the tool loop's counts (tool_agent.py)."""
+    """The batch's agent_loop/* metrics: turns (verl's num_turns/{mean,min,max}), engine, tool and scoring seconds
+    per sample, the engine's preemptions (mean over the samples that report them), the tool loop's counts
+    (tool_agent.py), and the mean of every numeric metric a loop added of its own."""
     turns = [output.num_turns for output in outputs]
     metrics = [output.metrics for output in outputs]
     calls = sum(m.num_tool_calls for m in metrics)
+    preempted = [m.num_preempted for m in metrics if m.num_preempted >= 0]
     return {
+        **({"agent_loop/num_preempted/mean": float(np.mean(preempted))} if preempted else {}),
+        **loop_defined_metrics(metrics),
+        "agent_loop/compute_score/mean": float(np.mean([m.compute_score for m in metrics])),
         "agent_loop/num_turns/mean": float(np.mean(turns)),
         "agent_loop/num_turns/min": float(np.min(turns)),
         "agent_loop/num_turns/max": float(np.max(turns)),
@@ -309,6 +352,17 @@ def agent_loop_metrics(outputs: list[AgentLoopOutput]) -> dict[str, float]:
         "agent_loop/tokenization_mismatch/sum": float(sum(m.tokenization_mismatch for m in metrics)),
         "agent_loop/response_cut/sum": float(sum(m.response_cut for m in metrics)),
     }
+
+
+def loop_defined_metrics(metrics: list[AgentLoopMetrics]) -> dict[str, float]:
+    """agent_loop/<name>/mean of each numeric field a loop added to its metrics (AgentLoopMetrics allows extras);
+    a row without it is not in its mean."""
+    values: dict[str, list[float]] = {}
+    for row_metrics in metrics:
+        for name, value in (row_metrics.model_extra or {}).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                values.setdefault(name, []).append(float(value))
+    return {f"agent_loop/{name}/mean": float(np.mean(row_values)) for name, row_values in sorted(values.items())}
 
 
 def _failure_site(error: str) -> str:

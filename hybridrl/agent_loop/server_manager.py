@@ -49,10 +49,12 @@ class AsyncLLMServerManager:
         return server
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
-                       image_data: Optional[list[Any]] = None) -> TokenOutput:
-        """The tokens one server generates after `prompt_ids` (verl's signature; images are not supported yet)."""
-        if image_data is not None:
-            raise NotImplementedError("server_manager.generate: image_data (multi-modal) is not supported yet")
+                       image_data: Optional[list[Any]] = None, video_data: Optional[list[Any]] = None) -> TokenOutput:
+        """The tokens one server generates after `prompt_ids` (verl's signature). The models here are text-only:
+        image_data and video_data must be None (what verl's loops pass for text, from process_vision_info)."""
+        if image_data is not None or video_data is not None:
+            raise NotImplementedError("server_manager.generate: image_data/video_data given, but the engines here "
+                                      "serve text-only models; multi-modal rollouts are not supported")
         server = self.choose_server(request_id)
         self.in_flight[server] += 1
         try:

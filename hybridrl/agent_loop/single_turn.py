@@ -18,6 +18,8 @@ class SingleTurnAgentLoop(AgentLoopBase):
         started = time.perf_counter()
         output = await self.server_manager.generate(request_id=uuid4().hex, prompt_ids=prompt_ids,
                                                     sampling_params=sampling_params)
+        metrics = AgentLoopMetrics(generate_sequences=time.perf_counter() - started,
+                                   num_preempted=-1 if output.num_preempted is None else output.num_preempted)
         return AgentLoopOutput(prompt_ids=prompt_ids, response_ids=output.token_ids,
                                response_mask=[1] * len(output.token_ids), response_logprobs=output.log_probs,
-                               num_turns=2, metrics=AgentLoopMetrics(generate_sequences=time.perf_counter() - started))
+                               routed_experts=output.routed_experts, num_turns=2, metrics=metrics)

@@ -4,14 +4,19 @@ One sample, one conversation:
 
     prompt = chat template(raw_prompt, tools=<schemas of multi_turn.tool_config_path>)
     loop:  generate (max_tokens = what is left of rollout.response_length)        -> response_mask 1
-           stop if the turn hit the budget, has no tool call, or a turn cap is reached
-           run the first multi_turn.max_parallel_calls calls concurrently (run_tool_call never raises)
-           append the tool messages' tokens (template delta)                      -> response_mask 0, log-prob 0
-           stop (without appending) if they do not fit the budget
+           stop if the turn hit the budget, or a turn cap is reached
+           tool calls: run the first multi_turn.max_parallel_calls concurrently (run_tool_call never raises),
+                       append the tool messages' tokens (template delta)         -> response_mask 0, log-prob 0
+           no tool call, with an interaction (multi_turn.interaction_config_path): stop when it says the
+                       conversation is over, else append its reply as a user message (template delta)
+                                                                                  -> response_mask 0, log-prob 0
+           no tool call, no interaction: stop
+           stop (without appending) if the inserted message does not fit the budget
 
-Termination (verl's order): the model's turn stopped on the token budget ("length"); it holds no tool call;
-max_assistant_turns assistant turns were generated; max_user_turns tool turns were appended; the tool
-messages would not fit in rollout.response_length. The response therefore always ends with the model's tokens.
+Termination (verl's order): the model's turn stopped on the token budget ("length"); max_assistant_turns assistant
+turns were generated; max_user_turns tool or interaction turns were appended; the turn holds no tool call and
+there is no interaction (or it ended the conversation); the inserted message would not fit in
+rollout.response_length. The response therefore always ends with the model's tokens.
 
 Tokens are appended incrementally: a tool message's tokens are the template's rendering of
 [dummy assistant turn + tool messages] with the dummy's part (up to and including its end-of-turn token)
@@ -24,13 +29,18 @@ checked (never counted).
 Tool calls the parser cannot read (malformed JSON, no name) and calls of unknown tools are answered with a
 tool message "Error: ..." (the model sees why) and counted in metrics.num_tool_errors, like a tool that raises
 or times out. Tools are created once per sample on first use (create_kwargs from extra_info.tools_kwargs),
-then calc_reward and release at the end.
+then calc_reward and release at the end. Their arguments come from the row's `tools_kwargs` column, which the
+dataset lifts from extra_info.tools_kwargs as verl's does.
+
+Interactions (verl's): the row's `interaction_kwargs` name the interaction ("name"; optional when only one is
+configured) and are the arguments of its start_interaction and generate_response; each reply's score is kept in
+order in the extra field `turn_scores` (extra_info["turn_scores"] for the scorer).
 
 Rewards (verl's behaviour): the reward manager's score stays the sample's score (reward_score is None); the
 tools' rewards travel as extra fields, i.e. non-tensor batch columns: `tool_rewards` (each call's step reward,
 in order) and `reward_scores` ({tool name: calc_reward}). The reward manager hands them to the scorer in
-extra_info as verl does (`tool_rewards`, `rollout_reward_scores`, with `num_turns`): a custom reward function
-adds them to the score.
+extra_info as verl does (`tool_rewards`, `rollout_reward_scores`, `turn_scores`, with `num_turns`): a custom reward
+function adds them to the score.
 """
 from __future__ import annotations
 
@@ -41,6 +51,7 @@ from uuid import uuid4
 
 from hybridrl.agent_loop.base import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 from hybridrl.agent_loop.tool_parser import ParsedToolCall, get_tool_parser
+from hybridrl.interactions import BaseInteraction, initialize_interactions_from_config
 from hybridrl.tools import (BaseTool, check_tools_kwargs, initialize_tools_from_config, run_tool_call,
                             tool_phase_kwargs, truncate_text)
 
@@ -68,28 +79,48 @@ class ToolAgentLoop(AgentLoopBase):
         cls.tools: dict[str, BaseTool] = {tool.name: tool for tool in tools}
         cls.tool_schemas = [tool.get_openai_tool_schema().model_dump(exclude_unset=True, exclude_none=True)
                             for tool in tools]
+        cls.interactions: dict[str, BaseInteraction] = initialize_interactions_from_config(
+            multi_turn.interaction_config_path) if multi_turn.interaction_config_path else {}
         cls._class_initialized = True
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         messages = [dict(message) for message in kwargs["raw_prompt"]]
-        tools_kwargs = (kwargs.get("extra_info") or {}).get("tools_kwargs")
+        tools_kwargs = kwargs.get("tools_kwargs")
         check_tools_kwargs(tools_kwargs, self.tools)
         conversation = _Conversation(await self.apply_chat_template(messages, tools=self.tool_schemas or None))
         instances: dict[str, str] = {}  # tool name -> this sample's instance id
         stats = _Stats()
         request_id = uuid4().hex
+        user = await self._start_interaction(kwargs.get("interaction_kwargs") or {}, request_id)
         try:
-            await self._converse(messages, conversation, instances, tools_kwargs, sampling_params, request_id, stats)
+            await self._converse(messages, conversation, instances, tools_kwargs, sampling_params, request_id, stats,
+                                 user)
             reward_scores = {name: await self.tools[name].calc_reward(
                 instance_id, **tool_phase_kwargs(tools_kwargs, name, "calc_reward"))
                 for name, instance_id in instances.items()}
         finally:
             for name, instance_id in instances.items():
                 await self.tools[name].release(instance_id, **tool_phase_kwargs(tools_kwargs, name, "release"))
+            if user is not None:
+                await user.interaction.finalize_interaction(request_id)
         return await self._output(messages, conversation, stats, reward_scores)
 
+    async def _start_interaction(self, interaction_kwargs: dict, request_id: str) -> Optional["_User"]:
+        """The sample's interaction, started (None when none is configured)."""
+        if not self.interactions:
+            return None
+        name = interaction_kwargs.get("name")
+        if name is None and len(self.interactions) == 1:
+            name = next(iter(self.interactions))
+        if name not in self.interactions:
+            raise ValueError(f"interaction_kwargs (extra_info.interaction_kwargs) name {name!r}: expected one of the "
+                             f"configured interactions {sorted(self.interactions)}")
+        interaction = self.interactions[name]
+        await interaction.start_interaction(request_id, **interaction_kwargs)
+        return _User(interaction, interaction_kwargs)
+
     async def _converse(self, messages, conversation, instances, tools_kwargs, sampling_params, request_id,
-                        stats) -> None:
+                        stats, user: Optional["_User"]) -> None:
         while True:
             budget = self.response_length - len(conversation.response_ids)
             started = time.perf_counter()
@@ -108,20 +139,25 @@ class ToolAgentLoop(AgentLoopBase):
                 return
             if out_of_budget:
                 return  # the turn ended exactly at the budget: no room for a tool answer
-            if not calls:
+            if not calls and user is None:
                 return
             if self.multi_turn.max_assistant_turns and stats.assistant_turns >= self.multi_turn.max_assistant_turns:
                 return
             if self.multi_turn.max_user_turns and stats.user_turns >= self.multi_turn.max_user_turns:
                 return
-            tool_messages = await self._run_calls(calls[:self.multi_turn.max_parallel_calls], instances,
-                                                  tools_kwargs, stats)
-            tool_ids = await self._tool_message_ids(tool_messages)
-            if len(conversation.response_ids) + len(tool_ids) >= self.response_length:
+            if calls:
+                inserted = await self._run_calls(calls[:self.multi_turn.max_parallel_calls], instances, tools_kwargs,
+                                                 stats)
+            else:
+                inserted, conversation_over = await user.reply(request_id, messages, stats)
+                if conversation_over:  # its last reply is not appended: the response ends on the model's turn
+                    return
+            inserted_ids = await self._inserted_message_ids(inserted)
+            if len(conversation.response_ids) + len(inserted_ids) >= self.response_length:
                 stats.response_cut = 1
                 return
-            messages.extend(tool_messages)
-            conversation.add_inserted_tokens(tool_ids)
+            messages.extend(inserted)
+            conversation.add_inserted_tokens(inserted_ids)
             stats.user_turns += 1
 
     def _model_text(self, token_ids: list[int]) -> str:
@@ -161,21 +197,23 @@ class ToolAgentLoop(AgentLoopBase):
         stats.tool_rewards.append(result.reward)
         return result.response.text or ""
 
-    async def _tool_message_ids(self, tool_messages: list[dict]) -> list[int]:
-        """The template's tokens for the tool messages and the next generation prompt (verl's delta)."""
+    async def _inserted_message_ids(self, inserted: list[dict]) -> list[int]:
+        """The template's tokens for the inserted (tool or user) messages and the next generation prompt (verl's
+        delta)."""
         def tokenize() -> list[int]:
             prefix = self._render(DUMMY_TURN, add_generation_prompt=False)
-            full = self._render(DUMMY_TURN + tool_messages, add_generation_prompt=True)
+            full = self._render(DUMMY_TURN + inserted, add_generation_prompt=True)
             end_of_dummy = self._end_of_last_turn(prefix)
             if full[:end_of_dummy] != prefix[:end_of_dummy]:
-                raise ValueError("the chat template renders earlier messages differently once tool messages "
-                                 "follow; the tool messages' tokens cannot be appended incrementally")
+                raise ValueError("the chat template renders earlier messages differently once tool or user "
+                                 "messages follow; their tokens cannot be appended incrementally")
             return self.tokenizer(full[end_of_dummy:], add_special_tokens=False)["input_ids"]
         return await self.loop.run_in_executor(None, tokenize)
 
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=self.tool_schemas or None, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
+                                                  add_generation_prompt=add_generation_prompt,
+                                                  **self.apply_chat_template_kwargs)
 
     def _end_of_last_turn(self, text: str) -> int:
         """Where the model's part of the last assistant turn ends: after its EOS token's text (the model generates
@@ -201,7 +239,8 @@ class ToolAgentLoop(AgentLoopBase):
             prompt_ids=conversation.prompt_ids, response_ids=response_ids, response_mask=response_mask,
             response_logprobs=logprobs, reward_score=reward_score,
             num_turns=stats.assistant_turns + stats.user_turns + 1, metrics=metrics,
-            extra_fields={"tool_rewards": list(stats.tool_rewards), "reward_scores": reward_scores})
+            extra_fields={"tool_rewards": list(stats.tool_rewards), "reward_scores": reward_scores,
+                          "turn_scores": list(stats.turn_scores)})
 
     def _check_tokenization(self, messages: list[dict], conversation: "_Conversation") -> tuple[bool, bool]:
         """(mismatch, accepted): whether the incrementally built ids differ from the whole conversation's
@@ -256,3 +295,19 @@ class _Stats:
         self.num_tool_calls = self.num_tool_errors = self.response_cut = 0
         self.generate_s = self.tool_s = self.tool_latency_s = 0.0
         self.tool_rewards: list[float] = []
+        self.turn_scores: list[float] = []  # one per interaction reply
+
+
+class _User:
+    """The sample's interaction with its start arguments: the simulated user who answers a turn without tool calls."""
+
+    def __init__(self, interaction: BaseInteraction, interaction_kwargs: dict):
+        self.interaction = interaction
+        self.interaction_kwargs = interaction_kwargs
+
+    async def reply(self, request_id: str, messages: list[dict], stats: _Stats) -> tuple[list[dict], bool]:
+        """([the user message], whether the interaction ends the conversation after it)."""
+        conversation_over, reply, score, _ = await self.interaction.generate_response(
+            request_id, messages, **self.interaction_kwargs)
+        stats.turn_scores.append(float(score))
+        return [{"role": "user", "content": reply}], bool(conversation_over)

@@ -7,13 +7,22 @@ message (the model learns from it) instead of dropping it or failing the sample.
     hermes (Qwen / NousResearch):  <tool_call>{"name": "calculator", "arguments": {"expression": "2+2"}}</tool_call>
 
 Register another syntax with `@register_tool_parser("name")` on a function (text) -> (content, calls).
+
+verl's interface over the same parsers, for loops written against it:
+`ToolParser.get_tool_parser(format, tokenizer).extract_tool_calls(token_ids)` -> (content, [FunctionCall]), the
+calls' arguments as JSON strings; as verl's parsers do, it leaves out the calls that cannot run (logged).
 """
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
+
+from pydantic import BaseModel
+
+logger = logging.getLogger(__name__)
 
 TOOL_PARSERS: dict[str, Callable[[str], tuple[str, list["ParsedToolCall"]]]] = {}
 
@@ -38,6 +47,33 @@ def get_tool_parser(name: str) -> Callable[[str], tuple[str, list[ParsedToolCall
         raise ValueError(f"actor_rollout_ref.rollout.multi_turn.format: expected one of {sorted(TOOL_PARSERS)}, "
                          f"got {name!r}")
     return TOOL_PARSERS[name]
+
+
+class FunctionCall(BaseModel):
+    """A call as verl's parsers give it: the tool's name and its arguments as a JSON string."""
+    name: str
+    arguments: str
+
+
+class ToolParser:
+    """verl's parser object: one registered syntax bound to the tokenizer that decodes the model's tokens."""
+
+    def __init__(self, parse: Callable[[str], tuple[str, list[ParsedToolCall]]], tokenizer):
+        self.parse = parse
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def get_tool_parser(cls, name: str, tokenizer) -> "ToolParser":
+        return cls(get_tool_parser(name), tokenizer)
+
+    async def extract_tool_calls(self, responses_ids: list[int], tools=None) -> tuple[str, list[FunctionCall]]:
+        """(the text without its calls, the well-formed calls in order)."""
+        content, calls = self.parse(self.tokenizer.decode(responses_ids))
+        for call in calls:
+            if call.error is not None:
+                logger.warning("tool call left out (verl's parsers skip malformed calls): %s", call.error)
+        return content, [FunctionCall(name=call.name, arguments=json.dumps(call.arguments, ensure_ascii=False))
+                         for call in calls if call.error is None]
 
 
 HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)

@@ -13,6 +13,8 @@ are prepared. It reports every problem in one ConfigError, one `<key>: expected 
   models     config.json parses, the weights are there and every safetensors file is complete (its header is read,
              never its tensors);
   reward     custom_reward_function.name names a function of custom_reward_function.path;
+  rollout    the tool and interaction YAMLs build; in async mode every agent-loop YAML entry's _target_ imports
+             and the default agent loop is registered;
   resources  a local Ray has a CPU for every rank, and on CUDA a GPU;
   run dir    trainer.default_local_dir can be created and written (test-written here).
 
@@ -46,7 +48,8 @@ def check_before_start(config: PPOConfig) -> list[str]:
     train_rows = _check_data(config, problems)
     parameters = _check_models(config, problems)
     _check_reward_function(config, problems)
-    _check_tool_config(config, problems)
+    _check_multi_turn_files(config, problems)
+    _check_agent_loops(config, problems)
     _check_resources(config, problems)
     _check_tensor_parallel_heads(config, problems)
     _check_run_dir(config.trainer.default_local_dir, problems)
@@ -63,21 +66,48 @@ def _missing_paths(config: PPOConfig) -> list[str]:
     return []
 
 
-# ---- tools ----
+# ---- rollout: tools, interactions, agent loops ----
 
-def _check_tool_config(config: PPOConfig, problems: list[str]) -> None:
-    """Build the tools of multi_turn.tool_config_path here, as each agent-loop worker will: a missing class or an
-    invalid schema is refused now, naming the file and the entry (the tool registry's message)."""
+def _check_multi_turn_files(config: PPOConfig, problems: list[str]) -> None:
+    """Build the tools of multi_turn.tool_config_path and the interactions of multi_turn.interaction_config_path
+    here, as each agent-loop worker will: a missing class or an invalid schema is refused now, naming the file and
+    the entry (the registries' messages)."""
     multi_turn = config.actor_rollout_ref.rollout.multi_turn
-    if not multi_turn.enable or multi_turn.tool_config_path is None:
+    if not multi_turn.enable:
         return
+    from hybridrl.interactions import initialize_interactions_from_config
     from hybridrl.tools import initialize_tools_from_config
 
+    for key, build, expected in (("tool_config_path", initialize_tools_from_config, "a tool YAML"),
+                                 ("interaction_config_path", initialize_interactions_from_config,
+                                  "an interaction YAML")):
+        path = getattr(multi_turn, key)
+        if path is None:
+            continue
+        try:
+            build(path)
+        except Exception as err:  # the registries name file and entry; a class's own __init__ can raise anything
+            problems.append(f"actor_rollout_ref.rollout.multi_turn.{key}: expected {expected} whose every entry "
+                            f"builds, got {path!r}: {err}")
+
+
+def _check_agent_loops(config: PPOConfig, problems: list[str]) -> None:
+    """Import every _target_ of the agent-loop YAML and find the default loop, as the agent-loop workers will: a
+    module or class that does not import is refused now, not after the cluster is up."""
+    agent = config.actor_rollout_ref.rollout.agent
+    if config.actor_rollout_ref.rollout.mode != "async":
+        return
+    from hybridrl.agent_loop.base import load_agent_loop_config
+
     try:
-        initialize_tools_from_config(multi_turn.tool_config_path)
-    except Exception as err:  # the registry names file and entry; a tool's own __init__ can raise anything
-        problems.append(f"actor_rollout_ref.rollout.multi_turn.tool_config_path: expected a tool YAML whose every "
-                        f"entry builds, got {multi_turn.tool_config_path!r}: {err}")
+        registry = load_agent_loop_config(agent.agent_loop_config_path)
+    except Exception as err:  # names the file and the entry
+        problems.append(f"actor_rollout_ref.rollout.agent.agent_loop_config_path: expected a YAML whose every "
+                        f"_target_ imports, got {agent.agent_loop_config_path!r}: {err}")
+        return
+    if agent.default_agent_loop not in registry:
+        problems.append(f"actor_rollout_ref.rollout.agent.default_agent_loop: expected a registered agent loop "
+                        f"(one of {sorted(registry)}), got {agent.default_agent_loop!r}")
 
 
 # ---- data ----

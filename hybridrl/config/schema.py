@@ -117,6 +117,7 @@ class DataConfig(ConfigNode):
     eval_sets: list[dict[str, Any]]  # named eval sets; their keys are checked by validation (evaluation.py)
     dataloader_num_workers: int = at_least(0)
     custom_cls: CustomClassConfig
+    apply_chat_template_kwargs: dict[str, Any]  # extra chat-template arguments (dataset and agent loops alike)
 
 
 # ---- actor_rollout_ref ----
@@ -224,13 +225,16 @@ class MultiTurnConfig(ConfigNode):
     """Multi-turn rollouts with tools (verl's keys): the `tool_agent` loop reads them (agent_loop/tool_agent.py)."""
     enable: bool
     max_assistant_turns: Optional[int] = positive()   # null: bounded only by response_length
-    max_user_turns: Optional[int] = positive()        # tool turns; null: bounded only by response_length
+    max_user_turns: Optional[int] = positive()        # tool and interaction turns; null: response_length only
     tool_config_path: Optional[str]
     max_parallel_calls: int = positive()
     max_tool_response_length: int = positive()        # characters of one tool response
     tool_response_truncate_side: Literal["left", "middle", "right"]
     format: str                                       # tool-call syntax; "hermes" (agent_loop/tool_parser.py)
     tokenization_sanity_check_mode: Literal["strict", "ignore_strippable", "disable"]
+    interaction_config_path: Optional[str]            # interaction YAML (hybridrl/interactions/registry.py)
+    use_inference_chat_template: bool                 # verl's key; only false (validation.NOT_IMPLEMENTED)
+    num_repeat_rollouts: Optional[int]                # verl's key; only null (validation.NOT_IMPLEMENTED)
 
 
 @dataclass
@@ -276,6 +280,7 @@ class RolloutConfig(ConfigNode):
     custom_cls: CustomClassConfig
     agent: AgentConfig
     multi_turn: MultiTurnConfig
+    over_sample_rate: float                           # verl's key; only 0 (validation.NOT_IMPLEMENTED)
 
 
 @dataclass

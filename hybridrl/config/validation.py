@@ -52,6 +52,13 @@ NOT_IMPLEMENTED: dict[str, Any] = {
     # verl's bypass mode (rollout log-probs used as old_log_probs) and its plain policy-gradient loss.
     "algorithm.rollout_correction.bypass_mode": False,
     "algorithm.rollout_correction.use_policy_gradient": False,
+    # verl's switch to render multi-turn ids with the inference template (which drops earlier turns' thinking):
+    # the agent loops here render every turn with the one template the run trains with.
+    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": False,
+    # verl's repeats of one interaction rollout: rollout.n repeats each prompt here.
+    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": None,
+    # verl's over-sampling that aborts a batch's last requests: data_flow.over_sampling_batch_size over-samples here.
+    "actor_rollout_ref.rollout.over_sample_rate": 0,
 }
 
 # Values of otherwise implemented keys that are not implemented yet.

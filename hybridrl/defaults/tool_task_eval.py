@@ -13,20 +13,18 @@ import argparse
 import asyncio
 import json
 import os
-from types import SimpleNamespace
 
 from hybridrl.reward.scorers.arithmetic_tool import compute_score
 
 
 def tool_task_config(response_length: int = 96):
-    """The multi_turn settings of hybridrl/config/tool_default.yaml."""
-    multi_turn = SimpleNamespace(
-        enable=True, max_assistant_turns=3, max_user_turns=2, max_parallel_calls=1,
-        tool_config_path=os.path.join(os.path.dirname(__file__), "arithmetic_tool_config.yaml"),
-        max_tool_response_length=64, tool_response_truncate_side="middle", format="hermes",
-        tokenization_sanity_check_mode="strict")
-    return SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(
-        response_length=response_length, multi_turn=multi_turn)))
+    """The run config of hybridrl/config/tool_default.yaml, with the packaged tool YAML."""
+    from hybridrl.config import compose_config, validate_config
+
+    tool_config_path = os.path.join(os.path.dirname(__file__), "arithmetic_tool_config.yaml")
+    return validate_config(compose_config([f"data.max_response_length={response_length}",
+                                           f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config_path}"],
+                                          config_name="tool_default"))
 
 
 class LocalServer:
@@ -43,7 +41,7 @@ class LocalServer:
 def evaluate(model_dir: str, rows: list[dict], temperature: float = 0.0, response_length: int = 96) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hybridrl.agent_loop.base import TrainerConfig
+    from hybridrl.agent_loop.base import DictConfigWrap
     from hybridrl.agent_loop.tool_agent import ToolAgentLoop
     from hybridrl.workers.rollout.async_server import HFGenerateEngine
 
@@ -59,7 +57,7 @@ def evaluate(model_dir: str, rows: list[dict], temperature: float = 0.0, respons
         params = {"temperature": temperature, "top_p": 1.0, "top_k": -1, "logprobs": False}
 
         async def one(row):
-            loop = ToolAgentLoop(TrainerConfig(config), server_manager=server, tokenizer=tokenizer)
+            loop = ToolAgentLoop(DictConfigWrap(config), server_manager=server, tokenizer=tokenizer)
             return await loop.run(dict(params), raw_prompt=row["prompt"], extra_info=row["extra_info"])
         try:
             return await asyncio.gather(*(one(row) for row in rows))

@@ -18,15 +18,24 @@ from hybridrl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 
 class BaseTool:
-    def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema):
-        """config: the YAML entry's `config:` mapping; tool_schema: its validated `tool_schema`."""
-        if tool_schema is None:
-            raise ValueError(f"{type(self).__name__} needs a tool_schema (the YAML entry's tool_schema)")
+    def __init__(self, config: dict, tool_schema: Optional[OpenAIFunctionToolSchema]):
+        """config: the YAML entry's `config:` mapping; tool_schema: its validated `tool_schema`, or None for a tool
+        that describes itself: its get_openai_tool_schema() override gives the schema (a model or a dict)."""
         self.config = config
         self.tool_schema = tool_schema
-        self.name = tool_schema.function.name
+        if tool_schema is None:
+            self.tool_schema = self._own_schema()
+        self.name = self.tool_schema.function.name
 
-    def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
+    def _own_schema(self) -> OpenAIFunctionToolSchema:
+        schema = self.get_openai_tool_schema()
+        if schema is None:
+            raise ValueError(f"{type(self).__name__} has no tool_schema: give one in the YAML entry, or override "
+                             f"get_openai_tool_schema() to return it")
+        return schema if isinstance(schema, OpenAIFunctionToolSchema) else \
+            OpenAIFunctionToolSchema.model_validate(schema)
+
+    def get_openai_tool_schema(self) -> Optional[OpenAIFunctionToolSchema]:
         return self.tool_schema
 
     async def create(self, instance_id: Optional[str] = None, **kwargs) -> tuple[str, ToolResponse]:

@@ -36,9 +36,10 @@ class OpenAIFunctionParametersSchema(BaseModel):
 
 
 class OpenAIFunctionSchema(BaseModel):
+    """parameters may be left out (a function without arguments, as OpenAI and verl allow): no properties."""
     name: str
     description: str
-    parameters: OpenAIFunctionParametersSchema
+    parameters: OpenAIFunctionParametersSchema = OpenAIFunctionParametersSchema(type="object", properties={})
     strict: bool = False
 
 

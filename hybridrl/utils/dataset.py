@@ -18,6 +18,10 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler, SequentialSampl
 from hybridrl.utils.import_utils import load_extern_object
 
 TRUNCATION_MODES = ("error", "left", "right")
+# extra_info entries that verl's dataset lifts into columns of their own: the agent loops read them as keyword
+# arguments (tools_kwargs: per-tool create/execute/... arguments; interaction_kwargs: the interaction's name and
+# its start arguments).
+AGENT_LOOP_KWARGS = ("tools_kwargs", "interaction_kwargs")
 
 
 class RLHFDataset(Dataset):
@@ -25,9 +29,11 @@ class RLHFDataset(Dataset):
 
     `config` is the `data` config group; the keys read are prompt_key, max_prompt_length,
     truncation (error | left | right), filter_overlong_prompts, return_raw_chat, return_full_prompt,
-    and reward_fn_key when the config has it (then every file must have that column).
-    Items also carry `raw_prompt_ids` (the unpadded token ids, for engines that take lists) and
-    `index` (extra_info["index"] when the row has one, else the row's position in this dataset).
+    apply_chat_template_kwargs (extra arguments of the chat template, e.g. enable_thinking) when the config has
+    it, and reward_fn_key when the config has it (then every file must have that column).
+    Items also carry `raw_prompt_ids` (the unpadded token ids, for engines that take lists),
+    `index` (extra_info["index"] when the row has one, else the row's position in this dataset), and, where verl's
+    dataset puts them for agent loops, `tools_kwargs` and `interaction_kwargs` (extra_info's, else {}).
 
     Rows are kept in file order. filter_overlong_prompts drops the rows whose templated prompt is
     longer than max_prompt_length (and prints how many); then `max_samples` (-1: all; the trainer
@@ -43,6 +49,7 @@ class RLHFDataset(Dataset):
         self.truncation = _require(config, "truncation")
         self.return_raw_chat = bool(_require(config, "return_raw_chat"))
         self.return_full_prompt = bool(_require(config, "return_full_prompt"))
+        self.apply_chat_template_kwargs = dict(config.get("apply_chat_template_kwargs") or {})
         if self.truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation must be one of {TRUNCATION_MODES}, got {self.truncation!r}")
         if tokenizer.pad_token_id is None:
@@ -92,7 +99,8 @@ class RLHFDataset(Dataset):
                                                       for m in messages):
             raise ValueError(f"{self._where(index)}: column {self.prompt_key!r} must be a list of "
                              f"{{'role', 'content'}} messages, got {messages!r}")
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                  **self.apply_chat_template_kwargs)
 
     def _prompt_token_ids(self, index: int) -> list[int]:
         return self.tokenizer(self._chat_text(index), add_special_tokens=False)["input_ids"]
@@ -123,6 +131,8 @@ class RLHFDataset(Dataset):
         item["raw_prompt_ids"] = token_ids
         extra_info = row.get("extra_info") or {}
         item["index"] = extra_info["index"] if extra_info.get("index") is not None else index
+        for key in AGENT_LOOP_KWARGS:
+            item[key] = extra_info.get(key) or {}
         if self.return_raw_chat:
             item["raw_prompt"] = row[self.prompt_key]
         if self.return_full_prompt:
@@ -157,22 +167,25 @@ def collate_fn(items: list[dict[str, Any]]) -> dict[str, Any]:
     return batch
 
 
-def create_rl_dataset(data_files: str | Sequence[str], tokenizer, data_config, max_samples: int) -> Dataset:
-    """The run's dataset: RLHFDataset, or the user's class named by data.custom_cls.path/name.
-
-    A custom class must subclass torch.utils.data.Dataset, is constructed as
-    `cls(data_files=..., tokenizer=..., config=data_config, max_samples=...)` and its items must be
-    dicts that `collate_fn` can stack (as RLHFDataset's are).
-    """
+def get_dataset_class(data_config) -> type:
+    """The run's dataset class: RLHFDataset, or the user's class named by data.custom_cls.path/name (verl's name).
+    Agent loops get it as `dataset_cls`."""
     custom = data_config.custom_cls
     if not custom.path:
-        return RLHFDataset(data_files, tokenizer, data_config, max_samples=max_samples)
+        return RLHFDataset
     if not custom.name:
         raise ValueError(f"data.custom_cls.path is {custom.path!r} but data.custom_cls.name is empty")
     dataset_cls = load_extern_object(custom.path, custom.name)
     if not (isinstance(dataset_cls, type) and issubclass(dataset_cls, Dataset)):
         raise TypeError(f"data.custom_cls: {custom.name!r} in {custom.path} must be a subclass of "
                         f"torch.utils.data.Dataset, got {dataset_cls!r}")
+    return dataset_cls
+
+
+def create_rl_dataset(data_files: str | Sequence[str], tokenizer, data_config, max_samples: int) -> Dataset:
+    """The run's dataset (get_dataset_class), built as `cls(data_files=..., tokenizer=..., config=data_config,
+    max_samples=...)`; a custom class's items must be dicts that `collate_fn` can stack (as RLHFDataset's are)."""
+    dataset_cls = get_dataset_class(data_config)
     return dataset_cls(data_files=data_files, tokenizer=tokenizer, config=data_config, max_samples=max_samples)
 
 

@@ -3,7 +3,8 @@
 Extension points in hybridrl are `path/name` config pairs (a custom reward function, a custom
 rollout class, ...). This is the one place that turns such a pair into a Python object, so every
 extension point fails the same way: naming the file and the missing name.
-`load_extensions` imports the config's `extensions` (modules or .py files) for their @register_* side effects.
+`load_extensions` imports the config's `extensions` (modules or .py files) for their @register_* side effects;
+`import_dotted` imports the `module.Name` a YAML names (tools, interactions).
 """
 from __future__ import annotations
 
@@ -12,6 +13,14 @@ import importlib
 import importlib.util
 import os
 from typing import Any
+
+
+def import_dotted(dotted: str) -> Any:
+    """The object at `module.Name`; ImportError/AttributeError as Python raises them."""
+    module_name, _, name = dotted.rpartition(".")
+    if not module_name:
+        raise ImportError(f"{dotted!r} is not a dotted module.Name path")
+    return getattr(importlib.import_module(module_name), name)
 
 
 class NameNotDefined(AttributeError):

@@ -15,3 +15,12 @@ def load_tokenizer(path: str, *, trust_remote_code: bool = False,
     if custom_chat_template is not None:
         tokenizer.chat_template = custom_chat_template
     return tokenizer
+
+
+def policy_tokenizer(config) -> PreTrainedTokenizerBase:
+    """The run's policy tokenizer from the run config (data.tokenizer, else the model's own; with
+    actor_rollout_ref.model.custom_chat_template): the one the trainer's dataset and every agent-loop worker use, so
+    sync and async modes render prompts and turns with the same template."""
+    model = config.actor_rollout_ref.model
+    return load_tokenizer(config.data.tokenizer or model.path, trust_remote_code=model.trust_remote_code,
+                          custom_chat_template=model.custom_chat_template)

@@ -95,9 +95,10 @@ def decode_responses(data, tokenizer, reward_fn_key: str) -> DecodedResponses:
 
 
 # Columns an agent loop leaves in the batch that reach the scorer through extra_info, under verl's names: turns of
-# the conversation, each tool call's step reward, and each tool's calc_reward. A custom reward function adds tool
-# rewards to the score from these.
-ROLLOUT_FIELDS = {"__num_turns__": "num_turns", "tool_rewards": "tool_rewards", "reward_scores": "rollout_reward_scores"}
+# the conversation, each tool call's step reward, each tool's calc_reward, and each interaction turn's score. A
+# custom reward function adds tool or interaction rewards to the score from these.
+ROLLOUT_FIELDS = {"__num_turns__": "num_turns", "tool_rewards": "tool_rewards",
+                  "reward_scores": "rollout_reward_scores", "turn_scores": "turn_scores"}
 
 
 def with_rollout_fields(non_tensor_batch: dict):

@@ -3,7 +3,8 @@
     tools:
       - class_name: hybridrl.tools.gsm8k_tool.Gsm8kTool    # module.Class, a subclass of BaseTool
         config: {type: native}                             # handed to the tool; type: native (verl's default)
-        tool_schema:                                       # OpenAI function schema, validated
+        tool_schema:                                       # OpenAI function schema, validated; null: the
+                                                           # class's get_openai_tool_schema() gives it
           type: function
           function: {name: calc_gsm8k_reward, description: ..., parameters: {type: object, properties: ..., required: [...]}}
 
@@ -12,15 +13,15 @@ and benchmax tool types are refused: only `type: native` tools exist here.
 """
 from __future__ import annotations
 
-import importlib
 import os
-from typing import Any
+from typing import Any, Optional
 
 from omegaconf import OmegaConf
 from pydantic import ValidationError
 
 from hybridrl.tools.base_tool import BaseTool
 from hybridrl.tools.schemas import OpenAIFunctionToolSchema
+from hybridrl.utils.import_utils import import_dotted
 
 ENTRY_KEYS = {"class_name", "config", "tool_schema"}
 
@@ -31,10 +32,7 @@ class ToolConfigError(ValueError):
 
 def get_tool_class(cls_name: str) -> type:
     """The class at `module.Class` (verl's name); ImportError/AttributeError as Python raises them."""
-    module_name, _, class_name = cls_name.rpartition(".")
-    if not module_name:
-        raise ImportError(f"{cls_name!r} is not a dotted module.Class path")
-    return getattr(importlib.import_module(module_name), class_name)
+    return import_dotted(cls_name)
 
 
 def initialize_tools_from_config(tools_config_file: str) -> list[BaseTool]:
@@ -104,10 +102,11 @@ def _tool_class(where: str, class_name: Any) -> type:
     return tool_cls
 
 
-def _tool_schema(where: str, schema: Any) -> OpenAIFunctionToolSchema:
+def _tool_schema(where: str, schema: Any) -> Optional[OpenAIFunctionToolSchema]:
+    """The entry's validated schema; None (tool_schema: null or absent) leaves it to the class's
+    get_openai_tool_schema() (BaseTool refuses a class that has none, and the error names this entry)."""
     if schema is None:
-        raise ToolConfigError(f"{where}: tool_schema is missing; expected {{type: function, function: "
-                              "{name, description, parameters: {type: object, properties, required}}}")
+        return None
     try:
         return OpenAIFunctionToolSchema.model_validate(schema)
     except ValidationError as error:

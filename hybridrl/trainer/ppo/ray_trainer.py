@@ -48,7 +48,7 @@ from hybridrl.trainer.ppo.nonfinite_guard import NonFiniteStepGuard, check_finit
 from hybridrl.utils.dataset import create_rl_dataset, make_dataloader
 from hybridrl.utils.progress import ProgressReporter
 from hybridrl.utils.seqlen_balancing import balance_batch
-from hybridrl.utils.tokenizer import load_tokenizer
+from hybridrl.utils.tokenizer import policy_tokenizer
 from hybridrl.utils.tracking import Tracking
 from hybridrl.reward.managers import load_reward_manager
 from hybridrl.workers.rollout.sampling import SAMPLING_OVERRIDES
@@ -72,10 +72,7 @@ class RayPPOTrainer:
         None (a trainer run in-process) never stops early."""
         self.config = config
         self.run_control = run_control
-        model_path = config.actor_rollout_ref.model.path
-        self.tokenizer = load_tokenizer(config.data.tokenizer or model_path,
-                                        trust_remote_code=config.actor_rollout_ref.model.trust_remote_code,
-                                        custom_chat_template=config.actor_rollout_ref.model.custom_chat_template)
+        self.tokenizer = policy_tokenizer(config)
         self.tokenizer.padding_side = "left"
         self.use_critic = config.critic.enable  # validation resolved null to (adv_estimator == gae)
         self.use_rm = config.reward_model.enable

@@ -1,0 +1,3 @@
+from hybridrl.interactions.base import BaseInteraction
+
+__all__ = ["BaseInteraction"]

@@ -1,0 +1,3 @@
+from hybridrl.protocol import DataProto
+
+__all__ = ["DataProto"]

@@ -1,0 +1,3 @@
+from hybridrl.tools.base_tool import BaseTool
+
+__all__ = ["BaseTool"]

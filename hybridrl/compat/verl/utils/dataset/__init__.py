@@ -1,0 +1,3 @@
+from hybridrl.utils.dataset import RLHFDataset
+
+__all__ = ["RLHFDataset"]

@@ -1,0 +1,3 @@
+from hybridrl.agent_loop.base import TokenOutput
+
+__all__ = ["TokenOutput"]
