@@ -457,7 +457,8 @@ def test_the_environment_and_processes_of_the_host_are_invisible(tool):
     lines = attack(tool, """
         import os
         print(sorted(os.environ))
-        print([pid for pid in os.listdir('/proc') if pid.isdigit()], open('/proc/1/cmdline', 'rb').read().split(b'\\0')[2:3])
+        pids = [pid for pid in os.listdir('/proc') if pid.isdigit()]
+        print(pids, open('/proc/1/cmdline', 'rb').read().split(b'\\0')[2:3])
         print(os.uname().nodename)
         """)
     assert lines == ["['HOME', 'LANG', 'LC_ALL', 'PATH', 'TMPDIR']", "['1'] [b'-u']", "sandbox"]
@@ -644,7 +645,8 @@ def test_a_python_under_tmp_runs_inside():
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", venv], check=True)
         script = ("import asyncio, importlib.util, sys; "  # sandbox.py alone: the venv has no hybridrl dependencies
                   "spec = importlib.util.spec_from_file_location('sandbox', sys.argv[1]); "
-                  "sandbox = sys.modules['sandbox'] = importlib.util.module_from_spec(spec); spec.loader.exec_module(sandbox); "
+                  "sandbox = sys.modules['sandbox'] = importlib.util.module_from_spec(spec); "
+                  "spec.loader.exec_module(sandbox); "
                   "r = asyncio.run(sandbox.run_python('import sys; print(sys.prefix)', sandbox.SandboxLimits())); "
                   "print(r.output.strip(), r.exit_code)")
         result = subprocess.run([os.path.join(venv, "bin", "python"), "-c", script, sandbox_module.__file__],

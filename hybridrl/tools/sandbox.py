@@ -23,6 +23,7 @@ gigabytes costs neither host memory nor a blocked pipe.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import logging
@@ -40,7 +41,7 @@ from dataclasses import dataclass, fields, replace
 logger = logging.getLogger(__name__)
 
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launcher.py")
-SETUP_FAILED = 125  # the launcher's exit code when it could not build the sandbox
+SETUP_FAILED = 125  # the launcher's exit code when it could not build the sandbox (sandbox_launcher.SETUP_FAILED)
 MINIMAL_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 CGROUP_PREFIX = "hybridrl-sandbox-"
 CGROUP_SLACK_BYTES = 64 << 20  # the interpreter's own pages and the kernel's, on top of memory + disk
@@ -138,6 +139,7 @@ def launch_spec(code: str, limits: SandboxLimits, access: SandboxAccess, cgroup:
 
 # ------------------------------------------------------------------------------------------------ cgroups
 
+@functools.cache  # a process keeps its cgroup: found once, not at every call
 def memory_cgroup_root() -> str | None:
     """This process's own memory cgroup folder (v2 unified or v1 `memory`), where it may make children; None
     where there is none or it is not writable (then RLIMIT_AS and the tmpfs size bound the code alone)."""
@@ -377,7 +379,7 @@ def probe_isolation(limits: SandboxLimits, access: SandboxAccess) -> None:
     probe = "import os\nprint(os.getcwd(), os.getuid())\n"
     with ThreadPoolExecutor(1) as pool:  # its own event loop, whether or not the caller runs one
         result = pool.submit(asyncio.run, run_python(probe, replace(limits, timeout_s=30), access)).result()
-    expected_uid = 1000 if os.geteuid() == 0 else 0
+    expected_uid = 1000 if os.geteuid() == 0 else 0  # sandbox_launcher.CODE_UID; that script is not imported here
     if result.exit_code == 0 and result.output == f"/tmp/work {expected_uid}\n":
         return
     reason = result.output.strip() or f"exit code {result.exit_code}"
