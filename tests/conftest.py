@@ -1,12 +1,24 @@
 """Shared fixtures: a real local Ray per test module and small real models."""
+import faulthandler
 import os
 import sys
+import threading
 import traceback
 
 import pytest
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# The default tier's tests each fail within pyproject's timeout (300 s), with their stack; a slow-tier run (several
+# seeds of a learning curve) gets this much instead, unless it names its own with @pytest.mark.timeout.
+SLOW_TEST_TIMEOUT_S = 1800
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("slow") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
 
 
 @pytest.fixture(scope="module")
@@ -18,9 +30,77 @@ def ray_local():
 
     if ray.is_initialized():  # a test without this fixture started Ray implicitly, with other settings
         ray.shutdown()
+    _start_ray()
+    yield ray
+    ray.shutdown()
+
+
+# How long the module's Ray may take to run a trivial task before it is restarted (ray_that_answers).
+RAY_PROBE_TIMEOUT_S = float(os.environ.get("HYBRIDRL_TEST_RAY_PROBE_TIMEOUT_S", "60"))
+
+
+def _start_ray():
+    import ray
+
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True,
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
-    yield ray
+
+
+@pytest.fixture(autouse=True)
+def ray_that_answers(request):
+    """Around each test that uses the module's Ray.
+
+    Before: Ray must run a task within RAY_PROBE_TIMEOUT_S, or it is started again; a test that left Ray dead or
+    stalled then costs the tests after it at most this wait. What module fixtures hold on the old Ray is gone with it,
+    so their tests fail at once, naming Ray. The probe takes no CPU: module fixtures may hold all four.
+
+    During: a test blocked in `ray.get` does not see pytest-timeout's signal (Ray's wait does not return to Python),
+    so it would hang the whole run. One second after the test's timeout a watchdog prints every thread's stack and
+    shuts Ray down, which makes the blocked `ray.get` raise: the test fails alone, with its stack, and the next test
+    gets a new Ray."""
+    if "ray_local" not in request.fixturenames:
+        yield
+        return
+    import ray
+
+    if not _ray_answers():
+        ray.shutdown()
+        _start_ray()
+    watchdog = threading.Timer(_timeout_s(request) + 1, _cut_ray_loose, args=(request.node.nodeid,))
+    watchdog.daemon = True
+    watchdog.start()
+    yield
+    watchdog.cancel()
+
+
+def _ray_answers() -> bool:
+    import ray
+
+    if not ray.is_initialized():
+        print("conftest: the module's Ray was shut down; starting it again", file=sys.stderr)
+        return False
+    try:
+        ray.get(ray.remote(num_cpus=0)(lambda: "answered").remote(), timeout=RAY_PROBE_TIMEOUT_S)
+        return True
+    except Exception as error:  # GetTimeoutError, or a Ray that died
+        print(f"conftest: the module's Ray did not run a task within {RAY_PROBE_TIMEOUT_S} s ({error!r}); "
+              "starting it again", file=sys.stderr)
+        return False
+
+
+def _timeout_s(request) -> float:
+    marker = request.node.get_closest_marker("timeout")
+    if marker is not None:
+        return float(marker.args[0] if marker.args else marker.kwargs["timeout"])
+    return float(request.config.getini("timeout"))
+
+
+def _cut_ray_loose(nodeid: str) -> None:
+    import ray
+
+    print(f"\nconftest: {nodeid} passed its timeout waiting on Ray; every thread's stack, then Ray is shut down:",
+          file=sys.stderr, flush=True)
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     ray.shutdown()
 
 
@@ -45,6 +125,14 @@ def no_fork_while_ray_runs():
         where = "\n---\n".join(_forks_while_ray_runs)
         _forks_while_ray_runs.clear()
         pytest.fail(f"the test process forked while its Ray ran; spawn instead. Forked at:\n{where}")
+
+
+@pytest.fixture(scope="session")
+def toy_task(tmp_path_factory):
+    """The toy task (tests/toy_task.py), built once for the whole session; tests only read it."""
+    from toy_task import build_toy_task
+
+    return build_toy_task(tmp_path_factory.mktemp("toy"))
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
-from test_e2e_training import make_config, read_metrics, toy_task  # noqa: F401  (toy_task is a fixture)
+from test_e2e_training import make_config, read_metrics
 
 USER_LOOPS = '''
 from uuid import uuid4

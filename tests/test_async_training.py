@@ -10,7 +10,7 @@ import torch
 from hybridrl.trainer.ppo.async_trainer import trainer_class
 from hybridrl.trainer.ppo.checkpointing import DATA_STATE_FILE
 from hybridrl.utils.checkpoint import step_dir_name
-from tests.test_e2e_training import make_config, read_metrics, toy_task  # noqa: F401  (toy_task: a fixture)
+from tests.test_e2e_training import make_config, read_metrics
 
 SPLIT = ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
          "actor_rollout_ref.rollout.agent.num_workers=1", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]

@@ -17,7 +17,7 @@ from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY
 from hybridrl.trainer.ppo.group_rollout import HookFailed
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from test_async_rollout import spy_on_update_actor
-from test_e2e_training import make_config, read_metrics, toy_task  # noqa: F401  (toy_task is a fixture)
+from test_e2e_training import make_config, read_metrics
 
 # 1 when the response has at least three "a"s: a random policy's groups are often all 0 (no signal for GRPO).
 REWARD_FILE = '''

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from hybridrl.utils.checkpoint import find_latest_checkpoint
-from tests.test_e2e_training import base_overrides, toy_task  # noqa: F401 (toy_task is a fixture)
+from tests.test_e2e_training import base_overrides
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -15,16 +15,6 @@ import torch
 from hybridrl.config import check_paths, compose_config, validate_config
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
-from hybridrl.utils.rl_parquet import write_rl_parquet
-from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
-
-WORDS = ["apple", "banana", "cherry", "dog", "egg", "fig", "grape", "hat", "ink", "jam"]
-
-REWARD_FILE = '''
-def share_of_a(data_source, solution_str, ground_truth, extra_info=None):
-    text = solution_str.replace(" ", "")
-    return text.count("a") / max(len(text), 1)
-'''
 
 # A user's extension module: a custom estimator (plain REINFORCE on the score, no baseline) and a
 # custom policy loss (vanilla PPO plus a marker metric), registered by name and selected from config.
@@ -69,27 +59,6 @@ class AllARollout(HFRollout):
                                                torch.arange(responses.shape[1]).unsqueeze(0)], dim=1)
         return out
 '''
-
-
-@pytest.fixture(scope="module")
-def toy_task(tmp_path_factory):
-    """Model dir, train/val parquet and the reward file for the toy task."""
-    root = tmp_path_factory.mktemp("toy")
-    texts = [f"say something about {w}" for w in WORDS] + ["a a a a aa aaa " * 4, "banana apple " * 4]
-    tokenizer = build_tokenizer(texts * 10, vocab_size=300)
-    model_dir = build_tiny_model(str(root / "model"), tokenizer, hidden_size=32, num_layers=2, num_heads=2,
-                                 num_kv_heads=1, intermediate_size=64)
-
-    def rows(words):
-        return [{"data_source": "toy/letter_a", "prompt": [{"role": "user", "content": f"say something about {w}"}],
-                 "ability": "toy", "reward_model": {"style": "rule", "ground_truth": "a"},
-                 "extra_info": {"index": i}} for i, w in enumerate(words)]
-
-    write_rl_parquet(rows(WORDS * 4), str(root / "train.parquet"))
-    write_rl_parquet(rows(WORDS[:8]), str(root / "val.parquet"))
-    (root / "reward.py").write_text(REWARD_FILE)
-    return {"root": root, "model": model_dir, "train": str(root / "train.parquet"), "val": str(root / "val.parquet"),
-            "reward": str(root / "reward.py")}
 
 
 def base_overrides(task, run_dir) -> list[str]:
@@ -228,6 +197,7 @@ def test_user_estimator_and_policy_loss_selected_from_config(ray_local, toy_task
     assert_weights_changed(before, after)
 
 
+@pytest.mark.slow
 def test_grpo_learns_the_toy_task(ray_local, toy_task, tmp_path):
     """GRPO must raise the share of "a" clearly within 20 steps; a flipped sign makes it fall instead."""
     config = make_config(toy_task, str(tmp_path), "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=8",

@@ -13,7 +13,7 @@ from hybridrl.trainer.ppo.evaluation import (EvalSet, ValidationResults, eval_se
 from hybridrl.trainer.ppo.metric_utils import compute_validation_metrics
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from hybridrl.workers.rollout.sampling import max_new_tokens, sampling_source
-from tests.test_e2e_training import make_config, toy_task  # noqa: F401 (toy_task is a fixture)
+from tests.test_e2e_training import make_config
 
 EOS = 2
 

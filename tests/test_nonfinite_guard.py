@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.ppo.nonfinite_guard import NonFiniteStepGuard, NonFiniteTrainingError, check_finite_at_responses
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
-from tests.test_e2e_training import make_config, toy_task  # noqa: F401 (toy_task is a fixture)
+from tests.test_e2e_training import make_config
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAN = float("nan")

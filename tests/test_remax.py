@@ -13,7 +13,7 @@ import torch
 from hybridrl.protocol import DataProto
 from hybridrl.algorithms import core_algos
 from hybridrl.trainer.ppo.ray_trainer import GEN_KEYS, RayPPOTrainer
-from tests.test_e2e_training import make_config, read_metrics, toy_task  # noqa: F401 (toy_task is a fixture)
+from tests.test_e2e_training import make_config, read_metrics
 
 N = 4
 LENGTH_REWARD = """
@@ -70,6 +70,7 @@ def test_remax_baseline_is_the_greedy_score_and_advantages_are_score_minus_basel
     assert float((scores - batch["reward_baselines"]).abs().max()) > 0.01  # the baseline is not the score itself
 
 
+@pytest.mark.slow
 def test_remax_learns_the_toy_task(ray_local, toy_task, tmp_path):
     """30 ReMax steps must raise the share of "a" by 0.4 (0.07 -> 0.80 when written; a wrong sign makes it fall)."""
     config = make_config(toy_task, str(tmp_path), "algorithm.adv_estimator=remax", f"actor_rollout_ref.rollout.n={N}",

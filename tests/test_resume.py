@@ -25,7 +25,8 @@ from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from hybridrl.utils.checkpoint import atomic_checkpoint_dir
 from hybridrl.utils.dataset import make_dataloader
 from hybridrl.utils.rl_parquet import write_rl_parquet
-from tests.test_e2e_training import WORDS, read_metrics, toy_task  # noqa: F401 (toy_task is a fixture)
+from tests.test_e2e_training import read_metrics
+from toy_task import WORDS, toy_rows
 
 TOTAL_STEPS = 4
 VAL_PROMPTS = 8
@@ -129,11 +130,8 @@ def test_resume_mode_picks_the_checkpoint(tmp_path):
 
 @pytest.fixture(scope="module")
 def task(toy_task):
-    rows = [{"data_source": "toy/letter_a", "prompt": [{"role": "user", "content": f"say something about {w}"}],
-             "ability": "toy", "reward_model": {"style": "rule", "ground_truth": "a"}, "extra_info": {"index": i}}
-            for i, w in enumerate((WORDS[:6] * 4))]
     train_file = str(toy_task["root"] / "train24.parquet")
-    write_rl_parquet(rows, train_file)
+    write_rl_parquet(toy_rows(WORDS[:6] * 4), train_file)
     return {**toy_task, "train": train_file}
 
 

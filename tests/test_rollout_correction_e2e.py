@@ -14,8 +14,7 @@ import torch
 
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from tests.test_async_rollout import spy_on_update_actor
-from tests.test_e2e_training import (assert_weights_changed, make_config, probe_batch,  # noqa: F401
-                                     read_metrics, toy_task)
+from tests.test_e2e_training import assert_weights_changed, make_config, probe_batch, read_metrics
 
 SKEWED_ROLLOUT_FILE = '''
 from hybridrl.workers.rollout.hf_rollout import HFRollout

@@ -28,7 +28,7 @@ from hybridrl.utils.fsdp_utils import iter_full_state_dict
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from hybridrl.workers.rollout import BaseRollout
 from hybridrl.workers.rollout.mode_switch import RolloutModeSwitch
-from tests.test_e2e_training import make_config as make_e2e_config, read_metrics, toy_task  # noqa: F401 (fixture)
+from tests.test_e2e_training import make_config as make_e2e_config, read_metrics
 from tests.test_workers import RESPONSE_LENGTH, TEXTS, make_config, make_prompts, tiny  # noqa: F401
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from hybridrl.reward.managers.base import ScoreTimeoutError
-from tests.test_e2e_training import assert_weights_changed, make_config, read_metrics, run, toy_task  # noqa: F401
+from tests.test_e2e_training import assert_weights_changed, make_config, read_metrics, run
 
 NAN_FOR_EVERY_FOURTH_PROMPT = '''
 def share_of_a(data_source, solution_str, ground_truth, extra_info=None):

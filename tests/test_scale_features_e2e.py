@@ -12,8 +12,7 @@ import torch
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
 
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
-from test_e2e_training import (COMMON_KEYS, assert_finite_keys, make_config, probe_batch, read_metrics,  # noqa: F401
-                               toy_task)
+from test_e2e_training import COMMON_KEYS, assert_finite_keys, make_config, probe_batch, read_metrics
 
 SCORERS = '''
 def raising_on_even_index(data_source, solution_str, ground_truth, extra_info=None):
