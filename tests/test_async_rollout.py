@@ -131,6 +131,7 @@ def fit_keeping_update_batches(config):
     return trainer, batches
 
 
+@pytest.mark.slow
 def test_yaml_loop_with_a_masked_span_trains_only_on_model_tokens(ray_local, toy_task, user_loops, tmp_path):
     config = make_config(toy_task, str(tmp_path), *async_overrides(user_loops, "tool_span_agent"),
                          "algorithm.adv_estimator=reinforce_plus_plus",
@@ -167,6 +168,7 @@ def write_rows(path, rows):
     return path
 
 
+@pytest.mark.slow
 def test_failed_loops_cost_their_samples_until_the_share_is_exceeded(ray_local, toy_task, user_loops, tmp_path,
                                                                      capsys):
     rows = [{"data_source": "toy/letter_a", "prompt": [{"role": "user", "content": f"say something about {w}"}],

@@ -63,6 +63,7 @@ def train(config, stop_after: int | None = None):
     return trainer, pending
 
 
+@pytest.mark.slow
 def test_disaggregated_engines_generate_from_the_trainers_current_weights(ray_local, toy_task, tmp_path):
     """Separate pools, synchronous schedule: after every update the rollout's engine holds exactly the trainer's
     weights (its log-probs of its own samples equal the trainer's), and knows their version. The trainer pool's
@@ -109,6 +110,7 @@ def stop_and_resume(toy_task, tmp_path, *overrides):
     return first, second, saved_prompts, [metrics[step] for step in (1, 2, 3, 4)]
 
 
+@pytest.mark.slow
 def test_one_step_off_trains_one_version_old_samples_and_resumes_what_was_in_flight(ray_local, toy_task, tmp_path):
     first, second, saved_prompts, metrics = stop_and_resume(
         toy_task, tmp_path, "async_training.mode=one_step_off", "actor_rollout_ref.rollout.calculate_log_probs=true",
@@ -125,6 +127,7 @@ def test_one_step_off_trains_one_version_old_samples_and_resumes_what_was_in_fli
     assert second.trained_prompts[0] == sorted(saved_prompts)  # the batch in flight at the stop is trained first
 
 
+@pytest.mark.slow
 def test_fully_async_never_exceeds_the_staleness_bound_and_resumes_what_was_in_flight(ray_local, toy_task,
                                                                                       tmp_path):
     first, second, _, metrics = stop_and_resume(toy_task, tmp_path, "async_training.mode=fully_async",

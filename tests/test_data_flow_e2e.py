@@ -115,6 +115,7 @@ def aborted_first(config, step, buffer, num_groups):
 '''
 
 
+@pytest.mark.slow
 def test_partial_rollout_continues_aborted_samples_and_its_buffer_resumes_bit_for_bit(ray_local, toy_task, tmp_path):
     run_dir = str(tmp_path / "run")
     common = ["actor_rollout_ref.rollout.n=2", "data.train_batch_size=4",
@@ -246,6 +247,7 @@ async def count_a(config, sample):
 '''
 
 
+@pytest.mark.slow
 def test_every_hook_runs_in_its_place(ray_local, toy_task, tmp_path):
     hooks = tmp_path / "my_hooks.py"
     hooks.write_text(HOOKS_FILE.replace("config.test_a_id", "A_ID"))

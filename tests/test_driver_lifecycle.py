@@ -125,6 +125,7 @@ def stop_report(output: str) -> tuple[int, str]:
     return int(match.group(1)), match.group(2)
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_step_saves_it_and_exits_143(toy_task, run_dir, tmp_path):
     driver = Driver(driver_command(toy_task, run_dir, "trainer.save_freq=4"), tmp_path / "driver.log")
     code, took, processes = signal_at_step_3(driver, lambda: driver.process.send_signal(signal.SIGTERM))
@@ -141,6 +142,7 @@ def test_sigterm_finishes_the_step_saves_it_and_exits_143(toy_task, run_dir, tmp
     seconds_until_gone(processes, timeout=20)
 
 
+@pytest.mark.slow
 def test_ctrl_c_with_stop_on_signal_now_stops_at_once_and_exits_130(toy_task, run_dir, tmp_path):
     """A terminal's Ctrl-C signals the whole foreground process group: the driver's own session here."""
     driver = Driver(driver_command(toy_task, run_dir, "trainer.save_freq=2", "trainer.stop_on_signal=now"),
@@ -161,6 +163,7 @@ def test_ctrl_c_with_stop_on_signal_now_stops_at_once_and_exits_130(toy_task, ru
     seconds_until_gone(processes, timeout=20)
 
 
+@pytest.mark.slow
 def test_a_local_run_listens_on_loopback_only_and_dies_with_a_sigkilled_driver(toy_task, run_dir, tmp_path):
     driver = Driver(driver_command(toy_task, run_dir), tmp_path / "driver.log")
     try:
@@ -182,6 +185,7 @@ def test_a_local_run_listens_on_loopback_only_and_dies_with_a_sigkilled_driver(t
     assert gone_after < 20
 
 
+@pytest.mark.slow
 def test_a_stopped_worker_fails_the_run_naming_it(toy_task, run_dir, tmp_path):
     driver = Driver(driver_command(toy_task, run_dir, "trainer.heartbeat_interval=1", "trainer.heartbeat_timeout=5"),
                     tmp_path / "driver.log")

@@ -163,6 +163,7 @@ def test_ppo_gae_critic_with_adaptive_kl_in_reward(ray_local, toy_task, tmp_path
     assert_weights_changed(before, after)
 
 
+@pytest.mark.slow
 def test_reinforce_plus_plus(ray_local, toy_task, tmp_path):
     config = make_config(toy_task, str(tmp_path), "algorithm.adv_estimator=reinforce_plus_plus")
     _, _, before, after = run(config)
@@ -171,6 +172,7 @@ def test_reinforce_plus_plus(ray_local, toy_task, tmp_path):
     assert_weights_changed(before, after)
 
 
+@pytest.mark.slow
 def test_custom_rollout_class_from_file(ray_local, toy_task, tmp_path):
     rollout_file = tmp_path / "my_rollout.py"
     rollout_file.write_text(CUSTOM_ROLLOUT_FILE)
@@ -183,6 +185,7 @@ def test_custom_rollout_class_from_file(ray_local, toy_task, tmp_path):
         assert m["response_length/mean"] == pytest.approx(8.0)
 
 
+@pytest.mark.slow
 def test_user_estimator_and_policy_loss_selected_from_config(ray_local, toy_task, tmp_path):
     extension = tmp_path / "my_algos.py"
     extension.write_text(EXTENSION_FILE)

@@ -95,6 +95,7 @@ def zero_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
+@pytest.mark.slow
 def test_nan_advantages_stop_the_run_at_step_3_with_a_message_naming_the_cause(ray_local, toy_task, tmp_path):
     """`python -m hybridrl.main_ppo` as a user runs it: every advantage is NaN, so every update is
     skipped; steps 1 and 2 are logged with actor/skipped_steps=1, step 3 ends the run with exit code 1."""
@@ -132,6 +133,7 @@ def test_nan_advantages_stop_the_run_at_step_3_with_a_message_naming_the_cause(r
     assert [m["actor/skipped_steps"] for m in logged] == [1, 1]
 
 
+@pytest.mark.slow
 def test_nan_weights_stop_the_run_at_the_first_log_prob_pass(ray_local, toy_task, tmp_path):
     nan_model = str(tmp_path / "nan_model")
     model = AutoModelForCausalLM.from_pretrained(toy_task["model"])

@@ -282,6 +282,7 @@ def test_resume_from_path_replays_steps_3_and_4_exactly_fsdp2(reference_run, tas
     assert_same_weights(reference_run["weights"], actor_weights(run_dir, TOTAL_STEPS))
 
 
+@pytest.mark.slow
 def test_process_killed_during_save_resumes_from_previous_step(reference_run, ray_local, task, tmp_path):
     """kill -9 the controller while it writes global_step_2: step 1 stays the checkpoint, and the resumed run
     replays steps 2-4 exactly as the uninterrupted run did."""
@@ -322,6 +323,7 @@ def test_process_killed_during_save_resumes_from_previous_step(reference_run, ra
     assert summary["checkpoint_dir"] == os.path.join(os.path.abspath(run_dir), "global_step_4")
 
 
+@pytest.mark.slow
 def test_auto_resume_replays_exactly_fsdp1_ppo_with_critic_and_adaptive_kl(ray_local, task, tmp_path):
     """FSDP1 (strategy=fsdp) PPO: actor, critic and the adaptive in-reward KL coefficient all resume exactly; the
     newest complete checkpoint is picked when the pointer is stale."""
@@ -349,6 +351,7 @@ def test_auto_resume_replays_exactly_fsdp1_ppo_with_critic_and_adaptive_kl(ray_l
     assert_same_weights(reference_critic, critic_weights(run_dir, TOTAL_STEPS))
 
 
+@pytest.mark.slow
 def test_resume_onto_one_rank_reshards_the_two_rank_checkpoint(reference_run, task, tmp_path):
     """A checkpoint from 2 ranks loads onto 1: DCP reshards model and optimizer (RNG states are not restored, so
     sampling differs from here on), and the dataloader continues with the batch the 2-rank run trained next."""

@@ -27,6 +27,7 @@ class FirstTokenSkewedRollout(HFRollout):
 '''
 
 
+@pytest.mark.slow
 def test_token_is_and_rejection_reach_the_actor_and_the_run_trains(ray_local, toy_task, tmp_path):
     rollout_file = tmp_path / "skewed_rollout.py"
     rollout_file.write_text(SKEWED_ROLLOUT_FILE)

@@ -29,6 +29,7 @@ def share_of_a(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
+@pytest.mark.slow
 def test_a_nan_reward_for_one_sample_in_four_is_counted_and_training_still_learns(ray_local, toy_task, tmp_path):
     reward_file = tmp_path / "nan_reward.py"
     reward_file.write_text(NAN_FOR_EVERY_FOURTH_PROMPT)

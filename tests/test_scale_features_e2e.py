@@ -50,6 +50,7 @@ def run_with_probe(config):
     return trainer, probe.batch["response_mask"], before, after, ref_after
 
 
+@pytest.mark.slow
 def test_dynamic_bsz_remove_padding_balance_batch_dapo_and_a_raising_scorer(ray_local, toy_task, scorers, tmp_path):
     config = make_config(
         toy_task, str(tmp_path), "algorithm=gae", "critic.optim.lr=1e-3", "actor_rollout_ref.actor.use_kl_loss=true",
@@ -90,6 +91,7 @@ def save_reward_model(out_dir, tokenizer):
     return str(out_dir)
 
 
+@pytest.mark.slow
 def test_reward_model_worker_and_lora_grpo(ray_local, toy_task, scorers, tmp_path):
     rm_dir = save_reward_model(tmp_path / "rm", AutoTokenizer.from_pretrained(toy_task["model"]))
     run_dir = str(tmp_path / "run")

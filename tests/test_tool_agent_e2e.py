@@ -44,6 +44,7 @@ def tool_task(tmp_path_factory):
             "reward": None, "tokenizer": tokenizer}
 
 
+@pytest.mark.slow
 def test_a_tool_agent_step_masks_tool_tokens_and_reports_tool_metrics(ray_local, tool_task, tmp_path):
     config = make_config(
         {**tool_task, "reward": os.path.abspath(__file__)}, str(tmp_path),

@@ -335,6 +335,7 @@ def arithmetic_task(tmp_path_factory):
             "reward": None}
 
 
+@pytest.mark.slow
 def test_the_builtin_tool_task_trains_two_steps_driven_by_a_verl_loop(ray_local, arithmetic_task, verl_files,
                                                                       tmp_path, monkeypatch):
     from test_async_rollout import fit_keeping_update_batches
