@@ -4,7 +4,7 @@ level-2 sleep, engine failure -> EngineDiedError), plus the async engine's stepp
 
 vLLM and the GPU cannot run here: `FakeVLLM` stands in at that boundary only (vllm.LLM / SamplingParams /
 LLMEngine and torch.cuda's memory numbers); everything above it is the real code. The engine itself is
-exercised in tests/gpu/test_vllm_rollout.py."""
+exercised in tests/gpu/test_engine_hybrid.py and test_engine_worker.py (their vllm params)."""
 from __future__ import annotations
 
 import asyncio

@@ -14,8 +14,8 @@
 #   3 carry .stage/vllm2                         bash scripts/gpu/install_vllm.sh .stage/vllm2
 #   4 carry .stage/gpu .stage/vllm3              source .stage/gpu/gpu_env.sh && bash scripts/gpu/install_vllm.sh .stage/vllm3 \
 #       && export PYTHONPATH=$PWD:/tmp/site-vllm:$PYTHONPATH VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
-#       && python3 -m pytest tests/gpu/test_vllm_rollout.py -q -s > $OUT/vllm.txt 2>&1; tail -40 $OUT/vllm.txt
-#   5 (same env)  python3 -m pytest tests/gpu/test_vllm_worker.py -q -s > $OUT/vllm_worker.txt 2>&1   (own process)
+#       && python3 -m pytest tests/gpu/test_engine_hybrid.py -q -s -k vllm > $OUT/vllm.txt 2>&1; tail -40 $OUT/vllm.txt
+#   5 (same env)  python3 -m pytest tests/gpu/test_engine_worker.py -q -s -k vllm > $OUT/vllm_worker.txt 2>&1   (own process)
 #   6 (same env)  python3 benchmarks/hybrid_engine.py --engine vllm --model-dir /tmp/q05 --make-model \
 #                   --out $OUT/bench_vllm.json > $OUT/bench_vllm.txt 2>&1
 # (VLLM_USE_FLASHINFER_SAMPLER=0: the slim bundle's flashinfer is 0.6.14, vLLM 0.24 was built against 0.6.12;

@@ -22,10 +22,16 @@ pytest.importorskip("sglang")
 from benchmarks.hybrid_engine import random_prompts, rollout_window  # noqa: E402
 from hybridrl.algorithms.core_algos import compute_advantage  # noqa: E402
 from hybridrl.algorithms.rollout_correction import compute_rollout_correction_and_rejection_mask  # noqa: E402
-from tests.gpu.test_sglang_hybrid import (PROMPT_LENGTH, VOCAB, fsdp_log_probs, hybrid, perturb,  # noqa: E402,F401
+from tests.gpu.test_engine_hybrid import (PROMPT_LENGTH, VOCAB, fsdp_log_probs, hybrid, perturb,  # noqa: E402,F401
                                           undo)
 
 SETTINGS = dict(rollout_is="token", rollout_is_threshold=2.0, rollout_rs="token", rollout_rs_threshold=2.0)
+
+
+@pytest.fixture(scope="module")
+def engine() -> str:
+    """test_engine_hybrid's `hybrid` fixture here has SGLang only (its config: 8 groups of n=4 rows per mini-batch)."""
+    return "sglang"
 
 
 def correction(hybrid, output):

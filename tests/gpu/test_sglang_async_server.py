@@ -7,7 +7,7 @@ Checks: concurrent requests of different lengths all come back (SGLang batches t
 with max_tokens stops there; sglang's own batch generate (generate_sequences) still works while the server is
 paused; the server's log-probs are the actor's (the pushed weights); a request in trainer mode waits
 and is answered in the next rollout mode; an engine error comes back as the server's HTTP 500.
-Run after tests/gpu/test_sglang_worker.py, on the GPU machine from the repository root:
+Run after tests/gpu/test_engine_worker.py (its sglang param), on the GPU machine from the repository root:
 
     python -m pytest tests/gpu/test_sglang_async_server.py -q
 """
@@ -32,7 +32,7 @@ from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker  # noqa: E4
 from hybridrl.data.batch_layout import to_batch_layout  # noqa: E402
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 64, 64
-MEAN_ABS_TOLERANCE = 0.02  # bf16 engine vs bf16 FSDP forward, per response token (as test_sglang_worker)
+MEAN_ABS_TOLERANCE = 0.02  # bf16 engine vs bf16 FSDP forward, per response token (as test_engine_worker)
 EOS, PAD = 151643, 151643  # Qwen2.5's <|endoftext|>
 
 
