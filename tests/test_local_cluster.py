@@ -18,7 +18,8 @@ from tests.test_e2e_training import base_overrides, toy_task  # noqa: F401 (toy_
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLUSTER_UP = re.compile(r"local Ray cluster up in ([0-9.]+) s at (\S+)")  # what LocalRayCluster.start prints
-RAY_FIXED_PORTS = {6379, 8265, 10001, 52365}  # GCS, dashboard, client server, dashboard agent: Ray's defaults
+# Ray's defaults: GCS, dashboard, client server, dashboard agent, metrics of the autoscaler monitor and the dashboard
+RAY_FIXED_PORTS = {6379, 8265, 10001, 52365, 44217, 44227}
 
 # One rank joins a process group the way every worker does, then prints where its process listens.
 ONE_RANK = '''
@@ -39,7 +40,7 @@ ONE_DRIVER = '''
 import json, psutil
 from hybridrl.single_controller.local_cluster import LocalRayCluster, prepare_driver_process
 prepare_driver_process(None)
-cluster = LocalRayCluster(num_cpus=None, node_ip_address=None, include_dashboard=False, start_timeout_s=300)
+cluster = LocalRayCluster(num_cpus=None, node_ip_address=None, include_dashboard=False, start_timeout_s=120)
 address = cluster.start()
 pids = {process.pid for process in psutil.Process().children(recursive=True)}
 ports = sorted({c.laddr.port for c in psutil.net_connections("tcp")
@@ -115,7 +116,7 @@ def test_ray_workers_run_nccl_with_sglangs_buffer_kind_unless_the_user_says_othe
     assert out.stdout.strip() == expected
 
 
-def marked_env(marker: str) -> dict:
+def driver_env(marker: str = "") -> dict:
     """The environment of a driver: this tree first on the path, and a marker every process it starts inherits."""
     return {**os.environ, "PYTHONPATH": REPO_ROOT, "HYBRIDRL_TEST_RUN": marker}
 
@@ -138,9 +139,9 @@ def cluster_start(output: str) -> tuple[float, str]:
     return float(match.group(1)), match.group(2)
 
 
-def one_driver(marker: str, timeout: float = 300) -> tuple[float, dict]:
+def one_driver(marker: str, timeout: float = 600) -> tuple[float, dict]:
     """A lone driver on a local cluster: (its cluster's start time, its report)."""
-    result = subprocess.run([sys.executable, "-c", ONE_DRIVER], env=marked_env(marker), capture_output=True,
+    result = subprocess.run([sys.executable, "-c", ONE_DRIVER], env=driver_env(marker), capture_output=True,
                             text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return cluster_start(result.stdout)[0], json.loads(result.stdout.splitlines()[-1])
@@ -170,12 +171,11 @@ def test_two_runs_started_together_both_start_at_once_and_finish(toy_task, tmp_p
     for index, log_path in enumerate(logs):
         with open(log_path, "w") as log:
             drivers.append(subprocess.Popen(toy_run(toy_task, str(tmp_path / f"run{index}")), cwd=REPO_ROOT,
-                                            env=marked_env(marker), stdout=log, stderr=subprocess.STDOUT))
+                                            env=driver_env(marker), stdout=log, stderr=subprocess.STDOUT))
     codes = [driver.wait(timeout=600) for driver in drivers]
     outputs = [log_path.read_text(errors="replace") for log_path in logs]
     for code, output in zip(codes, outputs):
         assert code == 0, output[-4000:]
-        assert "Starting it again" not in output, output[-4000:]  # no start given up on by Ray
     together = [cluster_start(output) for output in outputs]
     assert together[0][1] != together[1][1]  # two clusters, not one joined twice
     assert processes_marked(marker) == []
@@ -189,7 +189,7 @@ def test_a_cluster_too_slow_to_start_names_the_load_and_the_key_to_raise(toy_tas
     leaves no process of its cluster behind (the head stopped mid-start leaves Ray's processes to its session)."""
     marker = uuid.uuid4().hex
     result = subprocess.run(toy_run(toy_task, str(tmp_path / "run"), "ray_init.start_timeout_s=2"), cwd=REPO_ROOT,
-                            env=marked_env(marker), capture_output=True, text=True, timeout=300)
+                            env=driver_env(marker), capture_output=True, text=True, timeout=300)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-4000:]
     assert re.search(r"the local Ray cluster did not start within ray_init\.start_timeout_s=2 s \(1-min load "
                      r"average [0-9.]+ on [0-9]+ CPUs\)\. A loaded machine starts Ray slowly: raise "
@@ -202,11 +202,10 @@ def test_a_head_that_ray_gave_up_on_is_started_again():
     """Ray waits a fixed 30 s for its raylet to register, then gives up ("The current node timed out during
     startup"), which a loaded machine hit. The first raylet is stopped (SIGSTOP) as if starved of CPU: the driver
     starts the head again and its cluster comes up."""
-    marker = uuid.uuid4().hex
-    driver = subprocess.Popen([sys.executable, "-c", ONE_DRIVER], env=marked_env(marker), stdout=subprocess.PIPE,
+    driver = subprocess.Popen([sys.executable, "-c", ONE_DRIVER], env=driver_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:
-        stop_first_raylet(marker, driver)
+        stop_first_raylet(driver)
         out, err = driver.communicate(timeout=300)
     finally:
         driver.kill()
@@ -216,10 +215,14 @@ def test_a_head_that_ray_gave_up_on_is_started_again():
     assert json.loads(out.splitlines()[-1])["answer"] == 42
 
 
-def stop_first_raylet(marker: str, driver: subprocess.Popen, timeout: float = 120) -> None:
+def stop_first_raylet(driver: subprocess.Popen, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and driver.poll() is None:
-        raylets = [process for process in processes_marked(marker) if process.name() == "raylet"]
+        try:
+            raylets = [process for process in psutil.Process(driver.pid).children(recursive=True)
+                       if process.name() == "raylet"]
+        except psutil.NoSuchProcess:  # a process of the tree ended while it was listed
+            raylets = []
         if raylets:
             raylets[0].send_signal(signal.SIGSTOP)  # Ray SIGKILLs it when it gives up
             return

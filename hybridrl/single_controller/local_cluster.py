@@ -17,7 +17,7 @@ own `ray start --head --block` instead, and the driver connects to it:
 - Its files live in its own temp dir (<tmp>/hybridrl-ray), so a plain `ray.init()` elsewhere on the machine does not
   find it and join it (`ray start` records its address for that in its temp dir).
 - Heads on one machine start side by side. Every port a head listens on with a fixed Ray default (GCS 6379, dashboard
-  8265, dashboard agent 52365, client server 10001) is a free one picked at each start; Ray picks the others at random.
+  8265, dashboard agent 52365, client server 10001, metrics 44217 and 44227) is a free one picked at each start.
   With the defaults, two heads started together both saw 8265 free and the one whose dashboard lost it waited 60 s
   (63 s against 6 s); heads then took turns under a lock, the second up in about twice a lone start. Free ports once
   seemed to stall the test suite's own Ray (commits 6de7671 to 0615bb7): that was the test process forking while its
@@ -49,9 +49,11 @@ import psutil
 SINGLE_MACHINE_MODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 HEAD_STARTED_LINE = "Ray runtime started."  # what `ray start` prints once the node is up
 HEAD_STOP_TIMEOUT_S = 30
-# `ray start` flags of the ports a head listens on with a fixed default (GCS 6379, dashboard 8265, dashboard agent
-# 52365, client server 10001); each start gets free ones. The node's other ports are chosen by Ray at random.
+# The ports a head listens on with a fixed Ray default, each given a free one at every start: `ray start` flags (GCS
+# 6379, dashboard 8265, dashboard agent 52365, client server 10001) and the environment variables of the metrics
+# servers of Ray's autoscaler monitor (44217) and dashboard (44227). Ray picks the node's other ports at random.
 HEAD_PORT_FLAGS = ("port", "dashboard-port", "dashboard-agent-listen-port", "ray-client-server-port")
+HEAD_PORT_ENV_VARS = ("AUTOSCALER_METRIC_PORT", "DASHBOARD_METRIC_PORT")
 DASHBOARD_HOST = "127.0.0.1"  # also for a cluster on the network: the dashboard answers this machine alone
 # Ray's words, and its fixed wait, when the raylet has not registered in time (ray/_private/node.py)
 RAY_NODE_TIMED_OUT = "The current node timed out during startup."
@@ -108,7 +110,8 @@ class LocalRayCluster:
         deadline = began + self.start_timeout_s
         ray_gave_up: list[str] = []  # Ray's own message, once per attempt it abandoned
         while True:
-            ports = dict(zip(HEAD_PORT_FLAGS, _free_ports(self.host, len(HEAD_PORT_FLAGS))))
+            ports = dict(zip(HEAD_PORT_FLAGS + HEAD_PORT_ENV_VARS,
+                             _free_ports(self.host, len(HEAD_PORT_FLAGS) + len(HEAD_PORT_ENV_VARS))))
             self._start_head(ports)
             if self._wait_until_started(deadline, ray_gave_up):
                 break
@@ -144,12 +147,13 @@ class LocalRayCluster:
         command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
                    f"--temp-dir={self.temp_dir}", "--disable-usage-stats", f"--node-ip-address={self.host}",
                    f"--include-dashboard={str(self.include_dashboard).lower()}", f"--dashboard-host={DASHBOARD_HOST}",
-                   *(f"--{flag}={port}" for flag, port in ports.items())]
+                   *(f"--{flag}={ports[flag]}" for flag in HEAD_PORT_FLAGS)]
         if self.num_cpus is not None:
             command.append(f"--num-cpus={self.num_cpus}")
         # No drain period on SIGTERM: nothing here serves traffic, and the head should go at once. Unbuffered: the
         # driver reads the head's output to know when it is up.
-        env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "PYTHONUNBUFFERED": "1",
+               **{name: str(ports[name]) for name in HEAD_PORT_ENV_VARS}}
         with open(self.log_path, "w") as log:
             self._head = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, start_new_session=True,
