@@ -48,7 +48,7 @@ from omegaconf import DictConfig
 from hybridrl.config import ConfigError, PPOConfig, validate_config
 from hybridrl.config.cli_errors import exit_with_config_errors, run_hydra_cli
 from hybridrl.config.preflight import check_before_start
-from hybridrl.single_controller.local_cluster import LocalRayCluster, prepare_driver_process
+from hybridrl.single_controller.local_cluster import ClusterStartError, LocalRayCluster, prepare_driver_process
 from hybridrl.trainer.ppo.nonfinite_guard import NonFiniteTrainingError
 from hybridrl.defaults.assets import ensure_default_assets
 from hybridrl.defaults.tool_task import ensure_tool_task_assets
@@ -80,6 +80,9 @@ def main(cfg: DictConfig) -> None:
     except NonFiniteTrainingError as err:  # a run that stopped learning: its reason as the last line, exit 1
         print(f"training stopped: {getattr(err, 'cause', err)}", file=sys.stderr, flush=True)
         sys.exit(1)
+    except ClusterStartError as err:  # its own words say why and what to change; a traceback would bury them
+        print(err, file=sys.stderr, flush=True)
+        sys.exit(1)
     # Printed by the driver, not the actor, so that the last line is exactly `summary: <path>` or the stop report
     # (no Ray prefix); run_ppo shut Ray down first, so the workers' last forwarded log lines arrive before it.
     if summary["stopped_by_signal"] is not None:
@@ -108,7 +111,9 @@ def run_ppo(config: PPOConfig) -> dict:
 
     signals = StopSignals()
     signals.install()
-    cluster = LocalRayCluster(config.ray_init.num_cpus, config.ray_init.node_ip_address) if local else None
+    cluster = LocalRayCluster(config.ray_init.num_cpus, config.ray_init.node_ip_address,
+                              include_dashboard=config.ray_init.include_dashboard,
+                              start_timeout_s=config.ray_init.start_timeout_s) if local else None
     try:
         address = cluster.start() if cluster else config.ray_init.address
         ray.init(address=address, runtime_env={"env_vars": WORKER_ENV_VARS})

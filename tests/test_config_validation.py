@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hybridrl.config import ConfigError, check_paths, compose_config, validate_config
+from hybridrl.config.validation import LOCAL_RAY_START_TIMEOUT_S
 from hybridrl.algorithms.core_algos import ADV_ESTIMATOR_REGISTRY
 
 
@@ -59,7 +60,8 @@ def test_unknown_key_suggests_the_close_one():
         "data.train_batch_sise: expected a known key, got unknown key (value 32); did you mean data.train_batch_size?"]
     (problem,) = problems_for("+ray_init.qqq=1")
     assert problem == ("ray_init.qqq: expected a known key, got unknown key (value 1); "
-                       "known keys here: address, node_ip_address, num_cpus, timeline_json_file")
+                       "known keys here: address, include_dashboard, node_ip_address, num_cpus, start_timeout_s, "
+                       "timeline_json_file")
 
 
 def test_added_keys_inside_free_form_mappings_are_kept():
@@ -306,6 +308,24 @@ def test_node_ip_address_only_for_a_local_ray():
         "their own addresses), got '10.0.0.7'"]
     assert validate_config(compose_config(["ray_init.node_ip_address=10.0.0.7"])).ray_init.node_ip_address == \
         "10.0.0.7"
+
+
+def test_dashboard_and_start_timeout_only_for_a_local_ray():
+    assert problems_for("ray_init.address=auto", "ray_init.include_dashboard=true",
+                        "ray_init.start_timeout_s=300") == [
+        "ray_init.include_dashboard: expected false when ray_init.address is set (a running cluster has its own "
+        "dashboard or none), got True",
+        "ray_init.start_timeout_s: expected its default 120 when ray_init.address is set (it bounds the start of a "
+        "local Ray; a running cluster is joined at once), got 300"]
+    local = validate_config(compose_config(["ray_init.include_dashboard=true", "ray_init.start_timeout_s=300"]))
+    assert (local.ray_init.include_dashboard, local.ray_init.start_timeout_s) == (True, 300)
+    assert validate_config(compose_config()).ray_init.start_timeout_s == LOCAL_RAY_START_TIMEOUT_S  # in step
+
+
+@pytest.mark.parametrize("value", [0, -5])
+def test_start_timeout_must_be_positive(value):
+    assert problems_for(f"ray_init.start_timeout_s={value}") == [
+        f"ray_init.start_timeout_s: expected > 0, got {float(value)}"]
 
 
 def test_heartbeat_timeout_spans_missed_heartbeats():

@@ -550,6 +550,8 @@ class RayInitConfig(ConfigNode):
     address: Optional[str]
     num_cpus: Optional[int] = positive()
     node_ip_address: Optional[str]
+    include_dashboard: bool
+    start_timeout_s: float = positive()
     timeline_json_file: Optional[str]
 
 

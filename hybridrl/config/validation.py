@@ -77,6 +77,9 @@ SET_ELSEWHERE: dict[str, tuple[Any, str]] = {
     "critic.optim.total_training_steps": (-1, "trainer.total_training_steps"),
 }
 
+# ray_init.start_timeout_s's default (ray_init/default.yaml), the only value it takes when ray_init.address is set.
+LOCAL_RAY_START_TIMEOUT_S = 120
+
 # Keys that must equal another key: the critic reads the policy's token ids, so it has no tokenizer of its own.
 SAME_AS: dict[str, str] = {
     "critic.model.tokenizer_path": "actor_rollout_ref.model.path",
@@ -287,15 +290,28 @@ def _resume_path_given(values: _Values, problems: list[str]) -> None:
                         "trainer.resume_mode='resume_path', got None")
 
 
-def _ray_cluster_owns_its_cpus(values: _Values, problems: list[str]) -> None:
-    address, num_cpus = values("ray_init.address"), values("ray_init.num_cpus")
-    if address is not None and num_cpus is not None:
+def _local_ray_keys_only_for_a_local_ray(values: _Values, problems: list[str]) -> None:
+    """The keys of the Ray cluster the driver starts itself (single_controller/local_cluster.py) mean nothing to a
+    running cluster (`ray_init.address`): refused there, not silently ignored."""
+    address = values("ray_init.address")
+    if address is None:
+        return
+    num_cpus = values("ray_init.num_cpus")
+    if num_cpus is not None:
         problems.append(f"ray_init.num_cpus: expected null when ray_init.address is set (a running cluster "
                         f"declares its own CPUs), got {num_cpus}")
     node_ip_address = values("ray_init.node_ip_address")
-    if address is not None and node_ip_address is not None:
+    if node_ip_address is not None:
         problems.append(f"ray_init.node_ip_address: expected null when ray_init.address is set (the nodes of a "
                         f"running cluster have their own addresses), got {node_ip_address!r}")
+    if values("ray_init.include_dashboard"):
+        problems.append("ray_init.include_dashboard: expected false when ray_init.address is set (a running "
+                        "cluster has its own dashboard or none), got True")
+    start_timeout_s = values("ray_init.start_timeout_s")
+    if start_timeout_s != LOCAL_RAY_START_TIMEOUT_S:
+        problems.append(f"ray_init.start_timeout_s: expected its default {LOCAL_RAY_START_TIMEOUT_S} when "
+                        f"ray_init.address is set (it bounds the start of a local Ray; a running cluster is "
+                        f"joined at once), got {start_timeout_s:g}")
 
 
 def _heartbeats_fit_in_their_timeout(values: _Values, problems: list[str]) -> None:
@@ -700,7 +716,7 @@ RULES: list[Callable[[_Values, list[str]], None]] = [
     _engine_available,
     _critic_matches_estimator,
     _resume_path_given,
-    _ray_cluster_owns_its_cpus,
+    _local_ray_keys_only_for_a_local_ray,
     _heartbeats_fit_in_their_timeout,
     _batch_sizes_divide,
     _tensor_parallel_divides,

@@ -43,7 +43,7 @@ class NcclWorker(Worker):
         return dist.get_backend(), value.item(), os.environ.get("NCCL_SOCKET_IFNAME")
 
 
-cluster = LocalRayCluster(num_cpus=None, node_ip_address=None)
+cluster = LocalRayCluster(num_cpus=None, node_ip_address=None, include_dashboard=False, start_timeout_s=120)
 address = cluster.start()
 try:
     ray.init(address=address)
