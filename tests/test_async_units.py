@@ -4,6 +4,7 @@ import os
 import socket
 import threading
 import time
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -142,16 +143,21 @@ def test_version_recorder_gives_each_generated_token_its_calls_version():
 # ---------------------------------------------------------------------- the rollouter
 
 class FakeEngine:
-    """generate_group stand-in: answers after `delay` s with the current version on every token."""
+    """generate_group stand-in: answers after `delay` s with the current version on every token; `started[v]`
+    counts the calls begun at version v (`begun` is notified at each)."""
 
     def __init__(self, delay: float = 0.01):
         self.version = 0
         self.delay = delay
         self.lock = threading.Lock()
+        self.begun = threading.Condition(self.lock)
+        self.started: Counter = Counter()
 
     def __call__(self, prompts: DataProto) -> DataProto:
         with self.lock:
             version = self.version
+            self.started[version] += 1
+            self.begun.notify_all()
         time.sleep(self.delay)
         rows = prompts.repeat(2, interleave=True)
         rows.batch[WEIGHT_VERSIONS_KEY] = torch.full((len(rows), 4), version, dtype=torch.long)
@@ -168,6 +174,8 @@ def prompt_batches(count: int, size: int = 4):
 
 @pytest.mark.parametrize("stale_samples", ["drop", "requeue"])
 def test_rollouter_never_hands_out_a_group_staler_than_the_bound(stale_samples):
+    """Before each "update" the test waits until a group beyond the 4 handed out has begun at the current version,
+    so groups do go stale whatever the threads' timing on a loaded machine (the rollouter keeps 8 going)."""
     engine = FakeEngine()
     rollouter = Rollouter(engine, prompt_batches(50), capacity=8, stale_samples=stale_samples)
     handed_out, stale = [], 0
@@ -177,6 +185,7 @@ def test_rollouter_never_hands_out_a_group_staler_than_the_bound(stale_samples):
         handed_out += [int(group.prompts.batch["index"][0]) for group in groups]
         stale += counts[f"async_training/{'dropped' if stale_samples == 'drop' else 'requeued'}_groups"]
         with engine.lock:
+            assert engine.begun.wait_for(lambda: engine.started[version] > len(groups), timeout=120)
             engine.version += 1  # the "update": everything generated before is now one version stale
     rollouter.shutdown()
     assert stale > 0  # groups generated ahead during the "training" did go stale

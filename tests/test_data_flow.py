@@ -239,33 +239,83 @@ def test_good_hooks_load_and_data_flow_keys_are_refused_while_it_is_off(tmp_path
 
 # ---------------------------------------------------------------------- abort on the HF engine server
 
+HELD_AT_FORWARD = 4  # the abort comes while the first request's 4th forward (its 4th token) is held
+
+
+class HoldAtForward:
+    """A forward hook that, once armed, holds the model inside its `at`-th forward after arming (setting `held`)
+    until `release` is set: the test acts while a generation is certainly under way, whatever the machine's load."""
+
+    def __init__(self, at: int):
+        self.at, self.count, self.armed = at, 0, False
+        self.held, self.release = threading.Event(), threading.Event()
+
+    def arm(self) -> None:
+        self.count, self.armed = 0, True
+        self.held.clear()
+        self.release.clear()
+
+    def __call__(self, *args) -> None:
+        if not self.armed:
+            return
+        self.count += 1
+        if self.count == self.at:
+            self.armed = False
+            self.held.set()
+            if not self.release.wait(120):  # only a broken test waits this long
+                raise RuntimeError("HoldAtForward: never released")
+
+
+class CountingEngine(HFGenerateEngine):
+    """Counts the requests that reached the engine. A request is queued in the same step of the server's loop that
+    counts it (no await between), so a later abort, handled on that loop, finds it queued."""
+
+    received = 0
+
+    async def generate(self, prompt_ids, sampling_params):
+        self.received += 1
+        return await super().generate(prompt_ids, sampling_params)
+
+
 @pytest.fixture(scope="module")
-def slow_tiny_model(tmp_path_factory):
-    """A tiny real model whose every forward takes 20 ms more, so a 200-token generation is still running when the
-    test aborts it."""
+def held_tiny_model(tmp_path_factory):
+    """A tiny real model with a HoldAtForward hook (disarmed until a test arms it)."""
     from transformers import AutoModelForCausalLM
 
     tokenizer = build_tokenizer(["a b c d e f g h i j say something about apple banana"] * 20, vocab_size=120)
     model_dir = build_tiny_model(str(tmp_path_factory.mktemp("tiny") / "model"), tokenizer, hidden_size=32,
                                  num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    model.register_forward_hook(lambda *args: time.sleep(0.02))
-    return model, tokenizer
+    hold = HoldAtForward(HELD_AT_FORWARD)
+    model.register_forward_hook(hold)
+    return model, tokenizer, hold
 
 
-def test_hf_server_abort_stops_generation_and_returns_the_tokens_so_far(slow_tiny_model):
-    model, tokenizer = slow_tiny_model
-    engine = HFGenerateEngine(model, response_length=200, eos_token_ids=[-1],  # no EOS: only the abort stops it
-                              pad_token_id=tokenizer.pad_token_id, max_batch_size=1)
+def test_hf_server_abort_stops_generation_and_returns_the_tokens_so_far(held_tiny_model):
+    """Request "a" is held inside a forward of its generation, "b" is queued behind it (max_batch_size=1), then
+    the abort comes: an order of events the test makes sure of (no timer racing the generation), so "a" stops at
+    exactly the token it was generating and "b" never starts."""
+    model, tokenizer, hold = held_tiny_model
+    engine = CountingEngine(model, response_length=200, eos_token_ids=[-1],  # no EOS: only the abort stops it
+                            pad_token_id=tokenizer.pad_token_id, max_batch_size=1)
     server = EngineServer(engine, "127.0.0.1")
     server.serve()
     manager = AsyncLLMServerManager([server.address])
     prompt = tokenizer("say something about apple")["input_ids"]
     params = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
 
-    async def two_requests():
-        return await asyncio.gather(manager.generate("a", prompt_ids=prompt, sampling_params=params),
-                                    manager.generate("b", prompt_ids=prompt, sampling_params=params))
+    async def abort_one_generating_and_one_queued():
+        hold.arm()
+        running = asyncio.create_task(manager.generate("a", prompt_ids=prompt, sampling_params=params))
+        assert await asyncio.to_thread(hold.held.wait, 120), "request a never reached its held forward"
+        queued = asyncio.create_task(manager.generate("b", prompt_ids=prompt, sampling_params=params))
+        deadline = time.monotonic() + 120  # only a broken server waits this long
+        while engine.received < 2:
+            assert time.monotonic() < deadline, "request b never reached the engine"
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(abort_servers, [server.address])
+        hold.release.set()
+        return await running, await queued
 
     async def generate_one():
         try:
@@ -273,12 +323,8 @@ def test_hf_server_abort_stops_generation_and_returns_the_tokens_so_far(slow_tin
         finally:
             await manager.close()
 
-    timer = threading.Timer(0.6, abort_servers, args=([server.address],))
     try:
-        timer.start()
-        started = time.perf_counter()
-        running, queued = asyncio.run(two_requests())
-        took = time.perf_counter() - started
+        running, queued = asyncio.run(abort_one_generating_and_one_queued())
         asyncio.run(manager.close())
         after = asyncio.run(generate_one())  # until the next rollout mode, every request answers aborted at once
         server.pause()
@@ -292,9 +338,9 @@ def test_hf_server_abort_stops_generation_and_returns_the_tokens_so_far(slow_tin
                 await manager_again.close()
         fresh = asyncio.run(short())
     finally:
+        hold.release.set()  # a failed test never leaves the generate thread held
         server.shutdown()
-    assert took < 3.0  # 200 tokens at >= 20 ms each would take 4 s
-    assert running.stop_reason == "aborted" and 0 < len(running.token_ids) < 200
+    assert running.stop_reason == "aborted" and len(running.token_ids) == HELD_AT_FORWARD  # of 200
     assert len(running.log_probs) == len(running.token_ids)
     assert queued.stop_reason == "aborted" and queued.token_ids == [] and queued.log_probs == []
     assert after.stop_reason == "aborted" and after.token_ids == []

@@ -19,7 +19,7 @@ def run_script(name, *args, cwd):
     """`python examples/data_preprocess/<name> ...` from a foreign cwd, hybridrl importable as if installed."""
     env = {**os.environ, "PYTHONPATH": REPO}
     return subprocess.run([sys.executable, os.path.join(REPO, "examples", "data_preprocess", name), *args],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def read_rows(path):

@@ -4,6 +4,11 @@ The toy task of test_e2e_training (2 CPU ranks, a tiny model) runs for up to 200
 after a few of them. Before: SIGTERM ended in a native stack dump and exit code 134, SIGINT in a traceback and 1, a
 SIGKILLed driver left Ray's agents alive for about 60 s, a stopped worker hung the run without a word, and a local
 run listened on every interface.
+
+What a stop must do is checked by how it happened (exit code, the driver's own lines, the step the stop report names
+and its checkpoint, the seconds of silence the heartbeat watch reports), not by how long it took: a loaded 2-core
+machine stretches every duration. Waits are hang guards no load reaches; the one duration kept, the cluster's end
+after a SIGKILLed driver, has a bound far above what it takes and still below the 60 s it used to take.
 """
 import ipaddress
 import json
@@ -46,7 +51,7 @@ class Driver:
         with open(self.log_path, errors="replace") as f:
             return f.read()
 
-    def wait_for_output(self, text: str, timeout: float = 240) -> None:
+    def wait_for_output(self, text: str, timeout: float = 600) -> None:
         deadline = time.monotonic() + timeout
         while text not in self.output():
             assert self.process.poll() is None, \
@@ -71,12 +76,10 @@ class Driver:
             self.process.wait()
 
 
-def seconds_until_gone(processes: list[psutil.Process], timeout: float) -> float:
-    start = time.monotonic()
+def assert_gone_within(processes: list[psutil.Process], timeout: float) -> None:
     _, alive = psutil.wait_procs(processes, timeout=timeout)
     alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"still running after {timeout} s: {[(p.pid, p.name()) for p in alive]}"
-    return time.monotonic() - start
 
 
 def read_steps(run_dir) -> list[int]:
@@ -104,15 +107,13 @@ def run_dir(tmp_path):
     return str(tmp_path / "run")
 
 
-def signal_at_step_3(driver: Driver, send) -> tuple[int, float, list[psutil.Process]]:
-    """Once the driver reports step 3, `send()` a signal: (exit code, seconds until exit, the processes it had)."""
+def signal_at_step_3(driver: Driver, send) -> tuple[int, list[psutil.Process]]:
+    """Once the driver reports step 3, `send()` a signal: (exit code, the processes it had)."""
     try:
         driver.wait_for_output("step 3/200")
         processes = driver.tree()
-        sent = time.monotonic()
         send()
-        code = driver.wait(timeout=60)
-        return code, time.monotonic() - sent, processes
+        return driver.wait(timeout=300), processes  # a hang guard: 9-12 s measured at load 5-10
     finally:
         driver.kill()
 
@@ -128,10 +129,9 @@ def stop_report(output: str) -> tuple[int, str]:
 @pytest.mark.slow
 def test_sigterm_finishes_the_step_saves_it_and_exits_143(toy_task, run_dir, tmp_path):
     driver = Driver(driver_command(toy_task, run_dir, "trainer.save_freq=4"), tmp_path / "driver.log")
-    code, took, processes = signal_at_step_3(driver, lambda: driver.process.send_signal(signal.SIGTERM))
+    code, processes = signal_at_step_3(driver, lambda: driver.process.send_signal(signal.SIGTERM))
     output = driver.output()
     assert code == 143, output[-4000:]
-    assert took < 30
     assert "received SIGTERM: stopping after the current step (trainer.stop_on_signal=after_step); send it again " \
            "to stop at once" in output
     step, checkpoint = stop_report(output)
@@ -139,7 +139,7 @@ def test_sigterm_finishes_the_step_saves_it_and_exits_143(toy_task, run_dir, tmp
     assert step >= 3 and read_steps(run_dir) == list(range(1, step + 1))
     assert checkpoint == os.path.join(run_dir, f"global_step_{step}") == find_latest_checkpoint(run_dir)
     assert "Traceback" not in output and "core dumped" not in output
-    seconds_until_gone(processes, timeout=20)
+    assert_gone_within(processes, timeout=60)
 
 
 @pytest.mark.slow
@@ -147,10 +147,9 @@ def test_ctrl_c_with_stop_on_signal_now_stops_at_once_and_exits_130(toy_task, ru
     """A terminal's Ctrl-C signals the whole foreground process group: the driver's own session here."""
     driver = Driver(driver_command(toy_task, run_dir, "trainer.save_freq=2", "trainer.stop_on_signal=now"),
                     tmp_path / "driver.log", new_session=True)
-    code, took, processes = signal_at_step_3(driver, lambda: os.killpg(driver.process.pid, signal.SIGINT))
+    code, processes = signal_at_step_3(driver, lambda: os.killpg(driver.process.pid, signal.SIGINT))
     output = driver.output()
     assert code == 130, output[-4000:]
-    assert took < 20
     assert "received SIGINT: stopping now" in output and "stopping after the current step" not in output
     step, checkpoint = stop_report(output)
     assert step >= 3 and read_steps(run_dir)[:step] == list(range(1, step + 1))
@@ -160,7 +159,7 @@ def test_ctrl_c_with_stop_on_signal_now_stops_at_once_and_exits_130(toy_task, ru
     saved = int(checkpoint.rsplit("_", 1)[1])
     assert saved % 2 == 0 and step - 2 < saved <= step + 1
     assert "Traceback" not in output and "KeyboardInterrupt" not in output
-    seconds_until_gone(processes, timeout=20)
+    assert_gone_within(processes, timeout=60)
 
 
 @pytest.mark.slow
@@ -172,7 +171,7 @@ def test_a_local_run_listens_on_loopback_only_and_dies_with_a_sigkilled_driver(t
         listening = listening_addresses(processes)
         driver.process.send_signal(signal.SIGKILL)
         driver.process.wait()
-        gone_after = seconds_until_gone(processes, timeout=30)
+        assert_gone_within(processes, timeout=50)
     finally:
         driver.kill()
     # Ray's servers, the workers (their Ray server, the rank-0 rendezvous store, gloo), the head: all on loopback
@@ -181,28 +180,30 @@ def test_a_local_run_listens_on_loopback_only_and_dies_with_a_sigkilled_driver(t
     exposed = {name: addresses for name, addresses in listening.items()
                if not all(is_loopback(address) for address in addresses)}
     assert not exposed, f"listening beyond loopback: {exposed}"
-    # Ray's agents outlived a SIGKILLed driver by about 60 s; the cluster now goes within seconds
-    assert gone_after < 20
+    # Ray's agents outlived a SIGKILLed driver by about 60 s; the cluster now goes within seconds: 4.7 s measured at
+    # load 5-10, and 50 s (above) is over 10 times that while still telling it from the old 60 s
 
 
 @pytest.mark.slow
 def test_a_stopped_worker_fails_the_run_naming_it(toy_task, run_dir, tmp_path):
-    driver = Driver(driver_command(toy_task, run_dir, "trainer.heartbeat_interval=1", "trainer.heartbeat_timeout=5"),
+    """The heartbeat watch, not the test, ends the run: its message names the stopped worker and the seconds of
+    silence it saw (at least the timeout). 10 s: no healthy rank of a loaded machine stays silent that long."""
+    driver = Driver(driver_command(toy_task, run_dir, "trainer.heartbeat_interval=1", "trainer.heartbeat_timeout=10"),
                     tmp_path / "driver.log")
     try:
         driver.wait_for_output("step 2/200")
         processes = driver.tree()
         worker = next(p for p in processes if p.name().startswith("ray::Colocated"))
         worker.suspend()  # SIGSTOP
-        stopped = time.monotonic()
-        code = driver.wait(timeout=60)
-        took = time.monotonic() - stopped
+        code = driver.wait(timeout=300)  # a hang guard: 21 s measured at load 5-10
     finally:
         driver.kill()
     output = driver.output()
     assert code == 1, output[-4000:]
-    assert 5 <= took < 30
-    assert "sent no heartbeat for trainer.heartbeat_timeout=5 s" in output
-    assert re.search(rf"rank \d \(\S+, pid {worker.pid} on 127\.0\.0\.1: last heartbeat \d+\.\d s ago\)", output)
-    assert "(the run fails at trainer.heartbeat_timeout=5 s)" in output  # logged while it waited
-    seconds_until_gone(processes, timeout=20)  # the stopped worker included
+    failure = [line for line in output.splitlines() if "sent no heartbeat for trainer.heartbeat_timeout=10 s" in line]
+    assert failure, output[-4000:]
+    silent = re.search(rf"rank \d \(\S+, pid {worker.pid} on 127\.0\.0\.1: last heartbeat (\d+\.\d) s ago\)",
+                       failure[0])
+    assert silent and float(silent.group(1)) >= 10, failure[0]
+    assert "(the run fails at trainer.heartbeat_timeout=10 s)" in output  # logged while it waited
+    assert_gone_within(processes, timeout=60)  # the stopped worker included

@@ -6,7 +6,6 @@ compose API can show is tested in test_config_*.py instead.
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 from omegaconf import OmegaConf
@@ -18,11 +17,12 @@ from tests.test_preflight import copy_model, empty_parquet, inputs  # noqa: F401
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_main(args: list[str], cwd) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+def run_main(args: list[str], cwd, path_first: str | None = None) -> subprocess.CompletedProcess:
+    """main_ppo in a subprocess; `path_first`: a folder put before the repository on its PYTHONPATH."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [path_first, REPO_ROOT]))}
     env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run([sys.executable, "-m", "hybridrl.main_ppo", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=600)  # 42 s seen at load 20
 
 
 def test_cfg_job_prints_the_composed_config_and_starts_nothing(tmp_path):
@@ -80,7 +80,12 @@ def test_validation_problems_exit_2_with_one_line_each(tmp_path):
 
 def test_bad_inputs_exit_2_before_ray_starts_naming_each(inputs, tmp_path):
     """Issue 19: an empty parquet, a wrong reward function name, truncated weights and an unwritable run directory
-    used to surface one at a time, after Ray and the workers had started; now all at once, in seconds, no Ray."""
+    used to surface one at a time, after Ray and the workers had started; now all at once, no Ray. "No Ray" is
+    checked as such, rather than as a time a loaded machine could stretch: the driver runs with a `ray` package
+    that refuses to be imported, and its output is still exactly the five lines."""
+    no_ray = tmp_path / "no_ray"
+    (no_ray / "ray").mkdir(parents=True)
+    (no_ray / "ray" / "__init__.py").write_text('raise ImportError("this test forbids importing ray")\n')
     empty = empty_parquet(inputs, tmp_path / "empty.parquet")
     model = copy_model(inputs, tmp_path / "model")
     weights = os.path.join(model, "model.safetensors")
@@ -89,12 +94,10 @@ def test_bad_inputs_exit_2_before_ray_starts_naming_each(inputs, tmp_path):
         f.truncate(size // 2)
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
-    start = time.monotonic()
     result = run_main([f"actor_rollout_ref.model.path={model}", f"data.train_files={empty}",
                        f"data.val_files={inputs['val']}", f"custom_reward_function.path={inputs['reward']}",
                        "custom_reward_function.name=letter_b", "trainer.device=cpu",
-                       f"trainer.default_local_dir={blocker / 'run'}"], cwd=tmp_path)
-    elapsed = time.monotonic() - start
+                       f"trainer.default_local_dir={blocker / 'run'}"], cwd=tmp_path, path_first=str(no_ray))
     assert result.returncode == 2 and result.stdout == "", result.stderr
     assert result.stderr.splitlines() == [
         f"config error: data.train_files[0]: expected a parquet file with rows, got '{empty}' (0 rows)",
@@ -108,4 +111,3 @@ def test_bad_inputs_exit_2_before_ray_starts_naming_each(inputs, tmp_path):
         f"(checkpoints, metrics and summary.json go there), got '{blocker / 'run'}' ([Errno 20] Not a directory: "
         f"'{blocker / 'run'}')",
     ]
-    assert elapsed < 60, f"took {elapsed:.1f} s to fail"  # a local Ray and two workers alone take longer on CI

@@ -117,7 +117,7 @@ def test_nan_advantages_stop_the_run_at_step_3_with_a_message_naming_the_cause(r
     ]
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}
     result = subprocess.run([sys.executable, "-m", "hybridrl.main_ppo", *overrides], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=600)
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-3000:]
     last_line = result.stderr.strip().splitlines()[-1]  # the reason, not a traceback, is what the user sees last

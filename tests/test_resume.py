@@ -296,13 +296,13 @@ def test_process_killed_during_save_resumes_from_previous_step(reference_run, ra
     with open(log_path, "w") as log:  # a file, not a pipe: a full pipe would block the driver
         driver = subprocess.Popen(command, cwd=os.getcwd(), stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 480  # a hang guard: the driver's start and 2 steps, on a loaded machine
         while not os.path.exists(marker) and driver.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         assert os.path.exists(marker), f"the save of step 2 never started: {log_path.read_text()[-3000:]}"
         with open(marker) as f:
             os.kill(int(f.read()), signal.SIGKILL)
-        driver.wait(timeout=60)  # the driver sees its controller actor die and exits
+        driver.wait(timeout=300)  # the driver sees its controller actor die and exits (a hang guard)
     finally:
         if driver.poll() is None:
             driver.kill()

@@ -113,18 +113,26 @@ def test_rm_type_validation_names_the_key():
 
 class RewardServer:
     """A real aiohttp server on 127.0.0.1 in its own thread. POST /score: score = len(response) / 10, echoes the
-    prompt; /slow never answers in time; /flaky answers 503 on a response's first attempt; /bad is a 400;
-    /garbage no JSON, /nan a NaN score. A request with a prompt gets {"score", "prompt_seen"}, one without a plain
-    number. `attempts` counts requests per (path, response)."""
+    prompt; /slow answers only once the server closes (HOLD_S at most), never within a client's timeout; /flaky
+    answers 503 on a response's first attempt; /bad is a 400; /garbage no JSON, /nan a NaN score. A request with
+    a prompt gets {"score", "prompt_seen"}, one without a plain number. `attempts` counts requests per (path,
+    response); `peak_in_flight` is the most /score requests the server held at once. With `hold_until` = n, a
+    /score request waits until n of them are in the server (HOLD_S at most) before it answers, so concurrency
+    shows as a count rather than as a time, which a loaded machine could stretch."""
+
+    HOLD_S = 30.0  # only a failing test waits this long: requests sent at once all arrive well within it
 
     def __init__(self):
         self.attempts = Counter()
-        self.delay = 0.0
+        self.hold_until = 0
+        self.in_flight = self.peak_in_flight = 0
+        self.all_in = asyncio.Event()  # bound to the server's loop on first use (Python 3.10+)
+        self.closing = asyncio.Event()
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
-        assert self.ready.wait(10)
+        assert self.ready.wait(60)
 
     def url(self, path):
         return f"http://127.0.0.1:{self.port}/{path}"
@@ -134,7 +142,7 @@ class RewardServer:
         path = request.path.strip("/")
         self.attempts[(path, payload["response"])] += 1
         if path == "slow":
-            await asyncio.sleep(5)
+            await self._wait(self.closing)
         if path == "flaky" and self.attempts[(path, payload["response"])] == 1:
             return web.Response(status=503, text="busy")
         if path == "bad":
@@ -143,10 +151,23 @@ class RewardServer:
             return web.Response(text="nope")
         if path == "nan":
             return web.Response(text='{"score": NaN}')
-        await asyncio.sleep(self.delay)
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            if self.in_flight >= self.hold_until:
+                self.all_in.set()
+            await self._wait(self.all_in)
+        finally:
+            self.in_flight -= 1
         if payload["prompt"] is None:
             return web.json_response(len(payload["response"]) / 10)
         return web.json_response({"score": len(payload["response"]) / 10, "prompt_seen": payload["prompt"]})
+
+    async def _wait(self, event):
+        try:
+            await asyncio.wait_for(event.wait(), self.HOLD_S)
+        except asyncio.TimeoutError:
+            pass
 
     def _serve(self):
         asyncio.set_event_loop(self.loop)
@@ -161,9 +182,10 @@ class RewardServer:
         self.loop.run_forever()
 
     def close(self):
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.closing.set)  # /slow requests still held answer now
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(60)
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        self.thread.join(60)
 
 
 @pytest.fixture
@@ -173,30 +195,36 @@ def server():
     server.close()
 
 
-def remote_hub(url, timeout=2.0, max_retries=1, retry_delay=0.05):
+def remote_hub(url, timeout=60.0, max_retries=1, retry_delay=0.05):
+    """A hub on the test server; the default timeout is one that no answer of the local server can hit, however
+    loaded the machine (a timed-out attempt would be retried and change the attempt counts)."""
     return RewardHub(rm_type="remote_rm", remote=RemoteRewardModel(url, timeout, max_retries, retry_delay, 16))
 
 
 def test_score_group_scores_a_group_concurrently_with_the_prompt(server):
-    server.delay = 0.4
+    """The server holds every request until all 8 are in: only a client that sends them at once gets answers
+    without waiting the server's HOLD_S, and the server's count of requests in flight shows 8 at once."""
+    server.hold_until = 8
     samples = [RewardInput(response="x" * (i + 1), label="l", data_source="d", prompt=f"p{i}") for i in range(8)]
-    started = time.monotonic()
     scores = asyncio.run(score_group(samples, remote_hub(server.url("score"))))
-    elapsed = time.monotonic() - started
     assert [s.reward for s in scores] == pytest.approx([(i + 1) / 10 for i in range(8)])
     assert [s.extra for s in scores] == [{"prompt_seen": f"p{i}"} for i in range(8)]
     assert all(s.error is None for s in scores)
-    assert elapsed < 8 * 0.4 / 2, f"8 requests of 0.4 s took {elapsed:.2f} s: not concurrent"
+    assert server.peak_in_flight == 8, f"at most {server.peak_in_flight} of 8 requests in flight: not concurrent"
 
 
 def test_a_server_that_times_out_is_retried_then_the_sample_is_an_error(server):
+    """/slow does not answer while a client waits, so only the client's own timeout can end an attempt: the
+    error names the attempts, the per-attempt timeout and a timeout as the last problem, and the server saw
+    exactly 2 attempts. That bounds the sample by worst_case_seconds() without timing it (lower bound only)."""
     hub = remote_hub(server.url("slow"), timeout=0.3, max_retries=1, retry_delay=0.1)
     started = time.monotonic()
     scores = asyncio.run(score_group([RewardInput("abc", "l")], hub))
     elapsed = time.monotonic() - started
-    assert scores[0].reward == 0.0 and "after 2 attempt(s)" in scores[0].error
+    assert scores[0].reward == 0.0
+    assert "gave no score after 2 attempt(s) (timeout 0.3 s each); last: TimeoutError" in scores[0].error
     assert server.attempts[("slow", "abc")] == 2
-    assert elapsed < 0.3 * 2 + 0.1 + 1.0  # bounded by timeout x attempts + the wait: never hangs
+    assert elapsed >= 0.3 * 2 + 0.1  # both attempts waited out their timeout, with the retry delay between
     assert hub.remote.worst_case_seconds() == pytest.approx(0.7)
 
 
@@ -263,18 +291,27 @@ def test_score_group_awaits_an_async_user_function_and_catches_nan():
 
 
 def test_score_group_gives_up_on_a_stuck_scorer_after_score_timeout():
+    """The slow scorer is held until the group has returned, so the group coming back at all proves it gave up
+    on the stuck thread instead of waiting for it (no wall-time bound). score_timeout=2 s leaves the fast
+    scorer's thread ample time to run on a loaded machine."""
+    release, slow_finished = threading.Event(), threading.Event()
+
     def stuck(data_source, solution_str, ground_truth, extra_info=None):
-        time.sleep(0.5 if solution_str == "slow" else 0)
+        if solution_str == "slow":
+            release.wait(120)
+            slow_finished.set()
         return 1.0
 
-    async def timed():  # asyncio.run itself waits for the abandoned thread at its end; the group does not
-        started = time.monotonic()
-        scores = await score_group([RewardInput("slow", "x"), RewardInput("fast", "x")],
-                                   RewardHub(custom_fn=stuck, score_timeout=0.1))
-        return scores, time.monotonic() - started
+    async def group():  # asyncio.run itself waits for the abandoned thread at its end; the group does not
+        try:
+            scores = await score_group([RewardInput("slow", "x"), RewardInput("fast", "x")],
+                                       RewardHub(custom_fn=stuck, score_timeout=2.0))
+            return scores, slow_finished.is_set()
+        finally:
+            release.set()
 
-    scores, elapsed = asyncio.run(timed())
-    assert elapsed < 0.45
+    scores, finished_before_the_group = asyncio.run(group())
+    assert not finished_before_the_group
     assert scores[0].reward == 0.0 and scores[0].error.startswith("TimeoutError")
     assert scores[1].reward == 1.0 and scores[1].error is None
 

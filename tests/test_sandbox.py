@@ -1,6 +1,8 @@
 """The code interpreter's sandbox with real processes, as a tool user sees it: output, limits (fork bomb, 10 GiB,
 endless loop, sleep), cleanup, truncation, config refusals, and the refusal to start without namespaces. The
-hostile attacks on its isolation are tests/test_sandbox_attacks.py. Tight limits keep each call well under 2 s."""
+hostile attacks on its isolation are tests/test_sandbox_attacks.py. Tight CPU and memory limits keep each call short;
+the wall-clock limit of a call that must finish is one a loaded machine cannot reach (a trivial call took 0.85-2.5 s
+at a 1-minute load of 14-24 on the 2-core machine, 0.2 s idle), and the one test of that limit sets its own."""
 import asyncio
 import json
 import os
@@ -34,7 +36,7 @@ SCHEMA = OpenAIFunctionToolSchema.model_validate(
     {"type": "function", "function": {"name": "code_interpreter", "description": "run python",
                                        "parameters": {"type": "object", "properties": {"code": {"type": "string"}},
                                                       "required": ["code"]}}})
-FAST = {"timeout_s": 1.5, "cpu_time_s": 1, "memory_mb": 512, "file_size_mb": 1, "max_tool_response_length": 400}
+FAST = {"timeout_s": 60, "cpu_time_s": 1, "memory_mb": 512, "file_size_mb": 1, "max_tool_response_length": 400}
 
 
 @pytest.fixture
@@ -67,6 +69,15 @@ def sandbox_processes() -> list[int]:
     return pids
 
 
+def sandbox_processes_once_dead(wait_s: float = 60) -> list[int]:
+    """sandbox_processes() once SIGKILLed ones have finished dying: the kernel ends them asynchronously, and a loaded
+    machine may take a while to run their exit; what is left after `wait_s` is left behind."""
+    deadline = time.monotonic() + wait_s
+    while (left := sandbox_processes()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
 def test_code_runs_and_its_output_comes_back(tool):
     response, reward, metrics = execute(tool, "import sys\nprint(6 * 7)\nprint('oops', file=sys.stderr)")
     assert response.text == "42\noops\n" and reward == 0.0
@@ -82,10 +93,11 @@ def test_a_socket_cannot_reach_the_network(tool):
 
 
 def test_a_fork_bomb_is_stopped_without_touching_the_host(tool):
-    started = time.monotonic()
+    """The first fork is refused, so the code ends itself with that error: no limit had to stop it (timed_out 0,
+    exit code 1), which no load can change, unlike a bound on its duration."""
     response, _, metrics = execute(tool, "import os\nwhile True:\n    os.fork()")
     assert "PermissionError: [Errno 1] Operation not permitted" in response.text and metrics["exit_code"] == 1
-    assert time.monotonic() - started < 5
+    assert metrics["timed_out"] == 0
     response, _, _ = execute(tool, "import subprocess\nsubprocess.run(['true'])")
     assert "PermissionError: [Errno 1] Operation not permitted" in response.text
     response, _, _ = execute(tool, "import threading\nt = threading.Thread(target=print, args=('thread ran',))\n"
@@ -95,7 +107,7 @@ def test_a_fork_bomb_is_stopped_without_touching_the_host(tool):
 
 
 def test_threads_are_bounded_and_concurrent_calls_are_isolated(private_tmp):
-    limits = SandboxLimits(timeout_s=10, cpu_time_s=2, memory_mb=512)
+    limits = SandboxLimits(timeout_s=120, cpu_time_s=2, memory_mb=512)  # 8 calls at once on 2 loaded cores
     thread_bomb = ("import threading, time\nn = 0\ntry:\n    while True:\n"
                    "        threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n        n += 1\n"
                    "except RuntimeError as error:\n    print(n > 0, error)")
@@ -116,17 +128,23 @@ def test_allocating_10_gib_fails_with_memory_error(tool):
 
 
 def test_an_endless_loop_is_killed_at_the_cpu_limit():
-    tool = CodeInterpreterTool({**FAST, "timeout_s": 20}, SCHEMA)  # the CPU limit, not the clock, must end it
+    """The CPU limit, not the clock, must end it: the message, SIGXCPU's exit code and timed_out 0 say which did.
+    On a loaded machine 1 s of CPU takes many seconds of wall time, hence the long wall-clock limit."""
+    tool = CodeInterpreterTool({**FAST, "timeout_s": 120}, SCHEMA)
     response, _, metrics = execute(tool, "print('spinning', flush=True)\nwhile True:\n    pass")
     assert response.text == "spinning\n\n[killed: CPU time limit 1 s]"
-    assert metrics["timed_out"] == 0 and metrics["exit_code"] == 128 + 24 and 1.0 <= metrics["wall_s"] < 10
+    assert metrics["timed_out"] == 0 and metrics["exit_code"] == 128 + 24 and metrics["wall_s"] >= 1.0
 
 
-def test_a_sleeping_call_is_killed_at_the_wall_clock(tool, private_tmp):
+def test_a_sleeping_call_is_killed_at_the_wall_clock(private_tmp):
+    """The code sleeps 60 s, so the message and timed_out say the wall clock ended it (wall_s is bounded below
+    only). Its limit, 20 s, is what the code's start-up and first print must fit in: 8x the slowest start seen
+    under load."""
+    tool = CodeInterpreterTool({**FAST, "timeout_s": 20}, SCHEMA)
     response, _, metrics = execute(tool, "import time\nprint('before', flush=True)\ntime.sleep(60)")
-    assert response.text == "before\n\n[killed: wall-clock timeout 1.5 s]"
-    assert metrics["timed_out"] == 1 and metrics["exit_code"] == -1 and 1.5 <= metrics["wall_s"] < 5
-    assert sandbox_processes() == [] and list(private_tmp.iterdir()) == []
+    assert response.text == "before\n\n[killed: wall-clock timeout 20 s]"
+    assert metrics["timed_out"] == 1 and metrics["exit_code"] == -1 and metrics["wall_s"] >= 20
+    assert sandbox_processes_once_dead() == [] and list(private_tmp.iterdir()) == []
 
 
 def test_cancelling_a_call_kills_its_processes(tool):
@@ -135,10 +153,7 @@ def test_cancelling_a_call_kills_its_processes(tool):
         return await run_tool_call(tool, "traj", {"code": "import time\ntime.sleep(60)"}, timeout_s=0.5)
     response, _, metrics, error = asyncio.run(call())
     assert error == "tool 'code_interpreter' timed out after 0.5 s" and metrics["tool_timeout"] == 1
-    deadline = time.monotonic() + 2
-    while sandbox_processes() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert sandbox_processes() == []
+    assert sandbox_processes_once_dead() == []
 
 
 def test_files_are_limited_in_size_and_confined_to_the_work_dir(tool, private_tmp):
@@ -215,7 +230,7 @@ print(open('/dev/zero', 'rb').read(2), len(open('/dev/urandom', 'rb').read(8)))
 
 
 def test_output_is_bounded_on_the_host_and_truncated_for_the_model(private_tmp):
-    limits = SandboxLimits(timeout_s=5, cpu_time_s=2, max_output_bytes=4096)
+    limits = SandboxLimits(timeout_s=60, cpu_time_s=2, max_output_bytes=4096)
     result = asyncio.run(run_python("import sys\nsys.stdout.write('a' * 5_000_000 + 'END')", limits))
     assert result.exit_code == 0 and result.output_bytes == 5_000_003
     assert result.output.startswith("a" * 4096) and result.output.endswith("a" * 4093 + "END")
@@ -259,7 +274,7 @@ from hybridrl.tools.code_interpreter_tool import CodeInterpreterTool
 from hybridrl.tools.sandbox import SandboxUnavailable
 from test_sandbox import SCHEMA
 try:
-    tool = CodeInterpreterTool({**json.loads(sys.argv[1]), "timeout_s": 5}, SCHEMA)
+    tool = CodeInterpreterTool({**json.loads(sys.argv[1]), "timeout_s": 60}, SCHEMA)
 except SandboxUnavailable as error:
     print("REFUSED", error)
 else:
@@ -281,7 +296,7 @@ def test_without_user_namespaces_the_tool_refuses_unless_told_it_is_unsafe(confi
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(__file__)),
                                                         os.path.dirname(__file__)])}
     result = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", script, NO_USERNS,
-                             json.dumps(config)], capture_output=True, text=True, timeout=60, env=env)
+                             json.dumps(config)], capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr
     if not config.get("unsafe_no_isolation"):
         assert result.stdout.startswith("REFUSED cannot build the code sandbox: sandbox setup failed: unshare(")

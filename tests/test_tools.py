@@ -281,11 +281,17 @@ def test_gsm8k_tool_takes_ground_truth_from_tools_kwargs_or_refuses_without():
 # ---- run_tool_call -------------------------------------------------------------------------------
 
 def test_run_tool_call_passes_a_good_call_through():
-    result = asyncio.run(run_tool_call(tool_of(EchoTool), "i", {"text": "hi"}, timeout_s=5))
-    response, reward, metrics, error = result
+    """tool_latency_s is the call's own duration: within the time the test saw pass around it (no fixed bound,
+    which a loaded machine could exceed)."""
+    async def call():
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        result = await run_tool_call(tool_of(EchoTool), "i", {"text": "hi"}, timeout_s=5)
+        return result, loop.time() - started
+    (response, reward, metrics, error), elapsed = asyncio.run(call())
     assert (response.text, reward, error) == ("hi", 0.5, None)
     assert metrics["echoed"] == 1 and metrics["tool_error"] == 0 and metrics["tool_timeout"] == 0
-    assert 0 <= metrics["tool_latency_s"] < 1
+    assert 0 <= metrics["tool_latency_s"] <= elapsed
 
 
 def test_a_raising_tool_costs_one_call_with_its_traceback_logged_once(caplog):
@@ -300,6 +306,8 @@ def test_a_raising_tool_costs_one_call_with_its_traceback_logged_once(caplog):
 
 
 def test_a_hanging_tool_is_cancelled_at_its_timeout():
+    """The tool sleeps an hour: an answer at all means run_tool_call's timeout ended it, and the error, the metrics
+    and the tool's own CancelledError say so. Only lower bounds on the time: a loaded machine cannot break them."""
     HangingTool.cancelled = False
 
     async def call():
@@ -310,7 +318,8 @@ def test_a_hanging_tool_is_cancelled_at_its_timeout():
     (response, reward, metrics, error), elapsed = asyncio.run(call())
     assert error == "tool 'slow' timed out after 0.3 s" and response.text == f"Error: {error}"
     assert (metrics["tool_error"], metrics["tool_timeout"]) == (1, 1)
-    assert 0.3 <= elapsed < 1.5 and HangingTool.cancelled
+    assert HangingTool.cancelled  # cancelled inside its sleep, not finished
+    assert elapsed >= 0.3 and metrics["tool_latency_s"] >= 0.3
 
 
 def test_malformed_return_values_are_errors_and_verl_str_returns_are_accepted():
