@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from hybridrl.single_controller.local_cluster import SINGLE_MACHINE_MODE_ENV, is_loopback, prepare_driver_process
-from tests.test_e2e_training import base_overrides, toy_task  # noqa: F401 (toy_task is a fixture)
+from tests.test_e2e_training import base_overrides
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLUSTER_UP = re.compile(r"local Ray cluster up in ([0-9.]+) s at (\S+)")  # what LocalRayCluster.start prints
@@ -157,6 +157,8 @@ def toy_run(task, run_dir, *changes: str) -> list[str]:
     return [sys.executable, "-m", "hybridrl.main_ppo", *overrides.values()]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_two_runs_started_together_both_start_at_once_and_finish(toy_task, tmp_path):
     """Two heads started together both wanted Ray's fixed dashboard port 8265, and the loser waited 60 s for it
     (63 s against 6 s); heads then took turns under a lock, and the second started in about twice a lone start.
