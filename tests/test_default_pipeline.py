@@ -25,6 +25,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -64,13 +65,16 @@ def test_default_run_learns_then_reuses_its_cache(tmp_path):
     cache_dir = tmp_path / "cache"
     first_run_dir, second_run_dir = tmp_path / "run1", tmp_path / "run2"
 
+    started = time.monotonic()
     first = run_default(cache_dir, first_run_dir, [], timeout_s=1500)
+    first_run_s = time.monotonic() - started
     for stage, subdir in STAGES.items():
         assert f"[hybridrl] prepared {stage} in {cache_dir / subdir} (" in first.stdout
     summary = read_summary(first, first_run_dir)
     assert summary["steps"] == validate_config(compose_config()).trainer.total_training_steps
     assert summary["checkpoint_dir"] is None or os.path.isdir(summary["checkpoint_dir"])
-    assert 0 < summary["wall_s"] < 600
+    # the training's own clock, within the process's life: a duration, without a bound a loaded machine could break
+    assert 0 < summary["wall_s"] <= first_run_s
     n_val = pq.read_metadata(cache_dir / "data/default/test.parquet").num_rows
     assert MARGIN >= 5 * math.sqrt(2 * 0.25 / n_val), f"{n_val} validation rows: MARGIN is within 5 noise sds"
     assert summary["val_score_before"] <= START_AT_MOST, summary  # the format gap: greedy never writes the tags
