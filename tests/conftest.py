@@ -36,7 +36,7 @@ def ray_local():
 
 
 # How long the module's Ray may take to run a trivial task before it is restarted (ray_that_answers).
-RAY_PROBE_TIMEOUT_S = float(os.environ.get("HYBRIDRL_TEST_RAY_PROBE_TIMEOUT_S", "60"))
+RAY_PROBE_TIMEOUT_S = 60.0
 
 
 def _start_ray():

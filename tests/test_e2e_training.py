@@ -1,9 +1,6 @@
-"""End-to-end PPO/GRPO training: real local Ray, 2 gloo ranks, a tiny random Qwen2 saved to disk.
-
-The toy task: whatever the prompt, the reward is the share of the letter "a" among the response's
-characters (a custom reward function loaded from a file). A random policy scores a little above 0
-and can only improve by learning, so a sign error anywhere in the loop makes the learning test fail.
-"""
+"""End-to-end PPO/GRPO training: real local Ray, 2 gloo ranks, a tiny random Qwen2 saved to disk, on the toy task
+(tests/toy_task.py: the reward is the share of the letter "a"), so a sign error anywhere in the loop makes the learning
+test fail."""
 import json
 import math
 import os
