@@ -14,20 +14,19 @@ gathered with `cpu_offload=True` (a segfault), which is why the gather below nev
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import (CPUOffload, CPUOffloadPolicy, FSDPModule, FullyShardedDataParallel, MixedPrecision,
                                     MixedPrecisionPolicy, OffloadPolicy, ShardingStrategy, fully_shard)
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 from torch.distributed.tensor import DTensor
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification,
-                          get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup)
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
 STRATEGIES = ("fsdp2", "fsdp")
 
@@ -93,6 +92,8 @@ def apply_lora(model: nn.Module, *, lora_rank: int, lora_alpha: int, target_modu
     value_head (the critic): the freshly initialised value head gets no adapter but is trained in
     full (peft's modules_to_save), since a frozen random head could not learn values.
     """
+    from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model  # here: most runs train no adapter
+
     if adapter_path is not None:
         saved_rank = PeftConfig.from_pretrained(adapter_path).r
         if saved_rank != lora_rank:
@@ -176,7 +177,14 @@ def shard_model(model: nn.Module, *, strategy: str, device: str, mixed_precision
 def fsdp_root(module: nn.Module) -> nn.Module:
     """The module FSDP treats as its root, which generation runs and gathers: `module` itself, or under
     FSDP2 with LoRA the HF model inside the peft wrapper (it carries the adapters, so it is the policy)."""
-    return module.get_base_model() if isinstance(module, PeftModel) else module
+    return module.get_base_model() if is_peft_model(module) else module
+
+
+def is_peft_model(module: nn.Module) -> bool:
+    """Whether `module` is a peft wrapper. A process that never imported peft holds none: peft is imported by
+    `apply_lora` alone, since its import costs every worker process about a second of CPU."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(module, peft.PeftModel)
 
 
 def hf_module(module: nn.Module) -> nn.Module:
@@ -215,6 +223,10 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_config,
     run length the trainer computed (an argument, never written into the validated config); None where
     the caller has no run (a worker built outside the trainer), fine for a schedule that does not need it.
     """
+    # here: transformers.optimization imports its Trainer's helpers and peft, which a process building no optimizer
+    # schedule (a reference model, a test's rank) does without
+    from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
+
     warmup = warmup_steps(optim_config, total_training_steps)
     if optim_config.warmup_style == "constant":
         return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
@@ -309,7 +321,7 @@ def iter_hf_weights(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     under the base layer's HF name; the adapter tensors themselves are not sent, and the peft prefix
     is stripped. So an engine that knows nothing of LoRA generates from exactly the trained policy.
     """
-    if not isinstance(module, PeftModel):
+    if not is_peft_model(module):
         yield from iter_unsharded_parameters(module)
         return
     adapter = module.active_adapter
