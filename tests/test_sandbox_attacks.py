@@ -69,13 +69,20 @@ def host_trace() -> dict:
 @pytest.fixture(autouse=True)
 def host_unchanged():
     """Nothing of the test is left on the host. A process killed at a limit dies asynchronously (the kernel runs its
-    exit when it can: later on a loaded machine), so the trace gets 60 s to come back; a real leftover stays."""
+    exit when it can: later on a loaded machine), so the trace gets 60 s to lose what the test added; a real
+    leftover stays. What was there before the test (the end of an earlier test's call, still dying) may go."""
     before = host_trace()
     yield
     deadline = time.monotonic() + 60
-    while (after := host_trace()) != before and time.monotonic() < deadline:
+    while (left := added_since(before, host_trace())) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert after == before
+    assert not left, f"left on the host: {left}"
+
+
+def added_since(before: dict, after: dict) -> dict:
+    """What `after` holds that `before` did not, per kind of trace."""
+    added = {kind: sorted(set(after[kind]) - set(before[kind])) for kind in after}
+    return {kind: items for kind, items in added.items() if items}
 
 
 @pytest.fixture(scope="module")
