@@ -1,4 +1,4 @@
-"""Shared fixtures: a real local Ray per test module and small real models."""
+"""Shared fixtures: a real local Ray per test module and small real models; how modules share the xdist workers."""
 import faulthandler
 import os
 import sys
@@ -15,10 +15,36 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 SLOW_TEST_TIMEOUT_S = 1800
 
 
+# Modules that must share one xdist worker, one after the other (pyproject runs the tests on `-n auto` workers):
+# - the sandbox's: each asserts that nothing of a call is left on the host (sandbox processes, cgroups, files in the
+#   host's temp folders), which a sandbox call of the other module on another worker would contradict;
+# - the GPU tests: each takes the machine's GPUs.
+HOST_STATE_MODULES = {"test_sandbox.py", "test_sandbox_attacks.py"}
+
+
+def worker_group(item) -> str:
+    """The unit of work xdist gives one worker (--dist loadgroup): a module, so its module-scoped Ray and models are
+    built once, or one of the shared groups above."""
+    if item.path.name in HOST_STATE_MODULES:
+        return "host-state"
+    if item.path.parent.name == "gpu":
+        return "gpu"
+    return str(item.path)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("slow") is not None and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
+        item.add_marker(pytest.mark.xdist_group(worker_group(item)))
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: a run without xdist installed has none
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject): up to 4 workers, never more than the machine's CPUs. Each worker runs its own Ray with
+    4 logical CPUs and up to 2 ranks, so more workers than that oversubscribe even a large machine."""
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 @pytest.fixture(scope="module")
