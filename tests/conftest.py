@@ -3,6 +3,7 @@ import faulthandler
 import os
 import sys
 import threading
+import time
 import traceback
 
 import pytest
@@ -22,22 +23,38 @@ SLOW_TEST_TIMEOUT_S = 1800
 HOST_STATE_MODULES = {"test_sandbox.py", "test_sandbox_attacks.py"}
 
 
-def worker_group(item) -> str:
-    """The unit of work xdist gives one worker (--dist loadgroup): a module, so its module-scoped Ray and models are
-    built once, or one of the shared groups above."""
-    if item.path.name in HOST_STATE_MODULES:
+def worker_group(nodeid: str) -> str:
+    """The unit of work xdist gives one worker: a module, so its module-scoped Ray and models are built once, or one
+    of the shared groups above."""
+    path = nodeid.split("::")[0]
+    if os.path.basename(path) in HOST_STATE_MODULES:
         return "host-state"
-    if item.path.parent.name == "gpu":
+    if os.path.basename(os.path.dirname(path)) == "gpu":
         return "gpu"
-    return str(item.path)
+    return path
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own; a run without xdist has no such hook
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's module-at-a-time scheduling, with the groups of `worker_group` (xdist's own `xdist_group` marks are
+    lost under pytest 9.2, which no longer reads the node id xdist rewrites)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid)
+
+    return ModuleGroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(items):
+    # Modules that use Ray first, so that a worker runs them back to back on one Ray (ray_local); the order within a
+    # module stays, and xdist hands out modules in this order.
+    ray_modules = {item.path for item in items if "ray_local" in item.fixturenames}
+    items.sort(key=lambda item: item.path not in ray_modules)
     for item in items:
         if item.get_closest_marker("slow") is not None and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
-        item.add_marker(pytest.mark.xdist_group(worker_group(item)))
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: a run without xdist installed has none
@@ -49,16 +66,58 @@ def pytest_xdist_auto_num_workers(config):
 
 @pytest.fixture(scope="module")
 def ray_local():
-    """A real local Ray for one test module. 4 logical CPUs on the 2-core CI machine leave room for a driver-side
-    actor plus 2 ranks. One per module, not one per session: a module that leaves Ray unable to answer fails alone
-    instead of hanging every module after it (CI, 2026-11-27: after a stall the suite ran out of its 90 minutes)."""
+    """A real local Ray for the test module, with 4 logical CPUs: on the 2-core CI machine room for a driver-side
+    actor plus 2 ranks.
+
+    Modules that one worker runs back to back share it (a start costs about 8 CPU-seconds, which 20 modules paid on
+    a 2-core machine), but only a Ray that the earlier module left idle: every CPU free and no named actor left. A
+    module that leaves work behind, or a Ray that does not answer (`ray_that_answers`), gets a new one, so what one
+    module did cannot stall the next (CI, 2026-11-27: after a stall the suite ran out of its 90 minutes). Ray stops
+    before a module that does not use it (`pytest_runtest_teardown`): that module may fork, which a live Ray does
+    not survive (`no_fork_while_ray_runs`). Modules that use Ray run first (`pytest_collection_modifyitems`)."""
     import ray
 
-    if ray.is_initialized():  # a test without this fixture started Ray implicitly, with other settings
+    if ray.is_initialized() and not _left_idle():
         ray.shutdown()
-    _start_ray()
+    if not ray.is_initialized():
+        _start_ray()
     yield ray
-    ray.shutdown()
+
+
+# How long a module's Ray may take to free what the module held (its actors end asynchronously once their handles are
+# gone) before the next module gets a new Ray instead.
+RAY_IDLE_WAIT_S = 20.0
+_own_ray = {"address": None}  # the Ray this file started: a Ray a test started itself is never handed on
+
+
+def _left_idle() -> bool:
+    import ray
+
+    if ray.get_runtime_context().gcs_address != _own_ray["address"]:
+        return False
+    deadline = time.monotonic() + RAY_IDLE_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            cpus_free = ray.available_resources().get("CPU", 0) == ray.cluster_resources().get("CPU")
+            if cpus_free and not ray.util.list_named_actors(all_namespaces=True):
+                return True
+        except Exception:  # a Ray that died: start a new one
+            return False
+        time.sleep(0.2)
+    print(f"conftest: the previous module's Ray still held CPUs or named actors after {RAY_IDLE_WAIT_S} s; "
+          "starting a new one", file=sys.stderr)
+    return False
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the module's fixtures are gone: stop Ray unless the next test is in the same module or uses it."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return
+    if nextitem is None or (nextitem.module is not item.module and "ray_local" not in nextitem.fixturenames):
+        ray.shutdown()
 
 
 # How long the module's Ray may take to run a trivial task before it is restarted (ray_that_answers).
@@ -70,6 +129,7 @@ def _start_ray():
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True,
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    _own_ray["address"] = ray.get_runtime_context().gcs_address
 
 
 @pytest.fixture(autouse=True)
