@@ -96,7 +96,7 @@ def ray_local():
     module that leaves work behind, or a Ray that does not answer (`ray_that_answers`), gets a new one, so what one
     module did cannot stall the next (CI, 2026-11-27: after a stall the suite ran out of its 90 minutes). Ray stops
     before a module that does not use it (`pytest_runtest_teardown`): that module may fork, which a live Ray does
-    not survive (`no_fork_while_ray_runs`). Modules that use Ray run first (`pytest_collection_modifyitems`)."""
+    not survive (`no_fork_while_ray_runs`). Modules that use Ray are handed out back to back (`module_order`)."""
     import ray
 
     if ray.is_initialized() and not _left_idle():
