@@ -49,7 +49,6 @@ from hybridrl.config import ConfigError, PPOConfig, validate_config
 from hybridrl.config.cli_errors import exit_with_config_errors, run_hydra_cli
 from hybridrl.config.preflight import check_before_start
 from hybridrl.single_controller.local_cluster import ClusterStartError, LocalRayCluster, prepare_driver_process
-from hybridrl.trainer.ppo.nonfinite_guard import NonFiniteTrainingError
 from hybridrl.defaults.assets import ensure_default_assets
 from hybridrl.defaults.tool_task import ensure_tool_task_assets
 from hybridrl.utils.import_utils import load_extensions
@@ -75,6 +74,8 @@ def main(cfg: DictConfig) -> None:
         exit_with_config_errors(err.problems)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    from hybridrl.trainer.ppo.nonfinite_guard import NonFiniteTrainingError  # torch: only once a run starts
+
     try:
         summary = run_ppo(config)
     except NonFiniteTrainingError as err:  # a run that stopped learning: its reason as the last line, exit 1
