@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from hybridrl.config import ConfigError, check_paths, compose_config, validate_config
-from hybridrl.config.validation import LOCAL_RAY_START_TIMEOUT_S
 from hybridrl.algorithms.core_algos import ADV_ESTIMATOR_REGISTRY
 
 
@@ -315,11 +314,11 @@ def test_dashboard_and_start_timeout_only_for_a_local_ray():
                         "ray_init.start_timeout_s=300") == [
         "ray_init.include_dashboard: expected false when ray_init.address is set (a running cluster has its own "
         "dashboard or none), got True",
-        "ray_init.start_timeout_s: expected its default 120 when ray_init.address is set (it bounds the start of a "
-        "local Ray; a running cluster is joined at once), got 300"]
+        "ray_init.start_timeout_s: expected null when ray_init.address is set (it bounds the start of a local Ray; "
+        "a running cluster is joined at once), got 300"]
     local = validate_config(compose_config(["ray_init.include_dashboard=true", "ray_init.start_timeout_s=300"]))
     assert (local.ray_init.include_dashboard, local.ray_init.start_timeout_s) == (True, 300)
-    assert validate_config(compose_config()).ray_init.start_timeout_s == LOCAL_RAY_START_TIMEOUT_S  # in step
+    assert validate_config(compose_config()).ray_init.start_timeout_s is None  # local_cluster's default
 
 
 @pytest.mark.parametrize("value", [0, -5])

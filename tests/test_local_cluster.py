@@ -40,7 +40,7 @@ ONE_DRIVER = '''
 import json, psutil
 from hybridrl.single_controller.local_cluster import LocalRayCluster, prepare_driver_process
 prepare_driver_process(None)
-cluster = LocalRayCluster(num_cpus=None, node_ip_address=None, include_dashboard=False, start_timeout_s=120)
+cluster = LocalRayCluster(num_cpus=None, node_ip_address=None, include_dashboard=False, start_timeout_s=None)
 address = cluster.start()
 pids = {process.pid for process in psutil.Process().children(recursive=True)}
 ports = sorted({c.laddr.port for c in psutil.net_connections("tcp")

@@ -551,7 +551,7 @@ class RayInitConfig(ConfigNode):
     num_cpus: Optional[int] = positive()
     node_ip_address: Optional[str]
     include_dashboard: bool
-    start_timeout_s: float = positive()
+    start_timeout_s: Optional[float] = positive()
     timeline_json_file: Optional[str]
 
 

@@ -77,9 +77,6 @@ SET_ELSEWHERE: dict[str, tuple[Any, str]] = {
     "critic.optim.total_training_steps": (-1, "trainer.total_training_steps"),
 }
 
-# ray_init.start_timeout_s's default (ray_init/default.yaml), the only value it takes when ray_init.address is set.
-LOCAL_RAY_START_TIMEOUT_S = 120
-
 # Keys that must equal another key: the critic reads the policy's token ids, so it has no tokenizer of its own.
 SAME_AS: dict[str, str] = {
     "critic.model.tokenizer_path": "actor_rollout_ref.model.path",
@@ -308,10 +305,9 @@ def _local_ray_keys_only_for_a_local_ray(values: _Values, problems: list[str]) -
         problems.append("ray_init.include_dashboard: expected false when ray_init.address is set (a running "
                         "cluster has its own dashboard or none), got True")
     start_timeout_s = values("ray_init.start_timeout_s")
-    if start_timeout_s != LOCAL_RAY_START_TIMEOUT_S:
-        problems.append(f"ray_init.start_timeout_s: expected its default {LOCAL_RAY_START_TIMEOUT_S} when "
-                        f"ray_init.address is set (it bounds the start of a local Ray; a running cluster is "
-                        f"joined at once), got {start_timeout_s:g}")
+    if start_timeout_s is not None:
+        problems.append(f"ray_init.start_timeout_s: expected null when ray_init.address is set (it bounds the start "
+                        f"of a local Ray; a running cluster is joined at once), got {start_timeout_s:g}")
 
 
 def _heartbeats_fit_in_their_timeout(values: _Values, problems: list[str]) -> None:

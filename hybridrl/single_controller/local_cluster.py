@@ -92,15 +92,20 @@ class ClusterStartError(RuntimeError):
     """The local cluster did not start: the message says why (the head's own output included)."""
 
 
+# How long a start may take when ray_init.start_timeout_s is null: a lone start takes seconds, one under heavy load
+# (a test suite and another run beside it) has taken over a minute.
+DEFAULT_START_TIMEOUT_S = 120.0
+
+
 class LocalRayCluster:
     """`start()` returns the address to `ray.init`; `stop()` ends every process of the cluster."""
 
     def __init__(self, num_cpus: Optional[int], node_ip_address: Optional[str], *, include_dashboard: bool,
-                 start_timeout_s: float):
+                 start_timeout_s: Optional[float]):
         self.num_cpus = num_cpus
         self.host = "127.0.0.1" if node_ip_address is None else node_ip_address
         self.include_dashboard = include_dashboard
-        self.start_timeout_s = start_timeout_s
+        self.start_timeout_s = DEFAULT_START_TIMEOUT_S if start_timeout_s is None else start_timeout_s
         self.temp_dir = os.path.join(tempfile.gettempdir(), "hybridrl-ray")
         self.log_path = os.path.join(self.temp_dir, f"head_{os.getpid()}.log")
         self._head: Optional[subprocess.Popen] = None
