@@ -1,5 +1,6 @@
 """Shared fixtures: a real local Ray per test module and small real models; how modules share the xdist workers."""
 import faulthandler
+import json
 import os
 import sys
 import threading
@@ -77,6 +78,68 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("slow") is not None and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
+
+
+# The learning tests (slow tier) assert a margin on one run's learning curve. Their margins were measured by running
+# them over seeds: `pytest -m slow tests --learning-seeds 1-8 --learning-log margins.jsonl` runs each once per seed
+# and writes the numbers it asserts on, one JSON line a run, whether or not the run passes. Seed 1 is the config's
+# own default (trainer.seed, data.seed), so a plain run is the run the test always made.
+DEFAULT_SEED = 1
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("hybridrl", "hybridrl's learning tests")
+    group.addoption("--learning-seeds", default=str(DEFAULT_SEED), metavar="SEEDS",
+                    help="seeds each learning test runs with, as 1-8 or 1,3,5 (default: %(default)s)")
+    group.addoption("--learning-log", default=None, metavar="PATH",
+                    help="append each learning run's measured numbers to PATH as a JSON line")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'1-8' -> [1, ..., 8]; '1,3,5' -> [1, 3, 5]; anything else is refused with what was expected."""
+    seeds = []
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            raise pytest.UsageError(f"--learning-seeds {text!r}: expected seeds as 1-8 or 1,3,5")
+        seeds.extend(range(int(first), int(last or first) + 1))
+    return seeds
+
+
+def pytest_generate_tests(metafunc):
+    if "learning_seed" in metafunc.fixturenames:
+        seeds = parse_seeds(metafunc.config.getoption("learning_seeds"))
+        metafunc.parametrize("learning_seed", seeds, ids=[f"seed{seed}" for seed in seeds])
+
+
+@pytest.fixture
+def seed_overrides(learning_seed) -> list[str]:
+    """The overrides that make a run use this seed for training and data order; none at the default seed."""
+    if learning_seed == DEFAULT_SEED:
+        return []
+    return [f"trainer.seed={learning_seed}", f"data.seed={learning_seed}"]
+
+
+@pytest.fixture
+def learning_log(request, learning_seed):
+    """`learning_log(first=..., last=...)`: prints the numbers a learning test asserts on and appends them to
+    --learning-log's file. Tests call it before asserting, so a seed that fails is measured too."""
+    def log(**numbers):
+        line = json.dumps({"test": request.node.originalname, "seed": learning_seed, **numbers})
+        print("learning:", line)
+        path = request.config.getoption("learning_log")
+        if path:
+            with open(path, "a") as f:
+                f.write(line + "\n")
+    return log
+
+
+@pytest.fixture(scope="session")
+def builtin_cache(tmp_path_factory) -> str:
+    """One HYBRIDRL_CACHE_DIR for the test session's runs of the built-in tasks (per xdist worker): the first run
+    builds the data, the tiny model and the SFT warm start, every later run and seed reuses them. A cache named in
+    the environment is used instead."""
+    return os.environ.get("HYBRIDRL_CACHE_DIR") or str(tmp_path_factory.mktemp("builtin_cache"))
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: a run without xdist installed has none

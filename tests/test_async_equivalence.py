@@ -22,15 +22,16 @@ MODE_MARGIN = 0.48
 
 
 @pytest.mark.slow
-def test_sync_and_async_rollout_learn_alike_on_the_default_task(tmp_path):
-    cache_dir = tmp_path / "cache"
+def test_sync_and_async_rollout_learn_alike_on_the_default_task(tmp_path, builtin_cache, seed_overrides,
+                                                                  learning_log):
     summaries = {}
-    for mode, overrides in (("sync", []),
-                            ("async", ["actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
-                                       "actor_rollout_ref.rollout.agent.num_workers=2"])):
+    for mode, overrides in (("sync", seed_overrides),
+                            ("async", [*seed_overrides, "actor_rollout_ref.rollout.mode=async",
+                                       "data.return_raw_chat=true", "actor_rollout_ref.rollout.agent.num_workers=2"])):
         run_dir = tmp_path / mode
-        summaries[mode] = read_summary(run_default(cache_dir, run_dir, overrides, timeout_s=1500), run_dir)
-    print({mode: (s["val_score_before"], s["val_score_after"], s["wall_s"]) for mode, s in summaries.items()})
+        summaries[mode] = read_summary(run_default(builtin_cache, run_dir, overrides, timeout_s=1500), run_dir)
+    learning_log(**{f"{mode}_{end}": summary[f"val_score_{end}"] for mode, summary in summaries.items()
+                    for end in ("before", "after")})
     for mode, summary in summaries.items():
         assert summary["val_score_after"] - summary["val_score_before"] > MARGIN, (mode, summary)
     assert summaries["sync"]["val_score_before"] == summaries["async"]["val_score_before"]  # greedy, same weights

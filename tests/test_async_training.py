@@ -159,18 +159,20 @@ RISE = 0.2
 MODE_MARGIN = 0.15
 
 
-def learning_curve(toy_task, run_dir, mode, seed=1):
-    train(make_config(toy_task, str(run_dir), *LEARN, *LEARN_MODES[mode], f"trainer.seed={seed}"))
+def learning_curve(toy_task, run_dir, mode, seed_overrides):
+    train(make_config(toy_task, str(run_dir), *LEARN, *LEARN_MODES[mode], *seed_overrides))
     return [m["critic/score/mean"] for m in read_metrics(str(run_dir))]
 
 
 @pytest.mark.slow
-def test_async_schedules_learn_the_toy_task_like_the_synchronous_loop(ray_local, toy_task, tmp_path):
-    last = {}
-    for mode in LEARN_MODES:
-        scores = learning_curve(toy_task, tmp_path / mode, mode)
-        first, last[mode] = sum(scores[:4]) / 4, sum(scores[-4:]) / 4
-        print(mode, [round(score, 3) for score in scores])
-        assert last[mode] > first + RISE, (mode, scores)
+def test_async_schedules_learn_the_toy_task_like_the_synchronous_loop(ray_local, toy_task, tmp_path, seed_overrides,
+                                                                       learning_log):
+    curves = {mode: learning_curve(toy_task, tmp_path / mode, mode, seed_overrides) for mode in LEARN_MODES}
+    first = {mode: sum(scores[:4]) / 4 for mode, scores in curves.items()}
+    last = {mode: sum(scores[-4:]) / 4 for mode, scores in curves.items()}
+    learning_log(**{f"{mode}_{end}": round(ends[mode], 4) for mode in LEARN_MODES
+                    for end, ends in (("first", first), ("last", last))})
+    for mode, scores in curves.items():
+        assert last[mode] > first[mode] + RISE, (mode, scores)
     for mode in ("one_step_off", "fully_async"):
         assert abs(last[mode] - last["sync"]) < MODE_MARGIN, last

@@ -61,16 +61,17 @@ def read_summary(result: subprocess.CompletedProcess, run_dir) -> dict:
 
 
 @pytest.mark.slow
-def test_default_run_learns_then_reuses_its_cache(tmp_path):
+def test_default_run_learns_then_reuses_its_cache(tmp_path, seed_overrides, learning_log):
     cache_dir = tmp_path / "cache"
     first_run_dir, second_run_dir = tmp_path / "run1", tmp_path / "run2"
 
     started = time.monotonic()
-    first = run_default(cache_dir, first_run_dir, [], timeout_s=1500)
+    first = run_default(cache_dir, first_run_dir, seed_overrides, timeout_s=1500)
     first_run_s = time.monotonic() - started
     for stage, subdir in STAGES.items():
         assert f"[hybridrl] prepared {stage} in {cache_dir / subdir} (" in first.stdout
     summary = read_summary(first, first_run_dir)
+    learning_log(before=summary["val_score_before"], after=summary["val_score_after"])
     assert summary["steps"] == validate_config(compose_config()).trainer.total_training_steps
     assert summary["checkpoint_dir"] is None or os.path.isdir(summary["checkpoint_dir"])
     # the training's own clock, within the process's life: a duration, without a bound a loaded machine could break
@@ -81,7 +82,7 @@ def test_default_run_learns_then_reuses_its_cache(tmp_path):
     assert summary["val_score_after"] - summary["val_score_before"] > MARGIN, summary
 
     sft_files = file_times(cache_dir / STAGES["SFT warm start"])
-    second = run_default(cache_dir, second_run_dir, ["trainer.val_only=true"], timeout_s=600)
+    second = run_default(cache_dir, second_run_dir, [*seed_overrides, "trainer.val_only=true"], timeout_s=600)
     stage_lines = [line for line in second.stdout.splitlines() if line.startswith("[hybridrl]")]
     assert stage_lines == [f"[hybridrl] reusing {stage} in {cache_dir / subdir}" for stage, subdir in STAGES.items()]
     assert file_times(cache_dir / STAGES["SFT warm start"]) == sft_files

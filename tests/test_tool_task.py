@@ -20,19 +20,21 @@ VAL_KEY = "val-core/hybridrl/arithmetic_tool/reward/mean@1"
 
 
 @pytest.mark.slow
-def test_grpo_learns_to_use_the_calculator(tmp_path):
-    cache_dir = os.environ.get("HYBRIDRL_CACHE_DIR") or str(tmp_path / "cache")
+def test_grpo_learns_to_use_the_calculator(tmp_path, builtin_cache, seed_overrides, learning_log):
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "HYBRIDRL_CACHE_DIR": cache_dir}
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "HYBRIDRL_CACHE_DIR": builtin_cache}
     result = subprocess.run([sys.executable, "-m", "hybridrl.main_ppo", "--config-name", "tool_default",
-                             f"trainer.default_local_dir={run_dir}", "trainer.logger=[console,jsonl]"],
+                             f"trainer.default_local_dir={run_dir}", "trainer.logger=[console,jsonl]",
+                             *seed_overrides],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, f"exit code {result.returncode}; stderr ends:\n{result.stderr[-3000:]}"
     with open(run_dir / "metrics.jsonl") as f:
         steps = [json.loads(line) for line in f]
     scores = [step[VAL_KEY] for step in steps if VAL_KEY in step]
+    calls = [step["agent_loop/num_tool_calls/mean"] for step in steps if "agent_loop/num_tool_calls/mean" in step]
+    learning_log(before=scores[0], after=scores[-1], calls_first5=round(sum(calls[:5]), 3),
+                 calls_last5=round(sum(calls[-5:]), 3))
     assert scores[0] <= 0.05, scores  # greedy, the warm start answers directly, and wrongly
     assert scores[-1] - scores[0] >= MIN_GAIN, scores
-    calls = [step["agent_loop/num_tool_calls/mean"] for step in steps if "agent_loop/num_tool_calls/mean" in step]
     assert sum(calls[-5:]) >= 2.0 * sum(calls[:5]), calls
     assert all(step["agent_loop/num_failed"] == 0 for step in steps if "agent_loop/num_failed" in step)
