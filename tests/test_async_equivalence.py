@@ -4,21 +4,21 @@ against the ranks' HF engine servers, validation through the same path).
 
 The margins. Both runs must gain more than test_default_pipeline's MARGIN (0.25: 5.5 binomial sds of a
 difference of two accuracies on the 239 validation questions): a broken async path (no learning, stale
-weights, lost samples) fails there. Their final accuracies must also lie within MODE_MARGIN = 0.48 of each
-other. The two modes sample different tokens (async batches requests as they arrive, so the RNG streams
-differ), so their gap is the run-to-run noise of training, not of evaluation: the sync run's final accuracy
-has been 43.1 %, 71.1 % (seeds 1 and 2, here) and 57.7-68.6 % (seeds 1-3, test_default_pipeline, before the
-engine-lifecycle change), an sd of about 11.5 points, so a gap between two runs has an sd of about 16 points;
-0.48 is 3 of those (0.40, 2.5 sds, would fail a correct tree about once in 80 CI runs). Measured on the shared
-2-core CI machine type, 2026-11-27:
-    seed 1 (default): sync 0.0 % -> 43.1 %, async 0.0 % -> 57.7 % (gap +14.6 points)
-    seed 2:           sync 0.0 % -> 71.1 %, async 0.0 % -> 51.9 % (gap -19.2 points)
+weights, lost samples) fails there. Their final accuracies must also lie within MODE_MARGIN of each other. The two
+modes sample different tokens (async batches requests as they arrive, so the RNG streams differ), so their gap is
+the run-to-run noise of training, not of evaluation. Measured over seeds 1-8 (`--learning-seeds 1-8`, conftest) on
+the 2-core machine, 2026-11-28, greedy validation accuracy before -> after 30 steps:
+    sync   0.0 % -> 60.3, 70.3, 59.8, 68.2, 60.7, 61.5, 61.9, 71.1 % (gain 59.8-71.1 points)
+    async  0.0 % -> 60.7, 65.7, 71.5, 69.0, 66.1, 56.5, 54.8, 66.5 % (gain 54.8-71.5 points)
+    gap (async - sync): +0.4, -4.6, +11.7, +0.8, +5.4, -5.0, -7.1, -4.6 points (mean -0.4, sd 6.0)
+The smallest gain is 2.2x MARGIN; MODE_MARGIN = 0.25 is 4 sds of the gap and twice the largest gap seen (it was 0.48
+when the test was written on two seeds, whose gaps were +14.6 and -19.2 points on the tree of 2026-11-27).
 """
 import pytest
 
 from tests.test_default_pipeline import MARGIN, read_summary, run_default
 
-MODE_MARGIN = 0.48
+MODE_MARGIN = 0.25
 
 
 @pytest.mark.slow

@@ -14,11 +14,12 @@ How MARGIN was chosen. Validation has N = 239 questions (400 generated, the 161 
 train dropped). An accuracy on N questions has a binomial sd of at most sqrt(0.25 / N) = 0.032, so a
 difference of two of them at most sqrt(2 * 0.25 / N) = 0.046 (as if independent; the same questions
 scored twice only lowers it). Five of those sds are 0.229: MARGIN = 0.25 is 5.5 sd, beyond what chance
-explains. Measured with this configuration on the 2-core CI machine type (2026-11-26), for GRPO seeds
-(trainer.seed = data.seed) 1, 2, 3: 0.0% -> 68.6%, 68.6%, 57.7%; with trainer.n_gpus_per_node=1 (one
-rank, as on one GPU) 0.0% -> 60.3%, 65.3%, 75.7%; the smallest gain, +57.7 points, is 2.3x MARGIN, so
-the test fails when learning breaks, not by bad luck. The score before training (0.0%) is the same in
-every run: the warm start is deterministic and validation is greedy.
+explains. Measured with this configuration on the 2-core machine over seeds 1-8 (trainer.seed = data.seed,
+`--learning-seeds 1-8`; the sync runs of test_async_equivalence, which are this command), 2026-11-28: 0.0% ->
+60.3%, 70.3%, 59.8%, 68.2%, 60.7%, 61.5%, 61.9%, 71.1% (earlier, 2026-11-26: seeds 1-3 68.6%, 68.6%, 57.7%; one
+rank 60.3%, 65.3%, 75.7%); the smallest gain of all, +57.7 points, is 2.3x MARGIN, so the test fails when learning
+breaks, not by bad luck. The score before training (0.0%) is the same in every run: the warm start is deterministic
+and validation is greedy.
 """
 import json
 import math

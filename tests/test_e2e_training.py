@@ -197,7 +197,9 @@ def test_user_estimator_and_policy_loss_selected_from_config(ray_local, toy_task
     assert_weights_changed(before, after)
 
 
-# MEASURE: GRPO_RISE's seeds
+# The rise of the mean score from steps 1-4 to steps 17-20, measured over seeds 1-8 (`--learning-seeds 1-8`, conftest)
+# on the 2-core machine, 2026-11-28: 0.516-0.575 (mean 0.543, sd 0.017), from 0.067-0.088. A run that does not learn
+# stays within about 0.02 of its start and a flipped sign falls; GRPO_RISE is under 0.4x the smallest rise seen.
 GRPO_RISE = 0.2
 
 

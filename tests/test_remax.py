@@ -70,8 +70,12 @@ def test_remax_baseline_is_the_greedy_score_and_advantages_are_score_minus_basel
     assert float((scores - batch["reward_baselines"]).abs().max()) > 0.01  # the baseline is not the score itself
 
 
-# MEASURE: RISE's seeds (0.07 -> 0.80 when written)
-RISE = 0.4
+# The rise of the mean score from steps 1-4 to steps 27-30, measured over seeds 1-8 (`--learning-seeds 1-8`, conftest)
+# on the 2-core machine, 2026-11-28: 0.728, 0.285, 0.595, 0.241, 0.489, 0.347, 0.291, 0.656 (mean 0.454, sd 0.177),
+# from 0.064-0.091. ReMax learns the toy task more unevenly than GRPO (one greedy baseline per prompt, 4 samples). The
+# bar was 0.4 when the test was written on seed 1 alone; 4 of the 8 seeds are below it. RISE is half the smallest rise
+# seen: a run that does not learn stays within about 0.02 of its start, and a wrong sign makes the score fall.
+RISE = 0.12
 
 
 @pytest.mark.slow
