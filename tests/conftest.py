@@ -1,5 +1,6 @@
 """Shared fixtures: a real local Ray per test module and small real models; how modules share the xdist workers."""
 import faulthandler
+import functools
 import json
 import os
 import sys
@@ -82,15 +83,24 @@ def pytest_collection_modifyitems(items):
 
 # The learning tests (slow tier) assert a margin on one run's learning curve. Their margins were measured by running
 # them over seeds: `pytest -m slow tests --learning-seeds 1-8 --learning-log margins.jsonl` runs each once per seed
-# and writes the numbers it asserts on, one JSON line a run, whether or not the run passes. Seed 1 is the config's
-# own default (trainer.seed, data.seed), so a plain run is the run the test always made.
-DEFAULT_SEED = 1
+# and writes the numbers it asserts on, one JSON line a run, whether or not the run passes. Without the option a test
+# runs at the config's own seed (trainer.seed, data.seed), with no override: the run the test always made.
+@functools.cache
+def config_seed() -> int:
+    """The seed the composed default config trains with; trainer.seed and data.seed share it."""
+    from hybridrl.config import compose_config
+
+    config = compose_config()
+    if config.trainer.seed != config.data.seed:
+        raise pytest.UsageError(f"trainer.seed {config.trainer.seed} != data.seed {config.data.seed}: the learning "
+                                "tests' seeds set both")
+    return config.trainer.seed
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("hybridrl", "hybridrl's learning tests")
-    group.addoption("--learning-seeds", default=str(DEFAULT_SEED), metavar="SEEDS",
-                    help="seeds each learning test runs with, as 1-8 or 1,3,5 (default: %(default)s)")
+    group.addoption("--learning-seeds", default=None, metavar="SEEDS",
+                    help="seeds each learning test runs with, as 1-8 or 1,3,5 (default: the config's own seed)")
     group.addoption("--learning-log", default=None, metavar="PATH",
                     help="append each learning run's measured numbers to PATH as a JSON line")
 
@@ -108,14 +118,15 @@ def parse_seeds(text: str) -> list[int]:
 
 def pytest_generate_tests(metafunc):
     if "learning_seed" in metafunc.fixturenames:
-        seeds = parse_seeds(metafunc.config.getoption("learning_seeds"))
+        text = metafunc.config.getoption("learning_seeds")
+        seeds = parse_seeds(text) if text else [config_seed()]
         metafunc.parametrize("learning_seed", seeds, ids=[f"seed{seed}" for seed in seeds])
 
 
 @pytest.fixture
 def seed_overrides(learning_seed) -> list[str]:
     """The overrides that make a run use this seed for training and data order; none at the default seed."""
-    if learning_seed == DEFAULT_SEED:
+    if learning_seed == config_seed():
         return []
     return [f"trainer.seed={learning_seed}", f"data.seed={learning_seed}"]
 

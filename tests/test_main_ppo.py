@@ -35,6 +35,14 @@ def test_cfg_job_prints_the_composed_config_and_starts_nothing(tmp_path):
     assert os.listdir(tmp_path) == []  # no Hydra run directory: the job itself never ran
 
 
+def test_the_entry_point_imports_no_torch_before_a_run_starts():
+    """--cfg job and config errors answer in about a second: torch (and Ray) load only once a run starts."""
+    probe = "import sys, hybridrl.main_ppo; print(sorted({'torch', 'ray', 'transformers'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": REPO_ROOT})
+    assert (result.returncode, result.stdout) == (0, "[]\n"), result.stderr
+
+
 @pytest.mark.parametrize("flag", ["--config-path", "--config-dir"])
 def test_user_yaml_extends_ours(tmp_path, flag):
     user_dir = tmp_path / "my_configs"
