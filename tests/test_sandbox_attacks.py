@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,24 @@ MARK = "hybridrl-attack"  # every file an attack plants carries it in its name
 HOST_TEMP = sorted({tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm"})
 
 
+def searchable(folder: str, read_only_inside: set[str]) -> bool:
+    """Whether the trace descends into `folder`. Not into the interpreter's folders, bound read-only inside. On a root
+    host the code is uid 65534 with no groups and no capabilities (asserted below), which can make entries only in
+    folders it owns or that everybody may write: the suite's own root-only folders (pytest's, Ray's, a clone's: tens
+    of thousands of files, 2 s a walk) are skipped, the sandbox's work folders and an attack's named ones never.
+    Elsewhere the code runs as the caller and every folder is searched."""
+    if folder in read_only_inside:
+        return False
+    name = os.path.basename(folder)
+    if not ROOT_HOST or MARK in name or name.startswith("hybridrl-sandbox-"):
+        return True
+    try:
+        status = os.lstat(folder)
+    except OSError:  # gone meanwhile
+        return False
+    return status.st_uid == CODE_HOST_UID or bool(status.st_mode & stat.S_IWOTH)
+
+
 def host_trace() -> dict:
     """What a call could leave on the host: files in its temp folders that the code's host uid owns or an
     attack named, the sandbox's processes (and any process of that uid), its cgroups."""
@@ -44,7 +63,7 @@ def host_trace() -> dict:
     read_only_inside = set(interpreter_paths())  # bound read-only: nothing can be planted there (a venv is big)
     for top in HOST_TEMP:
         for folder, subfolders, names in os.walk(top):
-            subfolders[:] = [name for name in subfolders if os.path.join(folder, name) not in read_only_inside]
+            subfolders[:] = [name for name in subfolders if searchable(os.path.join(folder, name), read_only_inside)]
             for name in names + subfolders:
                 path = os.path.join(folder, name)
                 try:
@@ -354,6 +373,7 @@ def host_listeners(tmp_path):
 
 CONNECT_TO_HOST = """
 import socket
+import stat
 def attempt(name, make, address):
     try:
         sock = make()
