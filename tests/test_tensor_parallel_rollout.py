@@ -1,5 +1,6 @@
-"""One engine per tensor-parallel group, driven by every rank of the group (rollout/tensor_parallel.py), on 4 gloo
-ranks in 2 groups of 2. The engine is a recording stand-in (SGLang and CUDA IPC cannot run here); what is real is the
+"""One engine per tensor-parallel group, driven by every rank of the group (rollout/tensor_parallel.py), on 6 gloo
+ranks in 3 groups of 2: one that runs as it should, one whose engine fails on the leader, one with a GPU short of
+room, started together (one spawn), so each fault is also shown to stay within its group. The engine is a recording stand-in (SGLang and CUDA IPC cannot run here); what is real is the
 choreography the trainer depends on: which rank builds the engine and with which GPUs, every rank's prompts
 generated in one engine call and each rank's rows coming back to it, one payload per TP rank per weight bucket in
 TP order with identical bucket boundaries, the leader's error reaching every rank of its group (never a rank left
@@ -18,7 +19,11 @@ from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.engine_io import EngineMemoryError
 from hybridrl.workers.rollout.tensor_parallel import EngineGroupError, TensorParallelRollout
 
-WORLD, TP = 4, 2
+WORLD, TP = 6, 2
+# The fault each rank is started with (an environment variable the stand-ins below read); group 0 has none.
+FAULTS = {2: "FAIL_RESUME", 3: "FAIL_RESUME", 5: "SHORT_GPU"}  # group 1: its engine; group 2: TP rank 1's GPU
+# rank r sends r + 1 prompts [10r, 10r + 1, ...]; the engine answers prompt + 100
+ALL_RESPONSES = [[10 * rank + 100 + i for i in range(rank + 1)] for rank in range(WORLD)]
 
 
 class RecordingEngine:
@@ -78,15 +83,15 @@ class CPURollout(TensorParallelRollout):
         return {"rank": dist.get_rank(), "names": metadata, "sum": float(flat.sum())}
 
     def device_memory(self):
-        """80 GiB GPUs with 40 free; rank 3's has 8 bytes free when SHORT_GPU is set."""
-        free = 8 if os.environ.get("SHORT_GPU") and dist.get_rank() == 3 else 40 << 30
+        """80 GiB GPUs with 40 free; 8 bytes free on a rank started with SHORT_GPU."""
+        free = 8 if os.environ.get("SHORT_GPU") else 40 << 30
         return free, 80 << 30, 30 << 30
 
 
-def _rank_main(rank: int, work_dir: str, fault: str | None) -> None:
+def _rank_main(rank: int, work_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{work_dir}/pg", rank=rank, world_size=WORLD)
-    if fault:
-        os.environ[fault] = "1"
+    if rank in FAULTS:
+        os.environ[FAULTS[rank]] = "1"
     config = types.SimpleNamespace(tensor_model_parallel_size=TP, free_cache_engine=True, gpu_memory_utilization=0.5)
     rollout = CPURollout(config, RecordingEngine)
     report = {"rank": rank, "leader": rollout.tp.is_leader}
@@ -109,30 +114,30 @@ def _rank_main(rank: int, work_dir: str, fault: str | None) -> None:
     dist.destroy_process_group()
 
 
-def run_ranks(tmp_path, fault=None) -> list[dict]:
-    mp.spawn(_rank_main, args=(str(tmp_path), fault), nprocs=WORLD, join=True)
-    return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
-
-
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    return run_ranks(tmp_path_factory.mktemp("tp"))
+def reports(tmp_path_factory) -> list[dict]:
+    """What each rank saw, in rank order."""
+    work_dir = tmp_path_factory.mktemp("tp")
+    mp.spawn(_rank_main, args=(str(work_dir),), nprocs=WORLD, join=True)
+    return [json.loads((work_dir / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
 
 
 def test_the_first_rank_of_each_group_owns_the_engine_on_the_groups_devices(reports):
-    assert [report["leader"] for report in reports] == [True, False, True, False]
-    assert reports[0]["gpu_ids"] == ["0", "1"] and reports[2]["gpu_ids"] == ["0", "1"]  # CPU: group ranks stand in
+    assert [report["leader"] for report in reports] == [True, False] * 3
+    assert [reports[leader]["gpu_ids"] for leader in (0, 2, 4)] == [["0", "1"]] * 3  # CPU: group ranks stand in
+    assert all("gpu_ids" not in reports[rank] for rank in (1, 3, 5))
 
 
 def test_each_group_generates_its_ranks_prompts_in_one_call_and_returns_each_rank_its_rows(reports):
-    # rank r sends r + 1 prompts [10r, 10r + 1, ...]; the engine answers prompt + 100
-    assert [report["responses"] for report in reports] == [[100], [110, 111], [120, 121, 122], [130, 131, 132, 133]]
+    """Every group, the two with a fault included: a failed resume leaves the group answering later collectives."""
+    assert [report["responses"] for report in reports] == ALL_RESPONSES
     assert ["generate", 3] in reports[0]["calls"] and ["generate", 7] in reports[2]["calls"]
+    assert ["generate", 11] in reports[4]["calls"]
     assert all(report["metrics"] == {"timing_s/engine_generate": 1.5} for report in reports)
 
 
 def test_each_bucket_reaches_the_engine_as_one_payload_per_tp_rank_in_tp_order(reports):
-    for leader in (0, 2):
+    for leader in (0, 2):  # group 2 was refused its resume before any weights moved
         payloads = reports[leader]["payloads"]
         assert [[p["names"] for p in bucket] for bucket in payloads] == [[["w0", "w1"]] * 2, [["w2", "w3"]] * 2,
                                                                           [["w4"]] * 2]
@@ -142,23 +147,20 @@ def test_each_bucket_reaches_the_engine_as_one_payload_per_tp_rank_in_tp_order(r
                                    ["release", ["kv_cache", "weights"]]]
 
 
-def test_an_engine_failure_on_the_leader_fails_every_rank_of_its_group(tmp_path):
-    reports = run_ranks(tmp_path, fault="FAIL_RESUME")
-    assert reports[0]["resume_error"] == "RuntimeError: engine process scheduler_1 (pid 4242) died with exit code -9"
-    assert reports[1]["resume_error"].startswith("EngineGroupError: the rollout engine of ranks 0..1 failed on rank 0: "
-                                                 "RuntimeError: engine process scheduler_1 (pid 4242) died")
-    assert reports[3]["resume_error"].startswith("EngineGroupError: the rollout engine of ranks 2..3 failed on rank 2")
-    # the group goes on answering collectives afterwards: the later generate still works on every rank
-    assert [report["responses"] for report in reports] == [[100], [110, 111], [120, 121, 122], [130, 131, 132, 133]]
+def test_an_engine_failure_on_the_leader_fails_every_rank_of_its_group(reports):
+    assert reports[2]["resume_error"] == "RuntimeError: engine process scheduler_1 (pid 4242) died with exit code -9"
+    assert reports[3]["resume_error"] == ("EngineGroupError: the rollout engine of ranks 2..3 failed on rank 2: "
+                                          "RuntimeError: engine process scheduler_1 (pid 4242) died with exit code -9")
+    assert "resume_error" not in reports[0] and "resume_error" not in reports[1]  # the other groups' engines resume
+    assert reports[2]["calls"][:2] == [["resume", ["weights"]], ["resume", ["kv_cache"]]]
 
 
-def test_a_resume_that_does_not_fit_one_gpu_of_the_group_is_refused_on_every_rank_of_that_group(tmp_path):
-    reports = run_ranks(tmp_path, fault="SHORT_GPU")
-    assert "resume_error" not in reports[0] and "resume_error" not in reports[1]  # the other group resumes
-    for rank in (2, 3):  # the need is the leader engine's number, checked against rank 3's GPU on both ranks
+def test_a_resume_that_does_not_fit_one_gpu_of_the_group_is_refused_on_every_rank_of_that_group(reports):
+    for rank in (4, 5):  # the need is the leader engine's number, checked against rank 5's GPU on both ranks
         assert reports[rank]["resume_error"].startswith(
             "EngineMemoryError: rollout mode: resuming the tensor-parallel sglang engine's ['weights'] needs 3.00 GiB "
             "on TP rank 1's GPU, but only 0.00 GiB of 80.00 GiB are free after the trainer returned its cached memory "
             "(the trainer holds 30.00 GiB allocated). Make room: lower "
             "actor_rollout_ref.rollout.gpu_memory_utilization (now 0.5)")
-    assert ["resume", ["weights"]] not in reports[2]["calls"]  # refused before the engine was asked
+    assert ["resume", ["weights"]] not in reports[4]["calls"]  # refused before the engine was asked
+    assert reports[4]["payloads"] == []  # nor were any weights sent
