@@ -91,15 +91,24 @@ def _rank_main(rank: int, world_size: int, model_dir: str, micro_batch: int, wor
         dist.destroy_process_group()
 
 
+# The runs compared, started together as the processes of one spawn: (world size, rank, micro-batch size).
+RUNS = [(1, 0, 8), (2, 0, 1), (2, 1, 1)]
+
+
+def _process_main(index: int, model_dir: str, work_dir: str) -> None:
+    world_size, rank, micro_batch = RUNS[index]
+    _rank_main(rank, world_size, model_dir, micro_batch, work_dir)
+
+
 @pytest.fixture(scope="module")
 def gradients(tmp_path_factory):
-    """{world_size: {mode: gradients and metrics}} from 1 rank (one micro-batch of 8) and 2 ranks (micro 1)."""
+    """{world_size: {mode: gradients and metrics}} from 1 rank (one micro-batch of 8) and 2 ranks (micro 1), run at
+    the same time (each world has its own process group)."""
     work_dir = tmp_path_factory.mktemp("dp_invariance")
     texts = ["the cat sat on the mat", "one two three four five", "hello world again"]
     model_dir = build_tiny_model(str(work_dir / "model"), build_tokenizer(texts * 20, vocab_size=96),
                                  hidden_size=32, num_heads=4, num_kv_heads=2, intermediate_size=64)
-    for world_size, micro_batch in ((1, 8), (2, 1)):
-        mp.spawn(_rank_main, args=(world_size, model_dir, micro_batch, str(work_dir)), nprocs=world_size, join=True)
+    mp.spawn(_process_main, args=(model_dir, str(work_dir)), nprocs=len(RUNS), join=True)
     return {world_size: torch.load(work_dir / f"world{world_size}.pt") for world_size in (1, 2)}
 
 
