@@ -13,6 +13,7 @@ REPO_ROOT = os.path.dirname(TESTS_DIR)
 STALLING_MODULE = '''
 import time
 
+import pytest
 import ray
 
 
@@ -23,6 +24,7 @@ class NeverAnswers:
             time.sleep(1)
 
 
+@pytest.mark.timeout(5)  # it only waits: nothing in it has to finish in time
 def test_waits_forever_on_ray(ray_local):
     actor = NeverAnswers.remote()
     ray.get(actor.wait.remote())
@@ -36,16 +38,16 @@ def test_after_it_gets_a_ray_that_answers(ray_local):
 def test_a_hung_test_fails_alone_with_its_stack_and_the_next_gets_a_working_ray(tmp_path):
     shutil.copy(os.path.join(TESTS_DIR, "conftest.py"), tmp_path / "conftest.py")
     (tmp_path / "test_stalling.py").write_text(STALLING_MODULE)
-    # 15 s for the test's body; Ray's start (set-up) not counted. On an xdist worker, as the default tier runs. This
+    # 60 s for a test's body (the hung one says 5 s itself); Ray's start (set-up) not counted. On an xdist worker, as the default tier runs. This
     # run's own pytest options stay out of it.
     env = {key: value for key, value in os.environ.items() if key != "PYTEST_ADDOPTS"}
     env["PYTHONPATH"] = REPO_ROOT
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1",
-                             "-o", "timeout=15", "-o", "timeout_func_only=true", "-rA", str(tmp_path)],
+                             "-o", "timeout=60", "-o", "timeout_func_only=true", "-rA", str(tmp_path)],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
     out = result.stdout
     assert "FAILED test_stalling.py::test_waits_forever_on_ray" in out, out[-4000:]
-    assert 'test_stalling.py", line 16 in test_waits_forever_on_ray' in out  # the hung line's stack
+    assert 'test_stalling.py", line 18 in test_waits_forever_on_ray' in out  # the hung line's stack
     assert "PASSED test_stalling.py::test_after_it_gets_a_ray_that_answers" in out, out[-4000:]
     assert "conftest: test_stalling.py::test_waits_forever_on_ray passed its timeout waiting on Ray" in out
     assert "conftest: the module's Ray was shut down; starting it again" in out
