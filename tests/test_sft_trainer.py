@@ -1,6 +1,7 @@
 """main_sft / FSDPSFTTrainer on real gloo ranks: the loss falls, 1 rank == 2 ranks, the saved HF dir is the model."""
 import json
 import os
+import tempfile
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -80,7 +81,9 @@ def test_two_gloo_ranks_lower_the_loss_and_save_a_loadable_hf_dir(two_rank_run, 
 
 def test_one_rank_and_two_ranks_take_the_same_steps(two_rank_run, sft_inputs):
     root, model_dir = sft_inputs
+    before = launcher_leftovers()
     run_sft(sft_config(root, model_dir, "one_rank", ranks=1))
+    assert launcher_leftovers() - before == set()  # a launch that succeeds leaves nothing either
     one_rank = [row["train/loss"] for row in read_metrics(root / "one_rank")]
     two_ranks = [row["train/loss"] for row in two_rank_run[1]]
     # The same global batches (the sampler deals one permutation round robin) and a loss normalised by the
@@ -89,11 +92,20 @@ def test_one_rank_and_two_ranks_take_the_same_steps(two_rank_run, sft_inputs):
     assert one_rank == pytest.approx(two_ranks, rel=1e-3)
 
 
-def test_an_error_inside_a_rank_reaches_the_caller(sft_inputs):
+def launcher_leftovers() -> set[str]:
+    """What torch's launcher leaves in the temp folder when not told otherwise: its log folders and the failed ranks'
+    pickled tracebacks."""
+    return {name for name in os.listdir(tempfile.gettempdir())
+            if name.startswith(("torchelastic_", "pytorch-errorfile-", "hybridrl-sft-launch-"))}
+
+
+def test_an_error_inside_a_rank_reaches_the_caller_and_the_launch_leaves_nothing_behind(sft_inputs):
     root, model_dir = sft_inputs
     config = sft_config(root, model_dir, "too_long", ranks=2, **{"data.max_length": 8})
+    before = launcher_leftovers()
     with pytest.raises(ChildFailedError, match=r"train\.parquet row 0: \d+ tokens, longer than data\.max_length=8"):
         run_sft(config)
+    assert launcher_leftovers() - before == set()
 
 
 def test_config_problems_are_reported_before_any_rank_starts(sft_inputs, tmp_path):

@@ -14,7 +14,10 @@ is how to use several nodes.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
 import uuid
 from dataclasses import dataclass
 from collections.abc import Mapping
@@ -175,12 +178,30 @@ def run_sft(config: SFTConfig) -> str:
     if config.trainer.nnodes != 1:
         raise ConfigError([f"trainer.nnodes: expected 1 when main_sft starts the ranks itself, got "
                            f"{config.trainer.nnodes}; for several nodes start it with torchrun on each node"])
-    launch = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=config.trainer.n_gpus_per_node,
-        run_id=f"hybridrl-sft-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d", rdzv_endpoint="localhost:0",
-        max_restarts=0, monitor_interval=0.2, start_method="spawn")
-    results = elastic_launch(launch, run_sft_rank)(config)
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    with launcher_scratch_dir() as scratch:
+        launch = LaunchConfig(
+            min_nodes=1, max_nodes=1, nproc_per_node=config.trainer.n_gpus_per_node,
+            run_id=f"hybridrl-sft-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d", rdzv_endpoint="localhost:0",
+            max_restarts=0, monitor_interval=0.2, start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=scratch))
+        results = elastic_launch(launch, run_sft_rank)(config)
     return results[0]
+
+
+@contextlib.contextmanager
+def launcher_scratch_dir():
+    """A folder for what torch's launcher writes and never removes: its log folder (a new /tmp/torchelastic_* a
+    launch otherwise) and each failed rank's pickled traceback (/tmp/pytorch-errorfile-*.pickle, made in this
+    process's temp folder). Removed after the launch: a rank's error is in the raised ChildFailedError by then."""
+    scratch = tempfile.mkdtemp(prefix="hybridrl-sft-launch-")
+    temp_folder = tempfile.tempdir
+    tempfile.tempdir = scratch  # read by torch.multiprocessing.start_processes for the traceback files
+    try:
+        yield scratch
+    finally:
+        tempfile.tempdir = temp_folder
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @hydra.main(config_path="../config", config_name="sft_trainer", version_base=None)
