@@ -194,14 +194,15 @@ def _left_idle() -> bool:
     deadline = time.monotonic() + RAY_IDLE_WAIT_S
     while time.monotonic() < deadline:
         try:
-            cpus_free = ray.available_resources().get("CPU", 0) == ray.cluster_resources().get("CPU")
-            if cpus_free and not ray.util.list_named_actors(all_namespaces=True):
+            cpus_held = ray.cluster_resources().get("CPU", 0) - ray.available_resources().get("CPU", 0)
+            named = ray.util.list_named_actors(all_namespaces=True)
+            if not cpus_held and not named:
                 return True
         except Exception:  # a Ray that died: start a new one
             return False
         time.sleep(0.2)
-    print(f"conftest: the previous module's Ray still held CPUs or named actors after {RAY_IDLE_WAIT_S} s; "
-          "starting a new one", file=sys.stderr)
+    print(f"conftest: the previous module's Ray still held {cpus_held} CPUs and named actors {named} after "
+          f"{RAY_IDLE_WAIT_S} s; starting a new one", file=sys.stderr)
     return False
 
 

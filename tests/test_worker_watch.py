@@ -120,13 +120,25 @@ def test_a_rank_that_raises_fails_the_call_at_once_while_another_still_runs(pool
     """Rank 0 runs until the test releases it, after the call has failed: so the failure did not wait for rank 0,
     shown without timing anything (rank 0 gives up only after 120 s, and says so)."""
     release = tmp_path / "release"
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(SleepyWorker), watch=WATCH)
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(SleepyWorker), name_prefix="raising", watch=WATCH)
     try:
         with pytest.raises(ZeroDivisionError, match="rank 1 cannot go on"):
             group.rank_1_raises_rank_0_waits(str(release))
     finally:
         release.touch()
     assert not os.path.exists(f"{release}.gave_up"), "the call waited for rank 0"
+    # Freeing the pool ends the group's heartbeat monitor with its ranks, while the driver still holds the group
+    # (it used to live on until the group object was collected, and so held the next test module's Ray).
+    assert sorted(actor_names()) == ["raising_0", "raising_1", "raising_heartbeat"]
+    pool.remove()
+    deadline = time.monotonic() + 60  # a bound for a loaded machine: Ray kills the actors asynchronously
+    while actor_names() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert actor_names() == [] and group is not None
+
+
+def actor_names() -> list[str]:
+    return [actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)]
 
 
 def test_ranks_that_do_not_start_in_time_fail_naming_them(pool):

@@ -263,12 +263,16 @@ def _forward_to_role(role: str, name: str, registration: Registration | None) ->
 
 def _create_workers(pool: RayResourcePool, ray_cls_with_init: RayClassWithInitArgs, name_prefix: str,
                     watch: WorkerWatch | None) -> tuple[list, Any]:
-    """The group's actors, one per bundle, and its heartbeat monitor (None without a watch)."""
+    """The group's actors, one per bundle, and its heartbeat monitor (None without a watch). The monitor runs in
+    rank 0's bundle (it takes no CPU), so that freeing the pool ends it with the ranks: elsewhere it outlived them for
+    as long as the driver held the group object."""
     groups = pool.placement_groups()
     master_addr, master_port = _pick_rendezvous(groups[0])
     monitor, heartbeat_env = None, {}
     if watch is not None:
-        monitor = HeartbeatMonitor.options(name=f"{name_prefix}_heartbeat").remote()
+        monitor = HeartbeatMonitor.options(
+            name=f"{name_prefix}_heartbeat",
+            scheduling_strategy=PlacementGroupSchedulingStrategy(groups[0], placement_group_bundle_index=0)).remote()
         heartbeat_env = {MONITOR_ENV: f"{name_prefix}_heartbeat", INTERVAL_ENV: str(watch.heartbeat_interval)}
     remote_cls = ray.remote(ray_cls_with_init.cls)
     share = 1 / pool.max_colocate_count
