@@ -174,7 +174,7 @@ def sft(model, tokenizer, conversations: list[list[dict]], steps: int, batch_siz
         optimizer.step()
         schedule.step()
         if step % log_every == 0 or step == steps - 1:
-            loss_value = float(loss)
+            loss_value = loss.item()
             print(f"[hybridrl] tool task SFT step {step}: loss {loss_value:.4f}", flush=True)
     model.eval()
     return loss_value
