@@ -118,7 +118,8 @@ def test_ray_workers_run_nccl_with_sglangs_buffer_kind_unless_the_user_says_othe
 
 def driver_env(marker: str = "") -> dict:
     """The environment of a driver: this tree first on the path, and a marker every process it starts inherits."""
-    return {**os.environ, "PYTHONPATH": REPO_ROOT, "HYBRIDRL_TEST_RUN": marker}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])),
+            "HYBRIDRL_TEST_RUN": marker}
 
 
 def processes_marked(marker: str) -> list[psutil.Process]:
