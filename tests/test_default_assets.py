@@ -19,8 +19,9 @@ from hybridrl.defaults.assets import (MARKER_FILE, DefaultRecipe, default_paths,
 SMALL = DefaultRecipe(
     train_size=120, test_size=40, vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
     intermediate_size=64,
+    # one SFT rank: what is tested here is the preparation around the launch (tests/test_sft_trainer.py launches 2)
     sft_overrides={"trainer.total_training_steps": 6, "trainer.total_epochs": 1, "data.train_batch_size": 16,
-                   "data.micro_batch_size_per_gpu": 8, "trainer.device": "cpu"})
+                   "data.micro_batch_size_per_gpu": 8, "trainer.device": "cpu", "trainer.n_gpus_per_node": 1})
 
 
 def prepare(cache_dir, recipe=SMALL, with_model=True):
