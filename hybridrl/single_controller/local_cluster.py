@@ -24,7 +24,9 @@ own `ray start --head --block` instead, and the driver connects to it:
   Ray ran, which tests/conftest.py now fails. Measured on 2 cores beside other test suites (load average 7 to 34),
   6 rounds: two heads started together were both up within 0.96x to 1.86x a lone start (19 to 51 s), 5 rounds within
   1.5x, and all 18 starts came up; the code with the lock, which started a head once, lost 6 of 18 to Ray's 30 s
-  wait (next point).
+  wait (next point). On 16 idle cores two heads were up within 0.91x to 1.40x a lone start in 8 of 8 rounds; on 2
+  cores a lone start alone keeps 63-68 % of both busy, so two there take 1.3x to 1.9x
+  (benchmarks/side_by_side_start.py).
 - Ray's dashboard is off unless ``ray_init.include_dashboard`` (then on a free port of 127.0.0.1, printed): without
   its modules a start takes about a quarter less CPU (10 against 13 CPU-seconds, 2 cores), which two heads share.
 - A loaded machine starts Ray slowly, and Ray gives its raylet a fixed 30 s to register ("The current node timed out
