@@ -373,7 +373,6 @@ def host_listeners(tmp_path):
 
 CONNECT_TO_HOST = """
 import socket
-import stat
 def attempt(name, make, address):
     try:
         sock = make()

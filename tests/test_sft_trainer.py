@@ -79,11 +79,10 @@ def test_two_gloo_ranks_lower_the_loss_and_save_a_loadable_hf_dir(two_rank_run, 
     assert metrics[-1]["val/loss"] < metrics[0]["train/loss"]
 
 
-def test_one_rank_and_two_ranks_take_the_same_steps(two_rank_run, sft_inputs):
+def test_one_rank_and_two_ranks_take_the_same_steps(two_rank_run, sft_inputs, temp_folder):
     root, model_dir = sft_inputs
-    before = launcher_leftovers()
     run_sft(sft_config(root, model_dir, "one_rank", ranks=1))
-    assert launcher_leftovers() - before == set()  # a launch that succeeds leaves nothing either
+    assert os.listdir(temp_folder) == []  # a launch that succeeds leaves nothing either
     one_rank = [row["train/loss"] for row in read_metrics(root / "one_rank")]
     two_ranks = [row["train/loss"] for row in two_rank_run[1]]
     # The same global batches (the sampler deals one permutation round robin) and a loss normalised by the
@@ -92,20 +91,22 @@ def test_one_rank_and_two_ranks_take_the_same_steps(two_rank_run, sft_inputs):
     assert one_rank == pytest.approx(two_ranks, rel=1e-3)
 
 
-def launcher_leftovers() -> set[str]:
-    """What torch's launcher leaves in the temp folder when not told otherwise: its log folders and the failed ranks'
-    pickled tracebacks."""
-    return {name for name in os.listdir(tempfile.gettempdir())
-            if name.startswith(("torchelastic_", "pytorch-errorfile-", "hybridrl-sft-launch-"))}
+@pytest.fixture
+def temp_folder(tmp_path, monkeypatch):
+    """This process's temp folder, of this test alone: what a launch leaves in it (torch's launcher, left to itself:
+    a torchelastic_* log folder, the failed ranks' pytorch-errorfile-*.pickle) is this launch's."""
+    folder = tmp_path / "temp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
 
 
-def test_an_error_inside_a_rank_reaches_the_caller_and_the_launch_leaves_nothing_behind(sft_inputs):
+def test_an_error_inside_a_rank_reaches_the_caller_and_the_launch_leaves_nothing_behind(sft_inputs, temp_folder):
     root, model_dir = sft_inputs
     config = sft_config(root, model_dir, "too_long", ranks=2, **{"data.max_length": 8})
-    before = launcher_leftovers()
     with pytest.raises(ChildFailedError, match=r"train\.parquet row 0: \d+ tokens, longer than data\.max_length=8"):
         run_sft(config)
-    assert launcher_leftovers() - before == set()
+    assert os.listdir(temp_folder) == []
 
 
 def test_config_problems_are_reported_before_any_rank_starts(sft_inputs, tmp_path):

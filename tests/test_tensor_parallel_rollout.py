@@ -1,6 +1,7 @@
 """One engine per tensor-parallel group, driven by every rank of the group (rollout/tensor_parallel.py), on 6 gloo
 ranks in 3 groups of 2: one that runs as it should, one whose engine fails on the leader, one with a GPU short of
-room, started together (one spawn), so each fault is also shown to stay within its group. The engine is a recording stand-in (SGLang and CUDA IPC cannot run here); what is real is the
+room, started together (one spawn), so each fault is also shown to stay within its group. The engine is a recording
+stand-in (SGLang and CUDA IPC cannot run here); what is real is the
 choreography the trainer depends on: which rank builds the engine and with which GPUs, every rank's prompts
 generated in one engine call and each rank's rows coming back to it, one payload per TP rank per weight bucket in
 TP order with identical bucket boundaries, the leader's error reaching every rank of its group (never a rank left

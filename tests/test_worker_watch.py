@@ -129,16 +129,18 @@ def test_a_rank_that_raises_fails_the_call_at_once_while_another_still_runs(pool
     assert not os.path.exists(f"{release}.gave_up"), "the call waited for rank 0"
     # Freeing the pool ends the group's heartbeat monitor with its ranks, while the driver still holds the group
     # (it used to live on until the group object was collected, and so held the next test module's Ray).
-    assert sorted(actor_names()) == ["raising_0", "raising_1", "raising_heartbeat"]
+    assert group_actors("raising") == ["raising_0", "raising_1", "raising_heartbeat"]
     pool.remove()
     deadline = time.monotonic() + 60  # a bound for a loaded machine: Ray kills the actors asynchronously
-    while actor_names() and time.monotonic() < deadline:
+    while group_actors("raising") and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert actor_names() == [] and group is not None
+    assert group_actors("raising") == [] and group is not None
 
 
-def actor_names() -> list[str]:
-    return [actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)]
+def group_actors(name_prefix: str) -> list[str]:
+    """The named actors of the group `name_prefix` (an earlier test's group may still be dying)."""
+    names = [actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)]
+    return sorted(name for name in names if name.startswith(f"{name_prefix}_"))
 
 
 def test_ranks_that_do_not_start_in_time_fail_naming_them(pool):
