@@ -1,16 +1,20 @@
 """Single controller on a real local Ray: dispatch modes, padding, async calls, colocated roles, gloo."""
+import errno
 import os
+import socket
 import sys
 
 import pytest
 import ray
 import torch
 import torch.distributed as dist
+from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
 
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller import Dispatch, Execute, Worker, register
 from hybridrl.single_controller.ray import (RayClassWithInitArgs, RayResourcePool, RayWorkerGroup,
                                             WorkerGroupFuture, create_colocated_worker_cls)
+from hybridrl.single_controller.rendezvous import NAMESPACE
 from hybridrl.utils.distributed import init_process_group_once
 
 # Ray workers cannot import this test module by name; ship its classes by value.
@@ -74,6 +78,10 @@ class ShardWorker(Worker):
         value = torch.tensor([float(self.rank + 1)])
         dist.all_reduce(value)
         return dist.get_backend(), value.item()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rendezvous_environment(self) -> tuple[str, int]:
+        return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
 
     def count_calls(self) -> int:  # not registered: reachable through execute_all_sync
         return self.rank_zero_calls
@@ -181,6 +189,27 @@ def test_rank_zero_modes_run_only_rank_zero(shard_group):
 
 def test_gloo_all_reduce_over_two_ranks(shard_group):
     assert shard_group.all_reduce_rank_plus_one() == [("gloo", 3.0), ("gloo", 3.0)]
+
+
+def test_rank_zero_holds_the_rendezvous_port_it_publishes(shard_group, shared_pool):
+    """Rank 0 listens on its port before it tells the other ranks, so nothing can take the port in between (a port
+    found free and bound later was taken by another connection once, and the group never met)."""
+    (address, port), other = shard_group.rendezvous_environment()
+    assert other == (address, port)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as intruder, pytest.raises(OSError) as taken:
+        intruder.bind((address, port))
+    assert taken.value.errno == errno.EADDRINUSE
+    published = _internal_kv_list(f"{shared_pool.pool_name}/", namespace=NAMESPACE)
+    assert [_internal_kv_get(key, namespace=NAMESPACE) for key in published].count(f"{address} {port}".encode()) == 1
+
+
+def test_removing_a_pool_forgets_its_groups_rendezvous(ray_local):
+    pool = RayResourcePool([1], use_gpu=False)
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(ShardWorker, scale=1))
+    assert group.add_rank([5]) == [5]  # rank 0 has published by the time it answers
+    assert len(_internal_kv_list(f"{pool.pool_name}/", namespace=NAMESPACE)) == 1
+    pool.remove()
+    assert _internal_kv_list(f"{pool.pool_name}/", namespace=NAMESPACE) == []
 
 
 # --------------------------------------------------------------------------------------------------

@@ -15,15 +15,15 @@ import uuid
 from typing import Any, Callable
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller.decorator import REGISTER_ATTRIBUTE, Registration, plan_call, registered_methods
 from hybridrl.single_controller.heartbeat import (INTERVAL_ENV, MONITOR_ENV, HeartbeatMonitor, WorkerWatch,
                                                   wait_for_ranks)
+from hybridrl.single_controller.rendezvous import KEY_ENV, forget_rendezvous
 from hybridrl.single_controller.worker import Worker
-from hybridrl.utils.distributed import get_node_ip_and_free_port
 
 PLACEMENT_GROUP_TIMEOUT_S = 120
 
@@ -45,6 +45,7 @@ class RayResourcePool:
         self.use_gpu = use_gpu
         self.name_prefix = name_prefix
         self.max_colocate_count = max_colocate_count
+        self.pool_name = f"{name_prefix}pool_{uuid.uuid4().hex[:8]}"  # its placement groups' and rendezvous' prefix
         self._placement_groups: list[PlacementGroup] | None = None
 
     @property
@@ -58,9 +59,8 @@ class RayResourcePool:
     def placement_groups(self) -> list[PlacementGroup]:
         if self._placement_groups is None:
             self._check_cluster_total()
-            pool_id = uuid.uuid4().hex[:8]
             groups = [placement_group([self.bundle] * count, strategy="STRICT_PACK",
-                                      name=f"{self.name_prefix}pool_{pool_id}_node{index}")
+                                      name=f"{self.pool_name}_node{index}")
                       for index, count in enumerate(self.process_on_nodes)]
             try:
                 ray.get([group.ready() for group in groups], timeout=PLACEMENT_GROUP_TIMEOUT_S)
@@ -74,9 +74,12 @@ class RayResourcePool:
         return self._placement_groups
 
     def remove(self) -> None:
-        """Free the placement groups; Ray kills the actors that run in them."""
-        for group in self._placement_groups or []:
+        """Free the placement groups (Ray kills the actors that run in them) and forget their groups' rendezvous."""
+        if self._placement_groups is None:
+            return
+        for group in self._placement_groups:
             remove_placement_group(group)
+        forget_rendezvous(f"{self.pool_name}/")
         self._placement_groups = None
 
     def _check_cluster_total(self) -> None:
@@ -267,7 +270,7 @@ def _create_workers(pool: RayResourcePool, ray_cls_with_init: RayClassWithInitAr
     rank 0's bundle (it takes no CPU), so that freeing the pool ends it with the ranks: elsewhere it outlived them for
     as long as the driver held the group object."""
     groups = pool.placement_groups()
-    master_addr, master_port = _pick_rendezvous(groups[0])
+    rendezvous_key = f"{pool.pool_name}/{name_prefix}/{uuid.uuid4().hex[:8]}"  # rank 0 publishes its address there
     monitor, heartbeat_env = None, {}
     if watch is not None:
         monitor = HeartbeatMonitor.options(
@@ -281,7 +284,7 @@ def _create_workers(pool: RayResourcePool, ray_cls_with_init: RayClassWithInitAr
         for local_rank in range(count):
             rank = len(workers)
             env_vars = {"RANK": str(rank), "WORLD_SIZE": str(pool.world_size), "LOCAL_RANK": str(local_rank),
-                        "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), **heartbeat_env}
+                        KEY_ENV: rendezvous_key, **heartbeat_env}
             options = {"num_cpus": share, "name": f"{name_prefix}_{rank}", "runtime_env": {"env_vars": env_vars},
                        "scheduling_strategy": PlacementGroupSchedulingStrategy(
                            group, placement_group_bundle_index=local_rank)}
@@ -289,15 +292,3 @@ def _create_workers(pool: RayResourcePool, ray_cls_with_init: RayClassWithInitAr
                 options["num_gpus"] = share
             workers.append(remote_cls.options(**options).remote(*ray_cls_with_init.args, **ray_cls_with_init.kwargs))
     return workers, monitor
-
-
-def _pick_rendezvous(rank_zero_group: PlacementGroup) -> tuple[str, int]:
-    # The port is picked by a task on rank 0's node before any worker starts, so that every rank
-    # (rank 0 included) constructs in parallel: a worker whose __init__ joins the process group
-    # would otherwise wait forever for ranks that are only created after it.
-    node_id = placement_group_table(rank_zero_group)["bundles_to_node_id"][0]
-    strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-    return ray.get(_remote_node_ip_and_free_port.options(scheduling_strategy=strategy).remote())
-
-
-_remote_node_ip_and_free_port = ray.remote(num_cpus=0)(get_node_ip_and_free_port)

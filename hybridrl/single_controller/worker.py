@@ -2,8 +2,9 @@
 
 A worker learns where it stands from environment variables that the group sets on its Ray actor
 before the class is constructed: RANK, WORLD_SIZE, LOCAL_RANK (index among the ranks of its
-node's placement group) and MASTER_ADDR/MASTER_PORT (the torch.distributed rendezvous on rank
-0's node). The same names torchrun uses, so torch.distributed's env:// init reads them as is.
+node's placement group) and HYBRIDRL_RENDEZVOUS_KEY, under which rank 0 publishes the torch.distributed
+rendezvous it listens on (rendezvous.py). Before anything else, the Worker turns that key into MASTER_ADDR/MASTER_PORT:
+the same names torchrun uses, so torch.distributed's env:// init reads them as is.
 
 To run a worker outside a group (a unit test in one process), set the five variables yourself,
 e.g. RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=<a free port>.
@@ -19,11 +20,15 @@ from __future__ import annotations
 
 import os
 
+from hybridrl.single_controller.rendezvous import KEY_ENV, resolve_rendezvous
+
 WORKER_ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 class Worker:
     def __init__(self) -> None:
+        if KEY_ENV in os.environ and "RANK" in os.environ:
+            resolve_rendezvous(int(os.environ["RANK"]), os.environ[KEY_ENV])
         missing = [name for name in WORKER_ENV_VARS if name not in os.environ]
         if missing:
             raise RuntimeError(f"{type(self).__name__}: environment variable(s) {missing} are not set; a "

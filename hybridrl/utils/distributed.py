@@ -7,6 +7,9 @@ Nothing listens on more interfaces than the run needs: torch's rendezvous store 
 of rank 0's machine, so rank 0 hosts it on MASTER_ADDR alone (under torchrun, whose agent hosts the store, env:// is
 used as is); and when MASTER_ADDR is a loopback address (a single-machine cluster on 127.0.0.1), gloo's and NCCL's
 own sockets are kept on the loopback interface too (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, unless already set).
+
+A store's port is never found free in one place and bound in another: the process that will host the store reserves
+it (reserve_port listens on it at once) and its store takes that very socket over (take_listener).
 """
 from __future__ import annotations
 
@@ -62,13 +65,38 @@ def init_process_group_once(backend: str | None = None) -> None:
 
 def _rendezvous_store(master_addr: str, master_port: int, rank: int, world_size: int) -> dist.TCPStore:
     """The TCPStore env:// would make, except that rank 0 listens on MASTER_ADDR alone (torch's own listens on every
-    interface): it hands the store a socket already bound there."""
+    interface): it hands the store the socket it reserved there."""
     timeout = datetime.timedelta(minutes=30)  # torch's default for the default process group
     if rank != 0:
         return dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
-    listener = socket.create_server((master_addr, master_port), family=_family(master_addr))
     return dist.TCPStore(master_addr, master_port, world_size, is_master=True, timeout=timeout,
-                         master_listen_fd=listener.detach())  # the store owns the socket from here on
+                         master_listen_fd=take_listener(master_addr, master_port).detach())  # the store owns it now
+
+
+_reserved_listeners: dict[int, socket.socket] = {}
+"""The sockets reserve_port listens on, by port, until a store takes them over."""
+
+
+def reserve_port(address: str) -> int:
+    """A port on `address` this process listens on from now on, for a store it will host (take_listener). Until then
+    connections wait in the socket's backlog."""
+    listener = socket.create_server((address, 0), family=_family(address))
+    port = listener.getsockname()[1]
+    _reserved_listeners[port] = listener
+    return port
+
+
+def take_listener(address: str, port: int) -> socket.socket:
+    """The socket reserved for `port`, handed over; one bound now when none is (MASTER_PORT set by hand)."""
+    listener = _reserved_listeners.pop(port, None)
+    return listener if listener is not None else socket.create_server((address, port), family=_family(address))
+
+
+def release_port(port: int) -> None:
+    """Close the socket reserved for `port`, for a library that binds the port itself right after."""
+    listener = _reserved_listeners.pop(port, None)
+    if listener is not None:
+        listener.close()
 
 
 def _is_loopback(address: str) -> bool:
@@ -90,13 +118,3 @@ def _loopback_interface() -> str:
         if any(address.family == socket.AF_INET and address.address.startswith("127.") for address in addresses):
             return name
     raise RuntimeError("MASTER_ADDR is a loopback address but this machine has no interface with a 127.x address")
-
-
-def get_node_ip_and_free_port() -> tuple[str, int]:
-    """This node's IP as Ray sees it and a TCP port that is free right now (for MASTER_ADDR/MASTER_PORT)."""
-    import ray
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        port = sock.getsockname()[1]
-    return ray.util.get_node_ip_address(), port

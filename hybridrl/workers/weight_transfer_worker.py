@@ -4,7 +4,7 @@ send their weights, the rollout pool's rollout-only ranks receive them (protocol
 Mixed into ActorRolloutRefWorker. The controller (trainer/ppo/disaggregated.py) drives it:
 
     set-up   describe_weights() on the trainer group (the stream's names, dtypes, shapes), weight_sender_address()
-             on it (rank 0's node and a free port), then together
+             on it (rank 0's node and the port it reserved), then together
              init_weight_sender(addr, port, world) and init_weight_receiver(addr, port, world, metas, bucket_bytes)
              (joining the group blocks until every member has joined)
     update   together: send_weights(metas) on the trainer group, receive_weights(version) on the rollout group
@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 
 from hybridrl.single_controller import Dispatch, register
-from hybridrl.utils.distributed import get_node_ip_and_free_port
+from hybridrl.utils.distributed import reserve_port
 from hybridrl.workers.rollout.weight_sync import iter_rollout_weights
 from hybridrl.workers.rollout.weight_transfer import (GROUP_NAME, TensorMeta, WeightTransferGroup, describe,
                                                       load_full_tensors, plan_buckets, receive_bucket, send_weights)
@@ -39,9 +39,15 @@ class WeightTransferMixin:
             return describe(iter_rollout_weights(self.actor_module), wire_dtype)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def weight_sender_address(self) -> tuple[str, int]:
-        """This node's address and a free port (rank 0's answer hosts the group's rendezvous)."""
-        return get_node_ip_and_free_port()
+    def weight_sender_address(self) -> tuple[str, int] | None:
+        """Rank 0: its node's address and a port it listens on from now on, for the group's rendezvous, which it hosts
+        (no other process can take the port before init_weight_sender). The other ranks: None."""
+        if self.rank != 0:
+            return None
+        import ray
+
+        address = ray.util.get_node_ip_address()
+        return address, reserve_port(address)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def current_weights_version(self) -> int:

@@ -29,6 +29,8 @@ from typing import Iterable, Iterator
 import torch
 import torch.distributed as dist
 
+from hybridrl.utils.distributed import release_port, take_listener
+
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 GROUP_NAME = "hybridrl_weight_transfer"
 
@@ -71,14 +73,17 @@ def plan_buckets(metas: list[TensorMeta], bucket_bytes: int) -> list[list[Tensor
 class WeightTransferGroup:
     """A gloo (CPU) or NCCL group of the sender and the receivers, created beside the default process group.
 
-    Rank 0 hosts the rendezvous store at master_addr:master_port; every member must construct it (it blocks until
-    all world_size members have joined)."""
+    Rank 0 hosts the rendezvous store at master_addr:master_port, on the socket it reserved there when it gave out the
+    address (utils/distributed.reserve_port); every member must construct it (it blocks until all world_size members
+    have joined)."""
 
     def __init__(self, master_addr: str, master_port: int, rank: int, world_size: int, backend: str,
                  timeout_s: float = 600.0):
         timeout = datetime.timedelta(seconds=timeout_s)
         self.rank, self.world_size, self.backend = rank, world_size, backend
         if backend == "nccl":  # SGLang's engines join with this same helper: same store layout and group name
+            if rank == 0:
+                release_port(master_port)  # the helper binds it itself, a moment later
             try:
                 from sglang.srt.utils import init_custom_process_group
             except ImportError:  # newer SGLang keeps it in the submodule only
@@ -91,7 +96,11 @@ class WeightTransferGroup:
             return
         if backend != "gloo":
             raise ValueError(f"WeightTransferGroup: backend must be gloo or nccl, got {backend!r}")
-        store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout)
+        if rank == 0:
+            store = dist.TCPStore(master_addr, master_port, world_size, is_master=True, timeout=timeout,
+                                  master_listen_fd=take_listener(master_addr, master_port).detach())
+        else:
+            store = dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
         self._backend_pg = dist.ProcessGroupGloo(dist.PrefixStore(f"{GROUP_NAME}/", store), rank, world_size, timeout)
         self._store = store  # the master's store must live as long as the group
 
