@@ -65,7 +65,7 @@ def gpu_overrides(args, model_dir: str) -> list[str]:
 def cpu_task(work_dir: str) -> list[str]:
     """A tiny model and the toy task of tests/test_e2e_training.py (reward: share of "a"), built in work_dir."""
     from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
-    from hybridrl.utils.rl_parquet import write_rl_parquet
+    from hybridrl.data.rl_parquet import write_rl_parquet
 
     words = ["apple", "banana", "cherry", "dog", "egg", "fig", "grape", "hat", "ink", "jam"]
     tokenizer = build_tokenizer([f"say something about {w}" for w in words] * 10 + ["a a aa aaa"] * 10,

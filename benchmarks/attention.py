@@ -15,8 +15,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from hybridrl.models.attention import VARLEN, padded_attention_mask, register
-from hybridrl.utils.padding import response_log_probs_packed
-from hybridrl.utils.torch_functional import logprobs_from_logits
+from hybridrl.models.padding import response_log_probs_packed
+from hybridrl.algorithms.torch_functional import logprobs_from_logits
 
 PROMPT, RESPONSE, VOCAB = 42, 512, 151936
 

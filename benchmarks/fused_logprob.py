@@ -8,7 +8,7 @@ One output layer, no model around it: `tokens` hidden states (tokens x hidden) a
 weight in the compute dtype (bf16 on CUDA, fp32 on CPU), temperature 0.7.
   plain  the actor's path without fusion: logits = hidden @ weight.T / temperature, then
          logprobs_from_logits and entropy_from_logits (float32 one row chunk at a time)
-  fused  utils/fused_logprob.linear_log_probs, chunks of --chunk-tokens rows (default: the library's
+  fused  models/fused_logprob.linear_log_probs, chunks of --chunk-tokens rows (default: the library's
          CHUNK_LOGITS // vocab, 441 tokens at vocab 151936; a small CPU run needs a smaller chunk to chunk at all)
 Each is run as compute_log_prob runs it (no grad: log-probs + entropy) and as a training step runs it
 (log-probs + entropy into a loss, backward into hidden and weight). Columns:
@@ -29,8 +29,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from hybridrl.utils.fused_logprob import CHUNK_LOGITS, linear_log_probs
-from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from hybridrl.models.fused_logprob import CHUNK_LOGITS, linear_log_probs
+from hybridrl.algorithms.torch_functional import entropy_from_logits, logprobs_from_logits
 
 TEMPERATURE = 0.7
 

@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from hybridrl.utils.offload import FSDPOffload
+from hybridrl.models.offload import FSDPOffload
 from hybridrl.workers.rollout.mode_switch import RolloutModeSwitch
 from hybridrl.workers.rollout.sglang_rollout import sampling_params
 
@@ -84,7 +84,7 @@ def hybrid_config(model_dir: str, overrides: list[str] = (), engine: str = "sgla
 
 def build_actor(config):
     """FSDP2 actor (fp32 master weights, bf16 compute), its AdamW, and the DataParallelPPOActor around them."""
-    from hybridrl.utils.fsdp_utils import build_optimizer, load_hf_model, shard_model
+    from hybridrl.models.fsdp_utils import build_optimizer, load_hf_model, shard_model
     from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
 
     section = config.actor_rollout_ref

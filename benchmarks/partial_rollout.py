@@ -58,7 +58,7 @@ WORDS = ["apple", "banana", "cherry", "dog", "egg", "fig", "grape", "hat", "ink"
 def build_cpu_task(work_dir: str) -> tuple[str, str]:
     """A tiny random Qwen2 and a parquet of short prompts (the tests' toy task)."""
     from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
-    from hybridrl.utils.rl_parquet import write_rl_parquet
+    from hybridrl.data.rl_parquet import write_rl_parquet
 
     texts = [f"say something about {word}" for word in WORDS] + ["a a a a aa aaa " * 4, "banana apple " * 4]
     tokenizer = build_tokenizer(texts * 10, vocab_size=300)
@@ -68,7 +68,7 @@ def build_cpu_task(work_dir: str) -> tuple[str, str]:
 
 
 def write_prompts(work_dir: str) -> str:
-    from hybridrl.utils.rl_parquet import write_rl_parquet
+    from hybridrl.data.rl_parquet import write_rl_parquet
 
     rows = [{"data_source": "bench/lengths", "prompt": [{"role": "user", "content": f"say something about {word}"}],
              "ability": "bench", "reward_model": {"style": "rule", "ground_truth": ""}, "extra_info": {"index": i}}

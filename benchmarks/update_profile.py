@@ -119,7 +119,7 @@ def measure(model_dir: str, token_len: int, variant: str) -> dict:
         torch.cuda.synchronize()
     split = kernel_split(prof)
     update_s = statistics.mean(seconds)
-    from hybridrl.utils.fsdp_utils import hf_module
+    from hybridrl.models.fsdp_utils import hf_module
 
     model_config = hf_module(worker.actor_module).config
     mfu = model_flops_utilization(model_config, seqlens, update_s, "cuda", passes=3)

@@ -23,7 +23,7 @@ import torch.distributed.checkpoint as dcp
 from huggingface_hub import save_torch_state_dict
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from hybridrl.utils.checkpoint import HF_SUBDIR
+from hybridrl.models.checkpoint import HF_SUBDIR
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

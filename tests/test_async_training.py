@@ -9,7 +9,7 @@ import torch
 
 from hybridrl.trainer.ppo.async_trainer import trainer_class
 from hybridrl.trainer.ppo.checkpointing import DATA_STATE_FILE
-from hybridrl.utils.checkpoint import step_dir_name
+from hybridrl.trainer.checkpoint_dir import step_dir_name
 from tests.test_e2e_training import make_config, read_metrics
 
 SPLIT = ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",

@@ -14,9 +14,9 @@ from transformers.masking_utils import sdpa_mask
 from hybridrl.models import attention
 from hybridrl.models.attention import (VARLEN, attention_implementation, cu_seqlens_from_positions,
                                        padded_attention_mask)
-from hybridrl.utils.padding import response_log_probs_packed
+from hybridrl.models.padding import response_log_probs_packed
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
-from hybridrl.utils.torch_functional import logprobs_from_logits
+from hybridrl.algorithms.torch_functional import logprobs_from_logits
 from test_padding import RESPONSE_WIDTH, actor_batch
 
 

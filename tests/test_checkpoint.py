@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hybridrl.utils.checkpoint import (COMPLETE_MARKER_FILE, LATEST_POINTER_FILE, atomic_checkpoint_dir,
-                                       checkpoint_step, find_latest_checkpoint, load_sharded_model_state,
-                                       prune_checkpoints, save_hf_config_and_tokenizer, save_sharded_model_state)
+from hybridrl.models.checkpoint import load_sharded_model_state, save_hf_config_and_tokenizer, save_sharded_model_state
+from hybridrl.trainer.checkpoint_dir import (COMPLETE_MARKER_FILE, LATEST_POINTER_FILE, atomic_checkpoint_dir,
+                                             checkpoint_step, find_latest_checkpoint, prune_checkpoints)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -81,7 +81,7 @@ def test_saving_the_same_step_again_replaces_it(tmp_path):
 
 KILLED_SAVER = textwrap.dedent("""
     import os, sys, time, torch
-    from hybridrl.utils.checkpoint import atomic_checkpoint_dir
+    from hybridrl.trainer.checkpoint_dir import atomic_checkpoint_dir
     root = sys.argv[1]
     for step in (1, 2):
         with atomic_checkpoint_dir(root, step) as tmp:

@@ -18,8 +18,8 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from hybridrl.trainer.ppo import checkpointing
-from hybridrl.utils.checkpoint import (LATEST_POINTER_FILE, load_sharded_model_state, save_sharded_model_state,
-                                       step_dir_name)
+from hybridrl.models.checkpoint import load_sharded_model_state, save_sharded_model_state
+from hybridrl.trainer.checkpoint_dir import LATEST_POINTER_FILE, step_dir_name
 from hybridrl.utils.checkpoint_io import CheckpointSaveError, load_file, save_failures_named
 
 needs_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")

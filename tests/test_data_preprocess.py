@@ -98,7 +98,7 @@ def test_gsm8k_multiturn_with_tool_from_local_files(tmp_path):
 
 
 def test_write_rl_parquet_refuses_mixed_or_empty_agent_names(tmp_path):
-    from hybridrl.utils.rl_parquet import write_rl_parquet
+    from hybridrl.data.rl_parquet import write_rl_parquet
     base = {"data_source": "d", "prompt": [{"role": "user", "content": "q"}], "ability": "a",
             "reward_model": {"ground_truth": "1"}, "extra_info": {}}
     with_agent = {"data_source": "d", "agent_name": "tool_agent", **{k: v for k, v in base.items() if k != "data_source"}}

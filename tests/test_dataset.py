@@ -5,8 +5,8 @@ import torch
 from omegaconf import OmegaConf
 
 from hybridrl.protocol import DataProto
-from hybridrl.utils.dataset import RLHFDataset, collate_fn, make_dataloader
-from hybridrl.utils.rl_parquet import write_rl_parquet
+from hybridrl.data.rl_dataset import RLHFDataset, collate_fn, make_dataloader
+from hybridrl.data.rl_parquet import write_rl_parquet
 from hybridrl.utils.tokenizer import load_tokenizer
 from hybridrl.defaults.tiny_model import build_tokenizer
 

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from hybridrl.config.compose import compose_config
 from hybridrl.config.validation import validate_config
 from hybridrl.protocol import DataProto
-from hybridrl.utils.dataset import RLHFDataset, collate_fn, create_rl_dataset, make_dataloader
+from hybridrl.data.rl_dataset import RLHFDataset, collate_fn, create_rl_dataset, make_dataloader
 from hybridrl.defaults.tiny_model import build_tokenizer
 from hybridrl.reward.managers import NaiveRewardManager
 

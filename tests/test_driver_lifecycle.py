@@ -22,7 +22,7 @@ import time
 import psutil
 import pytest
 
-from hybridrl.utils.checkpoint import find_latest_checkpoint
+from hybridrl.trainer.checkpoint_dir import find_latest_checkpoint
 from tests.test_e2e_training import base_overrides
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

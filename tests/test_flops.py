@@ -3,7 +3,7 @@ import pytest
 from transformers import LlamaConfig, Qwen2Config
 
 from hybridrl.models.flops import dense_parameters, forward_flops, model_flops_utilization, peak_flops_of, supports
-from hybridrl.utils.memory import memory_metrics
+from hybridrl.models.memory import memory_metrics
 
 # hidden 8, 2 heads of 4, 1 kv head, MLP 16, 3 layers, vocabulary 10
 CONFIG = Qwen2Config(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, intermediate_size=16,

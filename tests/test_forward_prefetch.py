@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
-from hybridrl.utils.fsdp_utils import load_hf_model, shard_model
+from hybridrl.models.fsdp_utils import load_hf_model, shard_model
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""use_fused_kernels: log-probs and entropy fused with the output layer (hybridrl/utils/fused_logprob.py) give the
+"""use_fused_kernels: log-probs and entropy fused with the output layer (hybridrl/models/fused_logprob.py) give the
 plain logits path's numbers and gradients (fp32, CPU, 1e-5) while never holding more than one chunk of logits.
 
   unit     linear_log_probs against logits -> logprobs_from_logits / entropy_from_logits, at several chunk sizes
@@ -21,11 +21,11 @@ from hybridrl.protocol import DataProto
 from hybridrl.single_controller import Dispatch, register
 from hybridrl.single_controller.ray import (RayClassWithInitArgs, RayResourcePool, RayWorkerGroup,
                                             create_colocated_worker_cls)
-from hybridrl.utils import fused_logprob
-from hybridrl.utils.fsdp_utils import apply_lora, iter_full_state_dict, load_hf_model
-from hybridrl.utils.fused_logprob import linear_log_probs, response_log_probs_fused
+from hybridrl.models import fused_logprob
+from hybridrl.models.fsdp_utils import apply_lora, iter_full_state_dict, load_hf_model
+from hybridrl.models.fused_logprob import linear_log_probs, response_log_probs_fused
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
-from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from hybridrl.algorithms.torch_functional import entropy_from_logits, logprobs_from_logits
 from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
 

@@ -14,7 +14,7 @@ import pytest
 
 from hybridrl.config import compose_config, validate_config
 from hybridrl.protocol import DataProto
-from hybridrl.utils.fsdp_utils import build_optimizer, load_hf_model, shard_model
+from hybridrl.models.fsdp_utils import build_optimizer, load_hf_model, shard_model
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
 from hybridrl.workers.critic.dp_critic import DataParallelPPOCritic

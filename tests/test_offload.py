@@ -1,4 +1,4 @@
-"""param_offload / optimizer_offload (hybridrl/utils/offload.py) on the CPU path.
+"""param_offload / optimizer_offload (hybridrl/models/offload.py) on the CPU path.
 
 On a CPU-only machine the compute device is the CPU, so every move is a no-op; what these tests prove is
 that the code path keeps the state intact and wired: the Parameter objects FSDP2 and the optimizer hold
@@ -20,8 +20,8 @@ from hybridrl.protocol import DataProto
 from hybridrl.single_controller import Dispatch, register
 from hybridrl.single_controller.ray import (RayClassWithInitArgs, RayResourcePool, RayWorkerGroup,
                                             create_colocated_worker_cls)
-from hybridrl.utils.fsdp_utils import iter_full_state_dict, load_hf_model, shard_model
-from hybridrl.utils.offload import (FSDPOffload, load_fsdp_params, load_optimizer_state, offload_fsdp_params,
+from hybridrl.models.fsdp_utils import iter_full_state_dict, load_hf_model, shard_model
+from hybridrl.models.offload import (FSDPOffload, load_fsdp_params, load_optimizer_state, offload_fsdp_params,
                                     offload_optimizer_state)
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker

@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
-from hybridrl.utils.padding import (pad_output, response_log_probs_packed, response_values_packed, unpad_input)
+from hybridrl.models.padding import (pad_output, response_log_probs_packed, response_values_packed, unpad_input)
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
-from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from hybridrl.algorithms.torch_functional import entropy_from_logits, logprobs_from_logits
 
 PROMPT_LENGTHS = [3, 7, 1, 5]    # attended prompt tokens per row, left-padded to 7
 RESPONSE_LENGTHS = [4, 6, 0, 2]  # attended response tokens per row, right-padded to 6 (row 2: empty answer)

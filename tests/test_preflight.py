@@ -18,7 +18,7 @@ import ray
 from hybridrl.config import ConfigError, check_before_start, compose_config, validate_config
 from hybridrl.config.preflight import _cpus_ray_detects
 from hybridrl.utils.disk import human_bytes
-from hybridrl.utils.rl_parquet import write_rl_parquet
+from hybridrl.data.rl_parquet import write_rl_parquet
 from hybridrl.utils.safetensors_header import count_elements
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 

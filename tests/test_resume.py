@@ -22,9 +22,9 @@ from hybridrl.config import check_paths, compose_config, validate_config
 from hybridrl.model_merger import load_full_model_state
 from hybridrl.trainer.ppo import checkpointing
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
-from hybridrl.utils.checkpoint import atomic_checkpoint_dir
-from hybridrl.utils.dataset import make_dataloader
-from hybridrl.utils.rl_parquet import write_rl_parquet
+from hybridrl.trainer.checkpoint_dir import atomic_checkpoint_dir
+from hybridrl.data.rl_dataset import make_dataloader
+from hybridrl.data.rl_parquet import write_rl_parquet
 from tests.test_e2e_training import read_metrics
 from toy_task import WORDS, toy_rows
 

@@ -200,9 +200,9 @@ def test_reward_manager_registry(tokenizer):
 
 def test_reasoning_gym_rows_through_dataset_collate_and_manager(tmp_path):
     """Preprocessed parquet -> RLHFDataset -> collate_fn -> DataProto -> naive manager -> library verifier."""
-    from hybridrl.utils.dataset import RLHFDataset, collate_fn
+    from hybridrl.data.rl_dataset import RLHFDataset, collate_fn
     from hybridrl.reward.scorers.reasoning_gym import make_rows
-    from hybridrl.utils.rl_parquet import write_rl_parquet
+    from hybridrl.data.rl_parquet import write_rl_parquet
 
     rows = make_rows("chain_sum", size=4, seed=0, split="train")
     write_rl_parquet(rows, str(tmp_path / "train.parquet"))

@@ -24,7 +24,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.single_controller import Dispatch, register
 from hybridrl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
-from hybridrl.utils.fsdp_utils import iter_full_state_dict
+from hybridrl.models.fsdp_utils import iter_full_state_dict
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from hybridrl.workers.rollout import BaseRollout
 from hybridrl.workers.rollout.mode_switch import RolloutModeSwitch

@@ -11,7 +11,7 @@ import torch
 from hybridrl.config.compose import compose_config
 from hybridrl.config.validation import ConfigError, validate_config
 from hybridrl.protocol import DataProto
-from hybridrl.utils.fsdp_utils import apply_lora, build_optimizer, load_hf_model
+from hybridrl.models.fsdp_utils import apply_lora, build_optimizer, load_hf_model
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
 from hybridrl.workers.ppo_update_loop import micro_batches_of

@@ -9,11 +9,11 @@ from transformers import AutoModelForCausalLM
 
 from hybridrl.protocol import DataProto
 from hybridrl.algorithms.core_algos import agg_loss
-from hybridrl.utils.padding import response_log_probs_packed
-from hybridrl.utils.seqlen_balancing import (balance_batch, get_reverse_idx, get_seqlen_balanced_partitions,
+from hybridrl.models.padding import response_log_probs_packed
+from hybridrl.data.seqlen_balancing import (balance_batch, get_reverse_idx, get_seqlen_balanced_partitions,
                                              karmarkar_karp, rearrange_micro_batches)
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
-from hybridrl.utils.torch_functional import logprobs_from_logits
+from hybridrl.algorithms.torch_functional import logprobs_from_logits
 
 
 def batch_of_lengths(seqlens: list[int], width: int | None = None) -> DataProto:

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hybridrl.protocol import DataProto
-from hybridrl.utils.seqlen_balancing import rearrange_micro_batches
+from hybridrl.data.seqlen_balancing import rearrange_micro_batches
 
 
 def batch_of_lengths(seqlens: list[int]) -> DataProto:

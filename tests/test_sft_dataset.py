@@ -4,7 +4,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from hybridrl.utils.sft_dataset import IGNORE_INDEX, SFTDataset, collate_right_padded
+from hybridrl.data.sft_dataset import IGNORE_INDEX, SFTDataset, collate_right_padded
 from hybridrl.defaults.tiny_model import build_tokenizer
 
 CONVERSATION = [

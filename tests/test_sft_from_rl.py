@@ -6,7 +6,7 @@ import sys
 import pyarrow.parquet as pq
 
 from hybridrl.reward.scorers.reasoning_gym import make_train_test_rows
-from hybridrl.utils.rl_parquet import write_rl_parquet
+from hybridrl.data.rl_parquet import write_rl_parquet
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "examples", "data_preprocess", "sft_from_rl.py")

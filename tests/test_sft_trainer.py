@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridrl.config.validation import ConfigError
 from hybridrl.trainer.main_sft import compose_sft_config, run_sft
-from hybridrl.utils.sft_dataset import IGNORE_INDEX, SFTDataset, collate_right_padded
+from hybridrl.data.sft_dataset import IGNORE_INDEX, SFTDataset, collate_right_padded
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 
 STEPS = 20

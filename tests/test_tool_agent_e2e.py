@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.defaults.tool_chat_template import TOOL_CHAT_TEMPLATE
 from hybridrl.defaults.tool_task import answer_text, sft, tool_call_text
-from hybridrl.utils.rl_parquet import write_rl_parquet
+from hybridrl.data.rl_parquet import write_rl_parquet
 from test_async_rollout import fit_keeping_update_batches
 from test_e2e_training import make_config, read_metrics
 

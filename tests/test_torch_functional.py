@@ -1,10 +1,10 @@
-"""hybridrl.utils.torch_functional against float64 references written element by element."""
+"""hybridrl.algorithms.torch_functional against float64 references written element by element."""
 import math
 
 import pytest
 import torch
 
-from hybridrl.utils import torch_functional as F
+from hybridrl.algorithms import torch_functional as F
 
 
 def _random_mask(generator, batch_size=6, length=7):

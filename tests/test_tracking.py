@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from hybridrl.utils.progress import ProgressReporter, format_step_table
-from hybridrl.utils.tracking import VALID_LOGGERS, Tracking, check_logger_names
+from hybridrl.trainer.progress import ProgressReporter, format_step_table
+from hybridrl.trainer.tracking import VALID_LOGGERS, Tracking, check_logger_names
 
 CONFIG = {"trainer": {"total_epochs": 2, "logger": ["wandb"]}, "actor": {"lr": 1e-6}}
 STEP_METRICS = {1: {"actor/pg_loss": 0.5, "critic/score/mean": 0.25},

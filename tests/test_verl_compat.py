@@ -18,8 +18,8 @@ from hybridrl.agent_loop.base import DictConfigWrap, TokenOutput
 from hybridrl.config import ConfigError, compose_config, validate_config
 from hybridrl.defaults.tiny_model import build_tokenizer
 from hybridrl.defaults.tool_chat_template import TOOL_CHAT_TEMPLATE
-from hybridrl.utils.dataset import RLHFDataset
-from hybridrl.utils.rl_parquet import write_rl_parquet
+from hybridrl.data.rl_dataset import RLHFDataset
+from hybridrl.data.rl_parquet import write_rl_parquet
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 # ChatML with a default system prompt when the conversation has none, as Qwen2.5's template adds one

@@ -22,9 +22,9 @@ from hybridrl.single_controller import Dispatch, register
 from hybridrl.single_controller.ray import (RayClassWithInitArgs, RayResourcePool, RayWorkerGroup,
                                             create_colocated_worker_cls)
 from hybridrl.algorithms.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
-from hybridrl.utils.fsdp_utils import iter_full_state_dict, iter_hf_weights, iter_unsharded_parameters
+from hybridrl.models.fsdp_utils import iter_full_state_dict, iter_hf_weights, iter_unsharded_parameters
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
-from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from hybridrl.algorithms.torch_functional import entropy_from_logits, logprobs_from_logits
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from hybridrl.workers.critic import CriticWorker
 

@@ -8,7 +8,7 @@ import torch
 from hybridrl.algorithms.core_algos import agg_loss
 from hybridrl.config.compose import compose_config
 from hybridrl.config.validation import ConfigError, validate_config
-from hybridrl.utils.fsdp_utils import build_lr_scheduler, warmup_steps
+from hybridrl.models.fsdp_utils import build_lr_scheduler, warmup_steps
 from hybridrl.workers.rollout import (BaseRollout, HFRollout, build_rollout, get_rollout_class, load_rollout_class,
                                       register_rollout)
 from hybridrl.workers.rollout.hf_rollout import mask_through_first_eos

@@ -2,7 +2,7 @@
 response's characters (a custom reward function loaded from a file). A random policy scores a little above 0 and can
 only improve by learning. Built once per test session (conftest's `toy_task` fixture) and read by every module."""
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
-from hybridrl.utils.rl_parquet import write_rl_parquet
+from hybridrl.data.rl_parquet import write_rl_parquet
 
 WORDS = ["apple", "banana", "cherry", "dog", "egg", "fig", "grape", "hat", "ink", "jam"]
 

@@ -12,7 +12,7 @@ from typing import Callable
 
 import pandas as pd
 
-from hybridrl.utils.rl_parquet import write_rl_parquet
+from hybridrl.data.rl_parquet import write_rl_parquet
 
 _READERS = {".parquet": pd.read_parquet, ".jsonl": lambda path: pd.read_json(path, lines=True),
             ".json": pd.read_json}

@@ -27,7 +27,7 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
-from hybridrl.utils.rl_parquet import write_rl_parquet  # noqa: E402
+from hybridrl.data.rl_parquet import write_rl_parquet  # noqa: E402
 from hybridrl.reward.scorers.reasoning_gym import ANSWER_FORMATS, make_train_test_rows  # noqa: E402
 
 

@@ -41,7 +41,7 @@ from typing import Any, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from hybridrl.utils.dataset import get_dataset_class
+from hybridrl.data.rl_dataset import get_dataset_class
 
 # name -> {"_target_": "module.Class", **init kwargs}; filled by @register and by the YAML file.
 _agent_loop_registry: dict[str, dict[str, Any]] = {}

@@ -45,7 +45,7 @@ from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, EngineServ
 from hybridrl.data.hooks import load_hook
 from hybridrl.data.sample import Sample
 from hybridrl.protocol import DataProto
-from hybridrl.utils.dataset import get_dataset_class
+from hybridrl.data.rl_dataset import get_dataset_class
 from hybridrl.utils.import_utils import load_extensions
 from hybridrl.utils.tokenizer import policy_tokenizer
 from hybridrl.data.batch_layout import to_batch_layout

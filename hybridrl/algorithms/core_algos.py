@@ -27,7 +27,7 @@ from hybridrl.algorithms.losses import (POLICY_LOSS_REGISTRY, agg_loss, compute_
                                          compute_policy_loss_gspo, compute_policy_loss_kl_cov,
                                          compute_policy_loss_vanilla, compute_value_loss, get_policy_loss_fn,
                                          global_batch_info, register_policy_loss)
-from hybridrl.utils.torch_functional import masked_whiten
+from hybridrl.algorithms.torch_functional import masked_whiten
 
 if TYPE_CHECKING:
     from hybridrl.protocol import DataProto

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from hybridrl.utils.torch_functional import masked_mean
+from hybridrl.algorithms.torch_functional import masked_mean
 
 if TYPE_CHECKING:
     from hybridrl.protocol import DataProto

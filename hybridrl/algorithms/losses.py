@@ -39,7 +39,7 @@ from typing import Any, Callable
 import torch
 
 from hybridrl.algorithms.rollout_correction import apply_rollout_is_weights
-from hybridrl.utils.torch_functional import clip_by_value, entropy_from_logits, masked_mean
+from hybridrl.algorithms.torch_functional import clip_by_value, entropy_from_logits, masked_mean
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 

@@ -41,7 +41,7 @@ from typing import Any, Optional
 
 import torch
 
-from hybridrl.utils.torch_functional import masked_mean, masked_sum
+from hybridrl.algorithms.torch_functional import masked_mean, masked_sum
 
 SAFETY_BOUND = 20.0  # |log ratio| is bounded by this before exp: exp(20) ~ 4.9e8
 METRIC_PREFIX = "rollout_corr/"

@@ -70,7 +70,7 @@ WarmupStyle = Literal["constant", "cosine"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 # The estimators hybridrl.algorithms.kl implements ("full" needs whole-vocabulary distributions: not yet).
 KLType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
-# What hybridrl.utils.checkpoint saves ("extra" = lr scheduler and RNG state); verl's "hf_model" is not implemented.
+# What models/checkpoint.py saves ("extra" = lr scheduler and RNG state); verl's "hf_model" is not implemented.
 CheckpointContent = Literal["model", "optimizer", "extra"]
 
 

@@ -243,7 +243,7 @@ def _check_registered(key: str, name: str, lookup: Callable[[str], Any], problem
 
 
 def _check_loggers(values: _Values, problems: list[str]) -> None:
-    from hybridrl.utils.tracking import VALID_LOGGERS
+    from hybridrl.trainer.tracking import VALID_LOGGERS
 
     loggers = values("trainer.logger")
     for index, logger in enumerate(loggers):
@@ -453,7 +453,7 @@ def _lora_settings(values: _Values, problems: list[str]) -> None:
                         f"actor_rollout_ref.model.lora_rank=0 (no LoRA to load the adapter into), got {adapter!r}")
 
 
-# Models whose state param_offload / optimizer_offload park on the CPU between phases (utils/offload.py):
+# Models whose state param_offload / optimizer_offload park on the CPU between phases (models/offload.py):
 # (strategy key, fsdp_config key, its parking flags, whether that fsdp_config has offload_policy).
 OFFLOAD_FLAGS = (
     ("actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.fsdp_config", ("param_offload", "optimizer_offload"),

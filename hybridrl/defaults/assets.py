@@ -212,7 +212,7 @@ def model_dir_problem(model_dir: str) -> str | None:
 
 def _build_data(out_dir: str, recipe: DefaultRecipe) -> str:
     from hybridrl.reward.scorers.reasoning_gym import make_train_test_rows
-    from hybridrl.utils.rl_parquet import write_rl_parquet
+    from hybridrl.data.rl_parquet import write_rl_parquet
 
     _log(f"preparing data: reasoning-gym {recipe.task} {json.dumps(recipe.task_config)}, {recipe.train_size} train "
          f"and up to {recipe.test_size} held-out test questions")

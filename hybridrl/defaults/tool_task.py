@@ -206,7 +206,7 @@ def prepare_tool_task(cache_dir: str, recipe: ToolTaskRecipe | None = None) -> d
     marker = dataclasses.asdict(recipe)
 
     def build_data(out_dir: str) -> str:
-        from hybridrl.utils.rl_parquet import write_rl_parquet
+        from hybridrl.data.rl_parquet import write_rl_parquet
 
         train, test = make_rows(recipe)
         write_rl_parquet(train, os.path.join(out_dir, "train.parquet"))

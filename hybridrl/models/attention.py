@@ -17,7 +17,7 @@ Packed rows: variable-length attention
 --------------------------------------
 
 With `use_remove_padding` a micro-batch runs as ONE row of all its real tokens, the sequences one
-after another (utils/padding.py). Attention must then stay inside each sequence. transformers'
+after another (models/padding.py). Attention must then stay inside each sequence. transformers'
 `sdpa` does that with a dense block-diagonal boolean mask of nnz x nnz: at 16k tokens that is a
 256 MiB mask per layer call plus a masked (not flash) kernel whose time and memory grow with the
 square of the micro-batch's tokens. Measured on an H100 (benchmarks/README.md, "attention"), that is

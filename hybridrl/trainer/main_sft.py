@@ -32,7 +32,7 @@ from hybridrl.config.compose import CONFIG_DIR
 from hybridrl.config.schema import ConfigNode, at_least, between, one_or_list, positive
 from hybridrl.config.structure import build, check_structure, to_plain
 from hybridrl.config.validation import ConfigError
-from hybridrl.utils.tracking import VALID_LOGGERS
+from hybridrl.trainer.tracking import VALID_LOGGERS
 
 
 

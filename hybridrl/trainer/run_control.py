@@ -16,7 +16,7 @@ from typing import Optional
 
 import ray
 
-from hybridrl.utils.checkpoint import find_latest_checkpoint
+from hybridrl.trainer.checkpoint_dir import find_latest_checkpoint
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

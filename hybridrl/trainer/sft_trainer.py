@@ -7,7 +7,7 @@ global token count (one all-reduce), times the world size because FSDP averages 
 ranks. So 1 rank and N ranks compute the same update for the same batch.
 
 The result is an ordinary HF model directory, `trainer.default_local_dir/global_step_<N>` (verl's
-layout), written atomically (hybridrl.utils.checkpoint) with the tokenizer next to it.
+layout), written atomically (trainer/checkpoint_dir.py) with the tokenizer next to it.
 """
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ from torch.utils.data import DataLoader, DistributedSampler
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from transformers.utils import logging as transformers_logging
 
-from hybridrl.utils.checkpoint import atomic_checkpoint_dir, step_dir_name
+from hybridrl.trainer.checkpoint_dir import atomic_checkpoint_dir, step_dir_name
 from hybridrl.utils.distributed import device_name, init_process_group_once
-from hybridrl.utils.fsdp_utils import (build_lr_scheduler, build_optimizer, clip_grad_norm, iter_full_state_dict,
+from hybridrl.models.fsdp_utils import (build_lr_scheduler, build_optimizer, clip_grad_norm, iter_full_state_dict,
                                        load_hf_model, shard_model)
-from hybridrl.utils.progress import ProgressReporter
-from hybridrl.utils.sft_dataset import IGNORE_INDEX, SFTDataset, collate_right_padded
-from hybridrl.utils.tracking import Tracking
+from hybridrl.trainer.progress import ProgressReporter
+from hybridrl.data.sft_dataset import IGNORE_INDEX, SFTDataset, collate_right_padded
+from hybridrl.trainer.tracking import Tracking
 
 
 def run_sft_rank(config) -> str:

@@ -118,3 +118,21 @@ def _loopback_interface() -> str:
         if any(address.family == socket.AF_INET and address.address.startswith("127.") for address in addresses):
             return name
     raise RuntimeError("MASTER_ADDR is a loopback address but this machine has no interface with a 127.x address")
+
+
+def is_distributed() -> bool:
+    """Whether this process is in an initialised torch.distributed group."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank_or_zero() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def world_size_or_one() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def barrier_if_distributed() -> None:
+    if is_distributed():
+        dist.barrier()

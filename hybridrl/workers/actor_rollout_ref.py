@@ -23,7 +23,7 @@ are concatenated) and returns only the keys it adds, so the trainer `union`s the
 Log-probs are always taken under logits / `rollout.temperature` (the distribution the rollout
 sampled from), whatever meta_info carries. With fsdp_config.param_offload / optimizer_offload the
 models' state waits in CPU memory and each method brings what it needs to the device for its own
-duration (utils/offload.py).
+duration (models/offload.py).
 """
 from __future__ import annotations
 
@@ -37,13 +37,13 @@ from hybridrl.models.flops import model_flops_utilization
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller import Dispatch, Worker, register
 from hybridrl.utils.distributed import device_name, init_process_group_once
-from hybridrl.utils.checkpoint import (load_sharded_model_state, save_hf_config_and_tokenizer,
-                                       save_sharded_model_state)
-from hybridrl.utils.fsdp_utils import (apply_liger, apply_lora, build_lr_scheduler, build_optimizer, fsdp_root,
+from hybridrl.models.checkpoint import (load_sharded_model_state, save_hf_config_and_tokenizer,
+                                        save_sharded_model_state)
+from hybridrl.models.fsdp_utils import (apply_liger, apply_lora, build_lr_scheduler, build_optimizer, fsdp_root,
                                        hf_module, load_hf_model, shard_model)
 from hybridrl.utils.import_utils import load_extensions
-from hybridrl.utils.memory import memory_metrics
-from hybridrl.utils.offload import FSDPOffload
+from hybridrl.models.memory import memory_metrics
+from hybridrl.models.offload import FSDPOffload
 from hybridrl.utils.tokenizer import load_tokenizer
 from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
 from hybridrl.workers.rollout import build_rollout, load_rollout_class
@@ -129,7 +129,7 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
         self._park_offloaded_state()
 
     def _park_offloaded_state(self) -> None:
-        """Park what fsdp_config.param_offload / optimizer_offload name (utils/offload.py) in CPU memory until a
+        """Park what fsdp_config.param_offload / optimizer_offload name (models/offload.py) in CPU memory until a
         phase needs it. The LoRA reference is the actor's own module, so it follows the actor's rules."""
         if self._is_actor or self._is_rollout:
             self.actor_offload.park()
@@ -305,7 +305,7 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, weights_version: int) -> None:
         """Load what save_checkpoint wrote (actor.checkpoint.load_contents); a checkpoint from another world size
-        is resharded, its RNG states are then not restored (see utils/checkpoint.py). `weights_version`: the
+        is resharded, its RNG states are then not restored (see models/checkpoint.py). `weights_version`: the
         version of the loaded weights (the updates the checkpointed run had made), so that a resumed run's engines
         report the versions an uninterrupted run's would."""
         self._require(self._is_actor, "load_checkpoint", "actor")

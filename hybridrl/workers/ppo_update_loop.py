@@ -15,7 +15,7 @@ gradient of the loss of the whole global mini-batch at once: for token-mean ever
 the same whichever rank or micro-batch holds it, for the seq-mean modes every sequence with a response does.
 
 Micro-batches are either `micro_batch_size` consecutive rows or, with a token budget (`use_dynamic_bsz`),
-token-budget groups balanced by length (utils/seqlen_balancing.rearrange_micro_batches; the ranks agree on
+token-budget groups balanced by length (data/seqlen_balancing.rearrange_micro_batches; the ranks agree on
 their number, since FSDP runs collectives in every forward). A forward pass puts the rows back in their
 order with the reverse index (`in_row_order`).
 
@@ -34,8 +34,8 @@ import torch.distributed as dist
 from torch import nn
 
 from hybridrl.protocol import DataProto
-from hybridrl.utils.fsdp_utils import clip_grad_norm
-from hybridrl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches
+from hybridrl.models.fsdp_utils import clip_grad_norm
+from hybridrl.data.seqlen_balancing import get_reverse_idx, rearrange_micro_batches
 
 Rows = dict[str, torch.Tensor]
 

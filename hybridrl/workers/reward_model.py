@@ -28,7 +28,7 @@ from transformers import AutoModelForSequenceClassification
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller import Dispatch, Worker, register
 from hybridrl.utils.distributed import device_name, init_process_group_once
-from hybridrl.utils.fsdp_utils import hf_module, shard_model
+from hybridrl.models.fsdp_utils import hf_module, shard_model
 from hybridrl.utils.import_utils import load_extensions
 from hybridrl.utils.tokenizer import load_tokenizer
 

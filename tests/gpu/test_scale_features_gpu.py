@@ -232,7 +232,7 @@ def test_liger_kernels_keep_the_model_function_and_gradients(setup):
     """apply_liger swaps RMSNorm / RoPE / SwiGLU for liger's Triton kernels in place: in fp32 the swapped model
     computes the same logits and parameter gradients as the HF one (Triton's fp32 math, not bit-identical)."""
     pytest.importorskip("liger_kernel")
-    from hybridrl.utils.fsdp_utils import apply_liger, load_hf_model
+    from hybridrl.models.fsdp_utils import apply_liger, load_hf_model
 
     model_dir, tokenizer = setup
     input_ids = prompts(tokenizer).batch["input_ids"].cuda()

@@ -18,8 +18,8 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from hybridrl.config.compose import compose_config  # noqa: E402
 from hybridrl.config.validation import validate_config  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
-from hybridrl.utils.fsdp_utils import iter_full_state_dict  # noqa: E402
-from hybridrl.utils.torch_functional import logprobs_from_logits  # noqa: E402
+from hybridrl.models.fsdp_utils import iter_full_state_dict  # noqa: E402
+from hybridrl.algorithms.torch_functional import logprobs_from_logits  # noqa: E402
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker  # noqa: E402
 from hybridrl.workers.critic import CriticWorker  # noqa: E402
 from tiny_gpu import PROMPT_LENGTH, RESPONSE_LENGTH, generate, prompts, single_gpu_tiny_model  # noqa: E402

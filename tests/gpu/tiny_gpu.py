@@ -58,7 +58,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 def write_toy_task(root, num_heads: int = 2, num_kv_heads: int = 1) -> dict[str, str]:
     """A tiny random Qwen2 (head_dim 32: triton attention), 80 prompts "say something about <word>" and a reward
     (the share of "a" in the answer), under `root`; returns their paths."""
-    from hybridrl.utils.rl_parquet import write_rl_parquet
+    from hybridrl.data.rl_parquet import write_rl_parquet
 
     tokenizer = build_tokenizer([f"say something about {w}" for w in WORDS] * 10 + ["a a aa aaa"] * 10,
                                 vocab_size=300)

@@ -1,6 +1,6 @@
 """The trainer's checkpoints: what the controller saves next to the workers' shards, and how a run resumes.
 
-A checkpoint is ``{trainer.default_local_dir}/global_step_N/`` (layout and atomicity: utils/checkpoint.py)::
+A checkpoint is ``{trainer.default_local_dir}/global_step_N/`` (layout and atomicity: trainer/checkpoint_dir.py)::
 
     actor/     the actor worker group's shards + huggingface/ (ActorRolloutRefWorker.save_checkpoint)
     critic/    the critic's shards, when the run has a critic
@@ -25,8 +25,8 @@ from collections.abc import Iterator
 
 import torch
 
-from hybridrl.utils.checkpoint import (COMPLETE_MARKER_FILE, atomic_checkpoint_dir, checkpoint_step,
-                                       find_latest_checkpoint, prune_checkpoints, step_dir_name)
+from hybridrl.trainer.checkpoint_dir import (COMPLETE_MARKER_FILE, atomic_checkpoint_dir, checkpoint_step,
+                                             find_latest_checkpoint, prune_checkpoints, step_dir_name)
 from hybridrl.utils.checkpoint_io import load_file, save_failures_named, save_file
 
 DATA_STATE_FILE = "data.pt"
@@ -78,7 +78,7 @@ def _sampler_generator(dataloader) -> torch.Generator | None:
     sampler = dataloader.sampler
     if isinstance(sampler, torch.utils.data.RandomSampler) and sampler.generator is None:
         raise ValueError("the training sampler shuffles with torch's global RNG: give it its own seeded generator "
-                         "(utils/dataset.py create_rl_sampler does) so its order can be saved and resumed")
+                         "(data/rl_dataset.py create_rl_sampler does) so its order can be saved and resumed")
     return getattr(sampler, "generator", None)
 
 

@@ -45,11 +45,11 @@ from hybridrl.trainer.ppo.metric_utils import (
     timer,
 )
 from hybridrl.trainer.ppo.nonfinite_guard import NonFiniteStepGuard, check_finite_at_responses
-from hybridrl.utils.dataset import create_rl_dataset, make_dataloader
-from hybridrl.utils.progress import ProgressReporter
-from hybridrl.utils.seqlen_balancing import balance_batch
+from hybridrl.data.rl_dataset import create_rl_dataset, make_dataloader
+from hybridrl.trainer.progress import ProgressReporter
+from hybridrl.data.seqlen_balancing import balance_batch
 from hybridrl.utils.tokenizer import policy_tokenizer
-from hybridrl.utils.tracking import Tracking
+from hybridrl.trainer.tracking import Tracking
 from hybridrl.reward.managers import load_reward_manager
 from hybridrl.workers.rollout.sampling import SAMPLING_OVERRIDES
 

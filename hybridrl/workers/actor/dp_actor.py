@@ -10,9 +10,9 @@ loss reads the global counts from `config.global_batch_info`, as in verl.
 Micro-batches are either `ppo_micro_batch_size_per_gpu` consecutive rows or, with `use_dynamic_bsz`,
 token-budget groups of at most `ppo_max_token_len_per_gpu` attended tokens (for compute_log_prob the
 worker's log-prob sizes). With `use_remove_padding` each micro-batch runs as one packed row of its real
-tokens (utils/padding.py). With `use_fused_kernels`
+tokens (models/padding.py). With `use_fused_kernels`
 the output layer is fused into the log-prob computation, so no full-vocabulary logits are ever held
-(utils/fused_logprob.py); it combines with either layout.
+(models/fused_logprob.py); it combines with either layout.
 
 Batch keys read: input_ids, attention_mask, position_ids, responses (all passes); response_mask,
 old_log_probs, advantages, ref_log_prob with use_kl_loss, and rollout_is_weights when the trainer's rollout
@@ -29,9 +29,9 @@ from hybridrl.algorithms.core_algos import agg_loss, get_policy_loss_fn, kl_pena
 from hybridrl.models.attention import padded_attention_mask
 from hybridrl.protocol import DataProto
 from hybridrl.utils.distributed import device_name
-from hybridrl.utils.fused_logprob import response_log_probs_fused
-from hybridrl.utils.padding import response_log_probs_packed
-from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from hybridrl.models.fused_logprob import response_log_probs_fused
+from hybridrl.models.padding import response_log_probs_packed
+from hybridrl.algorithms.torch_functional import entropy_from_logits, logprobs_from_logits
 from hybridrl.workers.ppo_update_loop import (MicroBatchLoss, PPOUpdateLoop, in_row_order, micro_batches_of,
                                               rows_per_rank, take_keys)
 

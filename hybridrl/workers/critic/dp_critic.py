@@ -22,8 +22,8 @@ from hybridrl.algorithms.core_algos import compute_value_loss
 from hybridrl.models.attention import padded_attention_mask
 from hybridrl.protocol import DataProto
 from hybridrl.utils.distributed import device_name
-from hybridrl.utils.padding import response_values_packed
-from hybridrl.utils.torch_functional import masked_mean
+from hybridrl.models.padding import response_values_packed
+from hybridrl.algorithms.torch_functional import masked_mean
 from hybridrl.workers.ppo_update_loop import (MicroBatchLoss, PPOUpdateLoop, in_row_order, micro_batches_of,
                                               rows_per_rank, take_keys)
 

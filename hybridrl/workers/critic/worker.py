@@ -2,7 +2,7 @@
 
 Data methods are Dispatch.DP_COMPUTE_PROTO and return only what they add (see workers/actor_rollout_ref.py).
 With model.fsdp_config.param_offload / optimizer_offload the parameters and the optimizer state wait in
-CPU memory between calls and come to the device only for the call that needs them (utils/offload.py).
+CPU memory between calls and come to the device only for the call that needs them (models/offload.py).
 It lives in the critic package (not workers/critic.py, which the package would shadow) and is
 exported as hybridrl.workers.critic.CriticWorker.
 """
@@ -13,11 +13,11 @@ import torch
 from hybridrl.models.attention import attention_implementation
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller import Dispatch, Worker, register
-from hybridrl.utils.checkpoint import load_sharded_model_state, save_sharded_model_state
+from hybridrl.models.checkpoint import load_sharded_model_state, save_sharded_model_state
 from hybridrl.utils.distributed import device_name, init_process_group_once
-from hybridrl.utils.fsdp_utils import apply_lora, build_lr_scheduler, build_optimizer, load_hf_model, shard_model
+from hybridrl.models.fsdp_utils import apply_lora, build_lr_scheduler, build_optimizer, load_hf_model, shard_model
 from hybridrl.utils.import_utils import load_extensions
-from hybridrl.utils.offload import FSDPOffload
+from hybridrl.models.offload import FSDPOffload
 from hybridrl.workers.critic.dp_critic import DataParallelPPOCritic
 
 

@@ -43,8 +43,8 @@ import torch
 from aiohttp import web
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from hybridrl.utils.fsdp_utils import hf_module
-from hybridrl.utils.torch_functional import logprobs_from_logits
+from hybridrl.models.fsdp_utils import hf_module
+from hybridrl.algorithms.torch_functional import logprobs_from_logits
 from hybridrl.workers.rollout.engine_io import requested_max_tokens
 
 SAMPLING_KEYS = {"temperature", "top_p", "top_k", "logprobs", "max_tokens", "max_new_tokens", "repetition_penalty"}

@@ -30,8 +30,8 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
 from hybridrl.protocol import DataProto
-from hybridrl.utils.fsdp_utils import hf_module
-from hybridrl.utils.torch_functional import logprobs_from_logits
+from hybridrl.models.fsdp_utils import hf_module
+from hybridrl.algorithms.torch_functional import logprobs_from_logits
 from hybridrl.workers.rollout.base import BaseRollout, register_rollout
 from hybridrl.data.batch_layout import to_batch_layout
 from hybridrl.workers.rollout.sampling import max_new_tokens, sampling_source

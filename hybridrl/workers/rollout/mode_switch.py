@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hybridrl.utils.offload import FSDPOffload
+from hybridrl.models.offload import FSDPOffload
 from hybridrl.workers.rollout.weight_sync import iter_rollout_weights
 
 logger = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from hybridrl.utils.fsdp_utils import fsdp_root, hf_module, iter_hf_weights
+from hybridrl.models.fsdp_utils import fsdp_root, hf_module, iter_hf_weights
 
 
 def iter_rollout_weights(actor_module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,3 +1,3 @@
-from hybridrl.utils.dataset import RLHFDataset
+from hybridrl.data.rl_dataset import RLHFDataset
 
 __all__ = ["RLHFDataset"]

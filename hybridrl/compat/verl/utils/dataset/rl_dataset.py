@@ -1,3 +1,3 @@
-from hybridrl.utils.dataset import RLHFDataset, collate_fn, get_dataset_class
+from hybridrl.data.rl_dataset import RLHFDataset, collate_fn, get_dataset_class
 
 __all__ = ["RLHFDataset", "collate_fn", "get_dataset_class"]

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from hybridrl.algorithms.torch_functional import entropy_from_logits, logprobs_from_logits
 
 __all__ = ["PackedInputs", "unpad_input", "pad_output", "forward_packed", "response_log_probs_packed",
            "response_values_packed"]

@@ -10,7 +10,7 @@ import sys
 
 from tqdm import tqdm
 
-from hybridrl.utils.tracking import format_value
+from hybridrl.trainer.tracking import format_value
 
 # (label in the table, metric name), in display order.
 HEADLINE_METRICS = (

@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridrl.models.attention import padded_attention_mask
-from hybridrl.utils.fsdp_utils import hf_module
-from hybridrl.utils.padding import response_scoring_rows, unpad_input
+from hybridrl.models.fsdp_utils import hf_module
+from hybridrl.models.padding import response_scoring_rows, unpad_input
 
 __all__ = ["CHUNK_LOGITS", "linear_log_probs", "response_log_probs_fused"]
 
@@ -142,7 +142,7 @@ def response_log_probs_fused(model: nn.Module, input_ids: torch.Tensor, attentio
 
     remove_padding=False: one padded forward; like the plain padded path, every response position gets
     a number (padding ones are arbitrary and masked later). remove_padding=True: one packed forward
-    (utils/padding.py), 0 at response padding. The entropy carries a gradient only with entropy_grad.
+    (models/padding.py), 0 at response padding. The entropy carries a gradient only with entropy_grad.
     """
     rows, response_length = responses.shape
     if remove_padding:
