@@ -14,7 +14,8 @@ from hybridrl.protocol import DataProto
 from hybridrl.single_controller import Dispatch, Execute, Worker, register
 from hybridrl.single_controller.ray import (RayClassWithInitArgs, RayResourcePool, RayWorkerGroup,
                                             WorkerGroupFuture, create_colocated_worker_cls)
-from hybridrl.single_controller.rendezvous import NAMESPACE
+from hybridrl.single_controller.rendezvous import KEY_ENV, NAMESPACE, forget_rendezvous
+from hybridrl.utils import distributed
 from hybridrl.utils.distributed import init_process_group_once
 
 # Ray workers cannot import this test module by name; ship its classes by value.
@@ -102,6 +103,13 @@ class Role(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def shift(self, data: DataProto) -> DataProto:
         return DataProto({"y": data.batch["x"][:, 0] + self.total})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def all_reduce_total(self) -> float:
+        init_process_group_once()
+        value = torch.tensor([float(self.total)])
+        dist.all_reduce(value)
+        return value.item()
 
 
 @pytest.fixture(scope="module")
@@ -203,6 +211,26 @@ def test_rank_zero_holds_the_rendezvous_port_it_publishes(shard_group, shared_po
     assert [_internal_kv_get(key, namespace=NAMESPACE) for key in published].count(f"{address} {port}".encode()) == 1
 
 
+def test_a_process_resolves_its_rendezvous_once(ray_local, monkeypatch):
+    """The roles of a colocated worker are Workers too: a second Worker in the process must not reserve and publish
+    another port (rank 1 would then meet rank 0 on a port nobody serves)."""
+    key = f"test_once/{os.getpid()}"
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", KEY_ENV: key}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    Worker()
+    published = _internal_kv_get(key, namespace=NAMESPACE)
+    Worker()
+    port = int(os.environ["MASTER_PORT"])
+    try:
+        assert _internal_kv_get(key, namespace=NAMESPACE) == published == f"{os.environ['MASTER_ADDR']} {port}".encode()
+        assert port in distributed._reserved_listeners and len(distributed._reserved_listeners) == 1
+    finally:
+        distributed.release_port(port)
+        forget_rendezvous(key)
+
+
 def test_removing_a_pool_forgets_its_groups_rendezvous(ray_local):
     pool = RayResourcePool([1], use_gpu=False)
     group = RayWorkerGroup(pool, RayClassWithInitArgs(ShardWorker, scale=1))
@@ -228,6 +256,7 @@ def test_colocated_roles_share_a_process_and_keep_their_state(colocated_group, s
     assert {pid for pid, _ in actor_results}.isdisjoint(d["pid"] for d in shard_group.describe())
     assert [total for _, total in colocated_group.actor_add(1)] == [2, 2]  # prefixed names on the whole group
     assert roles["critic"].shift(make_rows(3)).batch["y"].tolist() == [110, 113, 116]
+    assert roles["critic"].all_reduce_total() == [220.0, 220.0]  # the ranks of a colocated class meet once
 
 
 def test_spawn_needs_a_colocated_class_and_known_roles(shard_group, colocated_group):

@@ -27,7 +27,8 @@ WORKER_ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PO
 
 class Worker:
     def __init__(self) -> None:
-        if KEY_ENV in os.environ and "RANK" in os.environ:
+        if KEY_ENV in os.environ and "RANK" in os.environ and "MASTER_PORT" not in os.environ:
+            # Once per process: the roles of a colocated worker are Workers too, and each runs this __init__.
             resolve_rendezvous(int(os.environ["RANK"]), os.environ[KEY_ENV])
         missing = [name for name in WORKER_ENV_VARS if name not in os.environ]
         if missing:
