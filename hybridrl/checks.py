@@ -8,16 +8,16 @@ are listed, in the order of the imports below.
 Importing it imports torch (the rollout and agent-loop packages do): main_ppo imports it only once a run starts.
 """
 from hybridrl.config.checks import all_registered
-from hybridrl.algorithms import config_checks as _algorithms  # noqa: F401
-from hybridrl.data import config_checks as _data  # noqa: F401
-from hybridrl.models import config_checks as _models  # noqa: F401
-from hybridrl.workers import config_checks as _workers  # noqa: F401
-from hybridrl.workers.rollout import config_checks as _rollout  # noqa: F401
-from hybridrl.reward import config_checks as _reward  # noqa: F401
-from hybridrl.tools import config_checks as _tools  # noqa: F401
-from hybridrl.interactions import config_checks as _interactions  # noqa: F401
-from hybridrl.agent_loop import config_checks as _agent_loop  # noqa: F401
-from hybridrl.single_controller import config_checks as _single_controller  # noqa: F401
-from hybridrl.trainer import config_checks as _trainer  # noqa: F401
+import hybridrl.algorithms.config_checks  # noqa: F401
+import hybridrl.data.config_checks  # noqa: F401
+import hybridrl.models.config_checks  # noqa: F401
+import hybridrl.workers.config_checks  # noqa: F401
+import hybridrl.workers.rollout.config_checks  # noqa: F401
+import hybridrl.reward.config_checks  # noqa: F401
+import hybridrl.tools.config_checks  # noqa: F401
+import hybridrl.interactions.config_checks  # noqa: F401
+import hybridrl.agent_loop.config_checks  # noqa: F401
+import hybridrl.single_controller.config_checks  # noqa: F401
+import hybridrl.trainer.config_checks  # noqa: F401
 
 all_registered()

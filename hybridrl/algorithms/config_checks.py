@@ -64,7 +64,7 @@ def _policy_loss_takes_is_weights(values: Values, problems: list[str]) -> None:
     key = "actor_rollout_ref.actor.policy_loss.loss_mode"
     try:
         loss = get_policy_loss_fn(values(key))
-    except ValueError:  # an unregistered name: _registered_names reports it
+    except ValueError:  # an unregistered name: validation's registry step reports it
         return
     if "rollout_is_weights" not in inspect.signature(loss).parameters:
         problems.append(f"{key}: expected a policy loss taking rollout_is_weights (verl's signature) with "

@@ -109,7 +109,8 @@ def files_read(config: PPOConfig) -> list[tuple[str, str]]:
     keys = [("data.train_files", config.data.train_files)]
     if config.trainer.runs_validation():
         keys.append(("data.val_files", config.data.val_files))
-    return [(f"{key}[{index}]", path) for key, paths in keys for index, path in enumerate(paths) if os.path.isfile(path)]
+    return [(f"{key}[{index}]", path) for key, paths in keys for index, path in enumerate(paths)
+            if os.path.isfile(path)]
 
 
 def _check_data(config: PPOConfig, problems: list[str]) -> int | None:

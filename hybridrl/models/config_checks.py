@@ -131,7 +131,7 @@ def _check_models(config: PPOConfig, problems: list[str]) -> dict[str, int | Non
 
 def _check_model_dir(key: str, path: str, problems: list[str]) -> int | None:
     config_path = os.path.join(path, "config.json")
-    if not os.path.isfile(config_path):  # check_paths reported it
+    if not os.path.isfile(config_path):  # _model_dirs_exist reported it
         return None
     try:
         with open(config_path) as f:

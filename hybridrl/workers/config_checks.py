@@ -22,7 +22,7 @@ def _batch_sizes_divide(values: Values, problems: list[str]) -> None:
         run_rule(lambda v, p: _role_batches_divide("critic", v, p, world_words, world), values, problems)
 
 
-def _role_batches_divide(role: str, values: _Values, problems: list[str], world_words: str, world: int) -> None:
+def _role_batches_divide(role: str, values: Values, problems: list[str], world_words: str, world: int) -> None:
     train_batch, n = values("data.train_batch_size"), values("actor_rollout_ref.rollout.n")
     mini = values(f"{role}.ppo_mini_batch_size")
     if train_batch % mini:

@@ -116,7 +116,7 @@ def _check_tensor_parallel_heads(config: PPOConfig, problems: list[str]) -> None
             model = json.load(f)
         heads = model.get("text_config", model)["num_attention_heads"]
     except (OSError, ValueError, KeyError, TypeError):
-        return  # _check_model_dir reports an unreadable config.json
+        return  # models/config_checks.py reports an unreadable config.json
     if heads % tp:
         problems.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected a divisor of the model's "
                         f"num_attention_heads ({heads}, {path}), got {tp}")
