@@ -34,6 +34,7 @@ import time
 import torch
 
 from benchmarks.hybrid_engine import QWEN25_05B, make_qwen05b_model
+import hybridrl.checks  # noqa: F401  registers the subsystems' config checks
 from hybridrl.config import compose_config, validate_config
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker

@@ -75,6 +75,7 @@ def init_single_gpu_process_group() -> None:
 
 def hybrid_config(model_dir: str, overrides: list[str] = (), engine: str = "sglang"):
     """The validated PPOConfig for one GPU with rollout.name=`engine` (plus `overrides`)."""
+    import hybridrl.checks  # noqa: F401  registers the subsystems' config checks
     from hybridrl.config import compose_config, validate_config
 
     return validate_config(compose_config([

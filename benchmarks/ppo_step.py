@@ -141,6 +141,7 @@ def standalone_generation(args, model_dir: str) -> dict:
     import sglang
     from transformers import AutoTokenizer
 
+    import hybridrl.checks  # noqa: F401  registers the subsystems' config checks
     from hybridrl.config import compose_config, validate_config
     from hybridrl.workers.rollout.sglang_rollout import engine_kwargs, sampling_params
 

@@ -22,6 +22,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+import hybridrl.checks  # noqa: F401  registers the subsystems' config checks
 from hybridrl.config import compose_config, validate_config
 from hybridrl.models.flops import model_flops_utilization
 from hybridrl.protocol import DataProto

@@ -250,6 +250,7 @@ def print_dry_run(args, specs: dict, model_dir: str) -> None:
 def check_hybridrl_overrides(specs: dict) -> None:
     """Compose and validate hybridrl's side here: an unknown or refused key fails the dry run. On a machine without
     a GPU or SGLang the validator also says so; those problems (and only those) are this machine's, not the config's."""
+    import hybridrl.checks  # noqa: F401  registers the subsystems' config checks
     from hybridrl.config import compose_config, validate_config
     from hybridrl.config.validation import ConfigError
 

@@ -45,9 +45,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from hybridrl.config import ConfigError, PPOConfig, validate_config
+from hybridrl.config import ConfigError, PPOConfig, check_before_start, validate_config
 from hybridrl.config.cli_errors import exit_with_config_errors, run_hydra_cli
-from hybridrl.config.preflight import check_before_start
 from hybridrl.single_controller.local_cluster import ClusterStartError, LocalRayCluster, prepare_driver_process
 from hybridrl.defaults.assets import ensure_default_assets
 from hybridrl.defaults.tool_task import ensure_tool_task_assets
@@ -65,6 +64,8 @@ WORKER_ENV_VARS = {"TOKENIZERS_PARALLELISM": "false", "NCCL_DEBUG": "WARN",
 
 @hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
+    import hybridrl.checks  # noqa: F401  registers the subsystems' config checks; here, not above: it imports torch
+
     try:
         config = validate_config(cfg)
         ensure_default_assets(config)  # prepares the built-in task and tiny model when the defaults are used

@@ -19,6 +19,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # for its workers.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import hybridrl.checks  # noqa: E402,F401  any test may validate a config: register the subsystems' checks
+
 # The default tier's tests each fail within pyproject's timeout (300 s), with their stack; a slow-tier run (several
 # seeds of a learning curve) gets this much instead, unless it names its own with @pytest.mark.timeout.
 SLOW_TEST_TIMEOUT_S = 1800

@@ -8,9 +8,10 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from hybridrl.config import CONFIG_DIR, NOT_IMPLEMENTED, NOT_IMPLEMENTED_VALUES, compose_config, validate_config
+from hybridrl.config.checks import REGISTRIES
 from hybridrl.config.schema import PPOConfig
 from hybridrl.config.structure import schema_key_paths
-from hybridrl.config.validation import DEPRECATED, REGISTRIES
+from hybridrl.config.validation import DEPRECATED
 
 # Every group of ppo_trainer.yaml (as an override names it) and the choices its folder holds.
 GROUP_KEYS = {"data": "data", "actor": "actor@actor_rollout_ref.actor", "rollout": "rollout@actor_rollout_ref.rollout",

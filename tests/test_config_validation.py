@@ -395,3 +395,12 @@ def test_async_rollout_mode_and_its_requirements():
     assert any(p.startswith("actor_rollout_ref.rollout.agent.num_workers:") for p in found), found
     config = validate_config(compose_config(["actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true"]))
     assert config.actor_rollout_ref.rollout.agent.default_agent_loop == "single_turn_agent"
+
+
+def test_validation_refuses_to_run_without_the_subsystems_checks(monkeypatch):
+    """Nothing is silently skipped: before hybridrl.checks registers the subsystems' rules, the drivers raise."""
+    from hybridrl.config import checks
+
+    monkeypatch.setattr(checks, "_complete", False)
+    with pytest.raises(RuntimeError, match="import hybridrl.checks"):
+        validate_config(compose_config())

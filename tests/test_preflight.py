@@ -16,7 +16,7 @@ import pytest
 import ray
 
 from hybridrl.config import ConfigError, check_before_start, compose_config, validate_config
-from hybridrl.config.preflight import _cpus_ray_detects
+from hybridrl.single_controller.config_checks import _cpus_ray_detects
 from hybridrl.utils.disk import human_bytes
 from hybridrl.data.rl_parquet import write_rl_parquet
 from hybridrl.utils.safetensors_header import count_elements
@@ -120,10 +120,11 @@ def test_missing_and_mistyped_columns_are_named_with_the_key_that_reads_them(inp
         f"['question', 'source', 'extra_info']",
         f"data.train_files[0]: expected a column 'data_source' (data.reward_fn_key), got '{renamed}' with columns "
         f"['question', 'source', 'extra_info']",
-        f"data.train_files[0]: expected a column 'reward_model' (its ground_truth is read by "
-        f"reward_model.reward_manager='naive'), got '{renamed}' with columns ['question', 'source', 'extra_info']",
         f"data.val_files[0]: expected column 'prompt' (data.prompt_key) to hold chat messages, a list of "
         f"{{role, content}}, got type string in '{text_prompt}'",
+        # the reward manager's column is checked by reward/config_checks.py, after data's
+        f"data.train_files[0]: expected a column 'reward_model' (its ground_truth is read by "
+        f"reward_model.reward_manager='naive'), got '{renamed}' with columns ['question', 'source', 'extra_info']",
         f"data.val_files[0]: expected column 'reward_model' to be a struct with a 'ground_truth' field, got type "
         f"string in '{text_prompt}'",
     ]
@@ -343,7 +344,7 @@ def test_a_tensor_parallel_engine_needs_the_heads_to_divide(inputs, tp, name, re
     check runs on the config's namespace here)."""
     from types import SimpleNamespace
 
-    from hybridrl.config.preflight import _check_tensor_parallel_heads
+    from hybridrl.workers.rollout.config_checks import _check_tensor_parallel_heads
 
     rollout = SimpleNamespace(tensor_model_parallel_size=tp, name=name)
     config = SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=rollout, model=SimpleNamespace(

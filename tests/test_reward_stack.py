@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from hybridrl.config.compose import compose_config
-from hybridrl.config.validation import validate_config
+from hybridrl.config.validation import ConfigError, validate_config
 from hybridrl.protocol import DataProto
 from hybridrl.reward.scorers import default_compute_score
 from hybridrl.reward.scorers import math as math_score
@@ -105,13 +105,35 @@ def test_dapo_without_log_or_disabled(tokenizer):
     assert disabled["reward_extra_info"] == naive["reward_extra_info"]
 
 
-def test_dapo_config_errors(tokenizer):
+def test_dapo_needs_the_response_budget(tokenizer):
     with pytest.raises(ValueError, match="needs max_resp_len"):
         DAPORewardManager(tokenizer, 0, overlong_buffer_cfg=overlong())
-    with pytest.raises(ValueError, match=r"overlong_buffer.len must be in \[1, data.max_response_length=8\].*got 9"):
-        DAPORewardManager(tokenizer, 0, max_resp_len=8, overlong_buffer_cfg=overlong(length=9))
-    with pytest.raises(ValueError, match="got 0"):
-        DAPORewardManager(tokenizer, 0, max_resp_len=8, overlong_buffer_cfg=overlong(length=0))
+
+
+def reward_config_problems(*overrides: str) -> list[str]:
+    base = ["actor_rollout_ref.model.path=unused", "data.train_files=unused.parquet", "data.val_files=unused.parquet",
+            "data.max_response_length=8", "trainer.n_gpus_per_node=1"]
+    with pytest.raises(ConfigError) as caught:
+        validate_config(compose_config(base + list(overrides)))
+    return caught.value.problems
+
+
+def test_a_reward_file_needs_a_function_name():
+    assert reward_config_problems("custom_reward_function.path=score.py", "custom_reward_function.name=''") == [
+        "custom_reward_function.name: expected the name of a function in custom_reward_function.path = 'score.py', "
+        "got ''"]
+
+
+def test_the_overlong_buffer_is_checked_before_the_start():
+    """load_reward_manager relies on these: they are refused by validation, before Ray starts."""
+    dapo = ["reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=true"]
+    assert reward_config_problems(*dapo, "reward_model.overlong_buffer.len=9") == [
+        "reward_model.overlong_buffer.len: expected 1 to data.max_response_length = 8 with "
+        "reward_model.overlong_buffer.enable=true, got 9"]
+    assert reward_config_problems(*dapo, "reward_model.overlong_buffer.len=0")[0].endswith("got 0")
+    assert reward_config_problems("reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=4") == [
+        "reward_model.overlong_buffer.enable: expected false with reward_model.reward_manager='naive' (it does not "
+        "apply an overlong penalty; use reward_model.reward_manager=dapo), got True"]
 
 
 # ---------------------------------------------------------------------------------------------- batch
@@ -277,11 +299,6 @@ def test_load_reward_manager_from_the_real_config(tokenizer, tmp_path):
         "custom_reward_function.name=score_all"])), tokenizer, 0)
     assert torch.equal(batched(make_batch(tokenizer, ["12", "1234"])), on_last_token([2.0, 4.0], [2, 4]))
 
-    with pytest.raises(ValueError, match="reward_manager='naive' does not apply an overlong penalty"):
-        load_reward_manager(validate_config(compose_config(base + ["reward_model.overlong_buffer.enable=true",
-                                                                   "reward_model.overlong_buffer.len=4"])),
-                            tokenizer, 0)
-
     # the scorer watch comes from the config: reward_model.score_timeout and trainer.heartbeat_interval
     watched = load_reward_manager(validate_config(compose_config(base + [
         "reward_model.score_timeout=7", "trainer.heartbeat_interval=2"])), tokenizer, 0)
@@ -299,9 +316,12 @@ class ForeignRewardManager:
 def test_a_watched_scorer_needs_a_manager_derived_from_the_base(tokenizer):
     base = ["actor_rollout_ref.model.path=unused", "data.train_files=unused.parquet", "data.val_files=unused.parquet",
             "trainer.n_gpus_per_node=1", "reward_model.reward_manager=not_derived_from_the_base"]
-    with pytest.raises(ValueError, match=r"reward_model.score_timeout=300.0 needs a reward manager derived from "
-                                         r"hybridrl's RewardManagerBase, which ForeignRewardManager is not"):
-        load_reward_manager(validate_config(compose_config(base)), tokenizer, 0)
+    with pytest.raises(ConfigError) as caught:
+        validate_config(compose_config(base))
+    assert caught.value.problems == [
+        "reward_model.score_timeout: expected null with reward_model.reward_manager='not_derived_from_the_base' (a "
+        "watched scorer needs a reward manager derived from hybridrl's RewardManagerBase, which ForeignRewardManager "
+        "is not), got 300"]
     manager = load_reward_manager(validate_config(compose_config(base + ["reward_model.score_timeout=null"])),
                                   tokenizer, 0)
     assert isinstance(manager, ForeignRewardManager)

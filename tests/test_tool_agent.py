@@ -275,7 +275,7 @@ def test_multi_turn_needs_async_mode_and_a_known_format():
 ])
 def test_a_bad_tool_yaml_is_refused_before_start_naming_file_and_entry(tmp_path, entry, message):
     from hybridrl.config import compose_config, validate_config
-    from hybridrl.config.preflight import _check_multi_turn_files
+    from hybridrl.tools.config_checks import _check_tool_config
 
     path = tmp_path / "tools.yaml"
     path.write_text("tools:\n" + entry)
@@ -284,11 +284,11 @@ def test_a_bad_tool_yaml_is_refused_before_start_naming_file_and_entry(tmp_path,
         "actor_rollout_ref.rollout.multi_turn.enable=true",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={path}"]))
     problems: list[str] = []
-    _check_multi_turn_files(config, problems)
+    _check_tool_config(config, problems)
     assert len(problems) == 1 and str(path) in problems[0] and message in problems[0], problems
     config.actor_rollout_ref.rollout.multi_turn.tool_config_path = CALCULATOR_YAML
     problems = []
-    _check_multi_turn_files(config, problems)
+    _check_tool_config(config, problems)
     assert problems == []
 
 

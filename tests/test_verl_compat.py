@@ -218,7 +218,7 @@ def test_chat_template_kwargs_reach_the_prompt_and_keys_that_cannot_apply_are_re
 
 
 def test_an_agent_loop_target_that_does_not_import_is_refused_before_ray_starts(tmp_path):
-    from hybridrl.config.preflight import _check_agent_loops
+    from hybridrl.agent_loop.config_checks import _check_agent_loops
 
     loops = write_yaml(tmp_path / "loops.yaml", "- name: mine\n  _target_: no_such_module.MyLoop\n")
     config = loop_config("x.yaml", f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}")
@@ -230,7 +230,7 @@ def test_an_agent_loop_target_that_does_not_import_is_refused_before_ray_starts(
 
 
 def test_an_interaction_yaml_that_does_not_build_is_refused_before_start_naming_the_entry(tmp_path):
-    from hybridrl.config.preflight import _check_multi_turn_files
+    from hybridrl.interactions.config_checks import _check_interaction_config
 
     interactions = write_yaml(tmp_path / "interactions.yaml", """\
         interaction:
@@ -240,7 +240,7 @@ def test_an_interaction_yaml_that_does_not_build_is_refused_before_start_naming_
     calculator = os.path.join(os.path.dirname(TESTS), "hybridrl/defaults/arithmetic_tool_config.yaml")
     config = loop_config(calculator, f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={interactions}")
     problems: list[str] = []
-    _check_multi_turn_files(config, problems)
+    _check_interaction_config(config, problems)
     assert problems == [f"actor_rollout_ref.rollout.multi_turn.interaction_config_path: expected an interaction YAML "
                         f"whose every entry builds, got {interactions!r}: {interactions}: interaction[1]: a second "
                         f"interaction named 'gsm8k'; interaction names must be unique"]
@@ -248,7 +248,7 @@ def test_an_interaction_yaml_that_does_not_build_is_refused_before_start_naming_
                                                    "gsm8k_interaction_config.yaml")
     config.actor_rollout_ref.rollout.multi_turn.interaction_config_path = example
     problems = []
-    _check_multi_turn_files(config, problems)
+    _check_interaction_config(config, problems)
     assert problems == []
 
 # ---- through the real agent-loop manager (Ray workers)

@@ -6,7 +6,8 @@ Attribute names are the YAML keys, so code written against the composed YAML
 Fields have no defaults on purpose: the YAML files are the one place defaults live, and
 `validate_config` reports a key missing from the YAML instead of quietly inventing a value.
 Ranges that concern one key sit next to its type (`positive()`, `at_least(x)`, ...);
-rules across keys (batch divisibility, registries, not-implemented keys) live in `validation.py`.
+not-implemented keys and registries are checked by `validation.py`, and the other rules across keys (batch
+divisibility, ...) beside the subsystems they concern (`<subsystem>/config_checks.py`, registered in `checks.py`).
 `tests/test_config_schema.py` keeps this file and the YAML key for key in step.
 
 Classes are top-level and plain, so instances pickle (they travel to Ray workers).

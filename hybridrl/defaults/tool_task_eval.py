@@ -19,6 +19,7 @@ from hybridrl.reward.scorers.arithmetic_tool import compute_score
 
 def tool_task_config(response_length: int = 96):
     """The run config of hybridrl/config/tool_default.yaml, with the packaged tool YAML."""
+    import hybridrl.checks  # noqa: F401  registers the subsystems' config checks
     from hybridrl.config import compose_config, validate_config
 
     tool_config_path = os.path.join(os.path.dirname(__file__), "arithmetic_tool_config.yaml")

@@ -33,6 +33,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
+from hybridrl.reward.custom_function import load_user_reward_fn
 from hybridrl.reward.remote_rm import RemoteRewardModel, make_payload
 from hybridrl.reward.scorers import deepscaler, default_compute_score, f1, gsm8k, math_dapo
 from hybridrl.reward.scorers import math as math_scorer
@@ -123,12 +124,8 @@ class RewardHub:
     def from_config(cls, config) -> "RewardHub":
         """From the run config's custom_reward_function (path/name, rm_type, remote_rm). The remote reward
         model exists whenever remote_rm.url is set, so rows may ask for it by their own rm_type."""
-        from hybridrl.reward.managers.loader import load_user_reward_fn
-
         custom = config.custom_reward_function
         remote = RemoteRewardModel.from_config(custom.remote_rm) if custom.remote_rm.url else None
-        if _uses_remote(custom.rm_type) and remote is None:
-            raise ValueError("custom_reward_function.rm_type=remote_rm needs custom_reward_function.remote_rm.url")
         return cls(rm_type=custom.rm_type, custom_fn=load_user_reward_fn(config), remote=remote,
                    score_timeout=config.reward_model.score_timeout)
 
@@ -254,10 +251,6 @@ async def score_group(samples: Sequence[RewardInput], hub: RewardHub) -> list[Sa
 
 def _payload(sample: RewardInput) -> dict:
     return make_payload(sample.response, sample.label, sample.data_source, sample.extra_info, sample.prompt)
-
-
-def _uses_remote(rm_type: Optional[str]) -> bool:
-    return rm_type is not None and rm_type.removeprefix(BOXED_PREFIX) == REMOTE
 
 
 async def _awaited(awaitable):

@@ -71,14 +71,6 @@ class RewardModelWorker(Worker):
     def init_model(self) -> None:
         """Load the reward model and its tokenizer (and the policy's, to compare), shard the model."""
         config, model = self.config, self.config.model
-        if not model.path:
-            raise ValueError("reward_model.enable=true needs reward_model.model.path (a sequence-classification model)")
-        if not config.micro_batch_size_per_gpu:
-            raise ValueError("reward_model.enable=true needs reward_model.micro_batch_size_per_gpu")
-        for key, enabled in (("reward_model.use_dynamic_bsz", config.use_dynamic_bsz),
-                             ("reward_model.model.use_remove_padding", model.use_remove_padding)):
-            if enabled:
-                raise NotImplementedError(f"{key}=true is not implemented for the reward model; set it to false")
         self.rm_tokenizer = load_tokenizer(model.path, trust_remote_code=model.trust_remote_code)
         self.policy_tokenizer = None
         if model.input_tokenizer is not None:

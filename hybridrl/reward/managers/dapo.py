@@ -31,11 +31,10 @@ class DAPORewardManager(NaiveRewardManager):
             else None
         if self.overlong_buffer is None:
             return
+        # An argument, not a config value: load_reward_manager always passes it. That the buffer fits in it is a
+        # config rule, checked before the start (reward/config_checks.py).
         if max_resp_len is None:
             raise ValueError("reward_model.overlong_buffer.enable=true needs max_resp_len (data.max_response_length)")
-        if not 0 < self.overlong_buffer.len <= max_resp_len:
-            raise ValueError(f"reward_model.overlong_buffer.len must be in [1, data.max_response_length="
-                             f"{max_resp_len}] when overlong_buffer.enable=true, got {self.overlong_buffer.len}")
         self.max_resp_len = max_resp_len
 
     def overlong_penalty(self, valid_len: int) -> float:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import inspect
 
-from hybridrl.utils.import_utils import load_extern_object
-from hybridrl.reward.managers.base import RewardManagerBase
+from hybridrl.reward.custom_function import load_user_reward_fn
+from hybridrl.reward.hub import RewardHub
 from hybridrl.reward.managers.registry import get_reward_manager_cls
 
 
@@ -16,21 +16,9 @@ def get_custom_reward_fn(config):
     when `custom_reward_function.path` is unset too."""
     custom = config.get("custom_reward_function") or {}
     if custom.get("rm_type"):
-        from hybridrl.reward.hub import RewardHub
-
         hub = RewardHub.from_config(config)
         return hub.batch_fn() if config.reward_model.reward_manager == "batch" else hub.per_sample_fn()
     return load_user_reward_fn(config)
-
-
-def load_user_reward_fn(config):
-    """The user's function `custom_reward_function.path/name`, or None when the path is unset."""
-    custom = config.get("custom_reward_function") or {}
-    if not custom.get("path"):
-        return None
-    if not custom.get("name"):
-        raise ValueError(f"custom_reward_function.path is {custom['path']!r} but custom_reward_function.name is empty")
-    return load_extern_object(custom["path"], custom["name"])
 
 
 def load_reward_manager(config, tokenizer, num_examine: int):
@@ -39,8 +27,8 @@ def load_reward_manager(config, tokenizer, num_examine: int):
     Every manager gets tokenizer, num_examine, compute_score and reward_fn_key (data.reward_fn_key).
     A manager whose constructor also names `max_resp_len` gets data.max_response_length, and one
     that names `overlong_buffer_cfg` gets reward_model.overlong_buffer (as verl's dapo manager).
-    With reward_model.score_timeout set, the manager is watched (see base.py) with it and trainer.heartbeat_interval;
-    that needs a RewardManagerBase.
+    With reward_model.score_timeout set, the manager is watched (see base.py) with it and trainer.heartbeat_interval.
+    What the manager is built with fits it: validation checked that (reward/config_checks.py).
     """
     name = config.reward_model.reward_manager
     manager_cls = get_reward_manager_cls(name)
@@ -51,16 +39,9 @@ def load_reward_manager(config, tokenizer, num_examine: int):
     overlong_buffer = config.reward_model.get("overlong_buffer")
     if "overlong_buffer_cfg" in accepted:
         kwargs["overlong_buffer_cfg"] = overlong_buffer
-    elif overlong_buffer is not None and overlong_buffer.enable:
-        raise ValueError(f"reward_model.overlong_buffer.enable=true, but reward_model.reward_manager={name!r} "
-                         "does not apply an overlong penalty; use reward_model.reward_manager=dapo")
     manager = manager_cls(tokenizer=tokenizer, num_examine=num_examine, compute_score=get_custom_reward_fn(config),
                           reward_fn_key=config.data.reward_fn_key, **kwargs)
     score_timeout = config.reward_model.get("score_timeout")
     if score_timeout is not None:
-        if not isinstance(manager, RewardManagerBase):
-            raise ValueError(f"reward_model.score_timeout={score_timeout} needs a reward manager derived from "
-                             f"hybridrl's RewardManagerBase, which {manager_cls.__name__} is not; set "
-                             "reward_model.score_timeout=null")
         manager.set_score_timeout(score_timeout, heartbeat_interval=config.trainer.heartbeat_interval)
     return manager

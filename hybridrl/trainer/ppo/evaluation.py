@@ -61,7 +61,7 @@ class EvalSet:
 # ---------------------------------------------------------------------- config
 
 def eval_set_problems(entries: list, response_length: int) -> list[str]:
-    """One line per problem with `data.eval_sets` (validation.py reports them with the rest)."""
+    """One line per problem with `data.eval_sets` (trainer/config_checks.py reports them with the rest)."""
     problems, names = [], set()
     for index, entry in enumerate(entries):
         key = f"data.eval_sets[{index}]"

@@ -1,0 +1,65 @@
+"""Config checks of the agent loops (rollout.mode=async, multi-turn), registered with hybridrl.config.checks:
+async mode reads the raw chat and serves the built-in engines, multi-turn runs as an agent loop with a tool-call
+syntax it parses, and before the start every agent-loop YAML entry imports and the default loop is registered."""
+from __future__ import annotations
+
+from hybridrl.config.checks import Values, register_check
+from hybridrl.config.schema import PPOConfig
+
+
+@register_check()
+def _async_rollout_settings(values: Values, problems: list[str]) -> None:
+    """rollout.mode=async: agent loops read the raw chat; the engine server serves the built-in engines; the hf
+    server's requests run unsynchronised across ranks, which only FSDP2's whole-model gather allows."""
+    if values("actor_rollout_ref.rollout.mode") != "async":
+        return
+    if not values("data.return_raw_chat"):
+        problems.append("data.return_raw_chat: expected true with actor_rollout_ref.rollout.mode='async' (agent "
+                        "loops get the raw chat messages as raw_prompt), got False")
+    custom = values("actor_rollout_ref.rollout.custom_cls")
+    if custom.get("path") is not None or custom.get("name") is not None:
+        problems.append("actor_rollout_ref.rollout.custom_cls: expected null with actor_rollout_ref.rollout.mode="
+                        "'async' (the engine server serves the built-in hf, sglang and vllm engines), got "
+                        f"{custom!r}")
+    if values("actor_rollout_ref.rollout.name") == "hf" and values("actor_rollout_ref.actor.strategy") == "fsdp":
+        problems.append("actor_rollout_ref.actor.strategy: expected 'fsdp2' with actor_rollout_ref.rollout.mode="
+                        "'async' and rollout.name='hf' (each rank's server generates on its own schedule; FSDP1 "
+                        "may gather layers at every step, a collective the ranks would not join together), got "
+                        "'fsdp'")
+
+
+@register_check()
+def _multi_turn_settings(values: Values, problems: list[str]) -> None:
+    """multi_turn: the tool_agent loop runs only as an agent loop (async mode), with a tool-call syntax it parses."""
+    from hybridrl.agent_loop.tool_parser import TOOL_PARSERS
+
+    if not values("actor_rollout_ref.rollout.multi_turn.enable"):
+        return
+    if values("actor_rollout_ref.rollout.mode") != "async":
+        problems.append("actor_rollout_ref.rollout.mode: expected 'async' with actor_rollout_ref.rollout.multi_turn."
+                        "enable=true (multi-turn rollouts run as agent loops against engine servers), got "
+                        f"{values('actor_rollout_ref.rollout.mode')!r}")
+    tool_format = values("actor_rollout_ref.rollout.multi_turn.format")
+    if tool_format not in TOOL_PARSERS:
+        problems.append(f"actor_rollout_ref.rollout.multi_turn.format: expected one of {sorted(TOOL_PARSERS)}, got "
+                        f"{tool_format!r}")
+
+
+@register_check("preflight")
+def _check_agent_loops(config: PPOConfig, problems: list[str]) -> None:
+    """Import every _target_ of the agent-loop YAML and find the default loop, as the agent-loop workers will: a
+    module or class that does not import is refused now, not after the cluster is up."""
+    agent = config.actor_rollout_ref.rollout.agent
+    if config.actor_rollout_ref.rollout.mode != "async":
+        return
+    from hybridrl.agent_loop.base import load_agent_loop_config
+
+    try:
+        registry = load_agent_loop_config(agent.agent_loop_config_path)
+    except Exception as err:  # names the file and the entry
+        problems.append(f"actor_rollout_ref.rollout.agent.agent_loop_config_path: expected a YAML whose every "
+                        f"_target_ imports, got {agent.agent_loop_config_path!r}: {err}")
+        return
+    if agent.default_agent_loop not in registry:
+        problems.append(f"actor_rollout_ref.rollout.agent.default_agent_loop: expected a registered agent loop "
+                        f"(one of {sorted(registry)}), got {agent.default_agent_loop!r}")

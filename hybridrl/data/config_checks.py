@@ -1,0 +1,176 @@
+"""Config checks of the data: the data flow and its hooks, and before the start the data files (they exist, are
+readable parquet with rows and the columns the dataset reads, and hold one training batch), registered with
+hybridrl.config.checks. The validation files are not opened when the run never validates."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from hybridrl.config.checks import Values, expect_file, register_check
+from hybridrl.config.schema import PPOConfig
+
+
+# data_flow keys that do something only when the data flow is on, with their off values.
+DATA_FLOW_DEFAULTS: dict[str, Any] = {
+    "over_sampling_batch_size": None, "max_num_gen_batches": 0, "insufficient_groups": "fail",
+    "partial_rollout": False, "mask_offpolicy_in_partial_rollout": False, "group_reward": False, "reward_key": None,
+}
+
+
+@register_check()
+def _data_flow_settings(values: Values, problems: list[str]) -> None:
+    """data_flow (slime's) and algorithm.filter_groups (verl's DAPO form of it): on only in async mode, its hooks
+    importable with the right signatures (hybridrl/data/hooks.py), its keys unused while it is off refused."""
+    from hybridrl.data.hooks import HOOKS, HookError, load_hook
+
+    flow = values("data_flow")
+    filter_groups = values("algorithm.filter_groups")
+    if not (flow["enable"] or filter_groups["enable"]):
+        for key, default in DATA_FLOW_DEFAULTS.items():
+            if flow[key] != default:
+                problems.append(f"data_flow.{key}: expected {default!r} with data_flow.enable=false (it acts only in "
+                                f"the data flow; set data_flow.enable=true), got {flow[key]!r}")
+        for hook in HOOKS:
+            if flow[hook].get("path") is not None or flow[hook].get("name") is not None:
+                problems.append(f"data_flow.{hook}: expected null path and name with data_flow.enable=false (set "
+                                f"data_flow.enable=true), got {flow[hook]!r}")
+        return
+    switch = "data_flow.enable" if flow["enable"] else "algorithm.filter_groups.enable"
+    if values("actor_rollout_ref.rollout.mode") != "async":
+        problems.append(f"actor_rollout_ref.rollout.mode: expected 'async' with {switch}=true (groups run as "
+                        f"agent-loop requests on the engine servers, which can abort them), got "
+                        f"{values('actor_rollout_ref.rollout.mode')!r}")
+    if values("async_training.mode") != "sync" or not values("actor_rollout_ref.hybrid_engine"):
+        problems.append(f"async_training.mode / actor_rollout_ref.hybrid_engine: expected 'sync' and true with "
+                        f"{switch}=true (the data flow runs on the colocated engines for now), got "
+                        f"{values('async_training.mode')!r} and {values('actor_rollout_ref.hybrid_engine')!r}")
+    if values("reward_model.enable"):
+        problems.append(f"reward_model.enable: expected false with {switch}=true (groups are scored as they finish, "
+                        f"while the engines hold the devices), got True")
+    if values("algorithm.adv_estimator") == "remax":
+        problems.append(f"algorithm.adv_estimator: expected an estimator other than 'remax' with {switch}=true (its "
+                        f"greedy baseline generation is not part of the data flow), got 'remax'")
+    generates_itself = any(flow[hook].get("name") is not None for hook in ("rollout_function",
+                                                                          "custom_generate_function"))
+    loop = values("actor_rollout_ref.rollout.agent.default_agent_loop")
+    if loop != "single_turn_agent" and not generates_itself:
+        problems.append(f"actor_rollout_ref.rollout.agent.default_agent_loop: expected 'single_turn_agent' with "
+                        f"{switch}=true (the built-in generate function is single-turn and continues aborted samples; "
+                        f"for other loops set data_flow.custom_generate_function), got {loop!r}")
+    if filter_groups["enable"] and flow["max_num_gen_batches"] not in (0, filter_groups["max_num_gen_batches"]):
+        problems.append(f"data_flow.max_num_gen_batches: expected 0 or algorithm.filter_groups.max_num_gen_batches = "
+                        f"{filter_groups['max_num_gen_batches']} (the same cap), got {flow['max_num_gen_batches']!r}")
+    train_batch = values("data.train_batch_size")
+    over = flow["over_sampling_batch_size"]
+    if flow["over_sampling_filter"].get("name") is not None and (over or train_batch) < train_batch + 1:
+        problems.append(f"data_flow.over_sampling_batch_size: expected more than data.train_batch_size = {train_batch} "
+                        f"groups with data_flow.over_sampling_filter set (it orders them and keeps the first "
+                        f"train_batch_size), got {over!r}")
+    if flow["group_reward"] and flow["reward_function"].get("name") is None:
+        problems.append("data_flow.group_reward: expected false without data_flow.reward_function (the reward "
+                        "manager scores samples itself), got True")
+    for hook in HOOKS:
+        try:
+            load_hook(hook, flow[hook])
+        except HookError as err:
+            problems.append(str(err))
+
+
+@register_check("paths")
+def _data_files_exist(config: PPOConfig, problems: list[str]) -> None:
+    for key, files in (("data.train_files", config.data.train_files), ("data.val_files", config.data.val_files)):
+        for index, path in enumerate(files):
+            expect_file(f"{key}[{index}]", path, ".parquet", problems)
+    for index, entry in enumerate(config.data.eval_sets):
+        files = [entry["path"]] if isinstance(entry["path"], str) else entry["path"]
+        for file_index, path in enumerate(files):
+            expect_file(f"data.eval_sets[{index}].path" + (f"[{file_index}]" if len(files) > 1 else ""), path,
+                        ".parquet", problems)
+    if config.data.custom_cls.path is not None:
+        expect_file("data.custom_cls.path", config.data.custom_cls.path, ".py", problems)
+
+
+@register_check("preflight")
+def _check_data_files_of_the_run(config: PPOConfig, problems: list[str]) -> None:
+    _check_data(config, problems)
+
+
+def usable_train_rows(config: PPOConfig) -> int | None:
+    """The training rows batches are drawn from (None when unknown), for the disk-space warning; it runs only when
+    the preflight found no problem, so _check_data_files_of_the_run reported nothing here."""
+    return _check_data(config, [])
+
+
+def files_read(config: PPOConfig) -> list[tuple[str, str]]:
+    """(key[index], path) of every existing data file the run reads: the validation files only when it validates."""
+    keys = [("data.train_files", config.data.train_files)]
+    if config.trainer.runs_validation():
+        keys.append(("data.val_files", config.data.val_files))
+    return [(f"{key}[{index}]", path) for key, paths in keys for index, path in enumerate(paths)
+            if os.path.isfile(path)]
+
+
+def _check_data(config: PPOConfig, problems: list[str]) -> int | None:
+    """Check the data files the run reads; return the training rows batches are drawn from (None when unknown)."""
+    data = config.data
+    train_rows = _check_data_files("data.train_files", data.train_files, config, problems)
+    if config.trainer.runs_validation():
+        _check_data_files("data.val_files", data.val_files, config, problems)
+    if train_rows is None or data.custom_cls.path:
+        return None
+    total = sum(rows for _, rows in train_rows)
+    usable = total if data.train_max_samples == -1 else min(total, data.train_max_samples)
+    if usable < data.train_batch_size:
+        counts = ", ".join(f"{path}: {rows}" for path, rows in train_rows)
+        kept = "" if usable == total else f", of which data.train_max_samples={data.train_max_samples} are used"
+        problems.append(f"data.train_files: expected at least data.train_batch_size={data.train_batch_size} rows in "
+                        f"all (one training batch), got {total} ({counts}{kept})")
+    return usable
+
+
+def _check_data_files(key: str, paths: list[str], config: PPOConfig,
+                      problems: list[str]) -> list[tuple[str, int]] | None:
+    """(file, rows) of each file; None when one of them is missing or unreadable (its problem is then reported)."""
+    rows: list[tuple[str, int]] | None = []
+    for index, path in enumerate(paths):
+        where = f"{key}[{index}]"
+        if not os.path.isfile(path):  # _data_files_exist reported it
+            rows = None
+            continue
+        try:
+            metadata = pq.read_metadata(path)
+            schema = metadata.schema.to_arrow_schema()
+        except (pa.ArrowException, OSError) as err:
+            problems.append(f"{where}: expected a readable parquet file, got {path!r} ({type(err).__name__}: {err})")
+            rows = None
+            continue
+        if metadata.num_rows == 0:
+            problems.append(f"{where}: expected a parquet file with rows, got {path!r} (0 rows)")
+        if not config.data.custom_cls.path:
+            _check_columns(where, path, schema, config, problems)
+        if rows is not None:
+            rows.append((path, metadata.num_rows))
+    return rows
+
+
+def _check_columns(where: str, path: str, schema: pa.Schema, config: PPOConfig, problems: list[str]) -> None:
+    """The columns RLHFDataset and the reward manager read (data.prompt_key, data.reward_fn_key), present and of a
+    usable type; the ground truth the reward managers read is reward/config_checks.py's to check."""
+    prompt, source = config.data.prompt_key, config.data.reward_fn_key
+    required = {prompt: "data.prompt_key", source: "data.reward_fn_key"}
+    for column, why in required.items():
+        if column not in schema.names:
+            problems.append(f"{where}: expected a column {column!r} ({why}), got {path!r} with columns {schema.names}")
+    if prompt in schema.names and not _is_chat(schema.field(prompt).type):
+        problems.append(f"{where}: expected column {prompt!r} (data.prompt_key) to hold chat messages, a list of "
+                        f"{{role, content}}, got type {schema.field(prompt).type} in {path!r}")
+
+
+def _is_chat(column_type: pa.DataType) -> bool:
+    if not (pa.types.is_list(column_type) or pa.types.is_large_list(column_type)):
+        return False
+    message = column_type.value_type
+    return pa.types.is_struct(message) and {"role", "content"} <= {field.name for field in message}

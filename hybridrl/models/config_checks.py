@@ -1,0 +1,177 @@
+"""Config checks of the models: liger kernels, LoRA, CPU offload, and before the start the model directories
+(config.json, complete safetensors weights), registered with hybridrl.config.checks."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+from hybridrl.config.checks import Values, critic_enabled, register_check
+from hybridrl.config.schema import PPOConfig
+from hybridrl.utils.safetensors_header import UnreadableSafetensors, count_elements
+
+INSTALL_GPU_EXTRAS = "pip install -e '.[gpu]'"
+
+
+def cuda_available() -> bool:
+    import torch  # imported only when a rule needs it: torch takes seconds to import
+
+    return torch.cuda.is_available()
+
+
+@register_check()
+def _liger_runs_on_a_gpu(values: Values, problems: list[str]) -> None:
+    """liger's kernels are Triton kernels: CUDA only, and the package comes with the gpu extra."""
+    if not values("actor_rollout_ref.model.use_liger"):
+        return
+    device = values("trainer.device")
+    if device == "cpu" or (values("ray_init.address") is None and not cuda_available()):
+        problems.append(f"actor_rollout_ref.model.use_liger: expected false without a GPU (liger's kernels run only "
+                        f"on CUDA; trainer.device={device!r}, CUDA available: {cuda_available()}), got True")
+    elif importlib.util.find_spec("liger_kernel") is None:
+        problems.append(f"actor_rollout_ref.model.use_liger: expected the liger-kernel package to be installed "
+                        f"({INSTALL_GPU_EXTRAS}), got True (liger_kernel is not importable)")
+
+
+@register_check()
+def _lora_settings(values: Values, problems: list[str]) -> None:
+    rank = values("actor_rollout_ref.model.lora_rank")
+    adapter = values("actor_rollout_ref.model.lora_adapter_path")
+    if rank == 0 and adapter is not None:
+        problems.append(f"actor_rollout_ref.model.lora_adapter_path: expected null when "
+                        f"actor_rollout_ref.model.lora_rank=0 (no LoRA to load the adapter into), got {adapter!r}")
+
+
+# Models whose state param_offload / optimizer_offload park on the CPU between phases (models/offload.py):
+# (strategy key, fsdp_config key, its parking flags, whether that fsdp_config has offload_policy).
+OFFLOAD_FLAGS = (
+    ("actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.fsdp_config", ("param_offload", "optimizer_offload"),
+     True),
+    ("actor_rollout_ref.ref.strategy", "actor_rollout_ref.ref.fsdp_config", ("param_offload",), False),
+    ("critic.strategy", "critic.model.fsdp_config", ("param_offload", "optimizer_offload"), True),
+)
+
+
+@register_check()
+def _offload_settings(values: Values, problems: list[str]) -> None:
+    """Parking between phases moves FSDP2's sharded DTensors; FSDP1 has its own permanent CPU offload
+    (offload_policy, torch's CPUOffload), and offload_policy already keeps everything on the CPU."""
+    for strategy_key, fsdp_key, flags, has_policy in OFFLOAD_FLAGS:
+        if strategy_key.startswith("critic.") and not critic_enabled(values):
+            continue
+        for flag in flags:
+            key = f"{fsdp_key}.{flag}"
+            if not values(key):
+                continue
+            if values(strategy_key) == "fsdp":
+                instead = (f"set {fsdp_key}.offload_policy=true (FSDP1's own CPUOffload: parameters, gradients and "
+                           f"optimizer state on the CPU all the time) or {strategy_key}=fsdp2" if has_policy
+                           else f"set {strategy_key}=fsdp2")
+                problems.append(f"{key}: expected False with {strategy_key}='fsdp' (parking state on the CPU between "
+                                f"phases is implemented for fsdp2 only; {instead}), got True")
+            elif has_policy and values(f"{fsdp_key}.offload_policy"):
+                problems.append(f"{key}: expected False with {fsdp_key}.offload_policy=true (that keeps parameters, "
+                                f"gradients and optimizer state on the CPU all the time; {flag} parks them there "
+                                f"between phases only: choose one), got True")
+    ref_key = "actor_rollout_ref.ref.fsdp_config.param_offload"
+    actor_key = "actor_rollout_ref.actor.fsdp_config.param_offload"
+    if values("actor_rollout_ref.model.lora_rank") > 0 and values(ref_key) and not values(actor_key):
+        problems.append(f"{ref_key}: expected False when {actor_key}=false and actor_rollout_ref.model.lora_rank > 0 "
+                        f"(the LoRA reference is the actor's own module with its adapters disabled, so it is parked "
+                        f"exactly when the actor is), got True")
+
+
+@register_check("paths")
+def _model_dirs_exist(config: PPOConfig, problems: list[str]) -> None:
+    for key, path in _model_dirs(config).items():
+        _expect_model_dir(key, path, problems)
+    adapter = config.actor_rollout_ref.model.lora_adapter_path
+    if config.actor_rollout_ref.model.lora_rank > 0 and adapter is not None \
+            and not os.path.isfile(os.path.join(adapter, "adapter_config.json")):
+        problems.append(f"actor_rollout_ref.model.lora_adapter_path: expected a peft adapter directory containing "
+                        f"adapter_config.json, got {adapter!r}")
+
+
+def _expect_model_dir(key: str, path: str, problems: list[str]) -> None:
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        problems.append(f"{key}: expected a local model directory containing config.json, got {path!r}")
+
+
+def _model_dirs(config: PPOConfig) -> dict[str, str]:
+    """The model directories the run loads, by the key that names each."""
+    dirs = {"actor_rollout_ref.model.path": config.actor_rollout_ref.model.path}
+    if config.critic.enable:
+        dirs["critic.model.path"] = config.critic.model.path
+    if config.reward_model.enable:
+        dirs["reward_model.model.path"] = config.reward_model.model.path
+    return dirs
+
+
+@register_check("preflight")
+def _check_model_dirs(config: PPOConfig, problems: list[str]) -> None:
+    _check_models(config, problems)
+
+
+def parameter_counts(config: PPOConfig) -> dict[str, int | None]:
+    """The parameter count of each model directory by key (None when not read from safetensors), for the disk-space
+    warning; it runs only when the preflight found no problem, so _check_model_dirs reported nothing here."""
+    return _check_models(config, [])
+
+
+def _check_models(config: PPOConfig, problems: list[str]) -> dict[str, int | None]:
+    """Check each model directory once; return its parameter count by key (None when not read from safetensors)."""
+    by_dir: dict[str, int | None] = {}
+    parameters = {}
+    for key, path in _model_dirs(config).items():
+        if path not in by_dir:
+            by_dir[path] = _check_model_dir(key, path, problems)
+        parameters[key] = by_dir[path]
+    return parameters
+
+
+def _check_model_dir(key: str, path: str, problems: list[str]) -> int | None:
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):  # _model_dirs_exist reported it
+        return None
+    try:
+        with open(config_path) as f:
+            parsed = json.load(f)
+        if not isinstance(parsed, dict):
+            raise ValueError(f"a JSON {type(parsed).__name__}, not an object")
+    except (OSError, ValueError) as err:
+        problems.append(f"{key}: expected a model directory whose config.json is a JSON object, got {config_path!r} "
+                        f"({err})")
+    weights = _safetensors_files(key, path, problems)
+    if weights is None:
+        return None
+    counts = [_count_parameters(key, weight, problems) for weight in weights]
+    return None if None in counts else sum(counts)
+
+
+def _count_parameters(key: str, weight_file: str, problems: list[str]) -> int | None:
+    try:
+        return count_elements(weight_file)
+    except UnreadableSafetensors as err:
+        problems.append(f"{key}: expected complete safetensors weights, got {weight_file!r} ({err})")
+        return None
+
+
+def _safetensors_files(key: str, path: str, problems: list[str]) -> list[str] | None:
+    """The safetensors files transformers loads from `path`, in its order of preference; None when the weights are
+    torch pickles (nothing to read cheaply) or missing (a problem)."""
+    if os.path.isfile(os.path.join(path, "model.safetensors")):
+        return [os.path.join(path, "model.safetensors")]
+    index_path = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index_path):
+        try:
+            with open(index_path) as f:
+                shards = sorted(set(json.load(f)["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            problems.append(f"{key}: expected a safetensors index with a weight_map, got {index_path!r} ({err!r})")
+            return None
+        return [os.path.join(path, shard) for shard in shards]
+    pickled = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+    if not any(os.path.isfile(os.path.join(path, name)) for name in pickled):
+        problems.append(f"{key}: expected model weights (model.safetensors, model.safetensors.index.json or "
+                        f"pytorch_model.bin) in the directory, got {path!r} without any")
+    return None

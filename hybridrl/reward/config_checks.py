@@ -1,0 +1,166 @@
+"""Config checks of the reward: the reward manager and what it is built with, the reward hub's named scorers and
+remote reward model, and before the start the user's reward function and the ground-truth column the managers read,
+registered with hybridrl.config.checks. They run before Ray starts; load_reward_manager relies on them."""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from hybridrl.config.checks import Values, expect_file, register_check, register_registry, run_rule
+from hybridrl.config.schema import PPOConfig
+from hybridrl.data.config_checks import files_read
+from hybridrl.utils.import_utils import NameNotDefined, load_extern_object
+
+
+def _reward_manager(name: str) -> Any:
+    from hybridrl.reward.managers import get_reward_manager_cls
+
+    return get_reward_manager_cls(name)
+
+
+register_registry("reward_model.reward_manager", _reward_manager)
+
+
+@register_check()
+def _reward_hub_settings(values: Values, problems: list[str]) -> None:
+    """custom_reward_function.rm_type names a hub scorer (not together with a path); remote_rm has an http(s)
+    url, and its worst case (every attempt timing out) fits in reward_model.score_timeout."""
+    from hybridrl.reward.hub import check_rm_type
+
+    rm_type, path = values("custom_reward_function.rm_type"), values("custom_reward_function.path")
+    remote_url = values("custom_reward_function.remote_rm.url")
+    if rm_type is not None:
+        try:
+            check_rm_type(rm_type)
+        except ValueError as err:
+            problems.append(f"custom_reward_function.rm_type: expected a reward-hub scorer, got {rm_type!r} ({err})")
+        if path is not None:
+            problems.append(f"custom_reward_function.rm_type: expected null with custom_reward_function.path set "
+                            f"(one scorer for the run: the user's function or a named one), got {rm_type!r}")
+        if rm_type.removeprefix("boxed_") == "remote_rm" and not remote_url:
+            problems.append("custom_reward_function.remote_rm.url: expected the reward server's http(s) URL with "
+                            "custom_reward_function.rm_type=remote_rm, got None")
+        if rm_type.removeprefix("boxed_") == "math_verify" and importlib.util.find_spec("math_verify") is None:
+            problems.append("custom_reward_function.rm_type: expected a scorer whose package is installed, got "
+                            "'math_verify' (pip install math-verify, or pip install -e '.[math]')")
+    if remote_url:
+        if not remote_url.startswith(("http://", "https://")):
+            problems.append(f"custom_reward_function.remote_rm.url: expected an http:// or https:// URL, got "
+                            f"{remote_url!r}")
+        run_rule(_remote_rm_fits_in_score_timeout, values, problems)
+
+
+def _remote_rm_fits_in_score_timeout(values: Values, problems: list[str]) -> None:
+    from hybridrl.reward.remote_rm import RemoteRewardModel
+
+    key = "custom_reward_function.remote_rm"
+    score_timeout = values("reward_model.score_timeout")
+    timeout = values(f"{key}.timeout")
+    worst = RemoteRewardModel(url=values(f"{key}.url"), timeout=timeout, max_retries=values(f"{key}.max_retries"),
+                              retry_delay=values(f"{key}.retry_delay"), max_concurrency=1).worst_case_seconds()
+    if score_timeout is not None and worst >= score_timeout:
+        problems.append(f"{key}.timeout: expected timeout * (max_retries + 1) plus the retry delays = {worst:g} s "
+                        f"below reward_model.score_timeout={score_timeout:g} (else a slow server fails the run "
+                        f"instead of costing its samples), got {timeout:g}")
+
+
+@register_check()
+def _custom_function_named(values: Values, problems: list[str]) -> None:
+    path, name = values("custom_reward_function.path"), values("custom_reward_function.name")
+    if path is not None and not name:
+        problems.append(f"custom_reward_function.name: expected the name of a function in custom_reward_function.path "
+                        f"= {path!r}, got {name!r}")
+
+
+@register_check()
+def _reward_manager_settings(values: Values, problems: list[str]) -> None:
+    """load_reward_manager builds the manager with what it takes: an overlong penalty needs a manager that applies
+    one (its constructor takes overlong_buffer_cfg, as dapo's) and a buffer within the response budget; a watched
+    scorer (reward_model.score_timeout) needs a manager derived from RewardManagerBase (base.py watches it)."""
+    from hybridrl.reward.managers import RewardManagerBase, get_reward_manager_cls
+
+    name = values("reward_model.reward_manager")
+    try:
+        manager_cls = get_reward_manager_cls(name)
+    except (ValueError, KeyError):  # an unregistered name: validation's registry step reports it
+        return
+    if values("reward_model.overlong_buffer.enable"):
+        buffer_len, budget = values("reward_model.overlong_buffer.len"), values("data.max_response_length")
+        if "overlong_buffer_cfg" not in inspect.signature(manager_cls).parameters:
+            problems.append(f"reward_model.overlong_buffer.enable: expected false with reward_model.reward_manager="
+                            f"{name!r} (it does not apply an overlong penalty; use reward_model.reward_manager=dapo), "
+                            f"got True")
+        elif not 0 < buffer_len <= budget:
+            problems.append(f"reward_model.overlong_buffer.len: expected 1 to data.max_response_length = {budget} "
+                            f"with reward_model.overlong_buffer.enable=true, got {buffer_len}")
+    score_timeout = values("reward_model.score_timeout")
+    if score_timeout is not None and not (isinstance(manager_cls, type) and issubclass(manager_cls, RewardManagerBase)):
+        problems.append(f"reward_model.score_timeout: expected null with reward_model.reward_manager={name!r} (a "
+                        f"watched scorer needs a reward manager derived from hybridrl's RewardManagerBase, which "
+                        f"{getattr(manager_cls, '__name__', manager_cls)} is not), got {score_timeout:g}")
+
+
+@register_check("paths")
+def _reward_file_exists(config: PPOConfig, problems: list[str]) -> None:
+    if config.custom_reward_function.path is not None:
+        expect_file("custom_reward_function.path", config.custom_reward_function.path, ".py", problems)
+
+
+@register_check("preflight")
+def _check_reward_function(config: PPOConfig, problems: list[str]) -> None:
+    """Run the user's reward file here, as the reward manager will, and look the function up by name."""
+    path, name = config.custom_reward_function.path, config.custom_reward_function.name
+    if path is None or not os.path.isfile(path):  # unset, or reported by _reward_file_exists
+        return
+    try:
+        function = load_extern_object(path, name)
+    except NameNotDefined as err:
+        problems.append(f"custom_reward_function.name: expected a function defined in custom_reward_function.path, "
+                        f"got {name!r} ({err})")
+        return
+    except Exception as err:  # running the user's file can raise anything
+        problems.append(f"custom_reward_function.path: expected a Python file that runs, got {path!r} "
+                        f"({type(err).__name__}: {err})")
+        return
+    if not callable(function):
+        problems.append(f"custom_reward_function.name: expected a function, got {name!r}, which is a "
+                        f"{type(function).__name__} in {path}")
+
+
+@register_check("preflight")
+def _check_ground_truth_column(config: PPOConfig, problems: list[str]) -> None:
+    """Every data file the run reads has the column 'reward_model' with a ground_truth, when the reward manager
+    reads it. With data.custom_cls the class decides the columns; an unreadable file is data's problem."""
+    manager = config.reward_model.reward_manager
+    if config.data.custom_cls.path or not _reads_ground_truth(manager):
+        return
+    for where, path in files_read(config):
+        try:
+            schema = pq.read_schema(path)
+        except (pa.ArrowException, OSError):  # data/config_checks.py reports it
+            continue
+        if "reward_model" not in schema.names:
+            problems.append(f"{where}: expected a column 'reward_model' (its ground_truth is read by "
+                            f"reward_model.reward_manager={manager!r}), got {path!r} with columns {schema.names}")
+        elif not _has_ground_truth(schema.field("reward_model").type):
+            problems.append(f"{where}: expected column 'reward_model' to be a struct with a 'ground_truth' field, got "
+                            f"type {schema.field('reward_model').type} in {path!r}")
+
+
+def _reads_ground_truth(manager_name: str) -> bool:
+    """Every manager built on RewardManagerBase (naive, batch, dapo) reads reward_model.ground_truth."""
+    from hybridrl.reward.managers import RewardManagerBase, get_reward_manager_cls
+
+    return issubclass(get_reward_manager_cls(manager_name), RewardManagerBase)
+
+
+def _has_ground_truth(column_type: pa.DataType) -> bool:
+    """A struct with the field, or a map (whose keys the footer does not tell)."""
+    if pa.types.is_map(column_type):
+        return True
+    return pa.types.is_struct(column_type) and "ground_truth" in {field.name for field in column_type}

@@ -1,0 +1,122 @@
+"""Config checks of the rollout engines, registered with hybridrl.config.checks: the engine is registered and
+installed (and has a GPU), tensor parallelism divides the world and the attention heads and runs where it is built,
+engine_kwargs leave the keys the config sets alone, and rollout.custom_cls.path exists. An engine's own package
+(sglang, vllm) is never imported here: the driver process must not load it."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+
+from hybridrl.config.checks import Values, expect_file, register_check, register_registry
+from hybridrl.config.schema import PPOConfig
+from hybridrl.models.config_checks import INSTALL_GPU_EXTRAS, cuda_available
+
+
+# Rollout engines that need a CUDA GPU: name -> how to install the package of the same name.
+GPU_ENGINES = {"sglang": INSTALL_GPU_EXTRAS,
+               "vllm": "pip install -e '.[vllm]'; offline GPU host: scripts/gpu/install_vllm.sh"}
+
+
+def _known_rollout(name: str) -> None:
+    """Like get_rollout_class, minus importing the engine (sglang, vllm) into the driver process:
+    whether the engine can run here is `_engine_available`'s question."""
+    from hybridrl.workers.rollout import BUILTIN_ROLLOUT_MODULES, ROLLOUT_REGISTRY
+
+    known = set(ROLLOUT_REGISTRY) | set(BUILTIN_ROLLOUT_MODULES)
+    if name not in known:
+        raise ValueError(f"rollout.name={name!r} is not a registered rollout; known: {sorted(known)}")
+
+
+register_registry("actor_rollout_ref.rollout.name", _known_rollout)
+
+
+@register_check()
+def _engine_available(values: Values, problems: list[str]) -> None:
+    """sglang / vllm must be importable; CUDA is required up front only for a local Ray, because a driver
+    joining a cluster (`ray_init.address`) may itself have no GPU (the trainer then checks the cluster)."""
+    device, rollout = values("trainer.device"), values("actor_rollout_ref.rollout.name")
+    if rollout in GPU_ENGINES and importlib.util.find_spec(rollout) is None:
+        problems.append(f"actor_rollout_ref.rollout.name: expected a rollout whose engine is installed, got "
+                        f"{rollout!r} (the {rollout} package is not importable: {GPU_ENGINES[rollout]})")
+    if values("ray_init.address") is not None:
+        return
+    if device == "cuda" and not cuda_available():
+        problems.append("trainer.device: expected 'cpu' or 'auto' on this machine (torch sees no CUDA GPU), "
+                        "got 'cuda'")
+    if rollout in GPU_ENGINES and (device == "cpu" or not cuda_available()):
+        problems.append(f"actor_rollout_ref.rollout.name: expected 'hf' without a GPU (trainer.device={device!r}, "
+                        f"CUDA available: {cuda_available()}), got {rollout!r} ({rollout} needs a CUDA GPU)")
+
+
+@register_check()
+def _tensor_parallel_divides(values: Values, problems: list[str]) -> None:
+    world = values("trainer.nnodes") * values("trainer.n_gpus_per_node")
+    tp = values("actor_rollout_ref.rollout.tensor_model_parallel_size")
+    if world % tp:
+        problems.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected a divisor of the world "
+                        f"size trainer.nnodes * trainer.n_gpus_per_node = {world}, got {tp}")
+
+
+@register_check()
+def _tensor_parallel_engines_built(values: Values, problems: list[str]) -> None:
+    """sglang spans tensor_model_parallel_size GPUs with one engine per group of ranks in the synchronous colocated
+    trainer (rollout/tensor_parallel.py); the vllm rollout, the engine servers of rollout.mode=async and the separate
+    rollout pools of hybrid_engine=false still run one engine per GPU (issue #17)."""
+    tp = values("actor_rollout_ref.rollout.tensor_model_parallel_size")
+    rollout = values("actor_rollout_ref.rollout.name")
+    if rollout not in GPU_ENGINES or tp == 1:
+        return
+    if rollout != "sglang":
+        problems.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with "
+                        f"actor_rollout_ref.rollout.name={rollout!r} (one engine per GPU; tensor parallelism across "
+                        f"ranks is not implemented yet, issue #17), got {tp}")
+    elif values("actor_rollout_ref.rollout.mode") != "sync" or not values("actor_rollout_ref.hybrid_engine"):
+        problems.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with "
+                        f"actor_rollout_ref.rollout.mode={values('actor_rollout_ref.rollout.mode')!r} and "
+                        f"actor_rollout_ref.hybrid_engine={values('actor_rollout_ref.hybrid_engine')} (tensor-parallel "
+                        f"sglang engines run in the synchronous colocated trainer: rollout.mode=sync, "
+                        f"hybrid_engine=true; engine servers and separate rollout pools are one engine per GPU, "
+                        f"issue #17), got {tp}")
+
+
+@register_check()
+def _engine_kwargs_leave_config_keys_alone(values: Values, problems: list[str]) -> None:
+    """rollout.engine_kwargs.<engine> adds engine arguments; one that a rollout key sets is refused up front (the
+    engine would refuse it at start, on every worker)."""
+    rollout = values("actor_rollout_ref.rollout.name")
+    if rollout not in GPU_ENGINES:
+        return
+    extra = values(f"actor_rollout_ref.rollout.engine_kwargs.{rollout}") or {}
+    module = importlib.import_module(f"hybridrl.workers.rollout.{rollout}_rollout")  # imports torch, not the engine
+    owned = module.CONFIG_OWNED_ENGINE_KWARGS
+    for key in sorted(set(extra) & set(owned)):
+        problems.append(f"actor_rollout_ref.rollout.engine_kwargs.{rollout}.{key}: expected to be unset (set it "
+                        f"through {owned[key]}), got {extra[key]!r}")
+
+
+@register_check("paths")
+def _custom_rollout_file_exists(config: PPOConfig, problems: list[str]) -> None:
+    path = config.actor_rollout_ref.rollout.custom_cls.path
+    if path is not None:
+        expect_file("actor_rollout_ref.rollout.custom_cls.path", path, ".py", problems)
+
+
+@register_check("preflight")
+def _check_tensor_parallel_heads(config: PPOConfig, problems: list[str]) -> None:
+    """A tensor-parallel engine splits the attention heads over its GPUs: their count must divide by the size
+    (the engine would refuse at start, on every rank, after the trainer had loaded)."""
+    tp = config.actor_rollout_ref.rollout.tensor_model_parallel_size
+    path = os.path.join(config.actor_rollout_ref.model.path, "config.json")
+    if tp == 1 or config.actor_rollout_ref.rollout.name == "hf" or not os.path.isfile(path):
+        return
+    try:
+        with open(path) as f:
+            model = json.load(f)
+        heads = model.get("text_config", model)["num_attention_heads"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # models/config_checks.py reports an unreadable config.json
+    if heads % tp:
+        problems.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected a divisor of the model's "
+                        f"num_attention_heads ({heads}, {path}), got {tp}")
