@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import pytest
 
+import hybridrl.checks  # noqa: F401  the spawned ranks validate configs: register the subsystems' checks
 from hybridrl.config import compose_config, validate_config
 from hybridrl.protocol import DataProto
 from hybridrl.models.fsdp_utils import build_optimizer, load_hf_model, shard_model
