@@ -6,8 +6,9 @@ its own from the config and all of them hold exactly the tokenizer the prompts w
                                                                reward model (the policy's ids it reads), agent loops
     SFT  main_sft.run_sft -> load_tokenizer(model.partial_pretrain) -> every rank
 
-A tokenizer pickles with its vocabulary and chat template (a few kB for the tiny models, a few MB for a 150k-token
-vocabulary), which Ray and the SFT launcher ship with each process's init arguments.
+A tokenizer pickles with its vocabulary and chat template, about the size of its tokenizer.json (5.7 kB for the tiny
+test tokenizers; the file of a 150k-token vocabulary is several MB), which Ray and the SFT launcher ship with each
+process's init arguments, once per process.
 """
 from __future__ import annotations
 
