@@ -123,8 +123,8 @@ class RewardModelWorker(Worker):
         self._check_max_length(attention_mask)
         rows = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
         config = self.config
-        micro_batches, order = micro_batches_of(rows, config.micro_batch_size_per_gpu,
-                                                config.forward_max_token_len_per_gpu if config.use_dynamic_bsz else None)
+        token_budget = config.forward_max_token_len_per_gpu if config.use_dynamic_bsz else None
+        micro_batches, order = micro_batches_of(rows, config.micro_batch_size_per_gpu, token_budget)
         with torch.no_grad():
             scores = in_row_order(torch.cat([self._scores(**micro_batch) for micro_batch in micro_batches]), order)
         rm_scores = torch.zeros(len(scores), response_length, dtype=torch.float32)
