@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from hybridrl.config import check_paths, compose_config, validate_config
 from hybridrl.protocol import DataProto
@@ -158,6 +159,34 @@ def test_ppo_gae_critic_with_adaptive_kl_in_reward(ray_local, toy_task, tmp_path
     assert coefs[0] == pytest.approx(0.05)
     assert coefs[1] != coefs[0], "the adaptive KL controller never updated its coefficient"
     assert_weights_changed(before, after)
+
+
+# data.tokenizer's chat template in the checkpoint test: the model's vocabulary, another template than its own.
+PLAIN_TEMPLATE = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
+                  "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}")
+
+
+def test_the_checkpoint_holds_the_tokenizer_the_prompts_were_rendered_with(ray_local, toy_task, tmp_path):
+    """data.tokenizer names the policy's tokenizer; the controller resolves it once and hands it to the actor, whose
+    checkpoint writes that very tokenizer. (Before, the actor built its own from actor_rollout_ref.model.path, so the
+    checkpoint, and the model merged from it, carried the model directory's chat template, not the run's.)"""
+    tokenizer = AutoTokenizer.from_pretrained(toy_task["model"])
+    assert tokenizer.chat_template != PLAIN_TEMPLATE
+    tokenizer.chat_template = PLAIN_TEMPLATE
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    config = make_config(toy_task, str(tmp_path / "run"), f"data.tokenizer={tmp_path / 'tokenizer'}",
+                         "trainer.total_training_steps=1", "trainer.save_freq=1")
+    trainer = RayPPOTrainer(config)
+    trainer.init_workers()
+    try:
+        trainer.fit()
+    finally:
+        trainer.shutdown()
+    prompt = trainer.tokenizer.decode(trainer.train_dataloader.dataset[0]["input_ids"], skip_special_tokens=True)
+    assert prompt.startswith("user: say something about ") and prompt.endswith("assistant: ")
+    hf_dir = os.path.join(trainer.latest_checkpoint_dir, "actor", "huggingface")
+    with open(os.path.join(hf_dir, "chat_template.jinja")) as saved:
+        assert saved.read() == PLAIN_TEMPLATE
 
 
 @pytest.mark.slow

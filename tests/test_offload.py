@@ -175,13 +175,13 @@ def make_config(model_dir: str, *overrides: str):
 
 @pytest.fixture(scope="module")
 def groups(ray_local, tiny):
-    model_dir, _ = tiny
+    model_dir, tokenizer = tiny
     plain, offload = make_config(model_dir), make_config(model_dir, *OFFLOAD)
     assert offload.actor_rollout_ref.actor.fsdp_config.param_offload and offload.critic.model.fsdp_config.param_offload
     common = {"seed": 1, "device": "cpu"}
     roles = {"plain": RayClassWithInitArgs(ActorProbe, plain.actor_rollout_ref, role="actor_rollout_ref", **common),
              "offload": RayClassWithInitArgs(ActorProbe, offload.actor_rollout_ref, role="actor_rollout_ref",
-                                             **common),
+                                             tokenizer=tokenizer, **common),
              "critic_plain": RayClassWithInitArgs(CriticProbe, plain.critic, rollout_n=1, **common),
              "critic_offload": RayClassWithInitArgs(CriticProbe, offload.critic, rollout_n=1, **common)}
     pool = RayResourcePool(process_on_nodes=[2], use_gpu=False, name_prefix="test_offload")

@@ -217,21 +217,33 @@ def problems_for(*overrides):
 
 
 def test_reward_model_needs_its_model_and_micro_batch_and_refuses_what_it_cannot_do():
-    assert problems_for("reward_model.enable=true", "actor_rollout_ref.actor.use_dynamic_bsz=true") == [
+    assert problems_for("reward_model.enable=true", "reward_model.use_dynamic_bsz=false") == [
         "reward_model.model.path: expected a sequence-classification model directory when reward_model.enable=true, "
         "got None",
-        "reward_model.micro_batch_size_per_gpu: expected rows per reward-model forward when reward_model.enable=true, "
-        "got None",
-        "reward_model.use_dynamic_bsz: expected False when reward_model.enable=true (the reward model scores padded "
-        "batches of micro_batch_size_per_gpu rows; set it to false), got True "
-        "(value from ${critic.use_dynamic_bsz})",
+        "reward_model.micro_batch_size_per_gpu: expected rows per reward-model forward when reward_model.enable=true "
+        "and reward_model.use_dynamic_bsz=false, got None",
     ]
-    ok = validate_config(compose_config(["data.train_files=x.parquet", "data.val_files=x.parquet",
-                                         "reward_model.enable=true", "reward_model.model.path=/rm",
-                                         "reward_model.micro_batch_size_per_gpu=2",
-                                         "actor_rollout_ref.actor.use_dynamic_bsz=true",
-                                         "reward_model.use_dynamic_bsz=false"]))
-    assert ok.reward_model.enable and ok.actor_rollout_ref.rollout.log_prob_use_dynamic_bsz
+    assert problems_for("reward_model.enable=true", "reward_model.model.path=/rm",
+                        "reward_model.model.use_remove_padding=true", "reward_model.model.input_tokenizer=/other",
+                        "actor_rollout_ref.model.path=/policy", "data.tokenizer=/policy_tok",
+                        "actor_rollout_ref.actor.use_dynamic_bsz=true", "data.max_prompt_length=100",
+                        "data.max_response_length=50", "reward_model.forward_max_token_len_per_gpu=149") == [
+        "reward_model.model.use_remove_padding: expected False (other values are not implemented yet), got True",
+        "reward_model.model.input_tokenizer: expected null or the policy's tokenizer (/policy or /policy_tok: the "
+        "controller hands the reward model the one tokenizer the run renders prompts with), got '/other'",
+        "reward_model.forward_max_token_len_per_gpu: expected at least data.max_prompt_length + "
+        "data.max_response_length = 150 tokens (one whole sequence) with reward_model.use_dynamic_bsz=true, got 149",
+    ]
+    dynamic = validate_config(compose_config(["data.train_files=x.parquet", "data.val_files=x.parquet",
+                                              "reward_model.enable=true", "reward_model.model.path=/rm",
+                                              "actor_rollout_ref.actor.use_dynamic_bsz=true"]))
+    assert dynamic.reward_model.use_dynamic_bsz and dynamic.reward_model.micro_batch_size_per_gpu is None
+    rows = validate_config(compose_config(["data.train_files=x.parquet", "data.val_files=x.parquet",
+                                           "reward_model.enable=true", "reward_model.model.path=/rm",
+                                           "reward_model.micro_batch_size_per_gpu=2",
+                                           "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                                           "reward_model.use_dynamic_bsz=false", "reward_model.model.input_tokenizer=null"]))
+    assert rows.reward_model.enable and rows.actor_rollout_ref.rollout.log_prob_use_dynamic_bsz
 
 
 def test_token_budgets_must_hold_one_whole_sequence():

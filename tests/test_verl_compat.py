@@ -283,10 +283,12 @@ class TracedLoop(AgentLoopBase):
 
 def test_loops_are_built_at_start_in_a_worker_whose_tokenizer_has_the_custom_template(ray_local, tmp_path,
                                                                                        monkeypatch):
-    """One tokenizer for every mode: the agent-loop workers' has custom_chat_template (TemplateProbe checks it); a
+    """One tokenizer for every mode: the agent-loop workers get the controller's, with custom_chat_template
+    (TemplateProbe checks it); a
     loop reading a key hybridrl lacks fails when the manager starts, naming the loop and the key."""
     from hybridrl.agent_loop.manager import AgentLoopManager
     from hybridrl.defaults.tiny_model import build_tiny_model
+    from hybridrl.utils.tokenizer import policy_tokenizer
 
     (tmp_path / "start_loops.py").write_text(START_LOOPS)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -306,10 +308,10 @@ def test_loops_are_built_at_start_in_a_worker_whose_tokenizer_has_the_custom_tem
                              "actor_rollout_ref.rollout.agent.default_agent_loop=probe")
         config.actor_rollout_ref.model.custom_chat_template = DEFAULT_SYSTEM_TEMPLATE
         if failure is None:
-            AgentLoopManager(config, ["127.0.0.1:9"], eos_token_id=1, pad_token_id=0).shutdown()
+            AgentLoopManager(config, policy_tokenizer(config), ["127.0.0.1:9"]).shutdown()
         else:
             with pytest.raises(Exception, match=failure):
-                AgentLoopManager(config, ["127.0.0.1:9"], eos_token_id=1, pad_token_id=0)
+                AgentLoopManager(config, policy_tokenizer(config), ["127.0.0.1:9"])
 
 
 @pytest.fixture(scope="module")

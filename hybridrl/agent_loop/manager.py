@@ -47,7 +47,6 @@ from hybridrl.data.sample import Sample
 from hybridrl.protocol import DataProto
 from hybridrl.data.rl_dataset import get_dataset_class
 from hybridrl.utils.import_utils import load_extensions
-from hybridrl.utils.tokenizer import policy_tokenizer
 from hybridrl.data.batch_layout import to_batch_layout
 from hybridrl.workers.rollout.sampling import SAMPLING_OVERRIDES, max_new_tokens, sampling_source
 
@@ -93,11 +92,12 @@ def _caused_by_server(error: BaseException) -> Optional[EngineServerError]:
 class AgentLoopWorker:
     """Runs the agent loops of its share of a batch concurrently on one asyncio loop (an async Ray actor)."""
 
-    def __init__(self, config, server_addresses: list[str]):
+    def __init__(self, config, tokenizer, server_addresses: list[str]):
+        """tokenizer: the run's policy tokenizer, resolved by the controller (utils/tokenizer.py)."""
         self.config = config
         load_extensions(list(config.extensions))  # loops an extension file registers with @register
         rollout = config.actor_rollout_ref.rollout
-        self.tokenizer = policy_tokenizer(config)
+        self.tokenizer = tokenizer
         self.dataset_cls = get_dataset_class(config.data)
         self.registry = load_agent_loop_config(rollout.agent.agent_loop_config_path)
         self.server_manager = AsyncLLMServerManager(server_addresses)
@@ -217,19 +217,22 @@ def check_output(output, rollout_config, agent_name: str) -> None:
 class AgentLoopManager:
     """Owns the AgentLoopWorker actors; `generate_sequences` is the async mode's generate_sequences."""
 
-    def __init__(self, config, server_addresses: list[str], eos_token_id: int, pad_token_id: int):
+    def __init__(self, config, tokenizer, server_addresses: list[str]):
+        """tokenizer: the run's policy tokenizer, resolved by the controller (utils/tokenizer.py); every worker gets
+        this one (its EOS ends a failed row's response, its pad fills the batch)."""
         rollout = config.actor_rollout_ref.rollout
         self.rollout_config = rollout
         self.default_agent_loop = rollout.agent.default_agent_loop
         self.max_failed_ratio = rollout.agent.max_failed_sample_ratio
-        self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
+        self.eos_token_id, self.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
         self.server_addresses = list(server_addresses)  # the data flow aborts them (server_manager.abort_servers)
         self.registry = load_agent_loop_config(rollout.agent.agent_loop_config_path)
         check_agent_names([self.default_agent_loop], self.registry,
                           "actor_rollout_ref.rollout.agent.default_agent_loop")
         # The YAML's _target_ modules must import in the workers as they do here: they get this process's PYTHONPATH.
         env = {"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}} if os.environ.get("PYTHONPATH") else None
-        self.workers = [AgentLoopWorker.options(num_cpus=0, runtime_env=env).remote(config, server_addresses)
+        self.workers = [AgentLoopWorker.options(num_cpus=0, runtime_env=env).remote(config, tokenizer,
+                                                                                    server_addresses)
                         for _ in range(rollout.agent.num_workers)]
         loops_used = [self.default_agent_loop, *yaml_agent_loop_names(rollout.agent.agent_loop_config_path)]
         ray.get(self.workers[0].check_loops.remote(list(dict.fromkeys(loops_used))))

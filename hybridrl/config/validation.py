@@ -28,6 +28,8 @@ NOT_IMPLEMENTED: dict[str, Any] = {
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 1,
     "actor_rollout_ref.actor.use_torch_compile": False,
     "reward_model.launch_reward_fn_async": False,
+    # The reward model scores padded rows (micro-batches of rows or of a token budget), never packed ones.
+    "reward_model.model.use_remove_padding": False,
     "algorithm.use_pf_ppo": False,
     "trainer.default_hdfs_dir": None,
     "trainer.del_local_ckpt_after_load": False,

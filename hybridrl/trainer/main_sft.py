@@ -167,14 +167,17 @@ def run_sft(config: SFTConfig) -> str:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from hybridrl.trainer.sft_trainer import run_sft_rank
+    from hybridrl.utils.tokenizer import load_tokenizer
 
+    # Resolved once here and handed to every rank (pickled with the launch's arguments), as the PPO controller does.
+    tokenizer = load_tokenizer(config.model.partial_pretrain, trust_remote_code=config.model.trust_remote_code)
     if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: this process is one rank
         world_size = int(os.environ["WORLD_SIZE"])
         expected = config.trainer.nnodes * config.trainer.n_gpus_per_node
         if world_size != expected:
             raise ConfigError([f"trainer.n_gpus_per_node: torchrun started {world_size} ranks, the config says "
                                f"{expected} (trainer.nnodes x trainer.n_gpus_per_node)"])
-        return run_sft_rank(config)
+        return run_sft_rank(config, tokenizer)
     if config.trainer.nnodes != 1:
         raise ConfigError([f"trainer.nnodes: expected 1 when main_sft starts the ranks itself, got "
                            f"{config.trainer.nnodes}; for several nodes start it with torchrun on each node"])
@@ -185,7 +188,7 @@ def run_sft(config: SFTConfig) -> str:
             min_nodes=1, max_nodes=1, nproc_per_node=config.trainer.n_gpus_per_node,
             run_id=f"hybridrl-sft-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d", rdzv_endpoint="localhost:0",
             max_restarts=0, monitor_interval=0.2, start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=scratch))
-        results = elastic_launch(launch, run_sft_rank)(config)
+        results = elastic_launch(launch, run_sft_rank)(config, tokenizer)
     return results[0]
 
 

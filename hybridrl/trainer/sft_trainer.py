@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.utils import logging as transformers_logging
 
 from hybridrl.trainer.checkpoint_dir import atomic_checkpoint_dir, step_dir_name
@@ -34,8 +34,9 @@ from hybridrl.data.sft_dataset import IGNORE_INDEX, SFTDataset, collate_right_pa
 from hybridrl.trainer.tracking import Tracking
 
 
-def run_sft_rank(config) -> str:
-    """One rank's whole job (the elastic launcher's entry point): join the group, train, save, leave."""
+def run_sft_rank(config, tokenizer) -> str:
+    """One rank's whole job (the elastic launcher's entry point): join the group, train, save, leave. tokenizer: the
+    one run_sft resolved (utils/tokenizer.py), for the data and the saved model alike."""
     transformers_logging.disable_progress_bar()  # one "Loading weights" bar per rank says nothing
     device = device_name() if config.trainer.device == "auto" else config.trainer.device
     init_process_group_once("nccl" if device == "cuda" else "gloo")
@@ -43,8 +44,6 @@ def run_sft_rank(config) -> str:
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
     torch.manual_seed(config.trainer.seed)
-    tokenizer = AutoTokenizer.from_pretrained(config.model.partial_pretrain,
-                                              trust_remote_code=config.model.trust_remote_code)
 
     def load(files):
         return SFTDataset(files, tokenizer, config.data.multiturn.messages_key, config.data.max_length,

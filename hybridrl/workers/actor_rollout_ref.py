@@ -44,7 +44,6 @@ from hybridrl.models.fsdp_utils import (apply_liger, apply_lora, build_lr_schedu
 from hybridrl.utils.import_utils import load_extensions
 from hybridrl.models.memory import memory_metrics
 from hybridrl.models.offload import FSDPOffload
-from hybridrl.utils.tokenizer import load_tokenizer
 from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
 from hybridrl.workers.rollout import build_rollout, load_rollout_class
 from hybridrl.workers.rollout.mode_switch import RolloutModeSwitch
@@ -55,13 +54,14 @@ ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref", "actor
 
 class ActorRolloutRefWorker(Worker, WeightTransferMixin):
     def __init__(self, config, role: str, seed: int = 0, device: str | None = None, extensions: list[str] = (),
-                 total_training_steps: int | None = None):
+                 total_training_steps: int | None = None, tokenizer=None):
         """config: the `actor_rollout_ref` section. seed: `trainer.seed`; torch's global RNG starts at
         seed + rank, so sampling is reproducible yet two ranks given the same prompt sample different
         responses (weights missing from a checkpoint use `seed` alone, see load_hf_model). device:
         "cuda" or "cpu" (default: cuda when visible). extensions: modules / .py files to import first.
         total_training_steps: the run length the trainer computed, for the actor's LR schedule (None: only
-        a schedule that needs no run length can be built)."""
+        a schedule that needs no run length can be built). tokenizer: the run's policy tokenizer, resolved by the
+        controller (utils/tokenizer.py), written next to every checkpoint; an actor built without it cannot save."""
         super().__init__()
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker: role must be one of {list(ROLES)}, got {role!r}")
@@ -75,6 +75,7 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
         init_process_group_once("nccl" if self.device == "cuda" else "gloo")
         self.seed = seed
         self.total_training_steps = total_training_steps
+        self.tokenizer = tokenizer
         torch.manual_seed(seed + self.rank)
         # The policy version of the actor's weights: training steps whose update produced them (+1 per update_actor;
         # a checkpoint's load sets its step's). The engine server reports it with every answer, the one source of the
@@ -293,14 +294,15 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
         for the model merger. Every rank must be called (ONE_TO_ALL): the save is a collective."""
         self._require(self._is_actor, "save_checkpoint", "actor")
         self._require_trainer_mode("save_checkpoint")
+        if self.tokenizer is None:
+            raise ValueError("save_checkpoint: this worker was built without the policy tokenizer to write next to "
+                             "the weights; pass the controller's (ActorRolloutRefWorker(..., tokenizer=...))")
         with self.actor_offload.loaded(optimizer=True):  # DCP reads the shards where training keeps them
             save_sharded_model_state(self.actor_module, self.actor_optimizer, self.actor_lr_scheduler, local_path,
                                      self.rank, list(self.config.actor.checkpoint.save_contents))
         if self.rank == 0:
             model = hf_module(self.actor_module)
-            tokenizer = load_tokenizer(self.config.model.path, trust_remote_code=self.config.model.trust_remote_code,
-                                       custom_chat_template=self.config.model.custom_chat_template)
-            save_hf_config_and_tokenizer(local_path, model.config, tokenizer, model.generation_config)
+            save_hf_config_and_tokenizer(local_path, model.config, self.tokenizer, model.generation_config)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, weights_version: int) -> None:

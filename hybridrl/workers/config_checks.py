@@ -44,19 +44,23 @@ def _role_batches_divide(role: str, values: Values, problems: list[str], world_w
 
 @register_check()
 def _reward_model_ready(values: Values, problems: list[str]) -> None:
-    """An enabled reward model needs its checkpoint and a micro-batch size; it scores fixed-size padded batches."""
+    """An enabled reward model needs its checkpoint and a micro-batch size (rows, or a token budget with
+    use_dynamic_bsz), and compares the policy's tokenizer with its own (input_tokenizer: null
+    means the rows are the reward model's own tokens)."""
     if not values("reward_model.enable"):
         return
     if values("reward_model.model.path") is None:
         problems.append("reward_model.model.path: expected a sequence-classification model directory when "
                         "reward_model.enable=true, got None")
-    if values("reward_model.micro_batch_size_per_gpu") is None:
+    if not values("reward_model.use_dynamic_bsz") and values("reward_model.micro_batch_size_per_gpu") is None:
         problems.append("reward_model.micro_batch_size_per_gpu: expected rows per reward-model forward when "
-                        "reward_model.enable=true, got None")
-    for key in ("reward_model.use_dynamic_bsz", "reward_model.model.use_remove_padding"):
-        if values(key):
-            problems.append(f"{key}: expected False when reward_model.enable=true (the reward model scores padded "
-                            f"batches of micro_batch_size_per_gpu rows; set it to false), got True")
+                        "reward_model.enable=true and reward_model.use_dynamic_bsz=false, got None")
+    policy_tokenizers = {values("actor_rollout_ref.model.path"), values("data.tokenizer")} - {None}
+    input_tokenizer = values("reward_model.model.input_tokenizer")
+    if input_tokenizer is not None and input_tokenizer not in policy_tokenizers:
+        problems.append(f"reward_model.model.input_tokenizer: expected null or the policy's tokenizer "
+                        f"({' or '.join(sorted(policy_tokenizers))}: the controller hands the reward model the one "
+                        f"tokenizer the run renders prompts with), got {input_tokenizer!r}")
 
 
 # Token budgets of the dynamic batch size, each with the switch that puts it to use.
@@ -66,6 +70,7 @@ TOKEN_BUDGETS: dict[str, str] = {
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
     "critic.ppo_max_token_len_per_gpu": "critic.use_dynamic_bsz",
     "critic.forward_max_token_len_per_gpu": "critic.use_dynamic_bsz",
+    "reward_model.forward_max_token_len_per_gpu": "reward_model.use_dynamic_bsz",
 }
 
 
@@ -75,6 +80,8 @@ def _token_budgets_hold_a_sequence(values: Values, problems: list[str]) -> None:
     longest = values("data.max_prompt_length") + values("data.max_response_length")
     for budget_key, switch_key in TOKEN_BUDGETS.items():
         if budget_key.startswith("critic.") and not critic_enabled(values):
+            continue
+        if budget_key.startswith("reward_model.") and not values("reward_model.enable"):
             continue
         if values(switch_key) and values(budget_key) < longest:
             problems.append(f"{budget_key}: expected at least data.max_prompt_length + data.max_response_length = "

@@ -11,14 +11,20 @@ the `score` head's per-token output (HF's own pooling picks the last non-pad tok
 when EOS and pad are the same token).
 
 Which tokens the reward model reads:
-- `reward_model.model.input_tokenizer` (the policy's tokenizer; by default the policy path) has the
-  same vocabulary and chat template as the reward model's tokenizer, or is null: the policy's
-  input_ids (prompt + response) as they are;
+- `reward_model.model.input_tokenizer` is null, or the policy's tokenizer (the one the controller
+  resolved and hands to this worker, utils/tokenizer.py) has the same vocabulary and chat template as
+  the reward model's tokenizer: the policy's input_ids (prompt + response) as they are;
 - they differ: each row is re-tokenised. The prompt's chat messages (`raw_prompt`, which
   `data.return_raw_chat=true` keeps) plus the response decoded with the policy tokenizer as the
   assistant turn go through the reward model's chat template and tokenizer.
 `reward_model.max_length` (when set) bounds the reward model's input; a longer row is an error
 naming the row, never a silent truncation.
+
+Micro-batches, as verl's: `reward_model.micro_batch_size_per_gpu` rows each, or with
+`reward_model.use_dynamic_bsz` groups of at most `reward_model.forward_max_token_len_per_gpu` attended tokens of
+the reward model's input, balanced by length (data/seqlen_balancing.py, as the actor's and critic's forwards), the
+scores then put back in row order. `reward_model.model.external_lib` is imported before the model loads (a module
+that registers a custom architecture with transformers' Auto classes), as the actor's and critic's are.
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ from hybridrl.utils.distributed import device_name, init_process_group_once
 from hybridrl.models.fsdp_utils import hf_module, shard_model
 from hybridrl.utils.import_utils import load_extensions
 from hybridrl.utils.tokenizer import load_tokenizer
+from hybridrl.workers.ppo_update_loop import in_row_order, micro_batches_of
 
 
 def load_reward_model(model_path: str, dtype: torch.dtype, trust_remote_code: bool = False):
@@ -55,13 +62,13 @@ def same_tokenization(policy_tokenizer, rm_tokenizer) -> bool:
 
 class RewardModelWorker(Worker):
     def __init__(self, config, seed: int = 0, device: str | None = None, extensions: list[str] = (),
-                 policy_chat_template: str | None = None):
+                 policy_tokenizer=None):
         """config: the `reward_model` section. seed/device/extensions as for ActorRolloutRefWorker.
-        policy_chat_template: `actor_rollout_ref.model.custom_chat_template`, the template the policy's
-        prompts were rendered with (null: the input tokenizer's own)."""
+        policy_tokenizer: the run's policy tokenizer, resolved by the controller (utils/tokenizer.py): the one the
+        policy's prompts were rendered with; needed unless reward_model.model.input_tokenizer is null."""
         super().__init__()
         self.config = config
-        self.policy_chat_template = policy_chat_template
+        self.policy_tokenizer = policy_tokenizer
         self.device = device or device_name()
         load_extensions(list(extensions))
         init_process_group_once("nccl" if self.device == "cuda" else "gloo")
@@ -69,15 +76,18 @@ class RewardModelWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        """Load the reward model and its tokenizer (and the policy's, to compare), shard the model."""
+        """Load the reward model and its tokenizer (compared with the policy's), shard the model."""
         config, model = self.config, self.config.model
+        if model.external_lib:  # a module that registers a custom architecture with transformers' Auto classes
+            load_extensions([model.external_lib])
         self.rm_tokenizer = load_tokenizer(model.path, trust_remote_code=model.trust_remote_code)
-        self.policy_tokenizer = None
-        if model.input_tokenizer is not None:
-            policy_tokenizer = load_tokenizer(model.input_tokenizer, trust_remote_code=model.trust_remote_code,
-                                              custom_chat_template=self.policy_chat_template)
-            if not same_tokenization(policy_tokenizer, self.rm_tokenizer):
-                self.policy_tokenizer = policy_tokenizer
+        if model.input_tokenizer is not None and self.policy_tokenizer is None:
+            raise ValueError("reward_model.model.input_tokenizer is set, so the reward model compares the policy's "
+                             "tokenizer with its own: build RewardModelWorker with policy_tokenizer=the controller's "
+                             "(or set reward_model.model.input_tokenizer=null)")
+        # Whether rows are re-tokenised with the reward model's tokenizer and chat template.
+        self.retokenizes = (model.input_tokenizer is not None
+                            and not same_tokenization(self.policy_tokenizer, self.rm_tokenizer))
         if self.retokenizes and self.rm_tokenizer.chat_template is None:
             raise ValueError(f"the reward model's tokenizer ({model.path}) differs from the policy's "
                              f"({model.input_tokenizer}) and has no chat template to re-tokenise the rows with")
@@ -92,11 +102,6 @@ class RewardModelWorker(Worker):
                                          forward_prefetch=model.fsdp_config.forward_prefetch)
         self.reward_module.eval()
 
-    @property
-    def retokenizes(self) -> bool:
-        """Whether rows are re-tokenised with the reward model's tokenizer and chat template."""
-        return self.policy_tokenizer is not None
-
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_rm_score(self, data: DataProto) -> DataProto:
         """Adds rm_scores: the reward model's score on each row's last valid response token."""
@@ -108,11 +113,12 @@ class RewardModelWorker(Worker):
         input_ids, attention_mask, position_ids = (self._retokenized_inputs(data) if self.retokenizes
                                                    else self._policy_inputs(data))
         self._check_max_length(attention_mask)
-        size = self.config.micro_batch_size_per_gpu
+        rows = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        config = self.config
+        token_budget = config.forward_max_token_len_per_gpu if config.use_dynamic_bsz else None
+        micro_batches, order = micro_batches_of(rows, config.micro_batch_size_per_gpu, token_budget)
         with torch.no_grad():
-            scores = torch.cat([self._scores(input_ids[start:start + size], attention_mask[start:start + size],
-                                             position_ids[start:start + size])
-                                for start in range(0, len(input_ids), size)])
+            scores = in_row_order(torch.cat([self._scores(**micro_batch) for micro_batch in micro_batches]), order)
         rm_scores = torch.zeros(len(scores), response_length, dtype=torch.float32)
         rm_scores[torch.arange(len(scores)), response_lengths - 1] = scores
         return DataProto.from_dict({"rm_scores": rm_scores})

@@ -49,9 +49,8 @@ class DisaggregatedPPOTrainer(RayPPOTrainer):
                                                    role="rollout", **self.worker_init_args()),
             watch=WorkerWatch.from_trainer_config(self.config.trainer))
         self.rollout_wg.init_model()
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        addresses = self.rollout_wg.start_engine_server([eos], pad)
-        self.agent_loop_manager = AgentLoopManager(self.config, addresses, eos_token_id=eos, pad_token_id=pad)
+        addresses = self.rollout_wg.start_engine_server([self.tokenizer.eos_token_id], self.tokenizer.pad_token_id)
+        self.agent_loop_manager = AgentLoopManager(self.config, self.tokenizer, addresses)
         self._init_weight_transfer()
         self.sync_weights()
 

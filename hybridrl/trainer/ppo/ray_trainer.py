@@ -72,8 +72,7 @@ class RayPPOTrainer:
         None (a trainer run in-process) never stops early."""
         self.config = config
         self.run_control = run_control
-        self.tokenizer = policy_tokenizer(config)
-        self.tokenizer.padding_side = "left"
+        self.tokenizer = policy_tokenizer(config)  # the one policy tokenizer of the run, handed to every process
         self.use_critic = config.critic.enable  # validation resolved null to (adv_estimator == gae)
         self.use_rm = config.reward_model.enable
         self.use_kl_in_reward = config.algorithm.use_kl_in_reward
@@ -160,9 +159,9 @@ class RayPPOTrainer:
         self.resource_pool = self._create_resource_pools()
         self._spawn_trainer_pool("actor_rollout_ref" if self.use_reference else "actor_rollout")
         if self.async_rollout:  # one engine server per rank; agent-loop workers on the controller's node
-            eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-            addresses = self.actor_rollout_wg.start_engine_server([eos], pad)
-            self.agent_loop_manager = AgentLoopManager(self.config, addresses, eos_token_id=eos, pad_token_id=pad)
+            addresses = self.actor_rollout_wg.start_engine_server([self.tokenizer.eos_token_id],
+                                                                  self.tokenizer.pad_token_id)
+            self.agent_loop_manager = AgentLoopManager(self.config, self.tokenizer, addresses)
             if self.prompt_source is not None:  # data_flow: kept groups through the prompt source (group_rollout.py)
                 self.group_rollout = GroupRollout(self.config, self.agent_loop_manager, self.tokenizer,
                                                   lambda batch, evaluation: self._score(
@@ -192,15 +191,14 @@ class RayPPOTrainer:
         common = self.worker_init_args()
         roles = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, self.config.actor_rollout_ref,
                                                        role=actor_role, total_training_steps=self.total_training_steps,
-                                                       **common)}
+                                                       tokenizer=self.tokenizer, **common)}
         if self.use_critic:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, self.config.critic,
                                                    rollout_n=self.config.actor_rollout_ref.rollout.n,
                                                    total_training_steps=self.total_training_steps, **common)
         if self.use_rm:
-            roles["rm"] = RayClassWithInitArgs(
-                RewardModelWorker, self.config.reward_model,
-                policy_chat_template=self.config.actor_rollout_ref.model.custom_chat_template, **common)
+            roles["rm"] = RayClassWithInitArgs(RewardModelWorker, self.config.reward_model,
+                                               policy_tokenizer=self.tokenizer, **common)
         all_roles = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls(roles),
                                    watch=WorkerWatch.from_trainer_config(trainer))
         groups = all_roles.spawn(prefix_set=set(roles))
