@@ -6,9 +6,9 @@ its own from the config and all of them hold exactly the tokenizer the prompts w
                                                                reward model (the policy's ids it reads), agent loops
     SFT  main_sft.run_sft -> load_tokenizer(model.partial_pretrain) -> every rank
 
-A tokenizer pickles with its vocabulary and chat template, about the size of its tokenizer.json (5.7 kB for the tiny
-test tokenizers; the file of a 150k-token vocabulary is several MB), which Ray and the SFT launcher ship with each
-process's init arguments, once per process.
+A tokenizer pickles with its vocabulary and chat template, which Ray and the SFT launcher ship with each process's
+init arguments, once per process: 5.7 kB for the tiny test tokenizers; Qwen's (151,669 entries) 9.8 MiB, unpickled in
+1.1 s where from_pretrained takes 2.2 s (measured on the 2-core CPU machine, 2026-11-28).
 """
 from __future__ import annotations
 
