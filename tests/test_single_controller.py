@@ -3,6 +3,7 @@ import errno
 import os
 import socket
 import sys
+from unittest import mock
 
 import pytest
 import ray
@@ -211,20 +212,20 @@ def test_rank_zero_holds_the_rendezvous_port_it_publishes(shard_group, shared_po
     assert [_internal_kv_get(key, namespace=NAMESPACE) for key in published].count(f"{address} {port}".encode()) == 1
 
 
-def test_a_process_resolves_its_rendezvous_once(ray_local, monkeypatch):
+def test_a_process_resolves_its_rendezvous_once(ray_local):
     """The roles of a colocated worker are Workers too: a second Worker in the process must not reserve and publish
     another port (rank 1 would then meet rank 0 on a port nobody serves)."""
     key = f"test_once/{os.getpid()}"
-    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", KEY_ENV: key}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("MASTER_ADDR", raising=False)
-    monkeypatch.delenv("MASTER_PORT", raising=False)
-    Worker()
-    published = _internal_kv_get(key, namespace=NAMESPACE)
-    Worker()
-    port = int(os.environ["MASTER_PORT"])
+    with mock.patch.dict(os.environ):  # resolving writes MASTER_ADDR/MASTER_PORT: none may reach later tests
+        os.environ.update({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", KEY_ENV: key})
+        os.environ.pop("MASTER_ADDR", None)
+        os.environ.pop("MASTER_PORT", None)
+        Worker()
+        published = _internal_kv_get(key, namespace=NAMESPACE)
+        Worker()
+        address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     try:
-        assert _internal_kv_get(key, namespace=NAMESPACE) == published == f"{os.environ['MASTER_ADDR']} {port}".encode()
+        assert _internal_kv_get(key, namespace=NAMESPACE) == published == f"{address} {port}".encode()
         assert port in distributed._reserved_listeners and len(distributed._reserved_listeners) == 1
     finally:
         distributed.release_port(port)
