@@ -37,6 +37,7 @@ from benchmarks.hybrid_engine import QWEN25_05B, make_qwen05b_model
 import hybridrl.checks  # noqa: F401  registers the subsystems' config checks
 from hybridrl.config import compose_config, validate_config
 from hybridrl.protocol import DataProto
+from hybridrl.models.spec import policy_model_spec
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -137,7 +138,8 @@ def measure(config, batch: DataProto, device: str) -> dict:
     allocator = Allocator(device)
     allocator.synchronize()
     before = allocator.allocated()
-    worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor", seed=0, device=device)
+    worker = ActorRolloutRefWorker(config.actor_rollout_ref, policy_model_spec(config),
+                                   role="actor", seed=0, device=device)
     worker.init_model()
     data = DataProto.from_dict(dict(batch.batch))
     data.batch["old_log_probs"] = worker.compute_log_prob(data).batch["old_log_probs"]

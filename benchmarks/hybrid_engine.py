@@ -85,12 +85,13 @@ def hybrid_config(model_dir: str, overrides: list[str] = (), engine: str = "sgla
 
 def build_actor(config):
     """FSDP2 actor (fp32 master weights, bf16 compute), its AdamW, and the DataParallelPPOActor around them."""
-    from hybridrl.models.fsdp_utils import build_optimizer, load_hf_model, shard_model
+    from hybridrl.models.fsdp_utils import build_optimizer, shard_model
+    from hybridrl.models.spec import policy_model_spec
     from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
 
     section = config.actor_rollout_ref
-    module = shard_model(load_hf_model(section.model.path, dtype=torch.float32), strategy="fsdp2", device="cuda",
-                         mixed_precision=True)
+    model = policy_model_spec(config).load(dtype=torch.float32, device="cuda", init_seed=0)
+    module = shard_model(model, strategy="fsdp2", device="cuda", mixed_precision=True)
     optimizer = build_optimizer(module, section.actor.optim)
     actor = DataParallelPPOActor(section.actor, module, optimizer, rollout_n=section.rollout.n,
                                  log_prob_micro_batch_size=16, device="cuda")
@@ -100,10 +101,12 @@ def build_actor(config):
 def build_hybrid(config, module):
     """The configured rollout engine (sglang or vllm) and the trainer<->rollout mode switch for `module` (what the
     worker wires)."""
+    from hybridrl.models.spec import policy_model_spec
     from hybridrl.workers.rollout.base import get_rollout_class
 
     section = config.actor_rollout_ref
-    rollout = get_rollout_class(section.rollout.name)(config=section.rollout, model_config=section.model, module=module)
+    rollout = get_rollout_class(section.rollout.name)(config=section.rollout, model_config=policy_model_spec(config),
+                                                      module=module)
     return rollout, RolloutModeSwitch(module, rollout)
 
 

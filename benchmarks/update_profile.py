@@ -26,6 +26,7 @@ import hybridrl.checks  # noqa: F401  registers the subsystems' config checks
 from hybridrl.config import compose_config, validate_config
 from hybridrl.models.flops import model_flops_utilization
 from hybridrl.protocol import DataProto
+from hybridrl.models.spec import policy_model_spec
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 SHAPES = {
@@ -79,7 +80,8 @@ def actor_worker(model_dir: str, token_len: int, liger: bool) -> ActorRolloutRef
         "actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
         f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={token_len}",
         f"actor_rollout_ref.model.use_liger={str(liger).lower()}"]))
-    worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor", seed=1, device="cuda")
+    worker = ActorRolloutRefWorker(config.actor_rollout_ref, policy_model_spec(config),
+                                   role="actor", seed=1, device="cuda")
     worker.init_model()
     return worker
 

@@ -27,6 +27,7 @@ from hybridrl.models.fused_logprob import linear_log_probs, response_log_probs_f
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.algorithms.torch_functional import entropy_from_logits, logprobs_from_logits
 from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
+from hybridrl.models.spec import policy_model_spec
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import this module by name
@@ -297,9 +298,10 @@ def worker_groups(ray_local, model_dirs):
               "actor_rollout_ref.actor.ppo_mini_batch_size=8",
               "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.entropy_coeff=0.01",
               "actor_rollout_ref.actor.optim.lr=1e-3"]
-    roles = {name: RayClassWithInitArgs(WeightsProbe, actor_config(model_dir, *common, *overrides).actor_rollout_ref,
+    configs = {name: actor_config(model_dir, *common, *overrides) for name, (_, overrides) in WORKER_ROLES.items()}
+    roles = {name: RayClassWithInitArgs(WeightsProbe, configs[name].actor_rollout_ref, policy_model_spec(configs[name]),
                                         role=role, seed=1, device="cpu")
-             for name, (role, overrides) in WORKER_ROLES.items()}
+             for name, (role, _) in WORKER_ROLES.items()}
     pool = RayResourcePool(process_on_nodes=[2], use_gpu=False, name_prefix="test_fused_logprob")
     groups = RayWorkerGroup(pool, create_colocated_worker_cls(roles)).spawn(prefix_set=set(roles))
     for group in groups.values():

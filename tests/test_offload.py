@@ -24,6 +24,7 @@ from hybridrl.models.fsdp_utils import iter_full_state_dict, load_hf_model, shar
 from hybridrl.models.offload import (FSDPOffload, load_fsdp_params, load_optimizer_state, offload_fsdp_params,
                                     offload_optimizer_state)
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
+from hybridrl.models.spec import critic_model_spec, policy_model_spec
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from hybridrl.workers.critic import CriticWorker
 
@@ -179,11 +180,11 @@ def groups(ray_local, tiny):
     plain, offload = make_config(model_dir), make_config(model_dir, *OFFLOAD)
     assert offload.actor_rollout_ref.actor.fsdp_config.param_offload and offload.critic.model.fsdp_config.param_offload
     common = {"seed": 1, "device": "cpu"}
-    roles = {"plain": RayClassWithInitArgs(ActorProbe, plain.actor_rollout_ref, role="actor_rollout_ref", **common),
-             "offload": RayClassWithInitArgs(ActorProbe, offload.actor_rollout_ref, role="actor_rollout_ref",
+    roles = {"plain": RayClassWithInitArgs(ActorProbe, plain.actor_rollout_ref, policy_model_spec(plain), role="actor_rollout_ref", **common),
+             "offload": RayClassWithInitArgs(ActorProbe, offload.actor_rollout_ref, policy_model_spec(offload), role="actor_rollout_ref",
                                              tokenizer=tokenizer, **common),
-             "critic_plain": RayClassWithInitArgs(CriticProbe, plain.critic, rollout_n=1, **common),
-             "critic_offload": RayClassWithInitArgs(CriticProbe, offload.critic, rollout_n=1, **common)}
+             "critic_plain": RayClassWithInitArgs(CriticProbe, plain.critic, critic_model_spec(plain), rollout_n=1, **common),
+             "critic_offload": RayClassWithInitArgs(CriticProbe, offload.critic, critic_model_spec(offload), rollout_n=1, **common)}
     pool = RayResourcePool(process_on_nodes=[2], use_gpu=False, name_prefix="test_offload")
     spawned = RayWorkerGroup(pool, create_colocated_worker_cls(roles)).spawn(prefix_set=set(roles))
     for group in spawned.values():

@@ -23,6 +23,7 @@ from hybridrl.single_controller.ray import RayClassWithInitArgs, RayResourcePool
     create_colocated_worker_cls
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.utils.import_utils import load_extensions
+from hybridrl.models.spec import ModelSpec, reward_model_spec
 from hybridrl.workers.reward_model import RewardModelWorker, load_reward_model, same_tokenization
 
 # Ray workers cannot import this test module by name; ship its classes by value.
@@ -116,7 +117,7 @@ def rm_config(policy_dir, rm_dir, *overrides):
         f"actor_rollout_ref.model.path={policy_dir}", "data.train_files=unused.parquet", "data.val_files=unused.parquet",
         f"reward_model.model.path={rm_dir}", "reward_model.micro_batch_size_per_gpu=2", "reward_model.max_length=64",
         "trainer.n_gpus_per_node=2", *overrides]))
-    return config.reward_model
+    return config.reward_model, reward_model_spec(config)
 
 
 @pytest.fixture(scope="module")
@@ -124,11 +125,11 @@ def groups(ray_local, models):
     dynamic = [f"reward_model.model.external_lib={models['external_lib']}", "reward_model.use_dynamic_bsz=true",
                f"reward_model.forward_max_token_len_per_gpu={TOKEN_BUDGET}"]
     common = {"seed": 0, "device": "cpu", "policy_tokenizer": models["policy_tokenizer"]}
-    roles = {name: RayClassWithInitArgs(RewardModelWorker, rm_config(models["policy_dir"], models[f"{name}_dir"]),
+    roles = {name: RayClassWithInitArgs(RewardModelWorker, *rm_config(models["policy_dir"], models[f"{name}_dir"]),
                                         **common)
              for name in ("same", "switch")}
     roles["dynamic"] = RayClassWithInitArgs(RecordingRewardModel,
-                                            rm_config(models["policy_dir"], models["dynamic_dir"], *dynamic), **common)
+                                            *rm_config(models["policy_dir"], models["dynamic_dir"], *dynamic), **common)
     pool = RayResourcePool(process_on_nodes=[2], use_gpu=False, name_prefix="test_rm")
     spawned = RayWorkerGroup(pool, create_colocated_worker_cls(roles)).spawn(prefix_set=set(roles))
     for group in spawned.values():
@@ -215,8 +216,8 @@ def test_tokenizer_comparison_and_untrained_head_refused(models, tmp_path):
     assert retemplated.get_vocab() == policy.get_vocab() and not same_tokenization(policy, retemplated)
 
     causal_lm = build_tiny_model(str(tmp_path / "lm"), policy, hidden_size=32, num_layers=1, intermediate_size=64)
-    with pytest.raises(ValueError, match=r"not a trained reward model.*score\.weight"):
-        load_reward_model(causal_lm, torch.float32)
+    with pytest.raises(ValueError, match=r"^reward_model\.model\.path=.* is not a trained reward model.*score\.weight"):
+        load_reward_model(ModelSpec(key="reward_model.model", path=causal_lm), torch.float32)
 
 
 def test_external_lib_and_token_budget_micro_batches(groups, models):

@@ -25,6 +25,7 @@ from hybridrl.single_controller import Dispatch, register
 from hybridrl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from hybridrl.models.fsdp_utils import iter_full_state_dict
+from hybridrl.models.spec import policy_model_spec
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from hybridrl.workers.rollout import BaseRollout
 from hybridrl.workers.rollout.mode_switch import RolloutModeSwitch
@@ -123,7 +124,7 @@ def engine_group(ray_local, tiny, tmp_path_factory):
     config = make_config(model_dir, f"actor_rollout_ref.rollout.custom_cls.path={engine_path}",
                          "actor_rollout_ref.rollout.custom_cls.name=CopyEngine")
     pool = RayResourcePool(process_on_nodes=[2], use_gpu=False, name_prefix="test_rollout_lifecycle")
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(ProbeWorker, config.actor_rollout_ref, role="actor_rollout",
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(ProbeWorker, config.actor_rollout_ref, policy_model_spec(config), role="actor_rollout",
                                                       seed=1, device="cpu"))
     group.init_model()
     yield group

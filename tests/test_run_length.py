@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 from hybridrl.config import compose_config, validate_config
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
+from hybridrl.models.spec import critic_model_spec, policy_model_spec
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from hybridrl.workers.critic import CriticWorker
 
@@ -46,9 +47,10 @@ def test_the_workers_lr_schedules_span_the_run_length_they_are_given(tmp_path, o
          f"critic.model.path={model_dir}", "critic.enable=true", "data.train_batch_size=2",
          "actor_rollout_ref.actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2",
          *[f"actor_rollout_ref.actor.optim.{o}" for o in COSINE], *[f"critic.optim.{o}" for o in COSINE]]))
-    actor = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor", device="cpu", total_training_steps=4)
+    actor = ActorRolloutRefWorker(config.actor_rollout_ref, policy_model_spec(config),
+                                  role="actor", device="cpu", total_training_steps=4)
     actor.init_model()
-    critic = CriticWorker(config.critic, rollout_n=1, device="cpu", total_training_steps=4)
+    critic = CriticWorker(config.critic, critic_model_spec(config), rollout_n=1, device="cpu", total_training_steps=4)
     critic.init_model()
     # 4 steps: warmup over 2 (0.5 x 4), then half a cosine down to 0 at step 4
     expected = [0.0, LR / 2, LR, LR / 2, 0.0]

@@ -12,6 +12,7 @@ from hybridrl.config.compose import compose_config
 from hybridrl.config.validation import ConfigError, validate_config
 from hybridrl.protocol import DataProto
 from hybridrl.models.fsdp_utils import apply_lora, build_optimizer, load_hf_model
+from hybridrl.models.spec import critic_model_spec
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
 from hybridrl.workers.ppo_update_loop import micro_batches_of
@@ -111,9 +112,9 @@ def test_actor_log_probs_gradients_and_update_equal_the_fixed_padded_path(model_
 
 
 def make_critic(model_dir, module, *overrides):
-    cfg = config(model_dir, *overrides).critic
-    return DataParallelPPOCritic(cfg, module, torch.optim.SGD(module.parameters(), lr=0.5), rollout_n=2,
-                                 device="cpu")
+    full = config(model_dir, *overrides)
+    return DataParallelPPOCritic(full.critic, module, torch.optim.SGD(module.parameters(), lr=0.5), rollout_n=2,
+                                 device="cpu", use_remove_padding=critic_model_spec(full).use_remove_padding)
 
 
 @pytest.mark.parametrize("overrides", [

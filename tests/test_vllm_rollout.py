@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from hybridrl.protocol import DataProto
+from hybridrl.models.spec import ModelSpec
 from hybridrl.workers.rollout import vllm_rollout
 from hybridrl.workers.rollout.base import get_rollout_class
 from hybridrl.workers.rollout.engine_io import EngineDiedError, EngineMemoryError
@@ -174,7 +175,7 @@ def engine(monkeypatch, engine_rollout_config):
 
     def build(**changes):
         config = replace(engine_rollout_config, calculate_log_probs=True, update_weights_bucket_megabytes=1, **changes)
-        return VLLMRollout(config, model_config=SimpleNamespace(path="/no/such/model"), device_memory=device)
+        return VLLMRollout(config, model_config=ModelSpec(key="actor_rollout_ref.model", path="/no/such/model"), device_memory=device)
     return build
 
 

@@ -25,6 +25,7 @@ from hybridrl.algorithms.core_algos import agg_loss, get_policy_loss_fn, kl_pena
 from hybridrl.models.fsdp_utils import iter_full_state_dict, iter_hf_weights, iter_unsharded_parameters
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.algorithms.torch_functional import entropy_from_logits, logprobs_from_logits
+from hybridrl.models.spec import critic_model_spec, policy_model_spec
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from hybridrl.workers.critic import CriticWorker
 
@@ -108,12 +109,12 @@ def groups(ray_local, tiny):
                        "actor_rollout_ref.actor.optim.lr=1e-2")
     common = {"seed": 1, "device": "cpu"}
     roles = {
-        "main": RayClassWithInitArgs(ProbeActor, main.actor_rollout_ref, role="actor_rollout_ref", **common),
-        "mb1": RayClassWithInitArgs(ProbeActor, mb1.actor_rollout_ref, role="actor", **common),
-        "mb4": RayClassWithInitArgs(ProbeActor, mb4.actor_rollout_ref, role="actor", **common),
-        "fsdp1": RayClassWithInitArgs(ProbeActor, fsdp1.actor_rollout_ref, role="actor_rollout", **common),
-        "critic": RayClassWithInitArgs(CriticWorker, gae.critic, rollout_n=1, **common),
-        "lora": RayClassWithInitArgs(ProbeActor, lora.actor_rollout_ref, role="actor", **common),
+        "main": RayClassWithInitArgs(ProbeActor, main.actor_rollout_ref, policy_model_spec(main), role="actor_rollout_ref", **common),
+        "mb1": RayClassWithInitArgs(ProbeActor, mb1.actor_rollout_ref, policy_model_spec(mb1), role="actor", **common),
+        "mb4": RayClassWithInitArgs(ProbeActor, mb4.actor_rollout_ref, policy_model_spec(mb4), role="actor", **common),
+        "fsdp1": RayClassWithInitArgs(ProbeActor, fsdp1.actor_rollout_ref, policy_model_spec(fsdp1), role="actor_rollout", **common),
+        "critic": RayClassWithInitArgs(CriticWorker, gae.critic, critic_model_spec(gae), rollout_n=1, **common),
+        "lora": RayClassWithInitArgs(ProbeActor, lora.actor_rollout_ref, policy_model_spec(lora), role="actor", **common),
     }
     pool = RayResourcePool(process_on_nodes=[2], use_gpu=False, name_prefix="test_workers")
     spawned = RayWorkerGroup(pool, create_colocated_worker_cls(roles)).spawn(prefix_set=set(roles))

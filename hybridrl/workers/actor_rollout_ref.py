@@ -6,7 +6,7 @@ One instance per rank, built by a RayWorkerGroup. `role` says which parts this i
     actor              trainable FSDP policy + AdamW + LR schedule (update_actor, compute_log_prob)
     rollout            FSDP policy + a rollout engine (rollout_mode, generate_sequences, trainer_mode)
     ref                frozen FSDP copy of the initial policy (compute_ref_log_prob); with LoRA
-                       (model.lora_rank > 0) the actor itself with its adapters disabled, no copy
+                       (the policy's ModelSpec has LoRA) the actor itself with its adapters disabled, no copy
     actor_rollout      actor and rollout share ONE model (the hybrid engine): the rollout
                        generates from the very weights being trained, no copy
     actor_rollout_ref  the above plus the reference
@@ -32,18 +32,17 @@ import time
 
 import torch
 
-from hybridrl.models.attention import attention_implementation
 from hybridrl.models.flops import model_flops_utilization
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller import Dispatch, Worker, register
 from hybridrl.utils.distributed import device_name, init_process_group_once
 from hybridrl.models.checkpoint import (load_sharded_model_state, save_hf_config_and_tokenizer,
                                         save_sharded_model_state)
-from hybridrl.models.fsdp_utils import (apply_liger, apply_lora, build_lr_scheduler, build_optimizer, fsdp_root,
-                                       hf_module, load_hf_model, shard_model)
-from hybridrl.utils.import_utils import load_extensions
+from hybridrl.models.fsdp_utils import build_lr_scheduler, build_optimizer, fsdp_root, hf_module, shard_model
 from hybridrl.models.memory import memory_metrics
 from hybridrl.models.offload import FSDPOffload
+from hybridrl.models.spec import ModelSpec
+from hybridrl.utils.import_utils import load_extensions
 from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
 from hybridrl.workers.rollout import build_rollout, load_rollout_class
 from hybridrl.workers.rollout.mode_switch import RolloutModeSwitch
@@ -53,11 +52,12 @@ ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref", "actor
 
 
 class ActorRolloutRefWorker(Worker, WeightTransferMixin):
-    def __init__(self, config, role: str, seed: int = 0, device: str | None = None, extensions: list[str] = (),
-                 total_training_steps: int | None = None, tokenizer=None):
-        """config: the `actor_rollout_ref` section. seed: `trainer.seed`; torch's global RNG starts at
-        seed + rank, so sampling is reproducible yet two ranks given the same prompt sample different
-        responses (weights missing from a checkpoint use `seed` alone, see load_hf_model). device:
+    def __init__(self, config, model_spec: ModelSpec, role: str, seed: int = 0, device: str | None = None,
+                 extensions: list[str] = (), total_training_steps: int | None = None, tokenizer=None):
+        """config: the `actor_rollout_ref` section (how to train, sample and shard). model_spec: the policy model,
+        resolved by the controller (models/spec.policy_model_spec); the rollout engines load its path.
+        seed: `trainer.seed`; torch's global RNG starts at seed + rank, so sampling is reproducible yet two ranks
+        given the same prompt sample different responses (weights missing from a checkpoint use `seed` alone, see load_hf_model). device:
         "cuda" or "cpu" (default: cuda when visible). extensions: modules / .py files to import first.
         total_training_steps: the run length the trainer computed, for the actor's LR schedule (None: only
         a schedule that needs no run length can be built). tokenizer: the run's policy tokenizer, resolved by the
@@ -66,6 +66,7 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker: role must be one of {list(ROLES)}, got {role!r}")
         self.config = config
+        self.model_spec = model_spec
         self.role = role
         self.device = device or device_name()
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref", "actor_ref")
@@ -88,7 +89,7 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Load and shard the models this role needs; build the optimizer, schedule and rollout engine."""
-        actor, model = self.config.actor, self.config.model
+        actor, model = self.config.actor, self.model_spec
         # A rollout-only worker whose engine keeps its own copy (sglang) needs no FSDP model: weights arrive
         # over the weight-transfer group straight into the engine.
         self.actor_module = None
@@ -134,7 +135,7 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
         phase needs it. The LoRA reference is the actor's own module, so it follows the actor's rules."""
         if self._is_actor or self._is_rollout:
             self.actor_offload.park()
-        if self._is_ref and self.config.model.lora_rank > 0:
+        if self._is_ref and self.model_spec.lora is not None:
             self.ref_offload = self.actor_offload
         elif self._is_ref:
             self.ref_offload = FSDPOffload(self.ref_policy.actor_module,
@@ -145,7 +146,7 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
     def _reference_module(self):
         """The frozen initial policy. With LoRA it is the actor's own module, run with its adapters disabled
         (see `_adapters_disabled`), so no second copy of the weights exists; otherwise a frozen sharded copy."""
-        if self.config.model.lora_rank > 0:
+        if self.model_spec.lora is not None:
             self._require(self._is_actor, "a LoRA reference policy (the actor with adapters disabled)", "actor")
             return self.actor_module
         ref = self.config.ref
@@ -159,27 +160,15 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
 
     def _adapters_disabled(self):
         """A context in which the LoRA actor computes as its base model (a no-op without LoRA)."""
-        if self.config.model.lora_rank > 0:
+        if self.model_spec.lora is not None:
             return hf_module(self.actor_module).disable_adapter()
         return contextlib.nullcontext()
 
     def _load_and_shard(self, strategy: str, dtype: torch.dtype, reshard_after_forward: bool, cpu_offload: bool,
                         with_lora: bool = True, forward_prefetch: bool = False):
-        """The policy model from `model.path` (with liger's kernels and, when with_lora and model.lora_rank > 0,
-        LoRA adapters), sharded over the ranks (see fsdp_utils.shard_model)."""
-        model = self.config.model
-        if model.external_lib:  # a module that registers a custom architecture with transformers' Auto classes
-            load_extensions([model.external_lib])
-        module = load_hf_model(model.path, trust_remote_code=model.trust_remote_code,
-                               override_config=model.override_config, dtype=dtype,
-                               gradient_checkpointing=model.enable_gradient_checkpointing, init_seed=self.seed,
-                               attn_implementation=attention_implementation(self.device, model.use_remove_padding))
-        if model.use_liger:
-            apply_liger(module)
-        if with_lora and model.lora_rank > 0:
-            module = apply_lora(module, lora_rank=model.lora_rank, lora_alpha=model.lora_alpha,
-                                target_modules=model.target_modules, exclude_modules=model.exclude_modules,
-                                adapter_path=model.lora_adapter_path)
+        """The policy model (the spec's, with LoRA adapters when with_lora and the spec has LoRA), sharded over the
+        ranks (see fsdp_utils.shard_model)."""
+        module = self.model_spec.load(dtype=dtype, device=self.device, init_seed=self.seed, with_lora=with_lora)
         return shard_model(module, strategy=strategy, device=self.device, mixed_precision=self.device == "cuda",
                            reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload,
                            forward_prefetch=forward_prefetch)

@@ -35,18 +35,20 @@ from hybridrl.protocol import DataProto
 from hybridrl.single_controller import Dispatch, Worker, register
 from hybridrl.utils.distributed import device_name, init_process_group_once
 from hybridrl.models.fsdp_utils import hf_module, shard_model
+from hybridrl.models.spec import ModelSpec
 from hybridrl.utils.import_utils import load_extensions
 from hybridrl.utils.tokenizer import load_tokenizer
 from hybridrl.workers.ppo_update_loop import in_row_order, micro_batches_of
 
 
-def load_reward_model(model_path: str, dtype: torch.dtype, trust_remote_code: bool = False):
-    """The sequence-classification model in `model_path` with one label; its score head must be in the
-    checkpoint (a freshly initialised head would hand out random rewards)."""
+def load_reward_model(spec: ModelSpec, dtype: torch.dtype):
+    """The sequence-classification model of `spec` with one label (after its external_lib); its score head must be
+    in the checkpoint (a freshly initialised head would hand out random rewards)."""
+    spec.import_external_lib()
     model, loading_info = AutoModelForSequenceClassification.from_pretrained(
-        model_path, num_labels=1, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True)
+        spec.path, num_labels=1, dtype=dtype, trust_remote_code=spec.trust_remote_code, output_loading_info=True)
     if loading_info["missing_keys"]:
-        raise ValueError(f"reward_model.model.path={model_path} is not a trained reward model: the checkpoint lacks "
+        raise ValueError(f"{spec.key}.path={spec.path} is not a trained reward model: the checkpoint lacks "
                          f"{sorted(loading_info['missing_keys'])} (a {type(model).__name__} needs its score head)")
     if not isinstance(getattr(model, "score", None), torch.nn.Module):
         raise TypeError(f"{type(model).__name__} has no `score` head module; RewardModelWorker reads the per-token "
@@ -61,13 +63,15 @@ def same_tokenization(policy_tokenizer, rm_tokenizer) -> bool:
 
 
 class RewardModelWorker(Worker):
-    def __init__(self, config, seed: int = 0, device: str | None = None, extensions: list[str] = (),
-                 policy_tokenizer=None):
-        """config: the `reward_model` section. seed/device/extensions as for ActorRolloutRefWorker.
+    def __init__(self, config, model_spec: ModelSpec, seed: int = 0, device: str | None = None,
+                 extensions: list[str] = (), policy_tokenizer=None):
+        """config: the `reward_model` section (which tokens to read, how to shard). model_spec: the reward model,
+        resolved by the controller (models/spec.reward_model_spec). seed/device/extensions as for ActorRolloutRefWorker.
         policy_tokenizer: the run's policy tokenizer, resolved by the controller (utils/tokenizer.py): the one the
         policy's prompts were rendered with; needed unless reward_model.model.input_tokenizer is null."""
         super().__init__()
         self.config = config
+        self.model_spec = model_spec
         self.policy_tokenizer = policy_tokenizer
         self.device = device or device_name()
         load_extensions(list(extensions))
@@ -77,10 +81,9 @@ class RewardModelWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Load the reward model and its tokenizer (compared with the policy's), shard the model."""
-        config, model = self.config, self.config.model
-        if model.external_lib:  # a module that registers a custom architecture with transformers' Auto classes
-            load_extensions([model.external_lib])
-        self.rm_tokenizer = load_tokenizer(model.path, trust_remote_code=model.trust_remote_code)
+        config, model, spec = self.config, self.config.model, self.model_spec
+        spec.import_external_lib()
+        self.rm_tokenizer = load_tokenizer(spec.path, trust_remote_code=spec.trust_remote_code)
         if model.input_tokenizer is not None and self.policy_tokenizer is None:
             raise ValueError("reward_model.model.input_tokenizer is set, so the reward model compares the policy's "
                              "tokenizer with its own: build RewardModelWorker with policy_tokenizer=the controller's "
@@ -89,11 +92,11 @@ class RewardModelWorker(Worker):
         self.retokenizes = (model.input_tokenizer is not None
                             and not same_tokenization(self.policy_tokenizer, self.rm_tokenizer))
         if self.retokenizes and self.rm_tokenizer.chat_template is None:
-            raise ValueError(f"the reward model's tokenizer ({model.path}) differs from the policy's "
+            raise ValueError(f"the reward model's tokenizer ({spec.path}) differs from the policy's "
                              f"({model.input_tokenizer}) and has no chat template to re-tokenise the rows with")
         # Frozen: on a GPU it only ever computes in bf16, so it is kept in bf16; on the CPU in fp32.
         dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
-        module = load_reward_model(model.path, dtype, model.trust_remote_code)
+        module = load_reward_model(spec, dtype)
         module.requires_grad_(False)
         self.reward_module = shard_model(module, strategy=config.strategy, device=self.device,
                                          mixed_precision=self.device == "cuda",

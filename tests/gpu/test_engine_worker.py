@@ -21,6 +21,7 @@ import torch
 from benchmarks.hybrid_engine import (QWEN25_05B, hybrid_config, init_single_gpu_process_group, make_qwen05b_model,
                                       random_prompts)
 from hybridrl.protocol import DataProto
+from hybridrl.models.spec import policy_model_spec
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the hybrid engine needs CUDA")
@@ -66,7 +67,8 @@ def test_rollout_mode_pushes_the_weights_and_trainer_mode_releases_the_engine(en
         "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.rollout.multi_stage_wake_up=true",
         "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", *ENGINES[engine]["overrides"]], engine=engine)
-    worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor_rollout", seed=1, device="cuda")
+    worker = ActorRolloutRefWorker(config.actor_rollout_ref, policy_model_spec(config),
+                                   role="actor_rollout", seed=1, device="cuda")
     worker.init_model()
     try:
         prompts = random_prompts(8, PROMPT_LENGTH, QWEN25_05B["vocab_size"], seed=7, ragged=True)

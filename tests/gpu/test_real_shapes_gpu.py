@@ -28,6 +28,7 @@ from hybridrl.models.attention import varlen_kernel  # noqa: E402
 from hybridrl.models.flops import model_flops_utilization  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
 from hybridrl.workers.ppo_update_loop import mini_batch_global_info  # noqa: E402
+from hybridrl.models.spec import policy_model_spec  # noqa: E402
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker  # noqa: E402
 
 PROMPT, PROMPT_TOKENS, RESPONSE, ROWS, VOCAB, EOS, PAD = 64, 42, 512, 128, 512, 3, 0
@@ -83,7 +84,8 @@ def actor_worker(model_dir: str, remove_padding: bool) -> ActorRolloutRefWorker:
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
         f"actor_rollout_ref.model.use_remove_padding={str(remove_padding).lower()}"]))
-    worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor", seed=1, device="cuda")
+    worker = ActorRolloutRefWorker(config.actor_rollout_ref, policy_model_spec(config),
+                                   role="actor", seed=1, device="cuda")
     worker.init_model()
     return worker
 

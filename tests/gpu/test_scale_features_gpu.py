@@ -20,6 +20,7 @@ from hybridrl.config.compose import compose_config  # noqa: E402
 from hybridrl.config.validation import validate_config  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
 from hybridrl.defaults.tiny_model import build_tiny_model  # noqa: E402
+from hybridrl.models.spec import critic_model_spec, policy_model_spec  # noqa: E402
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker  # noqa: E402
 from hybridrl.workers.critic import CriticWorker  # noqa: E402
 from tiny_gpu import PROMPT_LENGTH, RESPONSE_LENGTH, generate, prompts, single_gpu_tiny_model  # noqa: E402
@@ -45,14 +46,21 @@ def config(model_dir, *overrides):
         "actor_rollout_ref.rollout.n=1", *overrides]))
 
 
+def policy_worker(cfg, **kwargs):
+    """The policy worker of `cfg`, with the ModelSpec the controller would resolve."""
+    return ActorRolloutRefWorker(cfg.actor_rollout_ref, policy_model_spec(cfg), **kwargs)
+
+
+def critic_worker(cfg, **kwargs):
+    return CriticWorker(cfg.critic, critic_model_spec(cfg), **kwargs)
+
+
 
 def test_dynamic_bsz_remove_padding_and_lora_on_gpu(setup):
     model_dir, tokenizer = setup
-    plain = ActorRolloutRefWorker(config(model_dir).actor_rollout_ref, role="actor_rollout_ref", seed=1,
-                                  device="cuda")
+    plain = policy_worker(config(model_dir), role="actor_rollout_ref", seed=1, device="cuda")
     plain.init_model()
-    scale = ActorRolloutRefWorker(config(model_dir, *SCALE).actor_rollout_ref, role="actor_rollout_ref", seed=1,
-                                  device="cuda")
+    scale = policy_worker(config(model_dir, *SCALE), role="actor_rollout_ref", seed=1, device="cuda")
     scale.init_model()
     batch = DataProto.from_dict(dict(generate(scale, prompts(tokenizer)).batch))
     mask = batch.batch["response_mask"].bool()
@@ -73,9 +81,9 @@ def test_dynamic_bsz_remove_padding_and_lora_on_gpu(setup):
     assert (after - scale_log_probs)[mask].abs().max() > 1e-3, "the LoRA update did not change the policy"
     torch.testing.assert_close(scale.compute_ref_log_prob(batch).batch["ref_log_prob"], ref_before, atol=1e-3, rtol=0)
 
-    critic_plain = CriticWorker(config(model_dir).critic, rollout_n=1, seed=1, device="cuda")
+    critic_plain = critic_worker(config(model_dir), rollout_n=1, seed=1, device="cuda")
     critic_plain.init_model()
-    critic = CriticWorker(config(model_dir, *SCALE).critic, rollout_n=1, seed=1, device="cuda")
+    critic = critic_worker(config(model_dir, *SCALE), rollout_n=1, seed=1, device="cuda")
     critic.init_model()
     values = critic.compute_values(batch).batch["values"]
     assert (values - critic_plain.compute_values(batch).batch["values"])[mask].abs().mean() < 0.05
@@ -123,8 +131,7 @@ def test_param_and_optimizer_offload_free_the_gpu_between_phases(setup, tmp_path
     for name, overrides in (("plain", []), ("offload", OFFLOAD)):
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
-        worker = ActorRolloutRefWorker(config(model_dir, *memory, *overrides).actor_rollout_ref, role="actor", seed=1,
-                                       device="cuda")
+        worker = policy_worker(config(model_dir, *memory, *overrides), role="actor", seed=1, device="cuda")
         worker.init_model()
         if "old_log_probs" not in batch.batch.keys():
             batch.batch["old_log_probs"] = worker.compute_log_prob(batch).batch["old_log_probs"]
@@ -196,10 +203,9 @@ def test_fused_kernels_worker_matches_the_plain_worker_on_gpu(setup):
     """FSDP2 with bf16 compute: the output weight is the gathered bf16 one inside the root's forward. Generation
     (HF generate on the same module) is untouched; log-probs, ref log-probs and one update track the plain worker."""
     model_dir, tokenizer = setup
-    plain = ActorRolloutRefWorker(config(model_dir).actor_rollout_ref, role="actor", seed=1, device="cuda")
+    plain = policy_worker(config(model_dir), role="actor", seed=1, device="cuda")
     plain.init_model()
-    fused = ActorRolloutRefWorker(config(model_dir, FUSED).actor_rollout_ref, role="actor_rollout_ref",
-                                  seed=1, device="cuda")
+    fused = policy_worker(config(model_dir, FUSED), role="actor_rollout_ref", seed=1, device="cuda")
     fused.init_model()
     assert fused.actor.use_fused_kernels and fused.ref_policy.use_fused_kernels
     batch = DataProto.from_dict(dict(generate(fused, prompts(tokenizer)).batch))
@@ -255,11 +261,9 @@ def test_liger_worker_matches_the_plain_worker_on_gpu(setup):
     """use_liger through the worker (FSDP2, bf16 compute): log-probs and one update track the plain worker."""
     pytest.importorskip("liger_kernel")
     model_dir, tokenizer = setup
-    plain = ActorRolloutRefWorker(config(model_dir).actor_rollout_ref, role="actor_rollout", seed=1,
-                                  device="cuda")
+    plain = policy_worker(config(model_dir), role="actor_rollout", seed=1, device="cuda")
     plain.init_model()
-    liger = ActorRolloutRefWorker(config(model_dir, LIGER).actor_rollout_ref, role="actor", seed=1,
-                                  device="cuda")
+    liger = policy_worker(config(model_dir, LIGER), role="actor", seed=1, device="cuda")
     liger.init_model()
     batch = DataProto.from_dict(dict(generate(plain, prompts(tokenizer)).batch))
     mask = batch.batch["response_mask"].bool()
@@ -283,10 +287,9 @@ def test_forward_prefetch_changes_when_layers_are_gathered_not_the_numbers(setup
     model_dir, tokenizer = setup
     workers = []
     for prefetch in ("false", "true"):
-        worker = ActorRolloutRefWorker(config(model_dir, f"actor_rollout_ref.actor.strategy={strategy}",
-                                              f"actor_rollout_ref.actor.fsdp_config.forward_prefetch={prefetch}",
-                                              "actor_rollout_ref.actor.use_kl_loss=false").actor_rollout_ref,
-                                       role="actor", seed=1, device="cuda")
+        worker = policy_worker(config(model_dir, f"actor_rollout_ref.actor.strategy={strategy}",
+                                      f"actor_rollout_ref.actor.fsdp_config.forward_prefetch={prefetch}",
+                                      "actor_rollout_ref.actor.use_kl_loss=false"), role="actor", seed=1, device="cuda")
         worker.init_model()
         workers.append(worker)
     batch = update_batch(4, len(tokenizer))

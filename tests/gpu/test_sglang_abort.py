@@ -25,6 +25,7 @@ pytest.importorskip("sglang")
 from benchmarks.hybrid_engine import (QWEN25_05B, hybrid_config, init_single_gpu_process_group,  # noqa: E402
                                       make_qwen05b_model, random_prompts)
 from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, abort_servers  # noqa: E402
+from hybridrl.models.spec import policy_model_spec  # noqa: E402
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker  # noqa: E402
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 64, 1024
@@ -40,7 +41,8 @@ def test_abort_returns_tokens_so_far_and_the_next_rollout_mode_generates_again(t
         "actor_rollout_ref.rollout.ignore_eos=true",
         "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.rollout.n=1",
         "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"])
-    worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor_rollout", seed=1, device="cuda")
+    worker = ActorRolloutRefWorker(config.actor_rollout_ref, policy_model_spec(config),
+                                   role="actor_rollout", seed=1, device="cuda")
     worker.init_model()
     address = worker.start_engine_server([EOS], PAD)
     prompts = random_prompts(8, PROMPT_LENGTH, QWEN25_05B["vocab_size"], seed=3, ragged=True)

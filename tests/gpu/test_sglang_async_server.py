@@ -28,6 +28,7 @@ from benchmarks.hybrid_engine import (QWEN25_05B, hybrid_config, init_single_gpu
                                       make_qwen05b_model, random_prompts)
 from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, EngineServerError  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
+from hybridrl.models.spec import policy_model_spec  # noqa: E402
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker  # noqa: E402
 from hybridrl.data.batch_layout import to_batch_layout  # noqa: E402
 
@@ -45,7 +46,8 @@ def test_engine_server_answers_concurrent_requests_with_the_trainers_weights(tmp
         "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.rollout.n=1",
         "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         "+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_prefill_cuda_graph=true"])
-    worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor_rollout", seed=1, device="cuda")
+    worker = ActorRolloutRefWorker(config.actor_rollout_ref, policy_model_spec(config),
+                                   role="actor_rollout", seed=1, device="cuda")
     worker.init_model()
     address = worker.start_engine_server([EOS], PAD)
     manager = AsyncLLMServerManager([address])

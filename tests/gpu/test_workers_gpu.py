@@ -20,6 +20,7 @@ from hybridrl.config.validation import validate_config  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
 from hybridrl.models.fsdp_utils import iter_full_state_dict  # noqa: E402
 from hybridrl.algorithms.torch_functional import logprobs_from_logits  # noqa: E402
+from hybridrl.models.spec import critic_model_spec, policy_model_spec  # noqa: E402
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker  # noqa: E402
 from hybridrl.workers.critic import CriticWorker  # noqa: E402
 from tiny_gpu import PROMPT_LENGTH, RESPONSE_LENGTH, generate, prompts, single_gpu_tiny_model  # noqa: E402
@@ -54,7 +55,8 @@ def fp32_reference(model_dir, weights, batch, temperature):
 def test_actor_rollout_ref_on_gpu(setup, strategy):
     model_dir, tokenizer = setup
     cfg = config(model_dir, f"actor_rollout_ref.actor.strategy={strategy}")
-    worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="actor_rollout_ref", seed=1, device="cuda")
+    worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, policy_model_spec(cfg),
+                                   role="actor_rollout_ref", seed=1, device="cuda")
     worker.init_model()
     master = next(worker.actor_module.parameters())
     assert master.device.type == "cuda" and master.dtype == torch.float32
@@ -85,10 +87,10 @@ def test_actor_rollout_ref_on_gpu(setup, strategy):
 def test_critic_on_gpu(setup):
     model_dir, tokenizer = setup
     cfg = config(model_dir, "algorithm=gae", "critic.optim.lr=3e-3")
-    actor = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="rollout", seed=1, device="cuda")
+    actor = ActorRolloutRefWorker(cfg.actor_rollout_ref, policy_model_spec(cfg), role="rollout", seed=1, device="cuda")
     actor.init_model()
     batch = DataProto.from_dict(dict(generate(actor, prompts(tokenizer, validate=True)).batch))
-    critic = CriticWorker(cfg.critic, rollout_n=1, seed=1, device="cuda")
+    critic = CriticWorker(cfg.critic, critic_model_spec(cfg), rollout_n=1, seed=1, device="cuda")
     critic.init_model()
     batch.union(critic.compute_values(batch))
     batch.batch["returns"] = batch.batch["response_mask"].float()

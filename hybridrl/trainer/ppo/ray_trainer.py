@@ -48,6 +48,7 @@ from hybridrl.trainer.ppo.nonfinite_guard import NonFiniteStepGuard, check_finit
 from hybridrl.data.rl_dataset import create_rl_dataset, make_dataloader
 from hybridrl.trainer.progress import ProgressReporter
 from hybridrl.data.seqlen_balancing import balance_batch
+from hybridrl.models.spec import critic_model_spec, policy_model_spec, reward_model_spec
 from hybridrl.utils.tokenizer import policy_tokenizer
 from hybridrl.trainer.tracking import Tracking
 from hybridrl.reward.managers import load_reward_manager
@@ -75,6 +76,10 @@ class RayPPOTrainer:
         self.tokenizer = policy_tokenizer(config)  # the one policy tokenizer of the run, handed to every process
         self.use_critic = config.critic.enable  # validation resolved null to (adv_estimator == gae)
         self.use_rm = config.reward_model.enable
+        # What each role loads, resolved once here and handed to its workers (and the policy's to the engines).
+        self.policy_spec = policy_model_spec(config)
+        self.critic_spec = critic_model_spec(config) if self.use_critic else None
+        self.rm_spec = reward_model_spec(config) if self.use_rm else None
         self.use_kl_in_reward = config.algorithm.use_kl_in_reward
         self.use_reference = config.actor_rollout_ref.actor.use_kl_loss or self.use_kl_in_reward
         self.kl_ctrl_in_reward = core_algos.get_kl_controller(config.algorithm.kl_ctrl) if self.use_kl_in_reward else None
@@ -190,14 +195,15 @@ class RayPPOTrainer:
         # Colocated: "actor_rollout" holds the rollout too; disaggregated: "actor" (+ ref), the rollout elsewhere.
         common = self.worker_init_args()
         roles = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, self.config.actor_rollout_ref,
-                                                       role=actor_role, total_training_steps=self.total_training_steps,
+                                                       self.policy_spec, role=actor_role,
+                                                       total_training_steps=self.total_training_steps,
                                                        tokenizer=self.tokenizer, **common)}
         if self.use_critic:
-            roles["critic"] = RayClassWithInitArgs(CriticWorker, self.config.critic,
+            roles["critic"] = RayClassWithInitArgs(CriticWorker, self.config.critic, self.critic_spec,
                                                    rollout_n=self.config.actor_rollout_ref.rollout.n,
                                                    total_training_steps=self.total_training_steps, **common)
         if self.use_rm:
-            roles["rm"] = RayClassWithInitArgs(RewardModelWorker, self.config.reward_model,
+            roles["rm"] = RayClassWithInitArgs(RewardModelWorker, self.config.reward_model, self.rm_spec,
                                                policy_tokenizer=self.tokenizer, **common)
         all_roles = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls(roles),
                                    watch=WorkerWatch.from_trainer_config(trainer))

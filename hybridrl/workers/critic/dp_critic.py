@@ -5,7 +5,7 @@ into mini-batches (one optimizer step each) and micro-batches (gradients accumul
 normalised by the counts of the whole global mini-batch, so neither the micro-batch size nor the
 number of data-parallel ranks changes the gradient); this module gives it the clipped value loss. The model is a causal LM backbone with a
 one-output token-classification head. `use_dynamic_bsz` (token budgets `ppo_max_token_len_per_gpu` for updates,
-`forward_max_token_len_per_gpu` for compute_values) and `model.use_remove_padding` work as in
+`forward_max_token_len_per_gpu` for compute_values) and `use_remove_padding` (the critic ModelSpec's) work as in
 the actor.
 
 Batch keys read: input_ids, attention_mask, position_ids, responses, response_mask (all passes);
@@ -32,8 +32,9 @@ FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "res
 
 class DataParallelPPOCritic:
     def __init__(self, config: Any, critic_module: nn.Module, critic_optimizer: torch.optim.Optimizer, *,
-                 rollout_n: int, device: str | None = None):
-        """`config` is the critic section; rollout_n as for the actor (mini-batches count prompts)."""
+                 rollout_n: int, device: str | None = None, use_remove_padding: bool = False):
+        """`config` is the critic section; rollout_n as for the actor (mini-batches count prompts).
+        use_remove_padding: the critic ModelSpec's (packed forwards)."""
         self.config = config
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
@@ -41,7 +42,7 @@ class DataParallelPPOCritic:
         dynamic = config.use_dynamic_bsz
         self.max_token_len = config.ppo_max_token_len_per_gpu if dynamic else None
         self.forward_max_token_len = config.forward_max_token_len_per_gpu if dynamic else None
-        self.use_remove_padding = config.model.use_remove_padding
+        self.use_remove_padding = use_remove_padding
         self.update_loop = PPOUpdateLoop(
             role="critic", module=critic_module, optimizer=critic_optimizer, device=self.device,
             ppo_epochs=config.ppo_epochs, shuffle=config.shuffle, grad_clip=config.grad_clip,

@@ -1,7 +1,7 @@
 """CriticWorker: the value model on one rank — a causal LM backbone with a one-output head.
 
 Data methods are Dispatch.DP_COMPUTE_PROTO and return only what they add (see workers/actor_rollout_ref.py).
-With model.fsdp_config.param_offload / optimizer_offload the parameters and the optimizer state wait in
+With fsdp_config.param_offload / optimizer_offload the parameters and the optimizer state wait in
 CPU memory between calls and come to the device only for the call that needs them (models/offload.py).
 It lives in the critic package (not workers/critic.py, which the package would shadow) and is
 exported as hybridrl.workers.critic.CriticWorker.
@@ -10,25 +10,27 @@ from __future__ import annotations
 
 import torch
 
-from hybridrl.models.attention import attention_implementation
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller import Dispatch, Worker, register
 from hybridrl.models.checkpoint import load_sharded_model_state, save_sharded_model_state
 from hybridrl.utils.distributed import device_name, init_process_group_once
-from hybridrl.models.fsdp_utils import apply_lora, build_lr_scheduler, build_optimizer, load_hf_model, shard_model
-from hybridrl.utils.import_utils import load_extensions
+from hybridrl.models.fsdp_utils import build_lr_scheduler, build_optimizer, shard_model
 from hybridrl.models.offload import FSDPOffload
+from hybridrl.models.spec import ModelSpec
+from hybridrl.utils.import_utils import load_extensions
 from hybridrl.workers.critic.dp_critic import DataParallelPPOCritic
 
 
 class CriticWorker(Worker):
-    def __init__(self, config, *, rollout_n: int, seed: int = 0, device: str | None = None,
+    def __init__(self, config, model_spec: ModelSpec, *, rollout_n: int, seed: int = 0, device: str | None = None,
                  extensions: list[str] = (), total_training_steps: int | None = None):
-        """config: the `critic` section. rollout_n: `actor_rollout_ref.rollout.n` (the critic's
+        """config: the `critic` section (how to train and shard). model_spec: the value model's backbone, resolved by
+        the controller (models/spec.critic_model_spec). rollout_n: `actor_rollout_ref.rollout.n` (the critic's
         ppo_mini_batch_size counts prompts, each with rollout_n responses). seed/device/extensions/
         total_training_steps as for ActorRolloutRefWorker."""
         super().__init__()
         self.config = config
+        self.model_spec = model_spec
         self.rollout_n = rollout_n
         self.device = device or device_name()
         load_extensions(list(extensions))
@@ -40,28 +42,22 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Load the backbone with a fresh value head (drawn from `seed`: the same on every rank), shard, optimise."""
-        config, model = self.config, self.config.model
-        if model.external_lib:  # a module that registers a custom architecture with transformers' Auto classes
-            load_extensions([model.external_lib])
-        module = load_hf_model(model.path, value_head=True, trust_remote_code=model.trust_remote_code,
-                               override_config=model.override_config, dtype=torch.float32,
-                               gradient_checkpointing=model.enable_gradient_checkpointing, init_seed=self.seed,
-                               attn_implementation=attention_implementation(self.device, model.use_remove_padding))
-        if model.lora_rank > 0:  # adapters on the backbone; the value head is trained in full
-            module = apply_lora(module, lora_rank=model.lora_rank, lora_alpha=model.lora_alpha,
-                                target_modules=model.target_modules, value_head=True)
+        config, fsdp_config = self.config, self.config.model.fsdp_config
+        # adapters (when the spec has LoRA) on the backbone only; the value head is trained in full
+        module = self.model_spec.load(dtype=torch.float32, device=self.device, init_seed=self.seed, value_head=True)
         self.critic_module = shard_model(module, strategy=config.strategy, device=self.device,
                                          mixed_precision=self.device == "cuda",
-                                         reshard_after_forward=model.fsdp_config.reshard_after_forward,
-                                         cpu_offload=model.fsdp_config.offload_policy,
-                                         forward_prefetch=model.fsdp_config.forward_prefetch)
+                                         reshard_after_forward=fsdp_config.reshard_after_forward,
+                                         cpu_offload=fsdp_config.offload_policy,
+                                         forward_prefetch=fsdp_config.forward_prefetch)
         self.critic_optimizer = build_optimizer(self.critic_module, config.optim)
         self.critic_lr_scheduler = build_lr_scheduler(self.critic_optimizer, config.optim, self.total_training_steps)
         self.critic = DataParallelPPOCritic(config, self.critic_module, self.critic_optimizer,
-                                            rollout_n=self.rollout_n, device=self.device)
+                                            rollout_n=self.rollout_n, device=self.device,
+                                            use_remove_padding=self.model_spec.use_remove_padding)
         self.critic_offload = FSDPOffload(self.critic_module, self.critic_optimizer,
-                                          param_offload=model.fsdp_config.param_offload,
-                                          optimizer_offload=model.fsdp_config.optimizer_offload, device=self.device)
+                                          param_offload=fsdp_config.param_offload,
+                                          optimizer_offload=fsdp_config.optimizer_offload, device=self.device)
         self.critic_offload.park()
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -3,10 +3,11 @@
 `actor_rollout_ref.rollout.name` picks a registered engine; `rollout.custom_cls.path/name` loads a
 user's class from a .py file instead (it wins over `name`). Every engine is built the same way,
 
-    rollout_cls(config=<rollout section>, model_config=<actor_rollout_ref.model section>, module=<actor or None>)
+    rollout_cls(config=<rollout section>, model_config=<the policy's ModelSpec>, module=<actor or None>)
 
-where `module` is the FSDP-held actor model (engines that generate from the training weights
-use it; engines with their own copy may ignore it). A user class need not subclass BaseRollout,
+`model_config` is the policy model the controller resolved (models/spec.py; verl's name for it, and like
+verl's HFModelConfig it has `local_path`); `module` is the FSDP-held actor model (engines that generate from
+the training weights use it; engines with their own copy may ignore it). A user class need not subclass BaseRollout,
 but must have its four methods (the lifecycle contract below) and accept those keywords.
 
 The lifecycle contract (verl's names) is how the worker moves one rank between trainer mode and
@@ -144,8 +145,8 @@ def load_rollout_class(rollout_config: Any) -> type:
 
 
 def build_rollout(rollout_config: Any, model_config: Any = None, module: Any = None):
-    """Instantiate the configured rollout engine; with tensor_model_parallel_size k > 1 and an engine that can span
-    GPUs (`spans_gpus`: sglang), one engine per k ranks, which every rank of the group drives
+    """Instantiate the configured rollout engine for `model_config` (the policy's ModelSpec); with
+    tensor_model_parallel_size k > 1 and an engine that can span GPUs (`spans_gpus`: sglang), one engine per k ranks, which every rank of the group drives
     (rollout/tensor_parallel.py). hf generates from the FSDP module itself and ignores k."""
     cls = load_rollout_class(rollout_config)
     if rollout_config.tensor_model_parallel_size == 1 or not getattr(cls, "spans_gpus", False):

@@ -102,7 +102,8 @@ class SGLangRollout(BaseRollout):
         order; rollout/tensor_parallel.py builds it so, on the group's first rank)."""
         super().__init__(config, model_config, module)
         if model_config is None:
-            raise ValueError("the sglang rollout needs model_config (actor_rollout_ref.model) for the model path")
+            raise ValueError("the sglang rollout needs model_config=the policy's ModelSpec (models/spec.py) for the "
+                             "model path")
         tp = config.tensor_model_parallel_size
         if tp != len(engine_gpus or [None]):
             raise ValueError(f"rollout.tensor_model_parallel_size={tp}: build the rollout with build_rollout (one "

@@ -122,7 +122,8 @@ class VLLMRollout(BaseRollout):
         rests in trainer mode."""
         super().__init__(config, model_config, module)
         if model_config is None:
-            raise ValueError("the vllm rollout needs model_config (actor_rollout_ref.model) for the model path")
+            raise ValueError("the vllm rollout needs model_config=the policy's ModelSpec (models/spec.py) for the "
+                             "model path")
         if config.tensor_model_parallel_size != 1:
             raise NotImplementedError(f"rollout.tensor_model_parallel_size={config.tensor_model_parallel_size}: the "
                                       f"vllm rollout runs one engine per GPU (tp=1) for now; tensor-parallel engines "
