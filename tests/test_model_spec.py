@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 
-import pytest
-import torch.distributed as dist
 
 from hybridrl.config import compose_config, validate_config
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
@@ -57,20 +54,7 @@ def test_lora_rank_zero_is_no_lora_and_all_linear_stays_one_name():
     assert lora == LoraSpec(rank=4, alpha=16, target_modules="all-linear")
 
 
-@pytest.fixture
-def one_rank(monkeypatch):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                        "MASTER_PORT": str(port)}.items():
-        monkeypatch.setenv(name, value)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def test_workers_load_the_spec_they_are_given_not_their_sections_model_keys(tmp_path, one_rank):
+def test_workers_load_the_spec_they_are_given_not_their_sections_model_keys(tmp_path, in_process_rank):
     """The section names a directory that does not exist and another LoRA rank; the workers load the spec's model
     (hidden size 24, LoRA rank 2), so nothing below the controller reads the section's model keys."""
     tokenizer = build_tokenizer(["one two three four five"] * 20, vocab_size=64)

@@ -1,10 +1,8 @@
 """The run length reaches the workers as an argument (trainer -> ActorRolloutRefWorker / CriticWorker
 total_training_steps), never by writing into the validated config: their LR schedules span exactly it.
 Real workers in this process (one gloo rank), a tiny model."""
-import socket
 
 import pytest
-import torch.distributed as dist
 
 from hybridrl.config import compose_config, validate_config
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
@@ -16,19 +14,6 @@ LR = 0.01
 COSINE = ["warmup_style=cosine", "lr_warmup_steps_ratio=0.5", "min_lr_ratio=0.0", f"lr={LR}"]
 
 
-@pytest.fixture
-def one_rank(monkeypatch):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                        "MASTER_PORT": str(port)}.items():
-        monkeypatch.setenv(name, value)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def lrs(scheduler, steps):
     values = []
     for _ in range(steps):
@@ -38,7 +23,7 @@ def lrs(scheduler, steps):
     return values
 
 
-def test_the_workers_lr_schedules_span_the_run_length_they_are_given(tmp_path, one_rank):
+def test_the_workers_lr_schedules_span_the_run_length_they_are_given(tmp_path, in_process_rank):
     tokenizer = build_tokenizer(["one two three four five"] * 20, vocab_size=64)
     model_dir = build_tiny_model(str(tmp_path / "model"), tokenizer, hidden_size=16, num_layers=1, num_heads=2,
                                  num_kv_heads=1, intermediate_size=32)
