@@ -293,14 +293,19 @@ def main() -> None:
         hybrid_s, hybrid_tokens = time_generation(hybrid_generate, prompts, args.gen_repeats)
     rollout.shutdown()
     results["hybrid_generate"] = {"seconds": hybrid_s, "tokens": hybrid_tokens, "tok_per_s": hybrid_tokens / hybrid_s}
+    write_results(results, args.out)  # kept if the standalone engine below fails
 
     token_lists = [row.tolist() for row in prompts.batch["input_ids"]]
     if args.engine == "vllm":
         from hybridrl.workers.rollout.vllm_rollout import sampling_params as vllm_sampling_params
 
         params = vllm_sampling_params(config.actor_rollout_ref.rollout, {}, [EOS_ID])
-        results["standalone"] = time_standalone_vllm(dict(rollout.engine_kwargs, load_format="auto"), token_lists,
-                                                     params, args.gen_repeats)
+        # vLLM's CuMem allocator (sleep mode) serves one engine per process, and the hybrid one was it; a standalone
+        # engine never sleeps, so it runs without (measured on the H200: "CuMem allocator can only be used for one
+        # instance per process" otherwise).
+        results["standalone"] = time_standalone_vllm(
+            dict(rollout.engine_kwargs, load_format="auto", enable_sleep_mode=False), token_lists, params,
+            args.gen_repeats)
     else:
         params = sampling_params(config.actor_rollout_ref.rollout, {}, [EOS_ID])
         standalone = {"standalone": dict(rollout.engine_kwargs, load_format="auto")}
@@ -310,8 +315,12 @@ def main() -> None:
             results[name] = time_standalone(engine_kwargs, token_lists, params, args.gen_repeats)
     results["generation_ratio"] = results["hybrid_generate"]["tok_per_s"] / results["standalone"]["tok_per_s"]
     print_table(results, args)
-    if args.out:
-        with open(args.out, "w") as handle:
+    write_results(results, args.out)
+
+
+def write_results(results: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as handle:
             json.dump(results, handle, indent=2, default=str)
 
 

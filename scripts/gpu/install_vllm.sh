@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the offline GPU host: gather the vLLM wheel's parts (one per transfer), and once all are there, reassemble,
 # check and install vLLM with its carried dependencies into /tmp/site-vllm.
-#   usage: bash scripts/gpu/install_vllm.sh .stage/vllmK [...]      (run once per transfer, any order)
+#   usage: bash scripts/gpu/install_vllm.sh .stage/vllmK|.stage/vllm-deps [...]   (once per transfer, any order)
 # Each call copies the parts and wheels it was given into /tmp/vllm-stage (kept while the host is held); the call
 # that completes the set joins them (cat), checks the sha256 from MANIFEST, and installs. Then use
 #   export PYTHONPATH=$PWD:/tmp/site-vllm:/tmp/site
@@ -12,11 +12,12 @@
 #   1 carry .stage/gpu .stage/slim .stage/deps   source .stage/gpu/gpu_env.sh && bash scripts/gpu/setup_host.sh .stage/slim .stage/deps
 #   2 carry .stage/vllm1                         bash scripts/gpu/install_vllm.sh .stage/vllm1
 #   3 carry .stage/vllm2                         bash scripts/gpu/install_vllm.sh .stage/vllm2
-#   4 carry .stage/gpu .stage/vllm3              source .stage/gpu/gpu_env.sh && bash scripts/gpu/install_vllm.sh .stage/vllm3 \
+#   4 carry .stage/vllm-deps                     bash scripts/gpu/install_vllm.sh .stage/vllm-deps
+#   5 carry .stage/gpu .stage/vllm3              source .stage/gpu/gpu_env.sh && bash scripts/gpu/install_vllm.sh .stage/vllm3 \
 #       && export PYTHONPATH=$PWD:/tmp/site-vllm:$PYTHONPATH VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
 #       && python3 -m pytest tests/gpu/test_engine_hybrid.py -q -s -k vllm > $OUT/vllm.txt 2>&1; tail -40 $OUT/vllm.txt
-#   5 (same env)  python3 -m pytest tests/gpu/test_engine_worker.py -q -s -k vllm > $OUT/vllm_worker.txt 2>&1   (own process)
-#   6 (same env)  python3 benchmarks/hybrid_engine.py --engine vllm --model-dir /tmp/q05 --make-model \
+#   6 (same env)  python3 -m pytest tests/gpu/test_engine_worker.py -q -s -k vllm > $OUT/vllm_worker.txt 2>&1   (own process)
+#   7 (same env)  python3 benchmarks/hybrid_engine.py --engine vllm --model-dir /tmp/q05 --make-model \
 #                   --out $OUT/bench_vllm.json > $OUT/bench_vllm.txt 2>&1
 # (VLLM_USE_FLASHINFER_SAMPLER=0: the slim bundle's flashinfer is 0.6.14, vLLM 0.24 was built against 0.6.12;
 # the PyTorch sampler needs no JIT build.)
@@ -24,16 +25,19 @@ set -euo pipefail
 stage=/tmp/vllm-stage
 mkdir -p "$stage"
 for dir in "$@"; do
-  [ -f "$dir/MANIFEST" ] || { echo "install_vllm.sh: $dir has no MANIFEST (expected a .stage/vllmK folder)" >&2; exit 2; }
-  cp "$dir"/MANIFEST "$dir"/*.part* "$stage/"
-  cp "$dir"/*.whl "$stage/" 2>/dev/null || true
+  [ -f "$dir/MANIFEST" ] || { echo "install_vllm.sh: $dir has no MANIFEST (expected .stage/vllmK or .stage/vllm-deps)" >&2
+                              exit 2; }
+  cp "$dir"/MANIFEST "$stage/"
+  if [ "$(basename "$dir")" = vllm-deps ]; then cp "$dir"/*.whl "$stage/" && touch "$stage/DEPS"
+  else cp "$dir"/*.part* "$stage/"; fi
 done
 wheel=$(awk '$1 == "wheel" {print $2}' "$stage/MANIFEST")
 parts=$(awk '$1 == "parts" {print $2}' "$stage/MANIFEST")
 sha=$(awk '$1 == "sha256" {print $2}' "$stage/MANIFEST")
 have=$(ls "$stage/$wheel".part* 2>/dev/null | wc -l)
-if [ "$have" -lt "$parts" ]; then
-  echo "install_vllm.sh: have $have of $parts parts of $wheel in $stage; bring the others (.stage/vllm1..vllm$parts)"
+if [ "$have" -lt "$parts" ] || [ ! -f "$stage/DEPS" ]; then
+  echo "install_vllm.sh: have $have of $parts parts of $wheel and $([ -f "$stage/DEPS" ] || echo "not ")the dependencies" \
+       "in $stage; bring the others (.stage/vllm1..vllm$parts, .stage/vllm-deps)"
   exit 0
 fi
 mkdir -p "$stage/whl"

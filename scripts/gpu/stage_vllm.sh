@@ -3,9 +3,10 @@
 # The vllm 0.24.0 wheel is 266 MiB and one member (_C_stable_libtorch.abi3.so, 82.7 MiB packed) is larger than a
 # 64 MiB transfer, so no repacking into several wheels can fit: the trimmed wheel is cut into byte parts
 # (split -b), one part per folder, and scripts/gpu/install_vllm.sh reassembles and checks it on the host.
-#   .stage/vllm1 .. .stage/vllmN   one part each (<= PART_MIB) + MANIFEST (wheel name, part count, sha256); the
-#                                  last one also holds the dependencies neither the host nor .stage/slim has
-#                                  (wheels-vllm.txt, 4 MiB). With the default 58 MiB: 3 folders of <= 58.5 MiB.
+#   .stage/vllm1 .. .stage/vllmN   one part each (<= PART_MIB) + MANIFEST (wheel name, part count, sha256).
+#                                  With the default 58 MiB: 3 folders of <= 58.5 MiB.
+#   .stage/vllm-deps               the dependencies neither the host nor .stage/slim has (wheels-vllm.txt, 53 MiB,
+#                                  xgrammar 43 of it) + MANIFEST: one more transfer.
 # Trimmed from the wheel (repack_wheel.py, RECORD rewritten):
 #   vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so  FlashAttention 2 (Ampere); on Hopper vLLM uses FA3, and
 #                                             flash_attn_interface.py imports _vllm_fa2_C inside try/except
@@ -31,7 +32,7 @@ python3 .stage/gpu/repack_wheel.py "$whl" .whl/vllm-trim \
   'vllm/vllm-rs' 'vllm/entrypoints/serve/instrumentator/static/*' >/dev/null
 trimmed=$(ls .whl/vllm-trim/vllm-$version-*.whl)
 name=$(basename "$trimmed")
-rm -rf .stage/vllm[0-9]* .whl/vllm-parts
+rm -rf .stage/vllm[0-9]* .stage/vllm-deps .whl/vllm-parts
 mkdir -p .whl/vllm-parts
 split -b "${part_mib}m" -d -a 1 "$trimmed" ".whl/vllm-parts/$name.part"
 parts=(.whl/vllm-parts/*.part*)
@@ -41,7 +42,8 @@ for i in "${!parts[@]}"; do
   mv "${parts[$i]}" "$d/"
   printf 'wheel %s\nparts %d\nsha256 %s\n' "$name" "${#parts[@]}" "$sha" > "$d/MANIFEST"
 done
-last=.stage/vllm${#parts[@]}
-for w in .whl/vllm/*.whl; do [ "$w" = "$whl" ] || cp "$w" "$last/"; done
+mkdir -p .stage/vllm-deps
+cp .stage/vllm1/MANIFEST .stage/vllm-deps/
+for w in .whl/vllm/*.whl; do [ "$w" = "$whl" ] || cp "$w" .stage/vllm-deps/; done
 printf '%s\n' "wheel $(du -m "$whl" | cut -f1) MiB -> trimmed $(du -m "$trimmed" | cut -f1) MiB in ${#parts[@]} parts"
-du -sh --apparent-size .stage/vllm[0-9]*
+du -sh --apparent-size .stage/vllm[0-9]* .stage/vllm-deps
