@@ -18,7 +18,7 @@ the same config without that entry, and saved as bf16 safetensors next to the to
 vocabulary, the merges, the special tokens and the chat template).
 
 The output is written to OUT.partial and renamed to OUT only after it passes its checks, so a directory at OUT is
-always complete. The checks: it is reloaded from disk, tied embeddings must still be tied, eos/pad must be the
+always complete. The checks: it is reloaded from disk, embeddings the config ties must be tied, eos/pad must be the
 source's, the chat template must be present, and its float32 logits on a chat prompt must match the GGUF model's
 within the bf16 rounding of the weights (the source's logits_tolerance). A greedy answer is printed.
 
