@@ -220,9 +220,27 @@ def time_standalone(engine_kwargs: dict, token_lists: list[list[int]], params: d
     return {"engine_start_s": start_s, "seconds": seconds, "tokens": tokens, "tok_per_s": tokens / seconds}
 
 
+def in_own_process(function, *args):
+    """function(*args) in a freshly spawned process. vLLM keeps per-process state that a second engine in the hybrid
+    one's process trips over: on the H200 its CuMem allocator refused a second sleep-mode engine ("can only be used
+    for one instance per process"), and without sleep mode the second engine died in a compiled kernel ("CUDA driver
+    error: invalid argument")."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_without_rendezvous, (function, *args))
+
+
+def _without_rendezvous(function, *args):
+    """Run function(*args) without this benchmark's torch.distributed variables (the parent's group holds them)."""
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(key, None)
+    return function(*args)
+
+
 def time_standalone_vllm(engine_kwargs: dict, token_lists: list[list[int]], params: dict, repeats: int) -> dict:
-    """Start a standalone vllm.LLM with `engine_kwargs` (in this process, after the hybrid one is dropped), time
-    generating `token_lists`, drop it."""
+    """Start a standalone vllm.LLM with `engine_kwargs` (in its own process: see in_own_process), time generating
+    `token_lists`, drop it."""
     import gc
 
     import vllm
@@ -300,12 +318,8 @@ def main() -> None:
         from hybridrl.workers.rollout.vllm_rollout import sampling_params as vllm_sampling_params
 
         params = vllm_sampling_params(config.actor_rollout_ref.rollout, {}, [EOS_ID])
-        # vLLM's CuMem allocator (sleep mode) serves one engine per process, and the hybrid one was it; a standalone
-        # engine never sleeps, so it runs without (measured on the H200: "CuMem allocator can only be used for one
-        # instance per process" otherwise).
-        results["standalone"] = time_standalone_vllm(
-            dict(rollout.engine_kwargs, load_format="auto", enable_sleep_mode=False), token_lists, params,
-            args.gen_repeats)
+        results["standalone"] = in_own_process(time_standalone_vllm, dict(rollout.engine_kwargs, load_format="auto"),
+                                               token_lists, params, args.gen_repeats)
     else:
         params = sampling_params(config.actor_rollout_ref.rollout, {}, [EOS_ID])
         standalone = {"standalone": dict(rollout.engine_kwargs, load_format="auto")}
