@@ -164,3 +164,17 @@ def test_build_rollout_hands_the_load_to_the_vllm_engine(monkeypatch):
                             ModelSpec(key="actor_rollout_ref.model", path="/no/such/model"), engine_load=LOAD)
     assert rollout.llm.kwargs["compilation_config"] == {"max_cudagraph_capture_size": 512}
     assert rollout.engine_kwargs["compilation_config"] == {"max_cudagraph_capture_size": 512}
+
+
+def test_a_peak_above_max_num_seqs_warns_naming_both_keys():
+    from hybridrl.workers.rollout.config_checks import _engine_load_fits_max_num_seqs
+
+    run = config(*SPLIT, "async_training.mode=one_step_off", "actor_rollout_ref.rollout.max_num_seqs=256")
+    assert _engine_load_fits_max_num_seqs(run) == [
+        "actor_rollout_ref.rollout.max_num_seqs=256 is below the 512 sequences the schedule puts on one engine at "
+        "once (peak in-flight 512 = 64 prompts x 8 samples on 1 engine; data.train_batch_size=64, "
+        "actor_rollout_ref.rollout.n=8): the rest queue until a sequence finishes; raise "
+        "actor_rollout_ref.rollout.max_num_seqs to 512 to run them together"]
+    assert _engine_load_fits_max_num_seqs(config(*SPLIT, "async_training.mode=one_step_off")) == []  # 1024
+    sync_hf = config("actor_rollout_ref.rollout.max_num_seqs=8")  # the hf batch call has no such cap
+    assert _engine_load_fits_max_num_seqs(sync_hf) == []
