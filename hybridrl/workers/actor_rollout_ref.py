@@ -45,6 +45,7 @@ from hybridrl.models.spec import ModelSpec
 from hybridrl.utils.import_utils import load_extensions
 from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
 from hybridrl.workers.rollout import build_rollout, load_rollout_class
+from hybridrl.workers.rollout.engine_load import EngineLoad
 from hybridrl.workers.rollout.mode_switch import RolloutModeSwitch
 from hybridrl.workers.weight_transfer_worker import WeightTransferMixin
 
@@ -53,7 +54,8 @@ ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref", "actor
 
 class ActorRolloutRefWorker(Worker, WeightTransferMixin):
     def __init__(self, config, model_spec: ModelSpec, role: str, seed: int = 0, device: str | None = None,
-                 extensions: list[str] = (), total_training_steps: int | None = None, tokenizer=None):
+                 extensions: list[str] = (), total_training_steps: int | None = None, tokenizer=None,
+                 engine_load: EngineLoad | None = None):
         """config: the `actor_rollout_ref` section (how to train, sample and shard). model_spec: the policy model,
         resolved by the controller (models/spec.policy_model_spec); the rollout engines load its path.
         seed: `trainer.seed`; torch's global RNG starts at seed + rank, so sampling is reproducible yet two ranks
@@ -61,7 +63,9 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
         "cuda" or "cpu" (default: cuda when visible). extensions: modules / .py files to import first.
         total_training_steps: the run length the trainer computed, for the actor's LR schedule (None: only
         a schedule that needs no run length can be built). tokenizer: the run's policy tokenizer, resolved by the
-        controller (utils/tokenizer.py), written next to every checkpoint; an actor built without it cannot save."""
+        controller (utils/tokenizer.py), written next to every checkpoint; an actor built without it cannot save.
+        engine_load: the sequences the schedule decodes on one rollout engine at once, computed by the controller
+        (rollout/engine_load.py); the engine captures CUDA graphs up to it."""
         super().__init__()
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker: role must be one of {list(ROLES)}, got {role!r}")
@@ -77,6 +81,7 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
         self.seed = seed
         self.total_training_steps = total_training_steps
         self.tokenizer = tokenizer
+        self.engine_load = engine_load
         torch.manual_seed(seed + self.rank)
         # The policy version of the actor's weights: training steps whose update produced them (+1 per update_actor;
         # a checkpoint's load sets its step's). The engine server reports it with every answer, the one source of the
@@ -119,7 +124,7 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
             self.actor_offload = FSDPOffload(None, param_offload=False, optimizer_offload=False, device=self.device)
         if self._is_rollout:
             module = None if self.actor_module is None else fsdp_root(self.actor_module)
-            self.rollout = build_rollout(self.config.rollout, model, module)
+            self.rollout = build_rollout(self.config.rollout, model, module, engine_load=self.engine_load)
             self.mode_switch = RolloutModeSwitch(self.actor_module, self.rollout, trainer_state=self.actor_offload)
         if self._is_ref:
             ref = self.config.ref

@@ -46,7 +46,8 @@ class DisaggregatedPPOTrainer(RayPPOTrainer):
         self.rollout_wg = RayWorkerGroup(
             resource_pool=self.resource_pool.pool_of("rollout"),
             ray_cls_with_init=RayClassWithInitArgs(ActorRolloutRefWorker, self.config.actor_rollout_ref,
-                                                   self.policy_spec, role="rollout", **self.worker_init_args()),
+                                                   self.policy_spec, role="rollout",
+                                                   engine_load=self.rollout_engine_load(), **self.worker_init_args()),
             watch=WorkerWatch.from_trainer_config(self.config.trainer))
         self.rollout_wg.init_model()
         addresses = self.rollout_wg.start_engine_server([self.tokenizer.eos_token_id], self.tokenizer.pad_token_id)

@@ -52,6 +52,7 @@ from hybridrl.models.spec import critic_model_spec, policy_model_spec, reward_mo
 from hybridrl.utils.tokenizer import policy_tokenizer
 from hybridrl.trainer.tracking import Tracking
 from hybridrl.reward.managers import load_reward_manager
+from hybridrl.workers.rollout.engine_load import EngineLoad, engine_load
 from hybridrl.workers.rollout.sampling import SAMPLING_OVERRIDES
 
 GEN_KEYS = ["input_ids", "attention_mask", "position_ids"]
@@ -183,6 +184,14 @@ class RayPPOTrainer:
         """The keyword arguments every worker class gets."""
         return dict(seed=self.config.trainer.seed, device=self.device, extensions=list(self.config.extensions))
 
+    def rollout_engine_load(self) -> EngineLoad:
+        """The sequences one rollout engine decodes at once under this run's schedule, the largest validation batch
+        included (rollout/engine_load.py); the rollout workers' engines size their CUDA graphs for it."""
+        val_n = self.config.actor_rollout_ref.rollout.val_kwargs.n
+        loaders = [(val_n, self.val_dataloader)] if self.val_dataloader is not None else []
+        loaders += [(eval_set.n, loader) for eval_set, loader in self.eval_sets]
+        return engine_load(self.config, [(min(loader.batch_size, len(loader.dataset)), n) for n, loader in loaders])
+
     def _spawn_trainer_pool(self, actor_role: str) -> None:
         """The policy worker (with `actor_role`), critic and reward model, colocated on the trainer pool's ranks;
         sets actor_rollout_wg, critic_wg, rm_wg."""
@@ -197,7 +206,8 @@ class RayPPOTrainer:
         roles = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, self.config.actor_rollout_ref,
                                                        self.policy_spec, role=actor_role,
                                                        total_training_steps=self.total_training_steps,
-                                                       tokenizer=self.tokenizer, **common)}
+                                                       tokenizer=self.tokenizer,
+                                                       engine_load=self.rollout_engine_load(), **common)}
         if self.use_critic:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, self.config.critic, self.critic_spec,
                                                    rollout_n=self.config.actor_rollout_ref.rollout.n,

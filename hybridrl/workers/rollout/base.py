@@ -144,14 +144,17 @@ def load_rollout_class(rollout_config: Any) -> type:
     return cls
 
 
-def build_rollout(rollout_config: Any, model_config: Any = None, module: Any = None):
+def build_rollout(rollout_config: Any, model_config: Any = None, module: Any = None, engine_load: Any = None):
     """Instantiate the configured rollout engine for `model_config` (the policy's ModelSpec); with
     tensor_model_parallel_size k > 1 and an engine that can span GPUs (`spans_gpus`: sglang), one engine per k ranks, which every rank of the group drives
-    (rollout/tensor_parallel.py). hf generates from the FSDP module itself and ignores k."""
+    (rollout/tensor_parallel.py). hf generates from the FSDP module itself and ignores k. engine_load: the
+    schedule's peak sequences on one engine (rollout/engine_load.py), given to engines that size for it
+    (`sized_for_load`: sglang, vllm)."""
     cls = load_rollout_class(rollout_config)
+    sizing = {"engine_load": engine_load} if getattr(cls, "sized_for_load", False) else {}
     if rollout_config.tensor_model_parallel_size == 1 or not getattr(cls, "spans_gpus", False):
-        return cls(config=rollout_config, model_config=model_config, module=module)
+        return cls(config=rollout_config, model_config=model_config, module=module, **sizing)
     from hybridrl.workers.rollout.tensor_parallel import TensorParallelRollout
 
     return TensorParallelRollout(rollout_config, lambda gpu_ids: cls(config=rollout_config, model_config=model_config,
-                                                                     module=module, engine_gpus=gpu_ids))
+                                                                     module=module, engine_gpus=gpu_ids, **sizing))

@@ -1,7 +1,8 @@
 """Config checks of the rollout engines, registered with hybridrl.config.checks: the engine is registered and
 installed (and has a GPU), tensor parallelism divides the world and the attention heads and runs where it is built,
-engine_kwargs leave the keys the config sets alone, and rollout.custom_cls.path exists. An engine's own package
-(sglang, vllm) is never imported here: the driver process must not load it."""
+engine_kwargs leave the keys the config sets alone, rollout.custom_cls.path exists, and (a warning) the schedule puts
+no more sequences on one engine at once than rollout.max_num_seqs. An engine's own package (sglang, vllm) is never
+imported here: the driver process must not load it."""
 from __future__ import annotations
 
 import importlib
@@ -12,6 +13,7 @@ import os
 from hybridrl.config.checks import Values, expect_file, register_check, register_registry
 from hybridrl.config.schema import PPOConfig
 from hybridrl.models.config_checks import INSTALL_GPU_EXTRAS, cuda_available
+from hybridrl.workers.rollout.engine_load import engine_load
 
 
 # Rollout engines that need a CUDA GPU: name -> how to install the package of the same name.
@@ -120,3 +122,20 @@ def _check_tensor_parallel_heads(config: PPOConfig, problems: list[str]) -> None
     if heads % tp:
         problems.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected a divisor of the model's "
                         f"num_attention_heads ({heads}, {path}), got {tp}")
+
+
+@register_check("warnings")
+def _engine_load_fits_max_num_seqs(config: PPOConfig) -> list[str]:
+    """The engines run at most rollout.max_num_seqs sequences at once (sglang's max_running_requests, vllm's
+    max_num_seqs, the hf engine server's batch); more in flight on one engine queue and wait for a free slot.
+    The validation sets' sizes are not read here: only data.val_batch_size counts (rollout/engine_load.py)."""
+    data, rollout = config.data, config.actor_rollout_ref.rollout
+    if rollout.name not in GPU_ENGINES and rollout.mode != "async":
+        return []  # the hf rollout's batch call generates every row of its rank at once
+    load = engine_load(config, [(data.val_batch_size, rollout.val_kwargs.n)] if data.val_batch_size else [])
+    if load.peak <= rollout.max_num_seqs:
+        return []
+    return [f"actor_rollout_ref.rollout.max_num_seqs={rollout.max_num_seqs} is below the {load.peak} sequences the "
+            f"schedule puts on one engine at once ({load.why}; data.train_batch_size={data.train_batch_size}, "
+            f"actor_rollout_ref.rollout.n={rollout.n}): the rest queue until a sequence finishes; raise "
+            f"actor_rollout_ref.rollout.max_num_seqs to {load.peak} to run them together"]

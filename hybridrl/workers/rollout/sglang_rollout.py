@@ -61,6 +61,7 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import BaseRollout, register_rollout
+from hybridrl.workers.rollout.engine_load import EngineLoad, cuda_graph_size
 from hybridrl.workers.rollout.engine_io import (RESUME_HEADROOM, EngineDiedError, GiB,
                                                 engine_output, generation_config_ids, prompt_token_lists,
                                                 resume_memory_error, token_ids)
@@ -89,17 +90,24 @@ CONFIG_OWNED_ENGINE_KWARGS = {
     "random_seed": "(this process's torch seed)",
 }
 DEFAULT_ENGINE_KWARGS = {"attention_backend": "triton", "sampling_backend": "pytorch", "log_level": "error"}
+# The decode CUDA graphs' largest batch (sglang 0.5.16's ServerArgs; benchmarks/hybrid_engine.py sets it), and every
+# engine argument that sizes the graphs: one of them in engine_kwargs.sglang is the user's choice, which wins.
+GRAPH_SIZE_KEY = "cuda_graph_max_bs_decode"
+GRAPH_SIZE_KEYS = ("cuda_graph_max_bs", "cuda_graph_max_bs_decode", "cuda_graph_bs")
 
 
 @register_rollout("sglang")
 class SGLangRollout(BaseRollout):
     shares_trainer_weights = False  # the engine holds its own copy: the worker pushes the trainer's weights
     spans_gpus = True  # build_rollout gives it tensor_model_parallel_size GPUs (rollout/tensor_parallel.py)
+    sized_for_load = True  # build_rollout gives it the schedule's engine_load: CUDA graphs up to that batch
 
-    def __init__(self, config, model_config=None, module=None, engine_gpus: list[str] | None = None):
+    def __init__(self, config, model_config=None, module=None, engine_gpus: list[str] | None = None,
+                 engine_load: EngineLoad | None = None):
         """Start the engine on this process's GPU, then release its memory: the worker rests in trainer mode.
         engine_gpus: with tensor_model_parallel_size k > 1, the k GPUs the engine spans (physical ids, TP-rank
-        order; rollout/tensor_parallel.py builds it so, on the group's first rank)."""
+        order; rollout/tensor_parallel.py builds it so, on the group's first rank). engine_load: the sequences the
+        schedule decodes on this engine at once (rollout/engine_load.py; None: the engine's default graph sizes)."""
         super().__init__(config, model_config, module)
         if model_config is None:
             raise ValueError("the sglang rollout needs model_config=the policy's ModelSpec (models/spec.py) for the "
@@ -113,7 +121,8 @@ class SGLangRollout(BaseRollout):
 
         first_gpu = 0 if engine_gpus else torch.cuda.current_device()  # engine_gpus: the engine sees only those
         self.engine_kwargs = engine_kwargs(config, model_config.path, gpu_id=first_gpu,
-                                           seed=torch.initial_seed() % (2**31), tp_size=tp)
+                                           seed=torch.initial_seed() % (2**31), tp_size=tp,
+                                           load=engine_load)
         started = time.perf_counter()
         with visible_devices(engine_gpus) if engine_gpus else contextlib.nullcontext():
             self.engine = sglang.Engine(**self.engine_kwargs)
@@ -354,17 +363,23 @@ class SGLangRollout(BaseRollout):
 
 # ---------------------------------------------------------------------- configuration mapping
 
-def engine_kwargs(config, model_path: str, gpu_id: int, seed: int, tp_size: int = 1) -> dict[str, Any]:
+def engine_kwargs(config, model_path: str, gpu_id: int, seed: int, tp_size: int = 1,
+                  load: EngineLoad | None = None) -> dict[str, Any]:
     """sglang.Engine keyword arguments from the rollout config; `engine_kwargs.sglang` adds or overrides the rest.
 
     gpu_id: the engine's first CUDA device as its processes see it (this process's, without TP); seed: the
-    sampling seed (the process's torch seed); tp_size: GPUs the engine spans.
+    sampling seed (the process's torch seed); tp_size: GPUs the engine spans; load: the sequences the schedule
+    decodes on this engine at once (rollout/engine_load.py): decode CUDA graphs are captured up to it
+    (cuda_graph_max_bs_decode) unless engine_kwargs.sglang sizes them itself.
     """
     user = dict(config.engine_kwargs.sglang or {})
     owned = sorted(set(user) & set(CONFIG_OWNED_ENGINE_KWARGS))
     if owned:
         raise ValueError(f"rollout.engine_kwargs.sglang sets {owned}; set them through "
                          f"{[CONFIG_OWNED_ENGINE_KWARGS[key] for key in owned]} instead")
+    graph_size = cuda_graph_size("sglang", GRAPH_SIZE_KEY, config, load,
+                                 [key for key in GRAPH_SIZE_KEYS if key in user])
+    graphs = {} if graph_size is None else {GRAPH_SIZE_KEY: graph_size}
     return {
         "model_path": model_path,
         "dtype": config.dtype,
@@ -380,6 +395,7 @@ def engine_kwargs(config, model_path: str, gpu_id: int, seed: int, tp_size: int 
         "skip_tokenizer_init": True,
         "base_gpu_id": gpu_id,
         "random_seed": seed,
+        **graphs,
         **DEFAULT_ENGINE_KWARGS,
         **user,
     }

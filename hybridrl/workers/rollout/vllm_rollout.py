@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
@@ -43,6 +44,7 @@ import torch
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import BaseRollout, register_rollout
 from hybridrl.workers.rollout.sampling import max_new_tokens, sampling_source
+from hybridrl.workers.rollout.engine_load import EngineLoad, cuda_graph_size
 from hybridrl.workers.rollout.engine_io import (RESUME_HEADROOM, EngineDiedError, GiB,
                                                 engine_output, generation_config_ids, prompt_token_lists,
                                                 resume_memory_error, token_ids)
@@ -69,6 +71,10 @@ CONFIG_OWNED_ENGINE_KWARGS = {
     "seed": "(this process's torch seed)",
     "disable_log_stats": "rollout.disable_log_stats",
 }
+# compilation_config's largest CUDA-graph batch (vLLM's CompilationConfig), and every key of it that sizes the
+# graphs: one of them in engine_kwargs.vllm.compilation_config is the user's choice, which wins.
+GRAPH_SIZE_KEY = "max_cudagraph_capture_size"
+GRAPH_SIZE_KEYS = ("max_cudagraph_capture_size", "cudagraph_capture_sizes")
 
 
 def load_vllm():
@@ -116,10 +122,13 @@ def sleep_level(tags: tuple[str, ...]) -> int:
 @register_rollout("vllm")
 class VLLMRollout(BaseRollout):
     shares_trainer_weights = False  # the engine holds its own copy: the worker pushes the trainer's weights
+    sized_for_load = True  # build_rollout gives it the schedule's engine_load: CUDA graphs up to that batch
 
-    def __init__(self, config, model_config=None, module=None, device_memory: DeviceMemory | None = None):
+    def __init__(self, config, model_config=None, module=None, device_memory: DeviceMemory | None = None,
+                 engine_load: EngineLoad | None = None):
         """Start the engine on this process's GPU, measure what waking each tag takes, and fall asleep: the worker
-        rests in trainer mode."""
+        rests in trainer mode. engine_load: the sequences the schedule decodes on this engine at once
+        (rollout/engine_load.py; None: the engine's default graph sizes)."""
         super().__init__(config, model_config, module)
         if model_config is None:
             raise ValueError("the vllm rollout needs model_config=the policy's ModelSpec (models/spec.py) for the "
@@ -131,7 +140,8 @@ class VLLMRollout(BaseRollout):
         self.memory = device_memory or DeviceMemory()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process (see the module docstring)
         self.vllm = load_vllm()
-        self.engine_kwargs = engine_kwargs(config, model_config.path, seed=torch.initial_seed() % (2**31))
+        self.engine_kwargs = engine_kwargs(config, model_config.path, seed=torch.initial_seed() % (2**31),
+                                           load=engine_load)
         started = time.perf_counter()
         self.llm = self.vllm.LLM(**self.engine_kwargs)
         self.engine_start_s = time.perf_counter() - started
@@ -324,13 +334,23 @@ def _load_weights(bucket: list[tuple[str, torch.Tensor]], model) -> None:
 
 # ---------------------------------------------------------------------- configuration mapping
 
-def engine_kwargs(config, model_path: str, seed: int) -> dict[str, Any]:
-    """vllm.LLM keyword arguments from the rollout config; `engine_kwargs.vllm` adds or overrides the rest."""
+def engine_kwargs(config, model_path: str, seed: int, load: EngineLoad | None = None) -> dict[str, Any]:
+    """vllm.LLM keyword arguments from the rollout config; `engine_kwargs.vllm` adds or overrides the rest.
+
+    load: the sequences the schedule decodes on this engine at once (rollout/engine_load.py): CUDA graphs are
+    captured up to it (compilation_config's max_cudagraph_capture_size, added to the user's compilation_config)
+    unless engine_kwargs.vllm.compilation_config sizes them itself."""
     user = dict(config.engine_kwargs.vllm or {})
     owned = sorted(set(user) & set(CONFIG_OWNED_ENGINE_KWARGS))
     if owned:
         raise ValueError(f"rollout.engine_kwargs.vllm sets {owned}; set them through "
                          f"{[CONFIG_OWNED_ENGINE_KWARGS[key] for key in owned]} instead")
+    compilation = user.get("compilation_config") or {}
+    sized = ([f"compilation_config.{key}" for key in GRAPH_SIZE_KEYS if key in compilation]
+             if isinstance(compilation, Mapping) else ["compilation_config"])  # vLLM also takes a bare mode (int)
+    graph_size = cuda_graph_size("vllm", f"compilation_config.{GRAPH_SIZE_KEY}", config, load, sized)
+    if graph_size is not None:
+        user["compilation_config"] = {**compilation, GRAPH_SIZE_KEY: graph_size}
     return {
         "model": model_path,
         "dtype": config.dtype,
