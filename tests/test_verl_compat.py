@@ -229,6 +229,25 @@ def test_an_agent_loop_target_that_does_not_import_is_refused_before_ray_starts(
 
 
 
+def test_a_tool_yaml_that_does_not_build_is_refused_before_start_naming_the_file(tmp_path):
+    from hybridrl.tools.config_checks import _check_tool_config
+
+    calculator = os.path.join(os.path.dirname(TESTS), "hybridrl/defaults/arithmetic_tool_config.yaml")
+    problems: list[str] = []
+    _check_tool_config(loop_config(calculator), problems)
+    assert problems == []
+    tools = write_yaml(tmp_path / "tools.yaml", """\
+        tools:
+          - class_name: no_such_module.NoTool
+            config: {type: native}
+        """)
+    _check_tool_config(loop_config(tools), problems)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"actor_rollout_ref.rollout.multi_turn.tool_config_path: expected a tool YAML whose "
+                                  f"every entry builds, got {tools!r}: "), problems
+    assert "no_such_module" in problems[0], problems
+
+
 def test_an_interaction_yaml_that_does_not_build_is_refused_before_start_naming_the_entry(tmp_path):
     from hybridrl.interactions.config_checks import _check_interaction_config
 

@@ -107,3 +107,12 @@ def expect_file(key: str, path: str, suffix: str, problems: list[str]) -> None:
         problems.append(f"{key}: expected an existing {suffix} file, got {path!r} (no such file)")
     elif not path.endswith(suffix):
         problems.append(f"{key}: expected a {suffix} file, got {path!r}")
+
+
+def expect_entries_build(key: str, path: str, build: Callable[[str], Any], what: str, problems: list[str]) -> None:
+    """The YAML at `path` (tools, interactions) builds here, before the start, as each agent-loop worker will build
+    it: `build(path)` raises naming the file and the entry, or a class's own __init__ raises anything."""
+    try:
+        build(path)
+    except Exception as err:  # the registry names file and entry; a class's own __init__ can raise anything
+        problems.append(f"{key}: expected {what} whose every entry builds, got {path!r}: {err}")

@@ -3,19 +3,15 @@ multi_turn.tool_config_path build here as each agent-loop worker will build them
 schema is refused now, naming the file and the entry (the registry's message)."""
 from __future__ import annotations
 
-from hybridrl.config.checks import register_check
+from hybridrl.config.checks import expect_entries_build, register_check
 from hybridrl.config.schema import PPOConfig
 
 
 @register_check("preflight")
 def _check_tool_config(config: PPOConfig, problems: list[str]) -> None:
     multi_turn = config.actor_rollout_ref.rollout.multi_turn
-    if not multi_turn.enable or multi_turn.tool_config_path is None:
-        return
-    from hybridrl.tools import initialize_tools_from_config
+    if multi_turn.enable and multi_turn.tool_config_path is not None:
+        from hybridrl.tools import initialize_tools_from_config
 
-    try:
-        initialize_tools_from_config(multi_turn.tool_config_path)
-    except Exception as err:  # the registry names file and entry; a class's own __init__ can raise anything
-        problems.append(f"actor_rollout_ref.rollout.multi_turn.tool_config_path: expected a tool YAML whose every "
-                        f"entry builds, got {multi_turn.tool_config_path!r}: {err}")
+        expect_entries_build("actor_rollout_ref.rollout.multi_turn.tool_config_path", multi_turn.tool_config_path,
+                             initialize_tools_from_config, "a tool YAML", problems)

@@ -207,7 +207,9 @@ class RayPPOTrainer:
                                                        self.policy_spec, role=actor_role,
                                                        total_training_steps=self.total_training_steps,
                                                        tokenizer=self.tokenizer,
-                                                       engine_load=self.rollout_engine_load(), **common)}
+                                                       engine_load=(self.rollout_engine_load()
+                                                                    if "rollout" in actor_role else None),
+                                                       **common)}
         if self.use_critic:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, self.config.critic, self.critic_spec,
                                                    rollout_n=self.config.actor_rollout_ref.rollout.n,

@@ -7,8 +7,8 @@ user's class from a .py file instead (it wins over `name`). Every engine is buil
 
 `model_config` is the policy model the controller resolved (models/spec.py; verl's name for it, and like
 verl's HFModelConfig it has `local_path`); `module` is the FSDP-held actor model (engines that generate from
-the training weights use it; engines with their own copy may ignore it). A user class need not subclass BaseRollout,
-but must have its four methods (the lifecycle contract below) and accept those keywords.
+the training weights use it; engines with their own copy may ignore it). A user class need not subclass
+BaseRollout, but must have its four methods (the lifecycle contract below) and accept those keywords.
 
 The lifecycle contract (verl's names) is how the worker moves one rank between trainer mode and
 rollout mode; the controller decides when (worker methods `rollout_mode` / `trainer_mode`, see
@@ -146,8 +146,8 @@ def load_rollout_class(rollout_config: Any) -> type:
 
 def build_rollout(rollout_config: Any, model_config: Any = None, module: Any = None, engine_load: Any = None):
     """Instantiate the configured rollout engine for `model_config` (the policy's ModelSpec); with
-    tensor_model_parallel_size k > 1 and an engine that can span GPUs (`spans_gpus`: sglang), one engine per k ranks, which every rank of the group drives
-    (rollout/tensor_parallel.py). hf generates from the FSDP module itself and ignores k. engine_load: the
+    tensor_model_parallel_size k > 1 and an engine that can span GPUs (`spans_gpus`: sglang), one engine per k ranks,
+    which every rank of the group drives (rollout/tensor_parallel.py). hf generates from the FSDP module itself and ignores k. engine_load: the
     schedule's peak sequences on one engine (rollout/engine_load.py), given to engines that size for it
     (`sized_for_load`: sglang, vllm)."""
     cls = load_rollout_class(rollout_config)

@@ -83,7 +83,8 @@ def cuda_graph_size(engine: str, key: str, config, load: EngineLoad | None, user
     if load is None:
         logger.info("%s: the engine's default CUDA-graph sizes (no schedule load given)", engine)
         return None
-    size = min(captured_size(load.peak), config.max_num_seqs)
-    capped = f", capped at rollout.max_num_seqs={config.max_num_seqs}" if size < captured_size(load.peak) else ""
+    wanted = captured_size(load.peak)
+    size = min(wanted, config.max_num_seqs)
+    capped = f", capped at rollout.max_num_seqs={config.max_num_seqs}" if size < wanted else ""
     logger.info("%s: %s=%d (%s%s)", engine, key, size, load.why, capped)
     return size
