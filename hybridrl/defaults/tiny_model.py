@@ -52,13 +52,16 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTrainedTo
 def build_tiny_model(out_dir: str, tokenizer: PreTrainedTokenizerFast, arch: str = "qwen2",
                      hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
                      intermediate_size: int = 128, max_position_embeddings: int = 1024, seed: int = 0,
-                     tie_word_embeddings: bool = True) -> str:
-    """Save a randomly initialised causal LM plus `tokenizer` to `out_dir` and return the path."""
+                     tie_word_embeddings: bool = True, vocab_size: int | None = None) -> str:
+    """Save a randomly initialised causal LM plus `tokenizer` to `out_dir` and return the path.
+
+    `vocab_size` (the embedding rows) defaults to the tokenizer's length; a benchmark passes a real model's padded
+    count (benchmarks/vocab.py) so the logits are as wide as that model's."""
     config_cls = {"qwen2": Qwen2Config, "llama": LlamaConfig}.get(arch)
     if config_cls is None:
         raise ValueError(f"arch must be one of ['qwen2', 'llama'], got {arch!r}")
     config = config_cls(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_layers,
+        vocab_size=vocab_size or len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_layers,
         num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, intermediate_size=intermediate_size,
         max_position_embeddings=max_position_embeddings, tie_word_embeddings=tie_word_embeddings,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
