@@ -7,9 +7,12 @@ remove padding; and generation against a standalone SGLang engine on the same pr
 Each layout is one real run of `python -m hybridrl.main_ppo` (Ray, FSDP2 actor, colocated SGLang rollout,
 GRPO, no validation) for --steps steps; the table reports the mean of the steps after the first (the first
 carries the kernels' warm-up). The model is random bf16 weights of the Qwen2.5 layer shapes with the
-vocabulary of --tokenizer (the built-in task's, 336 tokens, unless a Qwen tokenizer is given: no offline
-package here ships Qwen2.5's tokenizer in transformers' format). The standalone engine then generates
-from the same prompts with the same sampling parameters and engine settings in this process.
+vocabulary of --tokenizer: its tokenizer tokenizes the prompts, and its embedding count (benchmarks/vocab.py: the
+directory's config.json vocab_size, else the tokenizer's length rounded up to 128) sizes the embedding and the
+logits. For Qwen2.5's real 151,936, give the directory `python -m hybridrl.models.gguf_source` writes (or its
+tokenizer staged by scripts/gpu/stage_qwen_tokenizer.sh); the built-in task's tokenizer gives a few hundred. The
+table and the JSON record name it (`vocab:`). The standalone engine then generates from the same prompts with the
+same sampling parameters and engine settings in this process.
 Columns: seconds per phase (timing_s/*), tokens/s/GPU over the whole step (verl's perf/throughput: prompt
 and response tokens), MFU of the update and of the log-prob pass (perf/mfu/*), peak GPU memory.
 """
@@ -25,6 +28,8 @@ import sys
 import time
 
 import torch
+
+from benchmarks.vocab import Vocabulary, load_vocabulary, reusable_model
 
 SHAPES = {
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -53,14 +58,15 @@ SWITCH = ["update_weights", "resume_weights", "resume_kv_cache", "release_engine
           "reload_actor", "offload_actor"]
 
 
-def make_model(shape: str, tokenizer_dir: str, out: str) -> str:
-    """Random-weight bf16 Qwen2 of `shape` with the tokenizer's vocabulary, saved with that tokenizer."""
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+def make_model(shape: str, vocabulary: Vocabulary, out: str) -> str:
+    """Random-weight bf16 Qwen2 of `shape` with `vocabulary`'s embedding count, saved with its tokenizer (unless `out`
+    holds one made for it already)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    if os.path.exists(os.path.join(out, "config.json")):
+    if reusable_model(out, vocabulary):
         return out
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = Qwen2Config(**SHAPES[shape], vocab_size=len(tokenizer), max_position_embeddings=32768,
+    tokenizer = vocabulary.tokenizer
+    config = Qwen2Config(**SHAPES[shape], vocab_size=vocabulary.embeddings, max_position_embeddings=32768,
                          rms_norm_eps=1e-6, rope_theta=1e6, bos_token_id=tokenizer.eos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                          use_sliding_window=False)
@@ -170,10 +176,11 @@ def standalone_generation(args, model_dir: str) -> dict:
     return {**best, "mean_response_length": best["tokens"] / len(prompts)}
 
 
-def print_table(results: dict, args) -> None:
+def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
     layouts = [layout for layout in args.layouts.split(",") if layout in results]
     print(f"\n{args.shape} shape, {args.gpus} GPU(s), {torch.cuda.get_device_name()}, {args.prompts} prompts x "
-          f"{args.n}, responses <= {args.response_length} tokens, steps 2..{args.steps} averaged")
+          f"{args.n}, responses <= {args.response_length} tokens, steps 2..{args.steps} averaged\n"
+          f"vocab: {vocabulary.describe()}")
     rows = [("response length (mean tokens)", "response_length/mean", "{:.0f}")]
     rows += [(f"{phase} (s)", f"timing_s/{phase}", "{:.2f}") for phase in PHASES]
     rows += [(f"  switch: {part} (s)", f"timing_s/{part}", "{:.3f}") for part in SWITCH]
@@ -213,7 +220,8 @@ def print_table(results: dict, args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", required=True, help="train.parquet / test.parquet in verl's layout")
-    parser.add_argument("--tokenizer", required=True, help="tokenizer directory (its vocabulary sizes the model)")
+    parser.add_argument("--tokenizer", required=True, help="tokenizer directory (its vocabulary sizes the model: "
+                                                           "benchmarks/vocab.py)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
     parser.add_argument("--gpus", type=int, default=1)
     parser.add_argument("--layouts", default="rmpad,padded")
@@ -230,14 +238,16 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides for every trainer run")
     args = parser.parse_args()
     os.makedirs(args.work_dir, exist_ok=True)
-    model_dir = make_model(args.shape, args.tokenizer, os.path.join(args.work_dir, f"model_{args.shape}"))
+    vocabulary = load_vocabulary(args.tokenizer)
+    model_dir = make_model(args.shape, vocabulary, os.path.join(args.work_dir, f"model_{args.shape}"))
     results = {layout: run_trainer(args, model_dir, layout) for layout in args.layouts.split(",")}
     if not args.no_standalone:
         results["standalone"] = standalone_generation(args, model_dir)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
-    print_table(results, args)
+            json.dump({"args": vars(args), "device": torch.cuda.get_device_name(), "vocab": vocabulary.record(),
+                       "results": results}, f, indent=1)
+    print_table(results, args, vocabulary)
 
 
 if __name__ == "__main__":

@@ -368,10 +368,12 @@ def main() -> None:
     elif args.dry_run:
         model_dir = os.path.join(args.work_dir, f"model_{args.shape}")
     else:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from ppo_step import make_model
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+        from benchmarks.ppo_step import make_model
+        from benchmarks.vocab import load_vocabulary
 
-        model_dir = make_model(args.shape, args.tokenizer, os.path.join(args.work_dir, f"model_{args.shape}"))
+        model_dir = make_model(args.shape, load_vocabulary(args.tokenizer),
+                               os.path.join(args.work_dir, f"model_{args.shape}"))
     specs = commands(args, model_dir)
     if args.dry_run:
         print_dry_run(args, specs, model_dir)
