@@ -2,6 +2,12 @@
 
     python benchmarks/partial_rollout.py --device cpu                      # a tiny model built here, hf engine
     python benchmarks/partial_rollout.py --device cuda --model ~/models/Qwen2.5-0.5B-Instruct   # sglang engine
+    python benchmarks/partial_rollout.py --device cuda --tokenizer DIR     # random 0.5B shape, DIR's vocabulary
+
+The vocabulary (table line `vocab:` and the --out record): the model's own with --model; with --tokenizer, that
+tokenizer and its embedding count (benchmarks/vocab.py: 151,936 for Qwen2.5's, so the logits are a real model's
+width), on a random model built here (the 0.5B shape of ppo_step.py on cuda, a tiny one on cpu); with neither, on
+cpu, a tokenizer of at most 300 tokens trained on the prompts.
 
 Both runs are `python -m hybridrl.main_ppo` (subprocesses, GRPO, rollout.mode=async with the data flow) on the same
 prompts and model for the same number of steps, so they train on the same number of samples
@@ -31,6 +37,8 @@ import tempfile
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
+from benchmarks.vocab import Vocabulary, load_vocabulary, tiny_model  # noqa: E402
+
 GENERATE_FILE = '''
 import dataclasses
 import random
@@ -55,16 +63,25 @@ def length_reward(data_source, solution_str, ground_truth, extra_info=None):
 WORDS = ["apple", "banana", "cherry", "dog", "egg", "fig", "grape", "hat", "ink", "jam", "kiwi", "lemon"]
 
 
-def build_cpu_task(work_dir: str) -> tuple[str, str]:
-    """A tiny random Qwen2 and a parquet of short prompts (the tests' toy task)."""
-    from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
-    from hybridrl.data.rl_parquet import write_rl_parquet
+def model_and_vocabulary(args, work_dir: str) -> tuple[str, Vocabulary]:
+    """The model both runs train, and its vocabulary:
+    - --model: that directory as it is, with the tokenizer saved in it;
+    - --tokenizer: a random model made in `work_dir` with that tokenizer and its embedding count (benchmarks/vocab.py:
+      151,936 for Qwen2.5's), of ppo_step.py's 0.5B shape on cuda, tiny on cpu;
+    - neither, on cpu: a tiny model with a tokenizer trained on the prompts."""
+    if args.model:
+        model = os.path.expanduser(args.model)
+        return model, load_vocabulary(model)
+    vocabulary = load_vocabulary(args.tokenizer) if args.tokenizer else None
+    if args.device == "cuda":
+        if vocabulary is None:
+            raise SystemExit("--device cuda needs --model or --tokenizer")
+        from benchmarks.ppo_step import make_model
 
+        return make_model("0.5b", vocabulary, os.path.join(work_dir, "model_0.5b")), vocabulary
     texts = [f"say something about {word}" for word in WORDS] + ["a a a a aa aaa " * 4, "banana apple " * 4]
-    tokenizer = build_tokenizer(texts * 10, vocab_size=300)
-    model_dir = build_tiny_model(os.path.join(work_dir, "model"), tokenizer, hidden_size=32, num_layers=2,
-                                 num_heads=2, num_kv_heads=1, intermediate_size=64)
-    return model_dir, write_prompts(work_dir)
+    return tiny_model(os.path.join(work_dir, "model"), texts * 10, vocabulary, hidden_size=32, num_layers=2,
+                      num_heads=2, num_kv_heads=1, intermediate_size=64)
 
 
 def write_prompts(work_dir: str) -> str:
@@ -110,6 +127,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--model", help="model directory (default on cpu: a tiny random model built here)")
+    parser.add_argument("--tokenizer", help="tokenizer directory: a random model is built here with its vocabulary")
     parser.add_argument("--data", help="prompt parquet (default: short generated prompts)")
     parser.add_argument("--gpus", type=int, default=1, help="ranks (trainer.n_gpus_per_node); cpu: 2")
     parser.add_argument("--steps", type=int, default=None, help="training steps per run (default cpu 6, cuda 12)")
@@ -121,8 +139,11 @@ def main() -> None:
     parser.add_argument("--tail-fraction", type=float, default=0.05, help="share of answers that run to the cap")
     parser.add_argument("--over-sampling", type=float, default=2.0, help="groups in flight / train_batch_size")
     parser.add_argument("--work-dir", help="where runs and logs go (default: a fresh temporary directory)")
+    parser.add_argument("--out", help="write the rows as JSON here too")
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides for both runs")
     args = parser.parse_args()
+    if args.model and args.tokenizer:
+        parser.error("--model brings its own tokenizer; --tokenizer is for a random model made here")
 
     cpu = args.device == "cpu"
     steps = args.steps or (6 if cpu else 12)
@@ -132,13 +153,8 @@ def main() -> None:
     gpus = 2 if cpu and args.gpus == 1 else args.gpus
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="hybridrl-partial-rollout-")
     os.makedirs(work_dir, exist_ok=True)
-    if args.model:
-        model, data = os.path.expanduser(args.model), args.data or write_prompts(work_dir)
-    elif cpu:
-        model, data = build_cpu_task(work_dir)
-        data = args.data or data
-    else:
-        raise SystemExit("--device cuda needs --model")
+    model, vocabulary = model_and_vocabulary(args, work_dir)
+    data = args.data or write_prompts(work_dir)
     generate_path = os.path.join(work_dir, "heavy_tailed.py")
     with open(generate_path, "w") as f:
         f.write(GENERATE_FILE.format(tail_fraction=args.tail_fraction, short_length=short))
@@ -175,7 +191,8 @@ def main() -> None:
                                                f"data_flow.over_sampling_batch_size={over}"], work_dir),
                       args.warmup_steps, batch * args.n)]
     print(f"\ndevice {args.device}, {gpus} rank(s), model {model}; {batch} groups x {args.n} per step, {steps} steps "
-          f"({args.warmup_steps} warm-up not timed); lengths: {args.tail_fraction:.0%} to {cap}, the rest {short}\n")
+          f"({args.warmup_steps} warm-up not timed); lengths: {args.tail_fraction:.0%} to {cap}, the rest {short}\n"
+          f"vocab: {vocabulary.describe()}\n")
     keys = list(rows[0])
     print("| " + " | ".join(keys + ["speed-up"]) + " |")
     print("|" + " --- |" * (len(keys) + 1))
@@ -184,6 +201,9 @@ def main() -> None:
         cells = [f"{row[key]:.3g}" if isinstance(row[key], float) else str(row[key]) for key in keys]
         print("| " + " | ".join(cells + [f"{base / row['gen ms / sample']:.2f}x"]) + " |")
     print(f"\nwork dir: {work_dir}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "vocab": vocabulary.record(), "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":
