@@ -1,11 +1,19 @@
 """Hybrid-engine benchmark on one GPU: FSDP2 actor + colocated SGLang engine, against a standalone engine.
 
     PYTHONPATH=. python benchmarks/hybrid_engine.py --model-dir /tmp/q05 --make-model --out bench.json
+    PYTHONPATH=. python benchmarks/hybrid_engine.py --model-dir /tmp/q05tok --tokenizer DIR --out bench.json
     PYTHONPATH=.:/tmp/site-vllm:/tmp/site python benchmarks/hybrid_engine.py --engine vllm ...   (the same for vLLM:
         the standalone vllm.LLM runs in this process after the hybrid one is dropped; memory is the device's used)
 
 Model: the Qwen2.5-0.5B architecture (hidden 896, 24 layers, 14 heads, 2 KV heads, real vocabulary
-of 151,936, tied embeddings) with random weights, saved in bf16. Prints one table:
+of 151,936, tied embeddings) with random weights, saved in bf16. With --tokenizer DIR the model (made in
+--model-dir unless one of that vocabulary is there) has DIR's tokenizer and embedding count (benchmarks/vocab.py:
+151,936 for Qwen2.5's tokenizer) and its eos/pad ids; without, Qwen2.5's count and no tokenizer. Either way the
+prompts are random token ids kept 1,000 (ID_MARGIN) from both ends of the embedding range, so they are ordinary text
+tokens (Qwen2.5's special and padding entries are its top 293): what generation costs depends on how many tokens
+there are and how wide the logits are, not on which tokens they are, and random ids keep every prompt exactly
+--prompt-length tokens, as in the runs recorded before, which real text would not. Prints one table (its `vocab`
+row, like the JSON's `vocab`, names the vocabulary):
 engine start, weight sync (s, GB/s), release, resume, the full rollout→train→rollout switch (with
 and without offloading the FSDP state), and generation tokens/s for 64 prompts × n=8 × 512 new
 tokens, then the same generation on a standalone `sglang.Engine` started after the hybrid one is shut
@@ -30,6 +38,7 @@ import time
 
 import torch
 
+from benchmarks.vocab import Vocabulary, load_vocabulary
 from hybridrl.models.offload import FSDPOffload
 from hybridrl.workers.rollout.mode_switch import RolloutModeSwitch
 from hybridrl.workers.rollout.sglang_rollout import sampling_params
@@ -40,6 +49,7 @@ QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                   num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
                   tie_word_embeddings=True, rms_norm_eps=1e-6, rope_theta=1000000.0)
 EOS_ID, PAD_ID = 151643, 151643  # Qwen2.5's <|endoftext|>
+ID_MARGIN = 1000  # random token ids keep this far from both ends of the vocabulary: ordinary text, no special tokens
 
 
 # ---------------------------------------------------------------------- builders (shared with tests/gpu)
@@ -141,7 +151,7 @@ def random_prompts(num_prompts: int, prompt_length: int, vocab_size: int, seed: 
     from hybridrl.protocol import DataProto
 
     generator = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(1000, vocab_size - 1000, (num_prompts, prompt_length), generator=generator)
+    input_ids = torch.randint(ID_MARGIN, vocab_size - ID_MARGIN, (num_prompts, prompt_length), generator=generator)
     attention_mask = torch.ones_like(input_ids)
     if ragged:
         lengths = torch.randint(prompt_length // 2, prompt_length + 1, (num_prompts,), generator=generator)
@@ -158,7 +168,7 @@ def random_prompts(num_prompts: int, prompt_length: int, vocab_size: int, seed: 
 
 def train_step(module, optimizer) -> None:
     """One real optimizer step (so the Adam state exists and the switch moves a trained model's state)."""
-    input_ids = torch.randint(1000, 100000, (4, 256), device="cuda")
+    input_ids = torch.randint(ID_MARGIN, min(100000, module.config.vocab_size - ID_MARGIN), (4, 256), device="cuda")
     loss = module(input_ids=input_ids).logits.float().logsumexp(-1).mean()
     loss.backward()
     optimizer.step()
@@ -262,9 +272,27 @@ def time_standalone_vllm(engine_kwargs: dict, token_lists: list[list[int]], para
     return {"engine_start_s": start_s, "seconds": seconds, "tokens": tokens, "tok_per_s": tokens / seconds}
 
 
+def prepare_model(args) -> Vocabulary:
+    """Make the model where asked, and say which vocabulary the run uses: --tokenizer's (the model, of ppo_step.py's
+    0.5B shape, the same layers, made in --model-dir unless there), else Qwen2.5's count without a tokenizer."""
+    if args.tokenizer:
+        from benchmarks.ppo_step import make_model
+
+        vocabulary = load_vocabulary(args.tokenizer)
+        if vocabulary.embeddings <= 2 * ID_MARGIN:
+            raise SystemExit(f"--tokenizer: {vocabulary.describe()} leaves no ids {ID_MARGIN} clear of both ends")
+        make_model("0.5b", vocabulary, args.model_dir)
+        return vocabulary
+    if args.make_model:
+        make_qwen05b_model(args.model_dir)
+    return Vocabulary(None, QWEN25_05B["vocab_size"], "Qwen2.5-0.5B's embedding count, no tokenizer")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--tokenizer", help="tokenizer directory: the model gets its vocabulary (made in --model-dir "
+                                            "if absent, as with --make-model)")
     parser.add_argument("--engine", choices=["sglang", "vllm"], default="sglang")
     parser.add_argument("--make-model", action="store_true", help="create the random model if the dir is empty")
     parser.add_argument("--prompts", type=int, default=64)
@@ -281,8 +309,9 @@ def main() -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.manual_seed(0)  # the engine's sampling seed is the process's torch seed
-    if args.make_model:
-        make_qwen05b_model(args.model_dir)
+    vocabulary = prepare_model(args)
+    tokenizer = vocabulary.tokenizer
+    eos_id, pad_id = (tokenizer.eos_token_id, tokenizer.pad_token_id) if tokenizer else (EOS_ID, PAD_ID)
     init_single_gpu_process_group()
     engine_overrides = [  # 64 x 8 sequences decode together: capture decode CUDA graphs up to that batch
         f"+actor_rollout_ref.rollout.engine_kwargs.sglang.cuda_graph_max_bs_decode={args.prompts * args.n}",
@@ -297,12 +326,12 @@ def main() -> None:
     offload_switch = offloading_switch(module, optimizer, rollout)
     results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "engine": args.engine,
                "engine_kwargs": {k: v for k, v in rollout.engine_kwargs.items() if k not in ("model_path", "model")},
-               "engine_start_s": rollout.engine_start_s}
+               "engine_start_s": rollout.engine_start_s, "vocab": vocabulary.record()}
     results["switch"] = time_switches(switch, args.switch_repeats)
     results["switch_offload"] = time_switches(offload_switch, args.switch_repeats)
 
-    prompts = random_prompts(args.prompts, args.prompt_length, QWEN25_05B["vocab_size"]).repeat(args.n, interleave=True)
-    prompts.meta_info.update(eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+    prompts = random_prompts(args.prompts, args.prompt_length, vocabulary.embeddings).repeat(args.n, interleave=True)
+    prompts.meta_info.update(eos_token_id=eos_id, pad_token_id=pad_id)
 
     def hybrid_generate(batch):
         return int(rollout.generate_sequences(batch).batch["response_mask"].sum())
@@ -317,18 +346,18 @@ def main() -> None:
     if args.engine == "vllm":
         from hybridrl.workers.rollout.vllm_rollout import sampling_params as vllm_sampling_params
 
-        params = vllm_sampling_params(config.actor_rollout_ref.rollout, {}, [EOS_ID])
+        params = vllm_sampling_params(config.actor_rollout_ref.rollout, {}, [eos_id])
         results["standalone"] = in_own_process(time_standalone_vllm, dict(rollout.engine_kwargs, load_format="auto"),
                                                token_lists, params, args.gen_repeats)
     else:
-        params = sampling_params(config.actor_rollout_ref.rollout, {}, [EOS_ID])
+        params = sampling_params(config.actor_rollout_ref.rollout, {}, [eos_id])
         standalone = {"standalone": dict(rollout.engine_kwargs, load_format="auto")}
         if args.standalone_without_memory_saver:
             standalone["standalone_no_saver"] = dict(standalone["standalone"], enable_memory_saver=False)
         for name, engine_kwargs in standalone.items():
             results[name] = time_standalone(engine_kwargs, token_lists, params, args.gen_repeats)
     results["generation_ratio"] = results["hybrid_generate"]["tok_per_s"] / results["standalone"]["tok_per_s"]
-    print_table(results, args)
+    print_table(results, args, vocabulary)
     write_results(results, args.out)
 
 
@@ -338,10 +367,11 @@ def write_results(results: dict, path: str | None) -> None:
             json.dump(results, handle, indent=2, default=str)
 
 
-def print_table(results: dict, args) -> None:
+def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
     switch, offload = results["switch"], results["switch_offload"]
     rows = [
         ("device", results["device"]),
+        ("vocab", vocabulary.describe()),
         ("hybrid engine start (s)", f"{results['engine_start_s']:.1f}"),
         ("standalone engine start (s)", f"{results['standalone']['engine_start_s']:.1f}"),
         ("resume weights (s)", f"{switch['resume_weights_s']:.4f}"),
