@@ -4,7 +4,7 @@ samples/s and tokens/s over all the run's GPUs, and what moving the weights cost
     # GPU (2 H100: colocated on both, vs 1 trainer + 1 rollout), the Qwen2.5 layer shapes of ppo_step.py:
     PYTHONPATH=. python benchmarks/async_training.py --data-dir DIR --tokenizer DIR --shape 0.5b --gpus 2 \
         --out $OUT/async_training.json
-    # CPU check (2 processes, a tiny model and a toy task built in the work dir):
+    # CPU check (2 processes, a tiny model and a toy task built in the work dir; --tokenizer DIR: of DIR's vocabulary):
     PYTHONPATH=. python benchmarks/async_training.py --device cpu
 
 Each layout is one real run of `python -m hybridrl.main_ppo` for --steps steps with the same model, prompts per
@@ -19,7 +19,9 @@ one-step-off's first step, which has nothing generated ahead). Layouts (--layout
 
 Columns: s/step (timing_s/step), samples/s (prompts x n per second), tokens/s (prompt + response tokens per
 second, whole run: divide by --gpus for per GPU), speed-up over the first layout, the generation's and the
-update's seconds, and the weight sync's seconds and megabytes (disaggregated layouts).
+update's seconds, and the weight sync's seconds and megabytes (disaggregated layouts). The line `vocab:` above the
+table (and `vocab` in the JSON record) names the model's vocabulary: --tokenizer's tokenizer and embedding count
+(benchmarks/vocab.py: 151,936 for Qwen2.5's), or on cpu without one a 300-token tokenizer trained on the prompts.
 """
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
+
+from benchmarks.vocab import Vocabulary, load_vocabulary, tiny_model  # noqa: E402
 
 ASYNC = ["actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true"]
 
@@ -62,16 +66,15 @@ def gpu_overrides(args, model_dir: str) -> list[str]:
             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768", *offload]
 
 
-def cpu_task(work_dir: str) -> list[str]:
-    """A tiny model and the toy task of tests/test_e2e_training.py (reward: share of "a"), built in work_dir."""
-    from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
+def cpu_task(work_dir: str, vocabulary: Vocabulary | None) -> tuple[list[str], Vocabulary]:
+    """A tiny model (of `vocabulary`, else with a tokenizer trained on the prompts) and the toy task of
+    tests/test_e2e_training.py (reward: share of "a"), built in work_dir; the overrides and the model's vocabulary."""
     from hybridrl.data.rl_parquet import write_rl_parquet
 
     words = ["apple", "banana", "cherry", "dog", "egg", "fig", "grape", "hat", "ink", "jam"]
-    tokenizer = build_tokenizer([f"say something about {w}" for w in words] * 10 + ["a a aa aaa"] * 10,
-                                vocab_size=300)
-    model_dir = build_tiny_model(os.path.join(work_dir, "model"), tokenizer, hidden_size=64, num_layers=2,
-                                 num_heads=2, num_kv_heads=1, intermediate_size=128)
+    texts = [f"say something about {w}" for w in words] * 10 + ["a a aa aaa"] * 10
+    model_dir, vocabulary = tiny_model(os.path.join(work_dir, "model"), texts, vocabulary, hidden_size=64,
+                                       num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
     rows = [{"data_source": "toy/letter_a", "prompt": [{"role": "user", "content": f"say something about {w}"}],
              "ability": "toy", "reward_model": {"style": "rule", "ground_truth": "a"}, "extra_info": {"index": i}}
             for i, w in enumerate(words * 20)]
@@ -81,10 +84,11 @@ def cpu_task(work_dir: str) -> list[str]:
     with open(reward, "w") as f:
         f.write("def share_of_a(data_source, solution_str, ground_truth, extra_info=None):\n"
                 "    text = solution_str.replace(' ', '')\n    return text.count('a') / max(len(text), 1)\n")
+    # 64 prompt tokens: Qwen2.5's chat template adds a system message, 33 tokens in all
     return [f"actor_rollout_ref.model.path={model_dir}", f"data.train_files=[{work_dir}/train.parquet]",
             f"data.val_files=[{work_dir}/val.parquet]", f"custom_reward_function.path={reward}",
-            "custom_reward_function.name=share_of_a", "data.max_prompt_length=32", "trainer.device=cpu",
-            "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"]
+            "custom_reward_function.name=share_of_a", "data.max_prompt_length=64", "trainer.device=cpu",
+            "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"], vocabulary
 
 
 def run_layout(args, name: str, task: list[str], layout: list[str]) -> dict:
@@ -114,10 +118,11 @@ def run_layout(args, name: str, task: list[str], layout: list[str]) -> dict:
             **{key: statistics.mean(step[key] for step in measured if key in step) for key in keys}}
 
 
-def print_table(results: dict, args) -> None:
+def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
     samples = args.prompts * args.n
     print(f"\nprompts/step {args.prompts}, n {args.n}, response_length {args.response_length}, {args.gpus} "
-          f"{'GPUs' if args.device == 'cuda' else 'CPU processes'}, steps {args.steps} (mean of steps 3+)\n")
+          f"{'GPUs' if args.device == 'cuda' else 'CPU processes'}, steps {args.steps} (mean of steps 3+)\n"
+          f"vocab: {vocabulary.describe()}\n")
     print("| layout | s/step | samples/s | tokens/s | speed-up | gen s | update_actor s | sync_weights s | sync MB | "
           "staleness max |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -140,7 +145,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--data-dir", help="cuda: train.parquet / test.parquet in verl's layout")
-    parser.add_argument("--tokenizer", help="cuda: tokenizer directory (its vocabulary sizes the model)")
+    parser.add_argument("--tokenizer", help="tokenizer directory, its vocabulary sizes the model (cuda: required; cpu: "
+                                            "default a tokenizer trained on the prompts)")
     parser.add_argument("--shape", choices=["0.5b", "7b"], default="0.5b")
     parser.add_argument("--model-dir", default=None, help="cuda: where the random-weight model is (made if absent)")
     parser.add_argument("--gpus", type=int, default=2)
@@ -162,25 +168,26 @@ def main() -> None:
     args.work_dir = args.work_dir or tempfile.mkdtemp(prefix="hybridrl-async-training-")
     os.makedirs(args.work_dir, exist_ok=True)
 
+    if cuda and not (args.data_dir and args.tokenizer):
+        parser.error("--device cuda needs --data-dir and --tokenizer")
+    vocabulary = load_vocabulary(args.tokenizer) if args.tokenizer else None
     if cuda:
-        if not (args.data_dir and args.tokenizer):
-            parser.error("--device cuda needs --data-dir and --tokenizer")
         from benchmarks.ppo_step import make_model
 
-        model_dir = make_model(args.shape, args.tokenizer, args.model_dir or os.path.join(args.work_dir, args.shape))
+        model_dir = make_model(args.shape, vocabulary, args.model_dir or os.path.join(args.work_dir, args.shape))
         task = gpu_overrides(args, model_dir)
     else:
-        task = cpu_task(args.work_dir)
+        task, vocabulary = cpu_task(args.work_dir, vocabulary)
     known = layouts(args.gpus)
     chosen = args.layouts.split(",")
     unknown = [name for name in chosen if name not in known]
     if unknown:
         parser.error(f"--layouts: unknown {unknown}; known: {sorted(known)}")
     results = {name: run_layout(args, name, task, known[name]) for name in chosen}
-    print_table(results, args)
+    print_table(results, args, vocabulary)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=2)
+            json.dump({"args": vars(args), "vocab": vocabulary.record(), "results": results}, f, indent=2)
 
 
 if __name__ == "__main__":
