@@ -1,10 +1,11 @@
 """The vocabulary a benchmark's model is built with: a tokenizer, and the embedding count that sizes the logits.
 
 The embedding count, not the tokenizer's length, is the number of rows of the embedding and of the LM head, so it is
-what the logits (and their memory and time) follow. Real models pad it: Qwen2.5's tokenizer in Hugging Face's format
-holds 151,665 tokens and its models 151,936 embeddings. So a tokenizer directory's config.json `vocab_size` wins where
-there is one (`python -m hybridrl.models.gguf_source` and scripts/gpu/stage_qwen_tokenizer.sh write it, 151,936 for
-Qwen2.5); without one the tokenizer's length is rounded up to a multiple of 128, as Qwen's own padding is.
+what the logits (and their memory and time) follow. Real models pad it: Qwen2.5's tokenizer on the Hugging Face hub
+holds 151,665 tokens and its models 151,936 embeddings (the GGUF's tokenizer pads its own table to 151,936). So a
+tokenizer directory's config.json `vocab_size` wins where there is one (`python -m hybridrl.models.gguf_source` and
+scripts/gpu/stage_qwen_tokenizer.sh write it, 151,936 for Qwen2.5); without one the tokenizer's length is rounded up
+to a multiple of 128, as Qwen's own padding is.
 
 Every benchmark names the vocabulary it used, in its printed table (`describe`) and its JSON record (`record`), so
 a row measured with a tiny task's vocabulary is never read as one measured with Qwen's.
