@@ -13,7 +13,7 @@ from safetensors import safe_open
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.vocab import load_vocabulary  # noqa: E402
+from benchmarks.vocab import load_vocabulary, reusable_model  # noqa: E402
 from hybridrl.defaults.tiny_model import build_tokenizer  # noqa: E402
 
 TEXTS = ["the quick brown fox jumps over the lazy dog", "say something about apple"] * 10
@@ -55,6 +55,18 @@ def test_a_directory_without_a_tokenizer_is_named(tmp_path):
 def test_a_config_smaller_than_the_tokenizer_is_refused(tmp_path):
     with pytest.raises(ValueError, match="vocab_size 100 is smaller than the tokenizer's"):
         load_vocabulary(tokenizer_dir(tmp_path, {"model_type": "qwen2", "vocab_size": 100}))
+
+
+def test_a_model_left_for_another_vocabulary_stops_the_run(tmp_path):
+    """ppo_step.make_model reuses a model of the same count and refuses one of another, which the table would
+    misname."""
+    vocabulary = load_vocabulary(tokenizer_dir(tmp_path / "tok"))
+    assert not reusable_model(str(tmp_path / "empty"), vocabulary)
+    tokenizer_dir(tmp_path / "model", {"model_type": "qwen2", "vocab_size": 384})
+    assert reusable_model(str(tmp_path / "model"), vocabulary)
+    tokenizer_dir(tmp_path / "other", {"model_type": "qwen2", "vocab_size": 151936})
+    with pytest.raises(SystemExit, match="holds a model of 151936 embeddings, not 384"):
+        reusable_model(str(tmp_path / "other"), vocabulary)
 
 
 def load_benchmark(name: str):
