@@ -280,3 +280,21 @@ def test_special_tokens_are_set_whatever_the_gguf_reader_gave():
     gguf_source.set_special_tokens(smollm2, tokenizer, config)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert (tokenizer.eos_token_id, tokenizer.pad_token_id, config.eos_token_id, config.pad_token_id) == (im_end,) * 4
+
+
+def test_special_tokens_are_found_when_the_pad_token_is_also_the_unk_token(tiny, converted):
+    """transformers 5.17 makes Qwen2's <|endoftext|> its unk token too, which once made the converter report the real
+    0.5B GGUF as lacking its pad token (found on the GPU host); the vocabulary decides, not unk_token_id."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    _, _, source = tiny
+    tokenizer = AutoTokenizer.from_pretrained(converted[0])
+    tokenizer.unk_token = "<|endoftext|>"
+    assert tokenizer.unk_token_id == tokenizer.convert_tokens_to_ids(source.pad_token) == 259
+    config = AutoConfig.from_pretrained(converted[0])
+    gguf_source.set_special_tokens(source, tokenizer, config)
+    assert (config.eos_token_id, config.pad_token_id) == (261, 259)
+
+    missing = dataclasses.replace(source, pad_token="<|not_in_vocab|>")
+    with pytest.raises(ValueError, match=r"tiny-qwen2: the GGUF's vocabulary has no <\|not_in_vocab\|> token"):
+        gguf_source.set_special_tokens(missing, tokenizer, config)

@@ -310,11 +310,11 @@ def set_special_tokens(source: GGUFSource, tokenizer, config) -> None:
     How a GGUF's special-token metadata is read differs between transformers versions (5.17 reads SmolLM2's eos
     as 1 = <|im_start|> and no pad, 5.24 as 2), so they are set here, not trusted.
     """
-    ids = {}
+    vocab = tokenizer.get_vocab()  # not unk_token_id: Qwen2's tokenizer in 5.17 makes <|endoftext|> its unk token
     for token in (source.eos_token, source.pad_token):
-        ids[token] = tokenizer.convert_tokens_to_ids(token)
-        if ids[token] is None or ids[token] == tokenizer.unk_token_id:
+        if token not in vocab:
             raise ValueError(f"{source.name}: the GGUF's vocabulary has no {token} token")
+    ids = {token: vocab[token] for token in (source.eos_token, source.pad_token)}
     tokenizer.eos_token, tokenizer.pad_token = source.eos_token, source.pad_token
     config.eos_token_id, config.pad_token_id = ids[source.eos_token], ids[source.pad_token]
     if not tokenizer.chat_template or source.eos_token not in tokenizer.chat_template:
