@@ -11,7 +11,7 @@ from hybridrl.reward.scorers import default_compute_score
 from hybridrl.reward.scorers.reasoning_gym import INSTRUCTION, make_train_test_rows
 from tests.test_data_preprocess import REPO, read_rows, run_script
 
-RECIPE_REWARD = os.path.join(REPO, "recipes", "smollm2_gsm_symbolic", "reward.py")
+RECIPE_REWARD = os.path.join(REPO, "recipes", "gsm_symbolic_reward.py")
 CUSTOM = "Solve it step by step, then end with <answer>NUMBER</answer>."
 HASH_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 

@@ -56,7 +56,7 @@ python -m hybridrl.main_ppo \
     actor_rollout_ref.rollout.temperature=1.0 \
     actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
     +actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=triton \
-    custom_reward_function.path="$REPO/recipes/smollm2_gsm_symbolic/reward.py" \
+    custom_reward_function.path="$REPO/recipes/gsm_symbolic_reward.py" \
     custom_reward_function.name=compute_score \
     trainer.nnodes=1 trainer.n_gpus_per_node=1 \
     trainer.total_training_steps=25 trainer.test_freq=5 trainer.val_before_train=true \

@@ -1,4 +1,4 @@
-"""The recipe's reward: reasoning-gym's own gsm_symbolic score, with `acc` and `formatted` beside it for the logs.
+"""The reward of the gsm_symbolic recipes: reasoning-gym's own score, with `acc` and `formatted` beside it for the logs.
 
 The score is exactly the built-in scorer's (1.0 right number, 0.01 a wrong number given in the row's
 answer format, 0.0 no answer in that format), so training is the same as without this file. The two
