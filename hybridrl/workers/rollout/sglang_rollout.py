@@ -286,7 +286,7 @@ class SGLangRollout(BaseRollout):
         memory = gpu_memory(self.engine_pids())
         for key, value in memory.items():
             self.last_switch[f"{stage}/{key}"] = value
-        logger.info("GPU memory, %s: %s", stage, ", ".join(f"{key} {value:.2f} GiB" for key, value in memory.items()))
+        logger.debug("GPU memory, %s: %s", stage, ", ".join(f"{key} {value:.2f} GiB" for key, value in memory.items()))
 
     # ------------------------------------------------------------------ engine calls
     def release_memory(self) -> None:

@@ -268,7 +268,7 @@ class VLLMRollout(BaseRollout):
         """The device's used memory at a transition, in `last_switch` (GiB) and the log."""
         used = self.memory.used() / GiB
         self.last_switch[f"{stage}/device_used"] = used
-        logger.info("GPU memory, %s: device_used %.2f GiB", stage, used)
+        logger.debug("GPU memory, %s: device_used %.2f GiB", stage, used)
 
     def take_metrics(self) -> dict[str, float]:
         metrics, self._metrics = self._metrics, {}
