@@ -105,20 +105,22 @@ def run_trainer(args, model_dir: str, layout: str) -> dict:
     run_dir = os.path.join(args.work_dir, f"run_{args.shape}_{args.gpus}gpu_{layout}")
     command = [sys.executable, "-m", "hybridrl.main_ppo", *trainer_overrides(args, model_dir, run_dir), *LAYOUTS[layout],
                *args.overrides]
+    log_path = os.path.join(args.work_dir, f"{layout}.log")  # written as the run goes: a cut-off run leaves it
     started = time.perf_counter()
-    completed = subprocess.run(command, capture_output=True, text=True)
+    with open(log_path, "w") as log:
+        completed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, text=True)
     wall = time.perf_counter() - started
-    with open(os.path.join(args.work_dir, f"{layout}.log"), "w") as log:
-        log.write(completed.stdout + completed.stderr)
+    with open(log_path) as log:
+        output = log.read()
     if completed.returncode != 0:
-        return {"error": completed.stderr.strip().splitlines()[-1] if completed.stderr.strip() else "exit "
-                f"{completed.returncode}", "wall_s": wall}
+        lines = output.strip().splitlines()
+        return {"error": lines[-1] if lines else f"exit {completed.returncode}", "wall_s": wall}
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         steps = [json.loads(line) for line in f if line.strip()]
     measured = steps[1:] or steps
     keys = {key for step in measured for key in step if isinstance(step[key], (int, float))}
     result = {"wall_s": wall, **{key: statistics.mean(step[key] for step in measured if key in step) for key in keys}}
-    return {**result, **decode_log_summary(completed.stdout + completed.stderr)}
+    return {**result, **decode_log_summary(output)}
 
 
 def decode_log_summary(log: str) -> dict:
