@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# GRPO on Qwen2.5-Coder-0.5B-Instruct (or 1.5B) with reasoning-gym gsm_symbolic: one GPU, SGLang rollout, greedy
+# test accuracy measured before and after in the same run. What to expect: README.md.
+#
+#   bash recipes/qwen25_coder_gsm_symbolic/run.sh [hydra overrides]      # overrides given here win over the ones below
+#
+# Environment (all optional):
+#   MODEL        0.5b (default) or 1.5b
+#   SEED         1 (default): the data order and the sampling (data.seed, trainer.seed)
+#   WORK_DIR     data, converted model and runs (default /tmp/qwen25_coder_gsm_symbolic)
+#   RUN_DIR      logs: metrics.jsonl, val_generations/, summary.json (default $WORK_DIR/run_$MODEL_seed$SEED);
+#                must not hold a run
+#   GGUF_WHEELS  the model's chunk wheels in this folder (default: the installed chunk packages, see README.md)
+#   GGUF_PIECES  or the pieces and manifest.json that scripts/gpu/stage_gguf.sh staged for an offline host
+#   GGUF_FILE    or the reassembled .gguf file
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+MODEL=${MODEL:-0.5b}
+SEED=${SEED:-1}
+WORK_DIR=${WORK_DIR:-/tmp/qwen25_coder_gsm_symbolic}
+RUN_DIR=${RUN_DIR:-$WORK_DIR/run_${MODEL}_seed$SEED}
+DATA_DIR=$WORK_DIR/data
+case "$MODEL" in
+    0.5b|1.5b) SOURCE=qwen2.5-coder-$MODEL-instruct ;;
+    *) echo "MODEL=$MODEL: expected 0.5b or 1.5b" >&2; exit 1 ;;
+esac
+MODEL_DIR=$WORK_DIR/$SOURCE
+
+export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
+cd "$REPO"
+if [ -e "$RUN_DIR/metrics.jsonl" ]; then
+    echo "RUN_DIR=$RUN_DIR already holds a run (metrics.jsonl); choose another RUN_DIR" >&2
+    exit 1
+fi
+
+# 1. Data: 2048 train and 252 test questions (the generator's 256 less 2 also in train and 2 it cannot grade), each
+#    followed by 'Let's think step by step and output the final answer after "####".' (GSM8K's layout; ~10 s).
+python examples/data_preprocess/reasoning_gym.py --task gsm_symbolic --size 2048 --test_size 256 --seed 0 \
+    --answer_format hash --drop_ungradeable --local_dir "$DATA_DIR"
+
+# 2. Model: the GGUF's size and SHA-256 checked, dequantised to a bf16 HF directory, checked against the GGUF model
+#    and published whole (a directory there is complete, so it is reused).
+if [ ! -d "$MODEL_DIR" ]; then
+    python -m hybridrl.models.gguf_source --model "$SOURCE" --out "$MODEL_DIR" \
+        ${GGUF_WHEELS:+--wheels "$GGUF_WHEELS"} ${GGUF_PIECES:+--pieces "$GGUF_PIECES"} ${GGUF_FILE:+--gguf "$GGUF_FILE"}
+fi
+
+# 3. GRPO: 64 prompts x 8 samples a step, two optimizer steps of 32 prompts each, no KL, no critic, no reference;
+#    greedy validation on all test questions before training, every 5 steps and at the end; no checkpoint.
+python -m hybridrl.main_ppo \
+    algorithm=grpo \
+    data.train_files="$DATA_DIR/train.parquet" data.val_files="$DATA_DIR/test.parquet" \
+    data.max_prompt_length=256 data.max_response_length=512 \
+    data.train_batch_size=64 data.seed="$SEED" \
+    actor_rollout_ref.model.path="$MODEL_DIR" \
+    actor_rollout_ref.model.use_remove_padding=true \
+    actor_rollout_ref.actor.optim.lr=3e-6 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=32 \
+    actor_rollout_ref.actor.use_dynamic_bsz=true \
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384 \
+    actor_rollout_ref.actor.use_kl_loss=false \
+    actor_rollout_ref.actor.entropy_coeff=0 \
+    actor_rollout_ref.rollout.name=sglang \
+    actor_rollout_ref.rollout.n=8 \
+    actor_rollout_ref.rollout.temperature=1.0 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
+    +actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=triton \
+    custom_reward_function.path="$REPO/recipes/gsm_symbolic_reward.py" \
+    custom_reward_function.name=compute_score \
+    trainer.nnodes=1 trainer.n_gpus_per_node=1 trainer.seed="$SEED" \
+    trainer.total_training_steps=25 trainer.test_freq=5 trainer.val_before_train=true \
+    trainer.save_freq=-1 trainer.resume_mode=disable \
+    trainer.logger='[console,jsonl]' trainer.default_local_dir="$RUN_DIR" \
+    trainer.validation_data_dir="$RUN_DIR/val_generations" \
+    trainer.project_name=qwen25_coder_gsm_symbolic trainer.experiment_name="grpo_${MODEL}_seed$SEED" \
+    "$@"
