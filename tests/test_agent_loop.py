@@ -82,7 +82,7 @@ def test_every_verl_output_field_and_metric_reaches_the_batch_or_the_metrics():
     columns = output_columns(outputs)
     assert columns["routed_experts"][0] == [[0, 1]] * 3 and columns["routed_experts"][1] is None
     assert list(columns["turn_scores"]) == [[1.0], None] and list(columns["__num_turns__"]) == [2, 2]
-    metrics = agent_loop_metrics(outputs)
+    metrics = agent_loop_metrics([output.num_turns for output in outputs], [output.metrics for output in outputs])
     assert (metrics["agent_loop/generate_sequences/mean"], metrics["agent_loop/num_preempted/mean"],
             metrics["agent_loop/compute_score/mean"], metrics["agent_loop/queue_s/mean"]) == (1.0, 2.0, 0.125, 3.0)
     assert "agent_loop/note/mean" not in metrics

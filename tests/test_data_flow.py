@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from hybridrl.agent_loop.sample_generate import GenerateContext, generate
+from hybridrl.agent_loop.sample_generate import GenerateContext, generate, sample_from_loop
 from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, abort_servers
 from hybridrl.config import compose_config, validate_config
 from hybridrl.config.validation import ConfigError
 from hybridrl.data import filters
 from hybridrl.data.hooks import HookError, load_hook
 from hybridrl.data.prompt_source import PromptSource
-from hybridrl.data.sample import ABORTED, PENDING, Sample, groups_to_batch, partial_rollout_metrics
+from hybridrl.data.sample import ABORTED, COMPLETED, PENDING, TRUNCATED, Sample, groups_to_batch, partial_rollout_metrics, reset_group
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.agent_loop.base import TokenOutput
 from hybridrl.workers.rollout.async_server import EngineServer, HFGenerateEngine
@@ -428,3 +428,55 @@ def test_reward_function_scores_samples_or_whole_groups_and_dapo_keys_pick_the_f
     assert not dapo.keep(same_acc)  # rewards differ, but the group's acc does not: DAPO drops it
     same_acc[0].metadata["reward_extra_info"] = {"acc": 0.0}
     assert dapo.keep(same_acc)
+
+
+def test_a_multi_turn_loop_runs_in_the_data_flow_but_partial_rollout_cannot_continue_it(tmp_path):
+    """tool_agent composes with the data flow and verl's filter_groups; partial rollout of it is refused, with why."""
+    tool_loop = ["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"]
+    config = validate_config(flow_config(tmp_path, *tool_loop, "algorithm.filter_groups.enable=true"))
+    assert config.actor_rollout_ref.rollout.agent.default_agent_loop == "tool_agent"
+    with pytest.raises(ConfigError) as refused:
+        validate_config(flow_config(tmp_path, *tool_loop, "data_flow.partial_rollout=true"))
+    assert refused.value.problems == [
+        "data_flow.partial_rollout: expected false with actor_rollout_ref.rollout.agent.default_agent_loop='tool_agent'"
+        " (a multi-turn loop's aborted conversation cannot be continued from its tokens: its groups are generated "
+        "again; partial rollout continues the single-turn loop, or a data_flow.custom_generate_function that can), "
+        "got True"]
+
+
+def test_an_agent_loop_run_becomes_the_sample_the_trainer_batches():
+    """sample_from_loop: the loop's prompt, tokens, loss mask, versions (inserted tokens -1), reward, turns, metrics and
+    extra_fields; a failed loop leaves one EOS with no loss and reward 0; an aborted run is marked aborted; reset
+    clears what the loop set."""
+    output = {"prompt_ids": [5, 6, 7], "response_ids": [10, 11, 40, 41, 12], "response_mask": [1, 1, 0, 0, 1],
+              "response_logprobs": [-0.5, -0.25, 0.0, 0.0, -1.0], "reward_score": None, "num_turns": 4,
+              "metrics": {"num_tool_calls": 1, "response_cut": 0}, "extra_fields": {"turn_scores": [0.5]}}
+    result = {"output": output, "token_versions": [3, 3, -1, -1, 4], "aborted": False}
+    sample = sample_from_loop(Sample(group_index=0, index=2, prompt_ids=[5], metadata={"data_source": "d"}), result,
+                              eos_token_id=2, with_log_probs=True)
+    assert (sample.prompt_ids, sample.response_ids, sample.loss_mask) == ([5, 6, 7], [10, 11, 40, 41, 12],
+                                                                          [1, 1, 0, 0, 1])
+    assert (sample.token_versions, sample.rollout_log_probs) == ([3, 3, -1, -1, 4], [-0.5, -0.25, 0.0, 0.0, -1.0])
+    assert (sample.reward, sample.status, sample.num_turns, sample.error) == (None, COMPLETED, 4, None)
+    assert sample.agent_metrics["num_tool_calls"] == 1
+    assert sample.metadata == {"data_source": "d", "turn_scores": [0.5]}
+    batch = groups_to_batch([[sample]], prompt_length=4, response_length=6, pad_token_id=0, with_log_probs=True,
+                            scored=False)
+    assert batch.batch["response_mask"][0].tolist() == [1, 1, 0, 0, 1, 0]
+    assert batch.batch[WEIGHT_VERSIONS_KEY][0, :5].tolist() == [3, 3, -1, -1, 4]
+
+    cut = sample_from_loop(Sample(group_index=0, index=3, prompt_ids=[5]), {
+        "output": {**output, "reward_score": 1.0, "metrics": {"response_cut": 1}}, "token_versions": [3] * 5,
+        "aborted": False}, eos_token_id=2, with_log_probs=False)
+    assert (cut.status, cut.reward, cut.rollout_log_probs) == (TRUNCATED, 1.0, None)
+    aborted = sample_from_loop(Sample(group_index=0, index=4, prompt_ids=[5]), {**result, "aborted": True},
+                               eos_token_id=2, with_log_probs=True)
+    assert (aborted.status, aborted.num_aborts) == (ABORTED, 1)
+    failed = sample_from_loop(Sample(group_index=0, index=5, prompt_ids=[5]), {"error": "Traceback ...: boom"},
+                              eos_token_id=2, with_log_probs=True)
+    assert (failed.response_ids, failed.loss_mask, failed.token_versions, failed.rollout_log_probs) == (
+        [2], [0], [-1], [0.0])
+    assert (failed.reward, failed.status, failed.error) == (0.0, COMPLETED, "Traceback ...: boom")
+    [reset] = reset_group([sample])
+    assert (reset.response_ids, reset.status, reset.num_turns, reset.agent_metrics, reset.error) == (
+        [], PENDING, 0, None, None)

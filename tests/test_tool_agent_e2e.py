@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.defaults.tool_chat_template import TOOL_CHAT_TEMPLATE
 from hybridrl.defaults.tool_task import answer_text, sft, tool_call_text
+from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY
 from hybridrl.data.rl_parquet import write_rl_parquet
 from test_async_rollout import fit_keeping_update_batches
 from test_e2e_training import make_config, read_metrics
@@ -44,19 +45,19 @@ def tool_task(tmp_path_factory):
             "reward": None, "tokenizer": tokenizer}
 
 
-@pytest.mark.slow
-def test_a_tool_agent_step_masks_tool_tokens_and_reports_tool_metrics(ray_local, tool_task, tmp_path):
-    config = make_config(
-        {**tool_task, "reward": os.path.abspath(__file__)}, str(tmp_path),
+def tool_overrides(tmp_path, tool_task, *extra):
+    return [
         "custom_reward_function.path=null", "data.max_prompt_length=48", "data.max_response_length=96",
         "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true", "actor_rollout_ref.actor.strategy=fsdp2",
         "actor_rollout_ref.rollout.agent.num_workers=2", "actor_rollout_ref.rollout.calculate_log_probs=true",
         "actor_rollout_ref.rollout.multi_turn.enable=true", "actor_rollout_ref.rollout.multi_turn.max_user_turns=2",
-        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={CALCULATOR_YAML}", "trainer.total_training_steps=1",
-        "actor_rollout_ref.rollout.temperature=0.5")
-    _, batches = fit_keeping_update_batches(config)
-    tokenizer = tool_task["tokenizer"]
-    [batch] = batches
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={CALCULATOR_YAML}",
+        "actor_rollout_ref.rollout.temperature=0.5", *extra]
+
+
+def check_tool_rows(batch, tokenizer) -> int:
+    """Every tool answer in the batch is masked, with no advantage and no log-prob, and every conversation ends on
+    the model's turn; returns how many rows called the tool."""
     response_mask, advantages = batch.batch["response_mask"], batch.batch["advantages"]
     attention = batch.batch["attention_mask"][:, -response_mask.shape[1]:]
     rows_with_tool = 0
@@ -73,13 +74,50 @@ def test_a_tool_agent_step_masks_tool_tokens_and_reports_tool_metrics(ray_local,
             assert advantages[row][inserted].abs().sum() == 0
             assert batch.batch["rollout_log_probs"][row][inserted].abs().sum() == 0
         assert response_mask[row][attention[row].bool()][-1] == 1  # every conversation ends on the model's turn
-    assert rows_with_tool >= len(batch) // 2
-    [step] = read_metrics(str(tmp_path))
+    return rows_with_tool
+
+
+def check_tool_metrics(step, batch_rows: int, rows_with_tool: int) -> None:
     assert step["agent_loop/num_failed"] == 0
-    assert step["agent_loop/tokenization_mismatch/sum"] <= len(batch) // 4
+    assert step["agent_loop/tokenization_mismatch/sum"] <= batch_rows // 4
     assert step["agent_loop/num_turns/max"] >= 4 and step["agent_loop/num_turns/min"] >= 2
     assert step["agent_loop/num_tool_calls/mean"] >= 0.5
-    assert step["agent_loop/used_tools/mean"] == rows_with_tool / len(batch)
+    assert step["agent_loop/used_tools/mean"] == rows_with_tool / batch_rows
     for key in ("agent_loop/num_tool_errors/sum", "agent_loop/tool_latency_s/mean",
                 "agent_loop/tokenization_mismatch/sum", "agent_loop/response_cut/sum"):
         assert key in step
+
+
+@pytest.mark.slow
+def test_a_tool_agent_step_masks_tool_tokens_and_reports_tool_metrics(ray_local, tool_task, tmp_path):
+    config = make_config({**tool_task, "reward": os.path.abspath(__file__)}, str(tmp_path),
+                         *tool_overrides(tmp_path, tool_task, "trainer.total_training_steps=1"))
+    _, batches = fit_keeping_update_batches(config)
+    [batch] = batches
+    rows_with_tool = check_tool_rows(batch, tool_task["tokenizer"])
+    assert rows_with_tool >= len(batch) // 2
+    [step] = read_metrics(str(tmp_path))
+    check_tool_metrics(step, len(batch), rows_with_tool)
+
+
+@pytest.mark.slow
+def test_the_tool_agent_runs_in_the_data_flow(ray_local, tool_task, tmp_path):
+    """The same loop through the data flow (groups scored as they finish, the buffer, its counts): tool turns are
+    masked as in the async rollout, each generated token carries the version of the weights that made it (the step's:
+    no partial rollout) and inserted ones -1, and the agent_loop/* and data_flow/* counts are logged every step."""
+    config = make_config({**tool_task, "reward": os.path.abspath(__file__)}, str(tmp_path),
+                         *tool_overrides(tmp_path, tool_task, "trainer.total_training_steps=2", "data_flow.enable=true"))
+    _, batches = fit_keeping_update_batches(config)
+    assert len(batches) == 2
+    steps = read_metrics(str(tmp_path))
+    for version, (batch, step) in enumerate(zip(batches, steps)):
+        rows_with_tool = check_tool_rows(batch, tool_task["tokenizer"])
+        assert rows_with_tool >= len(batch) // 2
+        check_tool_metrics(step, len(batch), rows_with_tool)
+        assert step["data_flow/num_groups_trained"] == config.data.train_batch_size
+        assert step["data_flow/num_dropped_groups"] == 0 and step["data_flow/partial_ratio"] == 0
+        versions = batch.batch[WEIGHT_VERSIONS_KEY]
+        generated = batch.batch["response_mask"].bool()
+        assert (versions[generated] == version).all()  # trained weights v0, then v1
+        attention = batch.batch["attention_mask"][:, -generated.shape[1]:].bool()
+        assert (versions[attention & ~generated] == -1).all()

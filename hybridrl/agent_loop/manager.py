@@ -43,7 +43,7 @@ from hybridrl.agent_loop import sample_generate
 from hybridrl.agent_loop.sample_generate import GenerateContext
 from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, EngineServerError
 from hybridrl.data.hooks import load_hook
-from hybridrl.data.sample import Sample
+from hybridrl.data.sample import ABORTED, PENDING, Sample
 from hybridrl.protocol import DataProto
 from hybridrl.data.rl_dataset import get_dataset_class
 from hybridrl.utils.import_utils import load_extensions
@@ -104,12 +104,13 @@ class AgentLoopWorker:
         self.generate_fn = None  # the data flow's generate function, loaded on first use
 
     async def generate_group(self, group: list[Sample], sampling_params: dict[str, Any]) -> list[Sample]:
-        """The data flow (trainer/ppo/group_rollout.py): one group's samples generated concurrently by the generate
-        function (data_flow.custom_generate_function, else sample_generate.generate). Whatever it raises fails the
-        step with its traceback: it is user logic, not one sample's bad luck."""
+        """The data flow (trainer/ppo/group_rollout.py): one group's samples generated concurrently, each by
+        data_flow.custom_generate_function when set, else by its agent loop (sample_generate.py says which runs how).
+        Whatever a custom generate function raises fails the step with its traceback: it is user logic, not one
+        sample's bad luck; an agent loop's failure costs its sample only, as in the async rollout."""
         if self.generate_fn is None:
             self.generate_fn = load_hook("custom_generate_function",
-                                         self.config.data_flow.custom_generate_function) or sample_generate.generate
+                                         self.config.data_flow.custom_generate_function) or self._generate_sample
         ctx = GenerateContext(server_manager=self.server_manager, tokenizer=self.tokenizer, config=self.config,
                               response_length=self.config.actor_rollout_ref.rollout.response_length)
         outputs = await asyncio.gather(*(self.generate_fn(ctx, sample, dict(sampling_params)) for sample in group))
@@ -118,6 +119,26 @@ class AgentLoopWorker:
                 raise TypeError(f"data_flow.custom_generate_function returned {type(output).__name__}, expected the "
                                 f"Sample it was given (hybridrl.data.sample.Sample)")
         return list(outputs)
+
+    async def _generate_sample(self, ctx: GenerateContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+        """One sample by its agent loop: the single-turn one continues aborted samples (sample_generate.generate);
+        any other runs whole, from the prompt."""
+        agent_name = sample.metadata.get("agent_name") or self.config.actor_rollout_ref.rollout.agent.default_agent_loop
+        if agent_name == "single_turn_agent":
+            return await sample_generate.generate(ctx, sample, sampling_params)
+        if sample.status == ABORTED:
+            raise RuntimeError(f"sample {sample.index} (agent loop {agent_name!r}) was aborted mid-conversation and "
+                               f"data_flow.partial_rollout=true would continue it, but a multi-turn loop cannot resume "
+                               f"from its tokens: set data_flow.partial_rollout=false (aborted groups are generated "
+                               f"again) or use the single-turn loop")
+        if sample.status != PENDING:
+            return sample
+        check_agent_names([agent_name], self.registry, f"sample {sample.index}'s agent_name")
+        row = {**{key: value for key, value in sample.metadata.items() if key != "agent_name"},
+               "raw_prompt_ids": list(sample.prompt_ids), "agent_name": agent_name}
+        result = await self._run_row(row, sampling_params)
+        return sample_generate.sample_from_loop(sample, result, self.tokenizer.eos_token_id,
+                                                with_log_probs=bool(sampling_params.get("logprobs")))
 
     async def check_loops(self, agent_names: list[str]) -> None:
         """Build one instance of each named loop, as a row would: a loop that reads a key or attribute that does not
@@ -147,7 +168,8 @@ class AgentLoopWorker:
             loop = self._new_loop(agent_name, recorder)
             output = await loop.run(dict(sampling_params), **row)
             check_output(output, self.config.actor_rollout_ref.rollout, agent_name)
-            return {"output": output.model_dump(), "token_versions": recorder.token_versions(output.response_mask)}
+            return {"output": output.model_dump(), "token_versions": recorder.token_versions(output.response_mask),
+                    "aborted": recorder.aborted}
         except Exception as error:
             server_error = _caused_by_server(error)
             if server_error is not None:
@@ -163,10 +185,12 @@ class VersionRecorder:
     def __init__(self, server_manager: AsyncLLMServerManager):
         self.server_manager = server_manager
         self.calls: list[tuple[int, Optional[int]]] = []  # (tokens generated, weight_version) per generate call
+        self.aborted = False  # an engine server answered a call as aborted (the data flow stopped the stragglers)
 
     async def generate(self, request_id: str, **kwargs):
         output = await self.server_manager.generate(request_id, **kwargs)
         self.calls.append((len(output.token_ids), output.weight_version))
+        self.aborted = self.aborted or output.stop_reason == "aborted"
         return output
 
     def __getattr__(self, name: str):
@@ -279,7 +303,7 @@ class AgentLoopManager:
             else:
                 outputs.append(AgentLoopOutput(**result["output"]))
                 token_versions.append(result["token_versions"])
-        self._report(errors, len(rows))
+        self.report_failures(errors, len(rows))
         batch = to_batch_layout(
             [output.prompt_ids for output in outputs], [output.response_ids for output in outputs],
             prompt_length=self.rollout_config.prompt_length, response_length=self.rollout_config.response_length,
@@ -292,10 +316,13 @@ class AgentLoopManager:
         batch.batch[AGENT_SCORES_KEY] = torch.tensor(
             [float("nan") if output.reward_score is None else float(output.reward_score) for output in outputs],
             dtype=torch.float32)
-        batch.meta_info["metrics"] = {"agent_loop/num_failed": float(len(errors)), **agent_loop_metrics(outputs)}
+        batch.meta_info["metrics"] = {"agent_loop/num_failed": float(len(errors)), **agent_loop_metrics(
+            [output.num_turns for output in outputs], [output.metrics for output in outputs])}
         return batch
 
-    def _report(self, errors: list[str], rows: int) -> None:
+    def report_failures(self, errors: list[str], rows: int) -> None:
+        """Print each failed loop's traceback once per place it fails at; fail the step when more than
+        rollout.agent.max_failed_sample_ratio of the `rows` failed (the data flow calls it once per step)."""
         for error in errors:
             where = _failure_site(error)
             if where not in self._reported:
@@ -331,12 +358,11 @@ def object_column(values: list[Any]) -> np.ndarray:
     return column
 
 
-def agent_loop_metrics(outputs: list[AgentLoopOutput]) -> dict[str, float]:
-    """The batch's agent_loop/* metrics: turns (verl's num_turns/{mean,min,max}), engine, tool and scoring seconds
-    per sample, the engine's preemptions (mean over the samples that report them), the tool loop's counts
-    (tool_agent.py), and the mean of every numeric metric a loop added of its own."""
-    turns = [output.num_turns for output in outputs]
-    metrics = [output.metrics for output in outputs]
+def agent_loop_metrics(turns: list[int], metrics: list[AgentLoopMetrics]) -> dict[str, float]:
+    """The batch's agent_loop/* metrics from each sample's turns and AgentLoopMetrics: turns (verl's
+    num_turns/{mean,min,max}), engine, tool and scoring seconds per sample, the engine's preemptions (mean over the
+    samples that report them), the tool loop's counts (tool_agent.py), and the mean of every numeric metric a loop
+    added of its own."""
     calls = sum(m.num_tool_calls for m in metrics)
     preempted = [m.num_preempted for m in metrics if m.num_preempted >= 0]
     return {

@@ -1,11 +1,18 @@
 """Generating one Sample in an agent-loop worker: the data flow's generate function and what it is given.
 
+Which function generates a sample (AgentLoopWorker.generate_group): `data_flow.custom_generate_function` when set
+(same signature as `generate`; see hybridrl/data/hooks.py); else, for the single-turn loop, the built-in `generate`;
+else the sample's agent loop (its `agent_name` column, or rollout.agent.default_agent_loop: tool_agent, a verl-style
+loop of the user's), run once from the prompt as the async rollout runs it, its output made into the sample by
+`sample_from_loop`.
+
 The built-in `generate` is the single-turn loop that can continue: a pending sample generates from its prompt, an
 aborted one (partial rollout) from its prompt plus the tokens it already has, with what is left of
 rollout.response_length; the new tokens are recorded with the weight version the engine server reported for them
 (TokenOutput.weight_version: the weights that really generated them, whatever the schedule). A completed or
-truncated sample comes back unchanged. `data_flow.custom_generate_function` replaces it (same signature; see
-hybridrl/data/hooks.py); a multi-turn one calls ctx.server_manager.generate once per turn.
+truncated sample comes back unchanged. A multi-turn loop cannot be continued that way (its state is a conversation
+with tool results, not a token list), so an aborted multi-turn sample is generated again from its prompt; partial
+rollout is refused for it (config check and, for a row's own agent_name, at run time).
 """
 from __future__ import annotations
 
@@ -45,4 +52,32 @@ async def generate(ctx: GenerateContext, sample: Sample, sampling_params: dict[s
     sample.status = STOP_REASON_STATUS[output.stop_reason or "completed"]
     if sample.status == ABORTED:
         sample.num_aborts += 1
+    return sample
+
+
+def sample_from_loop(sample: Sample, result: dict[str, Any], eos_token_id: int, with_log_probs: bool) -> Sample:
+    """`sample` filled from one agent-loop run (AgentLoopWorker.run_loop's result), as the async rollout's batch holds
+    it: the loop's own prompt (its chat template and tools), response tokens with response_mask as the loss mask
+    (tool output: 0), every generated token's weight version (inserted ones: -1), the loop's reward_score when it
+    gave one (else the reward manager scores it), its turns, metrics and extra_fields (as metadata, verl's columns).
+
+    A loop that failed leaves the sample one EOS token with no loss and reward 0, its traceback in `error`, as a failed
+    row of the async rollout. A run cut by an abort is marked aborted (generated again unless the flow refuses it)."""
+    if "error" in result:
+        sample.response_ids, sample.loss_mask, sample.token_versions = [eos_token_id], [0], [-1]
+        sample.rollout_log_probs = [0.0] if with_log_probs else None
+        sample.reward, sample.status, sample.error = 0.0, COMPLETED, result["error"]
+        return sample
+    output = result["output"]
+    sample.prompt_ids = list(output["prompt_ids"])
+    sample.response_ids, sample.loss_mask = list(output["response_ids"]), list(output["response_mask"])
+    sample.token_versions = list(result["token_versions"])
+    sample.rollout_log_probs = list(output["response_logprobs"]) if with_log_probs else None
+    sample.reward = output["reward_score"]
+    sample.num_turns, sample.agent_metrics = output["num_turns"], dict(output["metrics"])
+    sample.metadata.update(output["extra_fields"])
+    if result["aborted"]:
+        sample.status, sample.num_aborts = ABORTED, sample.num_aborts + 1
+    else:
+        sample.status = TRUNCATED if output["metrics"].get("response_cut") else COMPLETED
     return sample

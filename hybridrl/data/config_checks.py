@@ -56,10 +56,11 @@ def _data_flow_settings(values: Values, problems: list[str]) -> None:
     generates_itself = any(flow[hook].get("name") is not None for hook in ("rollout_function",
                                                                           "custom_generate_function"))
     loop = values("actor_rollout_ref.rollout.agent.default_agent_loop")
-    if loop != "single_turn_agent" and not generates_itself:
-        problems.append(f"actor_rollout_ref.rollout.agent.default_agent_loop: expected 'single_turn_agent' with "
-                        f"{switch}=true (the built-in generate function is single-turn and continues aborted samples; "
-                        f"for other loops set data_flow.custom_generate_function), got {loop!r}")
+    if flow["partial_rollout"] and loop != "single_turn_agent" and not generates_itself:
+        problems.append(f"data_flow.partial_rollout: expected false with actor_rollout_ref.rollout.agent."
+                        f"default_agent_loop={loop!r} (a multi-turn loop's aborted conversation cannot be continued "
+                        f"from its tokens: its groups are generated again; partial rollout continues the single-turn "
+                        f"loop, or a data_flow.custom_generate_function that can), got True")
     if filter_groups["enable"] and flow["max_num_gen_batches"] not in (0, filter_groups["max_num_gen_batches"]):
         problems.append(f"data_flow.max_num_gen_batches: expected 0 or algorithm.filter_groups.max_num_gen_batches = "
                         f"{filter_groups['max_num_gen_batches']} (the same cap), got {flow['max_num_gen_batches']!r}")

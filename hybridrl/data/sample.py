@@ -41,7 +41,7 @@ class Sample:
     aborted (generation was stopped midway: `response_ids` holds the tokens so far; partial rollout continues it).
     reward: a number, or a dict from which `reward_key` picks the number the estimators use (None: not scored).
     metadata: the dataset row's columns (data_source, reward_model, extra_info, raw_prompt, ...), which the reward
-    manager and the agent loops read; a hook may add its own keys.
+    manager and the agent loops read; a hook may add its own keys, an agent loop its extra_fields.
     """
     group_index: int
     index: int
@@ -55,6 +55,9 @@ class Sample:
     status: str = PENDING
     num_aborts: int = 0
     metadata: dict[str, Any] = field(default_factory=dict)
+    num_turns: int = 0  # an agent loop's turns (its AgentLoopOutput.num_turns); 0: generated without a loop
+    agent_metrics: Optional[dict[str, Any]] = None  # an agent loop's AgentLoopMetrics, as a dict
+    error: Optional[str] = None  # an agent loop's traceback when it failed: then no loss on the sample, reward 0
 
     @property
     def response_length(self) -> int:
@@ -120,6 +123,7 @@ def reset_group(group: list[Sample]) -> list[Sample]:
     for sample in group:
         sample.response_ids, sample.loss_mask, sample.token_versions = [], [], []
         sample.rollout_log_probs, sample.reward, sample.status = None, None, PENDING
+        sample.num_turns, sample.agent_metrics, sample.error = 0, None, None
     return group
 
 

@@ -34,7 +34,8 @@ import numpy as np
 import ray
 import torch
 
-from hybridrl.agent_loop.manager import rollout_sampling_params
+from hybridrl.agent_loop.base import AgentLoopMetrics
+from hybridrl.agent_loop.manager import agent_loop_metrics, rollout_sampling_params
 from hybridrl.agent_loop.server_manager import abort_servers
 from hybridrl.data.filters import metric_nonzero_std
 from hybridrl.data.hooks import load_all_hooks
@@ -69,6 +70,7 @@ class GroupRollout:
         self.rollout_config = config.actor_rollout_ref.rollout
         self.metrics: dict[str, float] = {}
         self._scored: list[float] = []  # every reward given this step, kept groups or not
+        self._generated, self._errors = 0, []  # samples finished this step, and the tracebacks of failed agent loops
         self._next_worker = 0
         self._evaluation = False
 
@@ -98,8 +100,11 @@ class GroupRollout:
         abort_servers(self.manager.server_addresses)
 
     def score_group(self, group: list[Sample], evaluation: bool = False) -> list[Sample]:
-        """Reward every sample of a finished group that has none yet (a custom generate function may set its own).
-        The one place scoring happens: data_flow.reward_function when set, else the reward manager."""
+        """Reward every sample of a finished group that has none yet (a custom generate function or an agent loop may
+        set its own). The one place scoring happens: data_flow.reward_function when set, else the reward manager.
+        Every finished group passes here, so the agent loops' failures are counted here too."""
+        self._generated += len(group)
+        self._errors += [sample.error for sample in group if sample.error is not None]
         todo = [sample for sample in group if sample.reward is None]
         if not todo:
             return group
@@ -146,10 +151,11 @@ class GroupRollout:
         """The step's training batch (scored: token_level_scores set) from the rollout function, and its metrics.
         Needs rollout mode; `weights_version`: the version of the weights the engines hold (the tokens generated now
         carry it; older ones come from the buffer, data_flow/staleness/*)."""
-        self.metrics, self._scored = {}, []
+        self.metrics, self._scored, self._generated, self._errors = {}, [], 0, []
         rollout_fn = self.hooks["rollout_function"] or generate_rollout
         groups = rollout_fn(self, step, prompt_source, False)
         groups = self._check_groups(groups, "data_flow.rollout_function", self.rollout_config.n)
+        self.manager.report_failures(self._errors, self._generated)
         batch = groups_to_batch(groups, prompt_length=self.rollout_config.prompt_length,
                                 response_length=self.rollout_config.response_length,
                                 pad_token_id=self.tokenizer.pad_token_id,
@@ -163,6 +169,7 @@ class GroupRollout:
         if self._scored:  # the policy's own success, before any filter chose (the trained batch's is biased)
             metrics["data_flow/generated_reward/mean"] = float(np.mean(self._scored))
         metrics.update(_reward_extra_means(groups))
+        metrics.update(_agent_loop_metrics(groups, len(self._errors)))
         return batch, metrics
 
     def eval_groups(self, step: int, prompt_source: PromptSource) -> list[list[Sample]]:
@@ -327,6 +334,19 @@ def _reward_extra_means(groups: list[list[Sample]]) -> dict[str, float]:
                 if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
                     values.setdefault(key, []).append(float(value))
     return {f"reward/{key}/mean": float(np.mean(items)) for key, items in values.items() if items}
+
+
+def _agent_loop_metrics(groups: list[list[Sample]], failed: int) -> dict[str, float]:
+    """agent_loop/* of the trained samples that an agent loop generated (the async rollout's metrics; a failed loop
+    counts with empty metrics, as there), and agent_loop/num_failed over the step; none when no loop ran."""
+    ran = [sample for group in groups for sample in group if sample.agent_metrics is not None or sample.error]
+    if not ran and not failed:
+        return {}
+    metrics = {"agent_loop/num_failed": float(failed)}
+    if ran:
+        metrics.update(agent_loop_metrics([sample.num_turns for sample in ran],
+                                          [AgentLoopMetrics(**(sample.agent_metrics or {})) for sample in ran]))
+    return metrics
 
 
 def validation_metrics(groups: list[list[Sample]], reward_fn_key: str, n: int) -> dict[str, float]:
