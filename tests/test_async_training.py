@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY
 from hybridrl.trainer.ppo.async_trainer import trainer_class
 from hybridrl.trainer.ppo.checkpointing import DATA_STATE_FILE
 from hybridrl.trainer.checkpoint_dir import step_dir_name
@@ -79,6 +80,41 @@ def test_disaggregated_engines_generate_from_the_trainers_current_weights(ray_lo
         assert m["training/rollout_probs_diff_max"] < 1e-4, m["training/rollout_probs_diff_max"]
     assert metrics[-1]["actor/kl_loss"] > 0  # the reference is the initial policy, the actor has moved
     assert trainer.versions_at_end == (3, 3)  # the engine got the last update too (validation at the end)
+
+
+@pytest.mark.slow
+def test_the_data_flow_runs_on_a_separate_rollout_pool(ray_local, toy_task, tmp_path):
+    """Separate pools, synchronous schedule, the data flow (groups scored as they finish, over-sampled and filtered):
+    every trained token comes from the weights the trainer had at that step, which the rollout pool's engine got
+    before generating (its log-probs equal the trainer's), and the data_flow/* counts are logged every step."""
+    config = make_config(toy_task, str(tmp_path), *SPLIT, "actor_rollout_ref.rollout.calculate_log_probs=true",
+                         "actor_rollout_ref.actor.optim.lr=1e-2", "trainer.total_training_steps=3",
+                         "data_flow.enable=true", "data_flow.over_sampling_batch_size=12",
+                         "data_flow.dynamic_sampling_filter.name=check_reward_nonzero_std")
+    batches = {}
+
+    class Keeping(trainer_class(config)):
+        def learn_step(self, batch, timing, metrics):
+            batches[self.global_steps] = batch
+            return super().learn_step(batch, timing, metrics)
+
+    trainer = Keeping(config)
+    trainer.init_workers()
+    try:
+        trainer.fit()
+        assert (trainer.rollout_version, trainer.weights_version()) == (3, 3)
+    finally:
+        trainer.shutdown()
+    assert type(trainer).__mro__[1].__name__ == "DisaggregatedPPOTrainer"
+    metrics = read_metrics(str(tmp_path))
+    assert [m["weight_sync/megabytes"] > 0 for m in metrics[1:]] == [True, True]
+    for step, m in enumerate(metrics, start=1):
+        assert m["data_flow/num_groups_trained"] == config.data.train_batch_size
+        assert m["data_flow/num_gen_batches"] >= 1 and "data_flow/num_dropped_groups" in m
+        assert m["training/rollout_probs_diff_max"] < 1e-4, m["training/rollout_probs_diff_max"]
+        batch = batches[step]
+        generated = batch.batch["response_mask"].bool()
+        assert (batch.batch[WEIGHT_VERSIONS_KEY][generated] == step - 1).all()
 
 
 def in_flight_indices(state) -> list[int]:

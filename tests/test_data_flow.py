@@ -480,3 +480,15 @@ def test_an_agent_loop_run_becomes_the_sample_the_trainer_batches():
     [reset] = reset_group([sample])
     assert (reset.response_ids, reset.status, reset.num_turns, reset.agent_metrics, reset.error) == (
         [], PENDING, 0, None, None)
+
+
+def test_the_data_flow_runs_on_a_rollout_pool_but_not_yet_under_an_overlapping_schedule(tmp_path):
+    split = ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]
+    config = validate_config(flow_config(tmp_path, *split, "data_flow.partial_rollout=true"))
+    assert (config.actor_rollout_ref.hybrid_engine, config.data_flow.partial_rollout) == (False, True)
+    with pytest.raises(ConfigError) as refused:
+        validate_config(flow_config(tmp_path, *split, "async_training.mode=one_step_off"))
+    assert refused.value.problems == [
+        "async_training.mode: expected 'sync' with data_flow.enable=true (the overlapping schedules take their groups "
+        "from their own Rollouter, not yet from the data flow; colocated or on a rollout pool, hybrid_engine=false, "
+        "the data flow runs), got 'one_step_off'"]

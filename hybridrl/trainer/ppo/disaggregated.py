@@ -52,6 +52,7 @@ class DisaggregatedPPOTrainer(RayPPOTrainer):
         self.rollout_wg.init_model()
         addresses = self.rollout_wg.start_engine_server([self.tokenizer.eos_token_id], self.tokenizer.pad_token_id)
         self.agent_loop_manager = AgentLoopManager(self.config, self.tokenizer, addresses)
+        self._start_group_rollout()
         self._init_weight_transfer()
         self.sync_weights()
 
