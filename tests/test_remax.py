@@ -10,6 +10,7 @@ instead: the untrained model's greedy answers hold no "a", and a baseline of 0 e
 import pytest
 import torch
 
+from hybridrl.data.batch_layout import group_prompts
 from hybridrl.protocol import DataProto
 from hybridrl.algorithms import core_algos
 from hybridrl.trainer.ppo.ray_trainer import GEN_KEYS, RayPPOTrainer
@@ -68,6 +69,50 @@ def test_remax_baseline_is_the_greedy_score_and_advantages_are_score_minus_basel
     torch.testing.assert_close(batch["advantages"][mask], expected_advantages[mask], rtol=0, atol=1e-6)
     assert (batch["advantages"][~mask] == 0).all()
     assert float((scores - batch["reward_baselines"]).abs().max()) > 0.01  # the baseline is not the score itself
+
+
+def test_remax_in_the_data_flow_baselines_each_kept_group_with_its_prompts_greedy_score(ray_local, toy_task, tmp_path,
+                                                                                        monkeypatch):
+    """The data flow hands the step scored groups, not a prompt batch: the greedy baseline is generated from each
+    group's own prompt (batch_layout.group_prompts). lr 0 keeps the weights, so the baselines can be recomputed by
+    hand after the step, through the same engines, from the prompts the step trained on."""
+    reward_file = tmp_path / "length_reward.py"
+    reward_file.write_text(LENGTH_REWARD)
+    config = make_config(toy_task, str(tmp_path), "algorithm.adv_estimator=remax", f"actor_rollout_ref.rollout.n={N}",
+                         f"custom_reward_function.path={reward_file}", "custom_reward_function.name=length_score",
+                         "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
+                         "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.rollout.agent.num_workers=2",
+                         "data_flow.enable=true", "actor_rollout_ref.actor.optim.lr=0", "trainer.balance_batch=false")
+    seen = []
+    real_compute_advantage = core_algos.compute_advantage
+
+    def recording_compute_advantage(data, **kwargs):
+        seen.append(real_compute_advantage(data, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(core_algos, "compute_advantage", recording_compute_advantage)
+    trainer = RayPPOTrainer(config)
+    trainer.init_workers()
+    try:
+        metrics = trainer.train_step(None)
+        [batch] = seen
+        prompts = group_prompts(batch, N)
+        assert len(prompts) == 8 and "timing_s/gen_max" in metrics
+        for row, group in enumerate(range(0, 8 * N, N)):  # the group's prompt, as its rows hold it
+            assert torch.equal(prompts.batch["input_ids"][row], batch.batch["prompts"][group])
+            assert len(set(batch.non_tensor_batch["uid"][group:group + N])) == 1
+        trainer._rollout_mode()
+        greedy = trainer._generate(prompts, n=1, validate=False, do_sample=False)
+        trainer._trainer_mode()
+        expected = trainer._score(greedy, trainer.reward_fn)["reward_tensor"].sum(-1)
+    finally:
+        trainer.shutdown()
+    torch.testing.assert_close(batch.batch["reward_baselines"], expected.repeat_interleave(N), rtol=0, atol=1e-6)
+    assert float(expected.min()) > 0
+    scores = batch.batch["token_level_scores"].sum(-1)
+    mask = batch.batch["response_mask"].bool()
+    expected_advantages = (scores - batch.batch["reward_baselines"]).unsqueeze(-1).expand_as(mask)
+    torch.testing.assert_close(batch.batch["advantages"][mask], expected_advantages[mask], rtol=0, atol=1e-6)
 
 
 # The rise of the mean score from steps 1-4 to steps 27-30, measured over seeds 1-8 (`--learning-seeds 1-8`, conftest)

@@ -50,9 +50,6 @@ def _data_flow_settings(values: Values, problems: list[str]) -> None:
     if values("reward_model.enable"):
         problems.append(f"reward_model.enable: expected false with {switch}=true (groups are scored as they finish, "
                         f"while the engines hold the devices), got True")
-    if values("algorithm.adv_estimator") == "remax":
-        problems.append(f"algorithm.adv_estimator: expected an estimator other than 'remax' with {switch}=true (its "
-                        f"greedy baseline generation is not part of the data flow), got 'remax'")
     generates_itself = any(flow[hook].get("name") is not None for hook in ("rollout_function",
                                                                           "custom_generate_function"))
     loop = values("actor_rollout_ref.rollout.agent.default_agent_loop")

@@ -22,6 +22,7 @@ import ray
 from hybridrl.agent_loop.manager import (AgentLoopManager, apply_agent_scores, check_agent_names,
                                          scores_on_trained_tokens)
 from hybridrl.agent_loop.base import load_agent_loop_config
+from hybridrl.data.batch_layout import group_prompts
 from hybridrl.data.hooks import load_hook
 from hybridrl.data.prompt_source import PromptSource
 from hybridrl.protocol import DataProto
@@ -358,7 +359,8 @@ class RayPPOTrainer:
                 metrics.update(reduce_metrics(batch.meta_info.pop("metrics", {})))  # async: agent_loop/*
         if is_remax:  # ReMax's baseline: each prompt's greedy response from the same weights
             with timer("gen_max", timing):
-                greedy = self._generate(prompts, n=1, validate=False, do_sample=False)
+                greedy = self._generate(prompts if prompts is not None else group_prompts(batch, rollout.n), n=1,
+                                        validate=False, do_sample=False)
         with timer("trainer_mode", timing):  # the engine gives its memory back
             metrics.update(self._trainer_mode())
 
