@@ -34,13 +34,10 @@ def greedy_scores(trainer: RayPPOTrainer, prompts_batch: DataProto) -> torch.Ten
     return trainer.reward_fn(batch, return_dict=True)["reward_tensor"].sum(-1)
 
 
-def test_remax_baseline_is_the_greedy_score_and_advantages_are_score_minus_baseline(ray_local, toy_task, tmp_path,
-                                                                                    monkeypatch):
-    reward_file = tmp_path / "length_reward.py"
-    reward_file.write_text(LENGTH_REWARD)
-    config = make_config(toy_task, str(tmp_path), "algorithm.adv_estimator=remax", f"actor_rollout_ref.rollout.n={N}",
-                         f"custom_reward_function.path={reward_file}", "custom_reward_function.name=length_score")
-    seen = []  # the batch the step hands to compute_advantage, and what it returns
+@pytest.fixture
+def advantage_batches(monkeypatch) -> list[DataProto]:
+    """Every batch a step hands to compute_advantage, as it returns it (advantages added)."""
+    seen = []
     real_compute_advantage = core_algos.compute_advantage
 
     def recording_compute_advantage(data, **kwargs):
@@ -48,6 +45,15 @@ def test_remax_baseline_is_the_greedy_score_and_advantages_are_score_minus_basel
         return seen[-1]
 
     monkeypatch.setattr(core_algos, "compute_advantage", recording_compute_advantage)
+    return seen
+
+
+def test_remax_baseline_is_the_greedy_score_and_advantages_are_score_minus_baseline(ray_local, toy_task, tmp_path,
+                                                                                    advantage_batches):
+    reward_file = tmp_path / "length_reward.py"
+    reward_file.write_text(LENGTH_REWARD)
+    config = make_config(toy_task, str(tmp_path), "algorithm.adv_estimator=remax", f"actor_rollout_ref.rollout.n={N}",
+                         f"custom_reward_function.path={reward_file}", "custom_reward_function.name=length_score")
     trainer = RayPPOTrainer(config)
     trainer.init_workers()
     try:
@@ -57,7 +63,7 @@ def test_remax_baseline_is_the_greedy_score_and_advantages_are_score_minus_basel
     finally:
         trainer.shutdown()
 
-    batch = seen[0].batch
+    batch = advantage_batches[0].batch
     mask = batch["response_mask"].bool()
     scores = batch["token_level_scores"].sum(-1)
     assert len(scores) == 8 * N and "timing_s/gen_max" in metrics
@@ -72,7 +78,7 @@ def test_remax_baseline_is_the_greedy_score_and_advantages_are_score_minus_basel
 
 
 def test_remax_in_the_data_flow_baselines_each_kept_group_with_its_prompts_greedy_score(ray_local, toy_task, tmp_path,
-                                                                                        monkeypatch):
+                                                                                        advantage_batches):
     """The data flow hands the step scored groups, not a prompt batch: the greedy baseline is generated from each
     group's own prompt (batch_layout.group_prompts). lr 0 keeps the weights, so the baselines can be recomputed by
     hand after the step, through the same engines, from the prompts the step trained on."""
@@ -83,19 +89,11 @@ def test_remax_in_the_data_flow_baselines_each_kept_group_with_its_prompts_greed
                          "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
                          "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.rollout.agent.num_workers=2",
                          "data_flow.enable=true", "actor_rollout_ref.actor.optim.lr=0", "trainer.balance_batch=false")
-    seen = []
-    real_compute_advantage = core_algos.compute_advantage
-
-    def recording_compute_advantage(data, **kwargs):
-        seen.append(real_compute_advantage(data, **kwargs))
-        return seen[-1]
-
-    monkeypatch.setattr(core_algos, "compute_advantage", recording_compute_advantage)
     trainer = RayPPOTrainer(config)
     trainer.init_workers()
     try:
         metrics = trainer.train_step(None)
-        [batch] = seen
+        [batch] = advantage_batches
         prompts = group_prompts(batch, N)
         assert len(prompts) == 8 and "timing_s/gen_max" in metrics
         for row, group in enumerate(range(0, 8 * N, N)):  # the group's prompt, as its rows hold it

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # run.sh shrunk to a CPU smoke test: 1 CPU rank, HF rollout, 2 steps of 4 prompts x 2 samples, 48 new tokens,
 # validation on 4 test prompts. Proves the config, Qwen's chat template and the scorer path end to end (not
-# learning). Needs the model's chunk packages (or GGUF_WHEELS / GGUF_PIECES / GGUF_FILE, see run.sh); the
-# conversion of the 0.5B model takes about 4 minutes on 2 cores, the run about as long.
+# learning). Needs the model's chunk packages (or GGUF_WHEELS / GGUF_PIECES / GGUF_FILE, see run.sh); on 2 cores
+# the conversion of the 0.5B model takes about 4 minutes and the run about 11 (one rank: two run out of 24 GiB).
 #
 #   bash recipes/qwen25_coder_gsm_symbolic/smoke_cpu.sh [hydra overrides]
 set -euo pipefail
