@@ -492,3 +492,22 @@ def test_the_data_flow_runs_on_a_rollout_pool_but_not_yet_under_an_overlapping_s
         "async_training.mode: expected 'sync' with data_flow.enable=true (the overlapping schedules take their groups "
         "from their own Rollouter, not yet from the data flow; colocated or on a rollout pool, hybrid_engine=false, "
         "the data flow runs), got 'one_step_off'"]
+
+
+def test_the_data_flow_logs_agent_loop_metrics_of_the_samples_a_loop_made():
+    """agent_loop/* over the trained samples a loop generated (a failed loop counts with empty metrics, as in the async
+    rollout), num_failed over the whole step; nothing for samples no loop made (the single-turn path)."""
+    from hybridrl.trainer.ppo.group_rollout import _agent_loop_metrics
+
+    def sample(index, **fields):
+        return Sample(group_index=0, index=index, prompt_ids=[1], **fields)
+
+    single_turn = [sample(0), sample(1)]
+    assert _agent_loop_metrics([single_turn], failed=0) == {}
+    tool = sample(2, num_turns=4, agent_metrics={"num_tool_calls": 2, "tool_latency_s": 0.5})
+    failed = sample(3, error="Traceback ...: boom")
+    metrics = _agent_loop_metrics([[tool, failed]], failed=3)
+    assert metrics["agent_loop/num_failed"] == 3  # the step's, dropped groups included
+    assert (metrics["agent_loop/num_turns/mean"], metrics["agent_loop/num_turns/min"]) == (2.0, 0.0)
+    assert metrics["agent_loop/num_tool_calls/mean"] == 1.0 and metrics["agent_loop/used_tools/mean"] == 0.5
+    assert metrics["agent_loop/tool_latency_s/mean"] == 0.25  # 0.5 s over 2 calls

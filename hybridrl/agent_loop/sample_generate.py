@@ -56,7 +56,7 @@ async def generate(ctx: GenerateContext, sample: Sample, sampling_params: dict[s
 
 
 def sample_from_loop(sample: Sample, result: dict[str, Any], eos_token_id: int, with_log_probs: bool) -> Sample:
-    """`sample` filled from one agent-loop run (AgentLoopWorker.run_loop's result), as the async rollout's batch holds
+    """`sample` filled from one agent-loop run (AgentLoopWorker._run_row's result), as the async rollout's batch holds
     it: the loop's own prompt (its chat template and tools), response tokens with response_mask as the loss mask
     (tool output: 0), every generated token's weight version (inserted ones: -1), the loop's reward_score when it
     gave one (else the reward manager scores it), its turns, metrics and extra_fields (as metadata, verl's columns).

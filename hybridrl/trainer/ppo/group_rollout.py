@@ -174,9 +174,11 @@ class GroupRollout:
 
     def eval_groups(self, step: int, prompt_source: PromptSource) -> list[list[Sample]]:
         """The scored validation groups from data_flow.eval_function. Needs rollout mode."""
-        self.metrics = {}
+        self.metrics, self._generated, self._errors = {}, 0, []
         groups = self.hooks["eval_function"](self, step, prompt_source, True)
-        return self._check_groups(groups, "data_flow.eval_function", self.rollout_config.val_kwargs.n)
+        groups = self._check_groups(groups, "data_flow.eval_function", self.rollout_config.val_kwargs.n)
+        self.manager.report_failures(self._errors, self._generated)
+        return groups
 
     def _check_groups(self, groups, key: str, n: int) -> list[list[Sample]]:
         if not isinstance(groups, list) or not groups:
