@@ -185,11 +185,13 @@ def main() -> None:
         *args.overrides,
     ]
     over = max(batch + 1, int(round(args.over_sampling * batch)))
-    rows = [summarise("baseline (wait for all)", run("baseline", common, work_dir), args.warmup_steps, batch * args.n),
-            summarise(f"partial rollout ({over} groups in flight)",
-                      run("partial", common + ["data_flow.partial_rollout=true",
-                                               f"data_flow.over_sampling_batch_size={over}"], work_dir),
-                      args.warmup_steps, batch * args.n)]
+    rows = []
+    runs = [("baseline", "baseline (wait for all)", []),
+            ("partial", f"partial rollout ({over} groups in flight)",
+             ["data_flow.partial_rollout=true", f"data_flow.over_sampling_batch_size={over}"])]
+    for name, mode, extra in runs:
+        rows.append(summarise(mode, run(name, common + extra, work_dir), args.warmup_steps, batch * args.n))
+        write_record(args, vocabulary, rows)  # after each run: a benchmark cut off at its limit keeps the first
     print(f"\ndevice {args.device}, {gpus} rank(s), model {model}; {batch} groups x {args.n} per step, {steps} steps "
           f"({args.warmup_steps} warm-up not timed); lengths: {args.tail_fraction:.0%} to {cap}, the rest {short}\n"
           f"vocab: {vocabulary.describe()}\n")
@@ -201,6 +203,9 @@ def main() -> None:
         cells = [f"{row[key]:.3g}" if isinstance(row[key], float) else str(row[key]) for key in keys]
         print("| " + " | ".join(cells + [f"{base / row['gen ms / sample']:.2f}x"]) + " |")
     print(f"\nwork dir: {work_dir}")
+
+
+def write_record(args, vocabulary: Vocabulary, rows: list[dict]) -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "vocab": vocabulary.record(), "rows": rows}, f, indent=2)

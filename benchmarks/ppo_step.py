@@ -143,14 +143,17 @@ def decode_log_summary(log: str) -> dict:
 
 
 def standalone_generation(args, model_dir: str) -> dict:
-    """tok/s of a standalone sglang.Engine (the trainer's engine settings) on one GPU's share of the same prompts
-    (all of them on 1 GPU, half on 2), with the same sampling parameters."""
+    """tok/s of a standalone sglang.Engine on one GPU's share of the same prompts (all of them on 1 GPU, half on 2),
+    with the same sampling parameters: once with the trainer's engine settings, CUDA graphs sized for the load
+    included (rollout/engine_load.py), and once with SGLang's default graph sizes, which shows what the sizing
+    is worth."""
     import pyarrow.parquet as pq
     import sglang
     from transformers import AutoTokenizer
 
     import hybridrl.checks  # noqa: F401  registers the subsystems' config checks
     from hybridrl.config import compose_config, validate_config
+    from hybridrl.workers.rollout.engine_load import engine_load
     from hybridrl.workers.rollout.sglang_rollout import engine_kwargs, sampling_params
 
     config = validate_config(compose_config(trainer_overrides(args, model_dir, "/tmp/unused")))
@@ -160,22 +163,26 @@ def standalone_generation(args, model_dir: str) -> dict:
     texts = [tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) for messages in rows]
     prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts for _ in range(args.n)]
     prompts = prompts[:len(prompts) // args.gpus]  # one trainer engine's share: the same work per GPU
-    kwargs = engine_kwargs(rollout, model_dir, gpu_id=0, seed=0)
-    kwargs["load_format"] = "auto"
-    engine = sglang.Engine(**kwargs)
     params = sampling_params(rollout, {"validate": False}, [tokenizer.eos_token_id])  # what the trainer sends
-    results = []
-    for _ in range(3):
-        engine.flush_cache()
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        outputs = engine.generate(input_ids=prompts, sampling_params=params)
-        seconds = time.perf_counter() - started
-        tokens = sum(len(output["output_ids"]) for output in outputs)
-        results.append({"seconds": seconds, "tokens": tokens, "tok_per_s": tokens / seconds})
-    engine.shutdown()
-    best = max(results, key=lambda result: result["tok_per_s"])
-    return {**best, "mean_response_length": best["tokens"] / len(prompts)}
+    measured = {}
+    for name, load in (("sized", engine_load(config)), ("default_graphs", None)):
+        kwargs = engine_kwargs(rollout, model_dir, gpu_id=0, seed=0, load=load)
+        kwargs["load_format"] = "auto"
+        engine = sglang.Engine(**kwargs)
+        results = []
+        for _ in range(3):
+            engine.flush_cache()
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            outputs = engine.generate(input_ids=prompts, sampling_params=params)
+            seconds = time.perf_counter() - started
+            tokens = sum(len(output["output_ids"]) for output in outputs)
+            results.append({"seconds": seconds, "tokens": tokens, "tok_per_s": tokens / seconds})
+        engine.shutdown()
+        best = max(results, key=lambda result: result["tok_per_s"])
+        measured[name] = {**best, "mean_response_length": best["tokens"] / len(prompts),
+                          "cuda_graph_max_bs_decode": kwargs.get("cuda_graph_max_bs_decode", "sglang default")}
+    return {**measured["sized"], "default_graphs": measured["default_graphs"]}
 
 
 def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
@@ -208,7 +215,9 @@ def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
         standalone = results["standalone"]
         print(f"standalone sglang.Engine, same prompts and settings: {standalone['tok_per_s']:,.0f} tok/s "
               f"({standalone['tokens']} tokens in {standalone['seconds']:.2f} s, mean length "
-              f"{standalone['mean_response_length']:.0f})")
+              f"{standalone['mean_response_length']:.0f}; decode CUDA graphs up to {standalone['cuda_graph_max_bs_decode']})")
+        if "default_graphs" in standalone:
+            print(f"  with SGLang's default CUDA-graph sizes instead: {standalone['default_graphs']['tok_per_s']:,.0f} tok/s")
         for layout in layouts:
             layout_result = results[layout]
             if "timing_s/gen" in layout_result:
@@ -242,14 +251,21 @@ def main() -> None:
     os.makedirs(args.work_dir, exist_ok=True)
     vocabulary = load_vocabulary(args.tokenizer)
     model_dir = make_model(args.shape, vocabulary, os.path.join(args.work_dir, f"model_{args.shape}"))
-    results = {layout: run_trainer(args, model_dir, layout) for layout in args.layouts.split(",")}
+    results = {}
+    for layout in args.layouts.split(","):
+        results[layout] = run_trainer(args, model_dir, layout)
+        write_record(args, vocabulary, results)  # after each part: a run cut off at its limit keeps what it measured
     if not args.no_standalone:
         results["standalone"] = standalone_generation(args, model_dir)
+        write_record(args, vocabulary, results)
+    print_table(results, args, vocabulary)
+
+
+def write_record(args, vocabulary: Vocabulary, results: dict) -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "device": torch.cuda.get_device_name(), "vocab": vocabulary.record(),
                        "results": results}, f, indent=1)
-    print_table(results, args, vocabulary)
 
 
 if __name__ == "__main__":
