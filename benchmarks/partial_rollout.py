@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -97,6 +98,7 @@ def write_prompts(work_dir: str) -> str:
 
 def run(name: str, overrides: list[str], work_dir: str) -> list[dict]:
     run_dir = os.path.join(work_dir, name)
+    shutil.rmtree(run_dir, ignore_errors=True)  # the trainer appends to metrics.jsonl: an earlier run's steps would count
     command = [sys.executable, "-m", "hybridrl.main_ppo", f"trainer.default_local_dir={run_dir}",
                "trainer.logger=[console,jsonl]", *overrides]
     log_path = os.path.join(work_dir, f"{name}.log")

@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -103,6 +104,7 @@ def trainer_overrides(args, model_dir: str, run_dir: str) -> list[str]:
 def run_trainer(args, model_dir: str, layout: str) -> dict:
     """One main_ppo run; the mean of each metric over the steps after the first."""
     run_dir = os.path.join(args.work_dir, f"run_{args.shape}_{args.gpus}gpu_{layout}")
+    shutil.rmtree(run_dir, ignore_errors=True)  # the trainer appends to metrics.jsonl: an earlier run's steps would count
     command = [sys.executable, "-m", "hybridrl.main_ppo", *trainer_overrides(args, model_dir, run_dir), *LAYOUTS[layout],
                *args.overrides]
     log_path = os.path.join(args.work_dir, f"{layout}.log")  # written as the run goes: a cut-off run leaves it
