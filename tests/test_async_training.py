@@ -176,6 +176,43 @@ def test_fully_async_never_exceeds_the_staleness_bound_and_resumes_what_was_in_f
     assert all(m["async_training/groups_ahead"] == 8 for m in metrics)  # (max_staleness + 1) x 8 groups ahead
 
 
+@pytest.mark.slow
+def test_one_step_off_runs_the_data_flow_and_a_checkpoint_returns_the_batch_generated_ahead(ray_local, toy_task,
+                                                                                            tmp_path):
+    """one_step_off with the data flow (dynamic sampling on separate pools), stopped after step 2 and resumed: the next
+    batch generates through the data flow while the trainer learns; the checkpoint waits for it and saves its groups
+    first in the prompt source's buffer, and the resumed run trains them first, as the uninterrupted run would have:
+    the same staleness every step, 4 x 8 groups trained."""
+    overrides = [*SPLIT, "async_training.mode=one_step_off", "actor_rollout_ref.rollout.calculate_log_probs=true",
+                 "actor_rollout_ref.actor.optim.lr=1e-2", "data_flow.enable=true",
+                 "data_flow.dynamic_sampling_filter.name=check_reward_nonzero_std", "trainer.save_freq=10",
+                 "trainer.total_training_steps=4", "trainer.test_freq=-1"]
+    first, pending = train(make_config(toy_task, str(tmp_path), *overrides), stop_after=2)
+    assert type(first).__mro__[1].__name__ == "OneStepOffPolicyTrainer" and pending is None
+    saved = torch.load(os.path.join(tmp_path, step_dir_name(2), DATA_STATE_FILE), weights_only=True)
+    assert saved["in_flight"] is None
+    ahead = saved["prompt_source"]["buffer"][:8]  # step 3's batch, generated with the weights of version 1
+    assert all(sample["status"] in ("completed", "truncated") and sample["reward"] is not None
+               for group in ahead for sample in group)
+    assert {version for group in ahead for sample in group for version in sample["token_versions"] if version >= 0} \
+        == {1}
+    ahead_prompts = sorted(group[0]["metadata"]["extra_info"]["index"] for group in ahead)
+
+    second, _ = train(make_config(toy_task, str(tmp_path), *overrides))
+    assert second.trained_prompts[0] == ahead_prompts  # trained first, not generated again
+    metrics = {int(m["training/global_step"]): m for m in read_metrics(str(tmp_path))}
+    metrics = [metrics[step] for step in (1, 2, 3, 4)]
+    assert [(m["async_training/staleness/min"], m["async_training/staleness/max"]) for m in metrics] == [
+        (0, 0), (1, 1), (1, 1), (1, 1)]
+    assert [m["async_training/policy_version"] for m in metrics] == [0, 1, 2, 3]
+    for m in metrics:  # the data flow's counts, every step
+        assert m["data_flow/num_groups_trained"] == 8 and m["data_flow/num_gen_batches"] >= 1
+        assert "data_flow/num_dropped_groups" in m
+    diffs = [m["training/rollout_probs_diff_max"] for m in metrics]
+    assert diffs[0] < 1e-4 and min(diffs[1:]) > 1e-3, diffs  # the engine's weights were one update old (lr 1e-2)
+    assert len(first.trained_prompts) + len(second.trained_prompts) == 4
+
+
 # Learning: the toy task's GRPO run (test_e2e_training.test_grpo_learns_the_toy_task's settings, 20 steps) with the
 # synchronous colocated loop, one-step-off and fully asynchronous (max_staleness 1). Each must raise its score by
 # more than RISE (the sync test's bar), and its last-4-step mean score must lie within MODE_MARGIN of the sync run's.

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hybridrl.agent_loop.sample_generate import GenerateContext, generate, sample_from_loop
-from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, abort_servers
+from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, abort_servers, reset_abort_servers
 from hybridrl.config import compose_config, validate_config
 from hybridrl.config.validation import ConfigError
 from hybridrl.data import filters
@@ -327,16 +327,20 @@ def test_hf_server_abort_stops_generation_and_returns_the_tokens_so_far(held_tin
         running, queued = asyncio.run(abort_one_generating_and_one_queued())
         asyncio.run(manager.close())
         after = asyncio.run(generate_one())  # until the next rollout mode, every request answers aborted at once
-        server.pause()
-        server.serve()  # the next rollout mode clears the abort
-        manager_again = AsyncLLMServerManager([server.address])
 
-        async def short():
+        async def short(request_id):
+            manager_again = AsyncLLMServerManager([server.address])
             try:
-                return await manager_again.generate("d", prompt_ids=prompt, sampling_params={**params, "max_tokens": 3})
+                return await manager_again.generate(request_id, prompt_ids=prompt,
+                                                    sampling_params={**params, "max_tokens": 3})
             finally:
                 await manager_again.close()
-        fresh = asyncio.run(short())
+        reset_abort_servers([server.address])  # the data flow's reset once its stragglers are back
+        reset = asyncio.run(short("d"))
+        abort_servers([server.address])
+        server.pause()
+        server.serve()  # the next rollout mode clears the abort too
+        fresh = asyncio.run(short("e"))
     finally:
         hold.release.set()  # a failed test never leaves the generate thread held
         server.shutdown()
@@ -345,6 +349,7 @@ def test_hf_server_abort_stops_generation_and_returns_the_tokens_so_far(held_tin
     assert queued.stop_reason == "aborted" and queued.token_ids == [] and queued.log_probs == []
     assert after.stop_reason == "aborted" and after.token_ids == []
     assert fresh.stop_reason == "length" and fresh.token_ids == running.token_ids[:3]  # greedy: the same start
+    assert reset.stop_reason == "length" and reset.token_ids == running.token_ids[:3]
 
     # the built-in generate function continues an aborted sample from its tokens so far
     sample = Sample(group_index=0, index=0, prompt_ids=list(prompt))
@@ -482,16 +487,18 @@ def test_an_agent_loop_run_becomes_the_sample_the_trainer_batches():
         [], PENDING, 0, None, None)
 
 
-def test_the_data_flow_runs_on_a_rollout_pool_but_not_yet_under_an_overlapping_schedule(tmp_path):
+def test_the_data_flow_runs_on_a_rollout_pool_one_step_off_but_not_yet_fully_async(tmp_path):
     split = ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]
     config = validate_config(flow_config(tmp_path, *split, "data_flow.partial_rollout=true"))
     assert (config.actor_rollout_ref.hybrid_engine, config.data_flow.partial_rollout) == (False, True)
+    config = validate_config(flow_config(tmp_path, *split, "async_training.mode=one_step_off"))
+    assert config.async_training.mode == "one_step_off"
     with pytest.raises(ConfigError) as refused:
-        validate_config(flow_config(tmp_path, *split, "async_training.mode=one_step_off"))
+        validate_config(flow_config(tmp_path, *split, "async_training.mode=fully_async"))
     assert refused.value.problems == [
-        "async_training.mode: expected 'sync' with data_flow.enable=true (the overlapping schedules take their groups "
-        "from their own Rollouter, not yet from the data flow; colocated or on a rollout pool, hybrid_engine=false, "
-        "the data flow runs), got 'one_step_off'"]
+        "async_training.mode: expected 'sync' or 'one_step_off' with data_flow.enable=true (fully_async takes one "
+        "group at a time from its own Rollouter, which has no dynamic-sampling filter, buffer or partial rollout yet; "
+        "one_step_off generates the data flow's next batch while the trainer learns), got 'fully_async'"]
 
 
 def test_the_data_flow_logs_agent_loop_metrics_of_the_samples_a_loop_made():

@@ -86,13 +86,23 @@ class AsyncLLMServerManager:
 
 def abort_servers(server_addresses: list[str], timeout_s: float = 30.0) -> None:
     """POST /abort to every engine server (from the controller, which has no event loop): each answers its requests
-    under way with their tokens so far and stop_reason "aborted" (workers/rollout/async_server.py)."""
+    under way with their tokens so far and stop_reason "aborted" (workers/rollout/async_server.py), and new ones
+    likewise until reset_abort_servers or the next rollout mode."""
+    _post_to_all(server_addresses, "abort", timeout_s)
+
+
+def reset_abort_servers(server_addresses: list[str], timeout_s: float = 30.0) -> None:
+    """POST /reset_abort to every engine server: after an abort whose requests are all answered, new ones generate."""
+    _post_to_all(server_addresses, "reset_abort", timeout_s)
+
+
+def _post_to_all(server_addresses: list[str], path: str, timeout_s: float) -> None:
     for rank, server in enumerate(server_addresses):
-        request = urllib.request.Request(f"http://{server}/abort", data=json.dumps({}).encode(), method="POST",
+        request = urllib.request.Request(f"http://{server}/{path}", data=json.dumps({}).encode(), method="POST",
                                          headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as response:
                 response.read()
         except Exception as err:
-            raise EngineServerError(f"engine server {server} (rank {rank}) did not take the abort: "
+            raise EngineServerError(f"engine server {server} (rank {rank}) did not take the {path}: "
                                     f"{type(err).__name__}: {err}") from err

@@ -43,10 +43,11 @@ def _data_flow_settings(values: Values, problems: list[str]) -> None:
         problems.append(f"actor_rollout_ref.rollout.mode: expected 'async' with {switch}=true (groups run as "
                         f"agent-loop requests on the engine servers, which can abort them), got "
                         f"{values('actor_rollout_ref.rollout.mode')!r}")
-    if values("async_training.mode") != "sync":
-        problems.append(f"async_training.mode: expected 'sync' with {switch}=true (the overlapping schedules take "
-                        f"their groups from their own Rollouter, not yet from the data flow; colocated or on a rollout "
-                        f"pool, hybrid_engine=false, the data flow runs), got {values('async_training.mode')!r}")
+    if values("async_training.mode") == "fully_async":
+        problems.append(f"async_training.mode: expected 'sync' or 'one_step_off' with {switch}=true (fully_async "
+                        f"takes one group at a time from its own Rollouter, which has no dynamic-sampling filter, "
+                        f"buffer or partial rollout yet; one_step_off generates the data flow's next batch while the "
+                        f"trainer learns), got 'fully_async'")
     if values("reward_model.enable"):
         problems.append(f"reward_model.enable: expected false with {switch}=true (groups are scored as they finish, "
                         f"while the engines hold the devices), got True")

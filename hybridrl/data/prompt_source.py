@@ -51,13 +51,14 @@ class PromptSource:
             self.next_sample_index += self.n
         return groups
 
-    def add_groups(self, groups: list[list[Sample]]) -> None:
-        """Put whole groups back (partial rollout's aborted ones, or groups a rollout did not use)."""
+    def add_groups(self, groups: list[list[Sample]], first: bool = False) -> None:
+        """Put whole groups back (partial rollout's aborted ones, or groups a rollout did not use); `first`: before
+        the groups already there (finished groups a checkpoint returns, which the next step would have trained)."""
         for group in groups:
             if len(group) != self.n or len({sample.group_index for sample in group}) != 1:
                 raise ValueError(f"add_groups: a group must be {self.n} samples (rollout.n) of one prompt, got "
                                  f"{len(group)} samples of group indices {sorted({s.group_index for s in group})}")
-            self.buffer.append(group)
+        self.buffer = [*groups, *self.buffer] if first else [*self.buffer, *groups]
 
     def _from_buffer(self, num_groups: int, step: int) -> list[list[Sample]]:
         if not self.buffer or num_groups == 0:

@@ -68,34 +68,45 @@ class OneStepOffPolicyTrainer(DisaggregatedPPOTrainer):
     def __init__(self, config, run_control=None):
         super().__init__(config, run_control)
         self._generator = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate-ahead")
-        self._ahead: tuple[DataProto, Future] | None = None  # (prompts, their generation) of the next step
+        self._ahead: tuple[DataProto | None, Future] | None = None  # (prompts, their generation) of the next step
         self._requeued: list[DataProto] = []  # a resumed checkpoint's in-flight prompts: generated first
 
     def _next_step(self, batches) -> dict[str, float]:
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         with timer("step", timing):
-            if self._ahead is None:  # the first step (or after a resume): nothing was generated ahead
+            if self._ahead is None:  # the first step (or after a resume or a checkpoint): nothing generated ahead
                 metrics.update(self.sync_weights())  # a resumed checkpoint's weights, not the initial ones
-                self._ahead = self._start_generation(self._next_prompts(batches))
+                self._ahead = self._start_generation(batches, self.global_steps)
             with timer("wait_gen", timing):
-                batch, gen_metrics, gen_timing = self._ahead[1].result()
+                batch, gen_metrics, gen_timing = self._take_ahead()
             metrics.update(gen_metrics)
             timing.update(gen_timing)
             with timer("sync_weights", timing):  # the engines are idle: the newest weights, before they go on
                 metrics.update(self.sync_weights())
             policy_version = self.rollout_version
             is_last = self.global_steps >= self.total_training_steps
-            self._ahead = None if is_last else self._start_generation(self._next_prompts(batches))
+            self._ahead = None if is_last else self._start_generation(batches, self.global_steps + 1)
             batch = self.learn_step(batch, timing, metrics)
         metrics.update(staleness_metrics(batch, policy_version))
         return self.step_metrics(batch, timing, metrics)
 
-    def _next_prompts(self, batches) -> DataProto:
-        return self._requeued.pop(0) if self._requeued else DataProto.from_single_dict(next(batches))
-
-    def _start_generation(self, prompts: DataProto) -> tuple[DataProto, Future]:
+    def _start_generation(self, batches, step: int) -> tuple[DataProto | None, Future]:
+        """Start generating step `step`'s batch on the generator thread: the data flow's groups (the prompt source
+        is the generator thread's alone while it runs), or the next batch of prompts."""
+        if self.group_rollout is not None:
+            return None, self._generator.submit(self._generate_groups, step, self.rollout_version)
+        prompts = self._requeued.pop(0) if self._requeued else DataProto.from_single_dict(next(batches))
         return prompts, self._generator.submit(self._generate_batch, prompts)
+
+    def _take_ahead(self) -> tuple[DataProto, dict[str, float], dict[str, float]]:
+        """(batch, metrics, timing) of the generation ahead, once it is done; its error, if any, is raised here."""
+        result = self._ahead[1].result()
+        if self.group_rollout is None:
+            return result
+        groups, metrics, timing, version = result
+        batch, version_metrics = self.group_rollout.to_batch(groups, version)
+        return batch, {**metrics, **version_metrics}, timing
 
     def _generate_batch(self, prompts: DataProto) -> tuple[DataProto, dict[str, float], dict[str, float]]:
         """(batch, agent_loop metrics, timing) of one step's prompts, run on the generator thread."""
@@ -106,6 +117,14 @@ class OneStepOffPolicyTrainer(DisaggregatedPPOTrainer):
             batch = self._generate(prompts, n=self.config.actor_rollout_ref.rollout.n, validate=False)
         return batch, reduce_metrics(batch.meta_info.pop("metrics", {})), timing
 
+    def _generate_groups(self, step: int, version: int) -> tuple[list, dict[str, float], dict[str, float], int]:
+        """(groups, data_flow metrics, timing, the engines' weights version) of the data flow's rollout for `step`,
+        run on the generator thread: scored, filtered, stragglers aborted into the buffer (group_rollout.py)."""
+        timing: dict[str, float] = {}
+        with timer("gen", timing):
+            groups, metrics = self.group_rollout.train_groups(step, self.prompt_source)
+        return groups, metrics, timing, version
+
     def _validate(self) -> dict[str, float]:
         """With the newest weights, once the generation ahead has finished (the engines then serve validation
         alone; that generation keeps its weights version)."""
@@ -114,6 +133,15 @@ class OneStepOffPolicyTrainer(DisaggregatedPPOTrainer):
         return super()._validate()
 
     def in_flight_state(self) -> dict | None:
+        """The prompts generated ahead, to generate again on resume; with the data flow, nothing: the generation
+        ahead is waited for and its groups go back to the front of the prompt source's buffer, which the checkpoint
+        saves (the step after a checkpoint then generates nothing ahead: it trains those groups)."""
+        if self.group_rollout is not None:
+            if self._ahead is not None:
+                groups, _, _, _ = self._ahead[1].result()
+                self.prompt_source.add_groups(groups, first=True)
+                self._ahead = None
+            return None
         pending = list(self._requeued) + ([self._ahead[0]] if self._ahead is not None else [])
         return {"prompts": [prompts_to_plain(prompts) for prompts in pending]}
 

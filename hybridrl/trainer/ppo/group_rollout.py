@@ -36,7 +36,7 @@ import torch
 
 from hybridrl.agent_loop.base import AgentLoopMetrics
 from hybridrl.agent_loop.manager import agent_loop_metrics, rollout_sampling_params
-from hybridrl.agent_loop.server_manager import abort_servers
+from hybridrl.agent_loop.server_manager import abort_servers, reset_abort_servers
 from hybridrl.data.filters import metric_nonzero_std
 from hybridrl.data.hooks import load_all_hooks
 from hybridrl.data.prompt_source import PromptSource
@@ -96,8 +96,13 @@ class GroupRollout:
         return list(zip(done, ray.get(done)))
 
     def abort(self) -> None:
-        """Every engine server stops what it generates and answers with the tokens so far (status aborted)."""
+        """Every engine server stops what it generates and answers with the tokens so far (status aborted), and
+        answers new requests aborted too (an agent loop's next turn) until `reset_abort`."""
         abort_servers(self.manager.server_addresses)
+
+    def reset_abort(self) -> None:
+        """The engine servers generate again: call once every aborted group is back."""
+        reset_abort_servers(self.manager.server_addresses)
 
     def score_group(self, group: list[Sample], evaluation: bool = False) -> list[Sample]:
         """Reward every sample of a finished group that has none yet (a custom generate function or an agent loop may
@@ -151,26 +156,38 @@ class GroupRollout:
         """The step's training batch (scored: token_level_scores set) from the rollout function, and its metrics.
         Needs rollout mode; `weights_version`: the version of the weights the engines hold (the tokens generated now
         carry it; older ones come from the buffer, data_flow/staleness/*)."""
+        groups, metrics = self.train_groups(step, prompt_source)
+        batch, version_metrics = self.to_batch(groups, weights_version)
+        return batch, {**metrics, **version_metrics}
+
+    def train_groups(self, step: int, prompt_source: PromptSource) -> tuple[list[list[Sample]], dict[str, float]]:
+        """The step's kept, scored groups from the rollout function, and the metrics of making them. (The
+        one-step-off schedule holds them as groups until the step takes them, so that a checkpoint can put them
+        back into the prompt source's buffer: async_trainer.py.)"""
         self.metrics, self._scored, self._generated, self._errors = {}, [], 0, []
         rollout_fn = self.hooks["rollout_function"] or generate_rollout
         groups = rollout_fn(self, step, prompt_source, False)
         groups = self._check_groups(groups, "data_flow.rollout_function", self.rollout_config.n)
         self.manager.report_failures(self._errors, self._generated)
-        batch = groups_to_batch(groups, prompt_length=self.rollout_config.prompt_length,
-                                response_length=self.rollout_config.response_length,
-                                pad_token_id=self.tokenizer.pad_token_id,
-                                with_log_probs=self.rollout_config.calculate_log_probs, scored=True,
-                                current_version=weights_version,
-                                mask_stale_tokens=self.flow.mask_offpolicy_in_partial_rollout)
         metrics = dict(self.metrics)
-        metrics.update(partial_rollout_metrics(batch, weights_version))
         metrics["data_flow/buffer_size"] = float(len(prompt_source.buffer))
         metrics["data_flow/num_groups_trained"] = float(len(groups))
         if self._scored:  # the policy's own success, before any filter chose (the trained batch's is biased)
             metrics["data_flow/generated_reward/mean"] = float(np.mean(self._scored))
         metrics.update(_reward_extra_means(groups))
         metrics.update(_agent_loop_metrics(groups, len(self._errors)))
-        return batch, metrics
+        return groups, metrics
+
+    def to_batch(self, groups: list[list[Sample]], weights_version: int) -> tuple[DataProto, dict[str, float]]:
+        """Scored groups as a training batch, and data_flow/staleness/* against `weights_version` (the version the
+        engines held when these groups were generated: tokens older than it came from the buffer)."""
+        batch = groups_to_batch(groups, prompt_length=self.rollout_config.prompt_length,
+                                response_length=self.rollout_config.response_length,
+                                pad_token_id=self.tokenizer.pad_token_id,
+                                with_log_probs=self.rollout_config.calculate_log_probs, scored=True,
+                                current_version=weights_version,
+                                mask_stale_tokens=self.flow.mask_offpolicy_in_partial_rollout)
+        return batch, partial_rollout_metrics(batch, weights_version)
 
     def eval_groups(self, step: int, prompt_source: PromptSource) -> list[list[Sample]]:
         """The scored validation groups from data_flow.eval_function. Needs rollout mode."""
@@ -260,6 +277,7 @@ def _stop_stragglers(rollout: GroupRollout, refs: list, prompt_source: PromptSou
         return
     rollout.abort()
     groups = ray.get(refs)
+    rollout.reset_abort()  # a generation before the next rollout mode (one_step_off's next batch) must not be aborted
     aborted = sum(sample.status == ABORTED for group in groups for sample in group)
     rollout.record("data_flow/num_aborted_samples", aborted)
     rollout.record("data_flow/num_aborted_groups", len(groups))

@@ -68,7 +68,7 @@ class EngineServer:
         self._open = asyncio.Event()
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.add_routes([web.post("/generate", self._generate), web.post("/abort", self._abort),
-                        web.get("/health", self._health)])
+                        web.post("/reset_abort", self._reset_abort), web.get("/health", self._health)])
         self._runner = web.AppRunner(app, handle_signals=False)
         self.loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, host, 0)
@@ -119,6 +119,15 @@ class EngineServer:
                                                  f"cannot abort requests")
         aborted = await abort()
         return web.json_response({"aborted": aborted})
+
+    async def _reset_abort(self, request: web.Request) -> web.Response:
+        """New requests generate again (after an abort, once its aborted requests are all answered: the data flow's
+        stragglers collected, so that a generation started before the next rollout mode, one-step-off's next
+        batch, is not answered aborted)."""
+        reset_abort = getattr(self.engine, "reset_abort", None)
+        if reset_abort is not None:
+            reset_abort()
+        return web.json_response({"ok": True})
 
     async def _generate(self, request: web.Request) -> web.Response:
         payload = await request.json()
