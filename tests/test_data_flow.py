@@ -501,6 +501,20 @@ def test_the_data_flow_runs_on_a_rollout_pool_one_step_off_but_not_yet_fully_asy
         "one_step_off generates the data flow's next batch while the trainer learns), got 'fully_async'"]
 
 
+def test_a_reward_model_scores_the_data_flows_groups_under_the_synchronous_schedule_only(tmp_path):
+    rm = ["reward_model.enable=true", f"reward_model.model.path={tmp_path}", "reward_model.micro_batch_size_per_gpu=2"]
+    assert validate_config(flow_config(tmp_path, *rm)).reward_model.enable
+    split = ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]
+    assert validate_config(flow_config(tmp_path, *rm, *split)).reward_model.enable
+    with pytest.raises(ConfigError) as refused:
+        validate_config(flow_config(tmp_path, *rm, *split, "async_training.mode=one_step_off"))
+    assert refused.value.problems == [
+        "reward_model.enable: expected false with data_flow.enable=true and async_training.mode='one_step_off' (the "
+        "data flow scores each group as it finishes, on the thread that generates ahead, while the trainer pool's "
+        "ranks run the update: the reward model's sharded forward and the update's collectives could reach the ranks "
+        "in different orders), got True"]
+
+
 def test_the_data_flow_logs_agent_loop_metrics_of_the_samples_a_loop_made():
     """agent_loop/* over the trained samples a loop generated (a failed loop counts with empty metrics, as in the async
     rollout), num_failed over the whole step; nothing for samples no loop made (the single-turn path)."""

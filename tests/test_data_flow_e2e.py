@@ -303,3 +303,34 @@ def test_every_hook_runs_in_its_place(ray_local, toy_task, tmp_path):
         assert torch.equal(batch.batch["token_level_scores"].sum(-1), expected)  # count_a's "a" (reward_key)
     assert steps[0]["data_flow/num_dropped_groups"] > 0
     assert steps[1]["hooks/buffer_filter_tagged"] == 2  # both samples of the parked group, at step 2
+
+
+@pytest.mark.slow
+def test_a_reward_model_scores_each_group_as_it_finishes_and_the_filter_sees_its_scores(ray_local, toy_task,
+                                                                                      tmp_path):
+    """reward_model.enable with the data flow (colocated, 2 ranks): every finished group is scored by the reward
+    model worker (the rule scorer gives 0, so each sample's score is the reward model's alone: equal to the model's
+    own output on the trained prompt + response), and the dynamic-sampling filter drops nothing that varies."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from test_scale_features_e2e import save_reward_model
+
+    rm_dir = save_reward_model(tmp_path / "rm", AutoTokenizer.from_pretrained(toy_task["model"]))
+    zero = tmp_path / "zero.py"
+    zero.write_text("def zero(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
+    config = make_config(toy_task, str(tmp_path / "run"), *flow_overrides(
+        "data_flow.dynamic_sampling_filter.name=check_reward_nonzero_std", "trainer.total_training_steps=2",
+        "reward_model.enable=true", f"reward_model.model.path={rm_dir}", "reward_model.micro_batch_size_per_gpu=4",
+        f"custom_reward_function.path={zero}", "custom_reward_function.name=zero"))
+    _, batches = run_trainer(config, spy=True)
+    rm = AutoModelForSequenceClassification.from_pretrained(rm_dir).eval()
+    for m in read_metrics(str(tmp_path / "run")):
+        assert m["data_flow/num_groups_trained"] == config.data.train_batch_size
+        assert m["critic/score/max"] > m["critic/score/min"]  # the reward model's scores differ between responses
+    for batch in batches:
+        scores = batch.batch["token_level_scores"].sum(-1)
+        for row in range(0, len(scores), 5):  # a sample of rows: each one's score is the model's on its tokens
+            mask = batch.batch["attention_mask"][row].bool()
+            ids = batch.batch["input_ids"][row][mask].unsqueeze(0)
+            with torch.no_grad():
+                expected = rm(input_ids=ids).logits[0, 0].item()
+            assert abs(scores[row].item() - expected) < 1e-4, (row, scores[row].item(), expected)

@@ -48,9 +48,12 @@ def _data_flow_settings(values: Values, problems: list[str]) -> None:
                         f"takes one group at a time from its own Rollouter, which has no dynamic-sampling filter, "
                         f"buffer or partial rollout yet; one_step_off generates the data flow's next batch while the "
                         f"trainer learns), got 'fully_async'")
-    if values("reward_model.enable"):
-        problems.append(f"reward_model.enable: expected false with {switch}=true (groups are scored as they finish, "
-                        f"while the engines hold the devices), got True")
+    if values("reward_model.enable") and values("async_training.mode") != "sync":
+        problems.append(f"reward_model.enable: expected false with {switch}=true and async_training.mode="
+                        f"{values('async_training.mode')!r} (the data flow scores each group as it finishes, on the "
+                        f"thread that generates ahead, while the trainer pool's ranks run the update: the reward "
+                        f"model's sharded forward and the update's collectives could reach the ranks in different "
+                        f"orders), got True")
     generates_itself = any(flow[hook].get("name") is not None for hook in ("rollout_function",
                                                                           "custom_generate_function"))
     loop = values("actor_rollout_ref.rollout.agent.default_agent_loop")
