@@ -211,7 +211,7 @@ class FullyAsyncTrainer(DisaggregatedPPOTrainer):
             batch, version_metrics = self.group_rollout.to_batch(groups, policy_version)
             metrics.update(version_metrics)
             batch = self.learn_step(batch, timing, metrics)
-            with timer("sync_weights", timing), self.stream.weight_sync():
+            with timer("sync_weights", timing), self.stream.weight_sync(self.global_steps + 1):
                 metrics.update(self.sync_weights())
         metrics.update(self.stream.step_metrics(groups))
         metrics.update(staleness_metrics(batch, policy_version))

@@ -10,8 +10,8 @@ each training step takes the first ones to finish that are fresh enough.
          └──── requeued (reset) / recalled ────  (reset, into the buffer first) or dropped (stale_samples)
 
 At most `capacity` ((max_staleness + 1) x train_batch_size, rollout/engine_load.py sizes the engines for it) groups
-are in flight or kept at once; the stream is topped up only while a step waits (`take`), so what finishes during an
-update waits, scored at the next take. What it counts from a take to the weight sync after the update
+are in flight or kept at once; the stream is topped up while a step waits (`take`) and right after each weight
+sync, and groups are scored only then, on the controller's one thread: what finishes during an update waits. What it counts from a take to the weight sync after the update
 (data_flow/*, async_training/dropped_groups and requeued_groups) is that step's `step_metrics`.
 
 `recall` stops what is in flight (the engine servers abort: each group comes back with its tokens so far), and puts
@@ -78,12 +78,15 @@ class GroupStream:
         return taken
 
     @contextmanager
-    def weight_sync(self):
-        """Around a weight sync: with data_flow.partial_rollout, the groups in flight are recalled first (continued
-        under the new weights); without it the engines finish the requests under way on the old weights."""
+    def weight_sync(self, next_step: int):
+        """Around a weight sync: with data_flow.partial_rollout, the groups in flight are recalled first (then taken
+        again first: continued under the new weights); without it the engines finish the requests under way on the
+        old weights. Afterwards the stream is topped up at once (for `next_step`), so that the engines go on while
+        the controller logs, validates or saves."""
         if self.rollout.flow.partial_rollout:
             self.recall()
         yield
+        self._fill(next_step, cap=None)
 
     def step_metrics(self, groups: list[list[Sample]]) -> dict[str, float]:
         """The step's data_flow/* and async_training/{dropped,requeued}_groups, groups_ahead; counting starts anew."""
