@@ -26,6 +26,11 @@ dropped_groups / requeued_groups (this step), groups_ahead (generating or waitin
 Checkpoints: every prompt taken from the data but not trained on yet (being generated, waiting, or waiting to be
 submitted) is saved with the checkpoint (`in_flight_state`, plain values in data.pt) and generated again first on
 resume: a resumed run trains every prompt the uninterrupted run would have, the same number of samples per step.
+
+With the data flow (data_flow.enable or algorithm.filter_groups.enable) fully_async streams the prompt source's
+groups instead (group_stream.py): each is scored and filtered as it finishes, the same staleness bound applies to
+the kept ones, data_flow.partial_rollout recalls the groups in flight before each weight sync and continues them
+under the new weights, and a checkpoint puts everything the stream holds into the prompt source's buffer.
 """
 from __future__ import annotations
 
