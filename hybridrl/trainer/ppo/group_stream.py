@@ -89,7 +89,8 @@ class GroupStream:
         self._fill(next_step, cap=None)
 
     def step_metrics(self, groups: list[list[Sample]]) -> dict[str, float]:
-        """The step's data_flow/* and async_training/{dropped,requeued}_groups, groups_ahead; counting starts anew."""
+        """The step's data_flow/* and async_training/{dropped,requeued}_groups, groups_ahead: what was counted since
+        its take began (call it after the weight sync, so that the sync's recall counts in it)."""
         metrics = self.rollout.step_metrics(groups, self.source)
         metrics["data_flow/num_submitted_groups"] = float(self._submitted)
         metrics["async_training/groups_ahead"] = float(self.groups_ahead())
