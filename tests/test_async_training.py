@@ -28,6 +28,9 @@ def recording(cls, stop_after: int | None = None):
             self.trained_prompts: list[list[int]] = []
             self.taken_prompts: list[int] = []
             self._recorded_batches = None
+            if self.prompt_source is not None:  # the data flow takes its batches through the prompt source
+                batches = self.prompt_source.batches
+                self.prompt_source.batches = lambda: self._record(batches())
 
         def _next_step(self, batches):
             if self._recorded_batches is None:
@@ -211,6 +214,77 @@ def test_one_step_off_runs_the_data_flow_and_a_checkpoint_returns_the_batch_gene
     diffs = [m["training/rollout_probs_diff_max"] for m in metrics]
     assert diffs[0] < 1e-4 and min(diffs[1:]) > 1e-3, diffs  # the engine's weights were one update old (lr 1e-2)
     assert len(first.trained_prompts) + len(second.trained_prompts) == 4
+
+
+def group_prompt(group) -> int:
+    return group[0]["metadata"]["extra_info"]["index"]
+
+
+def saved_prompt_source(run_dir, step: int) -> dict:
+    saved = torch.load(os.path.join(run_dir, step_dir_name(step), DATA_STATE_FILE), weights_only=True)
+    assert saved["in_flight"] is None  # the data flow keeps what is in flight in the prompt source's buffer
+    return saved["prompt_source"]
+
+
+def prompts_held(source_state: dict) -> list[int]:
+    """Every prompt a prompt source's state holds: its buffer's groups and the data rows not yet made groups."""
+    return [group_prompt(group) for group in source_state["buffer"]] + [
+        row["extra_info"]["index"] for row in source_state["pending_rows"]]
+
+
+def counted_drops(metrics: list[dict]) -> int:
+    return int(sum(m["data_flow/num_dropped_groups"] + m["async_training/dropped_groups"] for m in metrics))
+
+
+@pytest.mark.slow
+def test_fully_async_runs_the_data_flow_within_the_staleness_bound_and_resumes_what_was_in_flight(ray_local, toy_task,
+                                                                                                  tmp_path):
+    """fully_async on the data flow (dynamic sampling, partial rollout, max_staleness 1, separate pools), stopped
+    after step 2 and resumed. Whatever the threads' timing: no trained sample is staler than the bound; the
+    data_flow/* counts are logged every step; every prompt taken from the data is trained, held in the prompt
+    source (the checkpoint's buffer and rows) or counted dropped; the resumed run trains first the kept groups the
+    checkpoint saved that are still fresh enough."""
+    overrides = [*SPLIT, "async_training.mode=fully_async", "async_training.max_staleness=1",
+                 "async_training.stale_samples=requeue", "data_flow.enable=true", "data_flow.partial_rollout=true",
+                 "data_flow.dynamic_sampling_filter.name=check_reward_nonzero_std", "trainer.save_freq=10",
+                 "trainer.total_training_steps=4", "trainer.test_freq=-1"]
+    first, pending = train(make_config(toy_task, str(tmp_path), *overrides), stop_after=2)
+    assert type(first).__mro__[1].__name__ == "FullyAsyncTrainer" and pending is None
+    saved = saved_prompt_source(tmp_path, 2)
+    saved_prompts = prompts_held(saved)
+    assert saved_prompts, "a checkpoint of an asynchronous run with nothing in flight tests nothing"
+    first_metrics = read_metrics(str(tmp_path))
+    trained_first = [index for step in first.trained_prompts for index in step]
+    # nothing lost: every prompt taken is trained, saved, or counted dropped (by the filter or as too stale)
+    assert not collections.Counter(trained_first + saved_prompts) - collections.Counter(first.taken_prompts)
+    assert len(first.taken_prompts) == len(trained_first) + len(saved_prompts) + counted_drops(first_metrics)
+    # the kept groups (scored, finished) come first in the buffer; those fresh enough for step 3 (policy version 2,
+    # bound 1: oldest token of version 1 or later) are trained by it first
+    kept = [group for group in saved["buffer"] if all(sample["reward"] is not None for sample in group)]
+    assert saved["buffer"][:len(kept)] == kept
+    fresh = [group_prompt(group) for group in kept
+             if min(v for sample in group for v in sample["token_versions"] if v >= 0) >= 1][:8]
+
+    second, _ = train(make_config(toy_task, str(tmp_path), *overrides))
+    assert second.global_steps == 4 and len(second.trained_prompts) == 2
+    assert not collections.Counter(fresh) - collections.Counter(second.trained_prompts[0])
+    metrics = {int(m["training/global_step"]): m for m in read_metrics(str(tmp_path))}
+    metrics = [metrics[step] for step in (1, 2, 3, 4)]
+    trained_second = [index for step in second.trained_prompts for index in step]
+    final = prompts_held(second.prompt_source.state_dict())  # the end's in-flight groups went back to it
+    assert not collections.Counter(trained_second + final) - collections.Counter(saved_prompts + second.taken_prompts)
+    assert len(saved_prompts) + len(second.taken_prompts) == len(trained_second) + len(final) + counted_drops(
+        metrics[2:])
+    assert len(trained_first) + len(trained_second) == 4 * 8
+    assert [m["async_training/policy_version"] for m in metrics] == [0, 1, 2, 3]
+    for m in metrics:
+        assert 0 <= m["async_training/staleness/min"] <= m["async_training/staleness/max"] <= 1, m
+        assert m["data_flow/staleness/max"] <= 1
+        assert m["data_flow/num_groups_trained"] == 8 and m["data_flow/buffer_size"] >= 0
+        for count in ("num_dropped_groups", "num_aborted_groups", "num_aborted_samples", "num_submitted_groups"):
+            assert m[f"data_flow/{count}"] >= 0, count
+        assert m["async_training/requeued_groups"] >= 0 and m["async_training/dropped_groups"] == 0
+        assert 0 <= m["async_training/groups_ahead"] <= 16  # (max_staleness + 1) x 8 at most
 
 
 # Learning: the toy task's GRPO run (test_e2e_training.test_grpo_learns_the_toy_task's settings, 20 steps) with the

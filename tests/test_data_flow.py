@@ -487,25 +487,39 @@ def test_an_agent_loop_run_becomes_the_sample_the_trainer_batches():
         [], PENDING, 0, None, None)
 
 
-def test_the_data_flow_runs_on_a_rollout_pool_one_step_off_but_not_yet_fully_async(tmp_path):
+def test_the_data_flow_runs_on_a_rollout_pool_in_every_schedule_and_fully_async_streams_without_batches(tmp_path):
+    """one_step_off and fully_async both run the data flow (partial rollout too); fully_async streams groups, so
+    the keys that shape a batch of groups (over-sampling, a rollout function) are refused with it, naming why."""
     split = ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]
     config = validate_config(flow_config(tmp_path, *split, "data_flow.partial_rollout=true"))
     assert (config.actor_rollout_ref.hybrid_engine, config.data_flow.partial_rollout) == (False, True)
     config = validate_config(flow_config(tmp_path, *split, "async_training.mode=one_step_off"))
     assert config.async_training.mode == "one_step_off"
+    config = validate_config(flow_config(tmp_path, *split, "async_training.mode=fully_async",
+                                         "data_flow.partial_rollout=true",
+                                         "data_flow.dynamic_sampling_filter.name=check_reward_nonzero_std"))
+    assert (config.async_training.mode, config.data_flow.partial_rollout) == ("fully_async", True)
+    config = validate_config(flow_config(tmp_path, *split, "async_training.mode=fully_async", "data_flow.enable=false",
+                                         "algorithm.filter_groups.enable=true"))
+    assert config.algorithm.filter_groups.enable
     with pytest.raises(ConfigError) as refused:
-        validate_config(flow_config(tmp_path, *split, "async_training.mode=fully_async"))
+        validate_config(flow_config(tmp_path, *split, "async_training.mode=fully_async",
+                                    "data_flow.over_sampling_batch_size=24",
+                                    "data_flow.over_sampling_filter.name=sort_by_reward_std"))
+    why = ("with async_training.mode=fully_async (groups stream: each step takes the first data.train_batch_size kept "
+           "groups to finish, (max_staleness + 1) x train_batch_size in flight)")
     assert refused.value.problems == [
-        "async_training.mode: expected 'sync' or 'one_step_off' with data_flow.enable=true (fully_async takes one "
-        "group at a time from its own Rollouter, which has no dynamic-sampling filter, buffer or partial rollout yet; "
-        "one_step_off generates the data flow's next batch while the trainer learns), got 'fully_async'"]
+        f"data_flow.over_sampling_batch_size: expected null {why}, got 24",
+        f"data_flow.over_sampling_filter: expected null path and name {why}, got "
+        f"{{'path': None, 'name': 'sort_by_reward_std'}}"]
 
 
-def test_a_reward_model_scores_the_data_flows_groups_under_the_synchronous_schedule_only(tmp_path):
+def test_a_reward_model_scores_the_data_flows_groups_except_one_step_off(tmp_path):
     rm = ["reward_model.enable=true", f"reward_model.model.path={tmp_path}", "reward_model.micro_batch_size_per_gpu=2"]
     assert validate_config(flow_config(tmp_path, *rm)).reward_model.enable
     split = ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]
     assert validate_config(flow_config(tmp_path, *rm, *split)).reward_model.enable
+    assert validate_config(flow_config(tmp_path, *rm, *split, "async_training.mode=fully_async")).reward_model.enable
     with pytest.raises(ConfigError) as refused:
         validate_config(flow_config(tmp_path, *rm, *split, "async_training.mode=one_step_off"))
     assert refused.value.problems == [

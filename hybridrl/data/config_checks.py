@@ -44,16 +44,12 @@ def _data_flow_settings(values: Values, problems: list[str]) -> None:
                         f"agent-loop requests on the engine servers, which can abort them), got "
                         f"{values('actor_rollout_ref.rollout.mode')!r}")
     if values("async_training.mode") == "fully_async":
-        problems.append(f"async_training.mode: expected 'sync' or 'one_step_off' with {switch}=true (fully_async "
-                        f"takes one group at a time from its own Rollouter, which has no dynamic-sampling filter, "
-                        f"buffer or partial rollout yet; one_step_off generates the data flow's next batch while the "
-                        f"trainer learns), got 'fully_async'")
-    if values("reward_model.enable") and values("async_training.mode") != "sync":
+        _fully_async_stream_settings(flow, problems)
+    if values("reward_model.enable") and values("async_training.mode") == "one_step_off":
         problems.append(f"reward_model.enable: expected false with {switch}=true and async_training.mode="
-                        f"{values('async_training.mode')!r} (the data flow scores each group as it finishes, on the "
-                        f"thread that generates ahead, while the trainer pool's ranks run the update: the reward "
-                        f"model's sharded forward and the update's collectives could reach the ranks in different "
-                        f"orders), got True")
+                        f"'one_step_off' (the data flow scores each group as it finishes, on the thread that generates "
+                        f"ahead, while the trainer pool's ranks run the update: the reward model's sharded forward and "
+                        f"the update's collectives could reach the ranks in different orders), got True")
     generates_itself = any(flow[hook].get("name") is not None for hook in ("rollout_function",
                                                                           "custom_generate_function"))
     loop = values("actor_rollout_ref.rollout.agent.default_agent_loop")
@@ -79,6 +75,20 @@ def _data_flow_settings(values: Values, problems: list[str]) -> None:
             load_hook(hook, flow[hook])
         except HookError as err:
             problems.append(str(err))
+
+
+def _fully_async_stream_settings(flow, problems: list[str]) -> None:
+    """fully_async streams groups (trainer/ppo/group_stream.py): each step takes the first kept groups to finish, up
+    to (max_staleness + 1) x data.train_batch_size in flight; there is no batch of groups to over-sample, order or
+    make with a rollout function."""
+    why = ("with async_training.mode=fully_async (groups stream: each step takes the first data.train_batch_size "
+           "kept groups to finish, (max_staleness + 1) x train_batch_size in flight)")
+    if flow["over_sampling_batch_size"] is not None:
+        problems.append(f"data_flow.over_sampling_batch_size: expected null {why}, got "
+                        f"{flow['over_sampling_batch_size']!r}")
+    for hook in ("over_sampling_filter", "rollout_function"):
+        if flow[hook].get("path") is not None or flow[hook].get("name") is not None:
+            problems.append(f"data_flow.{hook}: expected null path and name {why}, got {flow[hook]!r}")
 
 
 @register_check("paths")

@@ -26,6 +26,11 @@ dropped_groups / requeued_groups (this step), groups_ahead (generating or waitin
 Checkpoints: every prompt taken from the data but not trained on yet (being generated, waiting, or waiting to be
 submitted) is saved with the checkpoint (`in_flight_state`, plain values in data.pt) and generated again first on
 resume: a resumed run trains every prompt the uninterrupted run would have, the same number of samples per step.
+
+With the data flow (data_flow.enable or algorithm.filter_groups.enable) fully_async streams the prompt source's
+groups instead (group_stream.py): each is scored and filtered as it finishes, the same staleness bound applies to
+the kept ones, data_flow.partial_rollout recalls the groups in flight before each weight sync and continues them
+under the new weights, and a checkpoint puts everything the stream holds into the prompt source's buffer.
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ import numpy as np
 
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.ppo.disaggregated import DisaggregatedPPOTrainer
+from hybridrl.trainer.ppo.group_stream import GroupStream
 from hybridrl.trainer.ppo.metric_utils import reduce_metrics, timer
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from hybridrl.trainer.ppo.rollouter import Rollouter, assign_uids, prompts_from_plain, prompts_to_plain
@@ -154,21 +160,25 @@ class OneStepOffPolicyTrainer(DisaggregatedPPOTrainer):
 
 
 class FullyAsyncTrainer(DisaggregatedPPOTrainer):
-    """Continuous generation of prompt groups, a staleness bound per group (see the module docstring)."""
+    """Continuous generation of prompt groups, a staleness bound per group (see the module docstring). With the data
+    flow the groups stream through the prompt source (group_stream.py), else through the Rollouter."""
 
     def __init__(self, config, run_control=None):
         super().__init__(config, run_control)
         settings = config.async_training
         self.max_staleness = settings.max_staleness
         self.groups_per_step = config.data.train_batch_size
+        self.capacity = (self.max_staleness + 1) * self.groups_per_step
         self.rollouter: Rollouter | None = None
+        self.stream: GroupStream | None = None
         self._requeued: list[DataProto] = []
 
     def _next_step(self, batches) -> dict[str, float]:
+        if self.group_rollout is not None:
+            return self._stream_step()
         if self.rollouter is None:  # the first step (or after a resume: the checkpoint's weights go out first)
             self.sync_weights()
-            self.rollouter = Rollouter(self._generate_group, batches,
-                                       capacity=(self.max_staleness + 1) * self.groups_per_step,
+            self.rollouter = Rollouter(self._generate_group, batches, capacity=self.capacity,
                                        stale_samples=self.config.async_training.stale_samples,
                                        requeued=self._requeued)
         timing: dict[str, float] = {}
@@ -189,12 +199,44 @@ class FullyAsyncTrainer(DisaggregatedPPOTrainer):
         metrics["async_training/groups_ahead"] = float(self.rollouter.groups_ahead())
         return self.step_metrics(batch, timing, metrics)
 
+    def _stream_step(self) -> dict[str, float]:
+        """One step of the data flow's stream: the first kept groups fresh enough, learn, sync the weights (with
+        partial rollout the groups in flight are recalled first and continued under the new weights)."""
+        if self.stream is None:  # the first step, or after a resume or a checkpoint (the buffer holds the groups)
+            self.sync_weights()
+            self.stream = GroupStream(self.group_rollout, self.prompt_source, self.capacity,
+                                      self.config.async_training.stale_samples)
+        timing: dict[str, float] = {}
+        metrics: dict[str, float] = {}
+        with timer("step", timing):
+            policy_version = self.rollout_version  # what this step's update starts from
+            with timer("wait_gen", timing):
+                groups = self.stream.take(self.groups_per_step, policy_version - self.max_staleness,
+                                          self.global_steps)
+            batch, version_metrics = self.group_rollout.to_batch(groups, policy_version)
+            metrics.update(version_metrics)
+            batch = self.learn_step(batch, timing, metrics)
+            with timer("sync_weights", timing), self.stream.weight_sync(self.global_steps + 1):
+                metrics.update(self.sync_weights())
+        metrics.update(self.stream.step_metrics(groups))
+        metrics.update(staleness_metrics(batch, policy_version))
+        return self.step_metrics(batch, timing, metrics)
+
     def _generate_group(self, prompts: DataProto) -> DataProto:
         """One prompt group's rollout, on a rollouter thread."""
         assign_uids(prompts)
         return self._generate(prompts, n=self.config.actor_rollout_ref.rollout.n, validate=False)
 
     def in_flight_state(self) -> dict | None:
+        """The prompts taken and not trained yet, to generate again on resume; with the data flow, nothing: the
+        stream's groups go into the prompt source's buffer (kept ones first, then those in flight, aborted with
+        their tokens under partial rollout, else reset), which the checkpoint saves; the next step starts a new
+        stream from there."""
+        if self.group_rollout is not None:
+            if self.stream is not None:
+                self.stream.return_to_source()
+                self.stream = None
+            return None
         pending = self.rollouter.pending_prompts() if self.rollouter is not None else list(self._requeued)
         return {"prompts": [prompts_to_plain(prompts) for prompts in pending]}
 

@@ -164,10 +164,19 @@ class GroupRollout:
         """The step's kept, scored groups from the rollout function, and the metrics of making them. (The
         one-step-off schedule holds them as groups until the step takes them, so that a checkpoint can put them
         back into the prompt source's buffer: async_trainer.py.)"""
-        self.metrics, self._scored, self._generated, self._errors = {}, [], 0, []
+        self.start_counting()
         rollout_fn = self.hooks["rollout_function"] or generate_rollout
         groups = rollout_fn(self, step, prompt_source, False)
         groups = self._check_groups(groups, "data_flow.rollout_function", self.rollout_config.n)
+        return groups, self.step_metrics(groups, prompt_source)
+
+    def start_counting(self) -> None:
+        """A new step's counts: data_flow/* records, rewards given, samples finished, failed agent loops."""
+        self.metrics, self._scored, self._generated, self._errors = {}, [], 0, []
+
+    def step_metrics(self, groups: list[list[Sample]], prompt_source: PromptSource) -> dict[str, float]:
+        """The metrics of the step that trains `groups`, from the counts since `start_counting`; fails the step
+        when too many agent loops failed (agent_loop.manager.report_failures)."""
         self.manager.report_failures(self._errors, self._generated)
         metrics = dict(self.metrics)
         metrics["data_flow/buffer_size"] = float(len(prompt_source.buffer))
@@ -176,7 +185,7 @@ class GroupRollout:
             metrics["data_flow/generated_reward/mean"] = float(np.mean(self._scored))
         metrics.update(_reward_extra_means(groups))
         metrics.update(_agent_loop_metrics(groups, len(self._errors)))
-        return groups, metrics
+        return metrics
 
     def to_batch(self, groups: list[list[Sample]], weights_version: int) -> tuple[DataProto, dict[str, float]]:
         """Scored groups as a training batch, and data_flow/staleness/* against `weights_version` (the version the
@@ -267,7 +276,7 @@ def generate_rollout(rollout: GroupRollout, step: int, prompt_source: PromptSour
     trained, rest = kept[:rollout.train_batch_size], kept[rollout.train_batch_size:]
     rollout.record("data_flow/num_over_sampling_dropped", len(rest))
     if len(trained) < rollout.train_batch_size:
-        trained = _too_few_groups(rollout, trained, prompt_source)
+        trained = too_few_groups(rollout, trained, prompt_source)
     return trained
 
 
@@ -292,7 +301,7 @@ def _order(rollout: GroupRollout, over_sampling_filter, kept: list[list[Sample]]
     return ordered
 
 
-def _too_few_groups(rollout: GroupRollout, kept: list[list[Sample]], prompt_source) -> list[list[Sample]]:
+def too_few_groups(rollout: GroupRollout, kept: list[list[Sample]], prompt_source) -> list[list[Sample]]:
     """max_num_gen_batches reached with fewer than data.train_batch_size groups kept: fail, or train on a whole number
     of mini-batches of them (the rest go back to the buffer)."""
     flow, wanted = rollout.flow, rollout.train_batch_size
