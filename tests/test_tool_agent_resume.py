@@ -135,7 +135,7 @@ def generate_sample(config, tokenizer, server: EngineServer, sample: Sample, whi
 HELD_AT = 6  # the abort comes while the 6th token of the first assistant turn (inside the tool call's JSON) is made
 
 
-def test_an_aborted_tool_conversation_continues_mid_turn_and_its_tool_call_runs_once(taught):
+def test_an_aborted_tool_conversation_continues_mid_turn_and_its_tool_call_runs_once(taught, tmp_path):
     """The first assistant turn is aborted after HELD_AT tokens of its tool call (weights version 0); continued
     under version 1 it finishes that turn, parses the call from the whole turn, runs the calculator once and
     answers. Tokens, mask, log-probs and versions are the ones worked out by hand from the conversation."""
@@ -170,6 +170,8 @@ def test_an_aborted_tool_conversation_continues_mid_turn_and_its_tool_call_runs_
     assert aborted.agent_metrics["num_tool_calls"] == 0 and aborted.num_turns == 1  # nothing parsed yet
     assert aborted.resume_state["turn_start"] == 0
     before_log_probs = list(aborted.rollout_log_probs)
+    torch.save(aborted.to_dict(), tmp_path / "buffer.pt")  # a checkpoint of the buffer holds it as plain values
+    aborted = Sample.from_dict(torch.load(tmp_path / "buffer.pt", weights_only=True))
 
     server = engine_server(model, tokenizer, version=1)  # the next step's weights (the same values here)
     try:

@@ -73,6 +73,7 @@ continues from it; for others it is None and the group is generated again)."""
         sample.response_ids, sample.loss_mask, sample.token_versions = [eos_token_id], [0], [-1]
         sample.rollout_log_probs = [0.0] if with_log_probs else None
         sample.reward, sample.status, sample.error = 0.0, COMPLETED, result["error"]
+        sample.resume_state = None
         return sample
     output = result["output"]
     sample.prompt_ids = list(output["prompt_ids"])
