@@ -435,18 +435,33 @@ def test_reward_function_scores_samples_or_whole_groups_and_dapo_keys_pick_the_f
     assert dapo.keep(same_acc)
 
 
-def test_a_multi_turn_loop_runs_in_the_data_flow_but_partial_rollout_cannot_continue_it(tmp_path):
-    """tool_agent composes with the data flow and verl's filter_groups; partial rollout of it is refused, with why."""
+def test_partial_rollout_takes_a_loop_that_can_resume_and_refuses_one_that_cannot(tmp_path):
+    """tool_agent (can_resume) composes with the data flow, verl's filter_groups and partial rollout; a verl-style loop
+    that does not declare can_resume is refused with partial rollout, with why, unless a custom generate function
+    generates the samples."""
     tool_loop = ["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"]
     config = validate_config(flow_config(tmp_path, *tool_loop, "algorithm.filter_groups.enable=true"))
     assert config.actor_rollout_ref.rollout.agent.default_agent_loop == "tool_agent"
+    config = validate_config(flow_config(tmp_path, *tool_loop, "data_flow.partial_rollout=true"))
+    assert config.data_flow.partial_rollout
+
+    loops = tmp_path / "loops.yaml"
+    loops.write_text("- name: react_agent\n  _target_: verl_style_agent.ReactAgentLoop\n")
+    verl_loop = [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
+                 "actor_rollout_ref.rollout.agent.default_agent_loop=react_agent"]
+    assert not validate_config(flow_config(tmp_path, *verl_loop)).data_flow.partial_rollout
     with pytest.raises(ConfigError) as refused:
-        validate_config(flow_config(tmp_path, *tool_loop, "data_flow.partial_rollout=true"))
+        validate_config(flow_config(tmp_path, *verl_loop, "data_flow.partial_rollout=true"))
     assert refused.value.problems == [
-        "data_flow.partial_rollout: expected false with actor_rollout_ref.rollout.agent.default_agent_loop='tool_agent'"
-        " (a multi-turn loop's aborted conversation cannot be continued from its tokens: its groups are generated "
-        "again; partial rollout continues the single-turn loop, or a data_flow.custom_generate_function that can), "
-        "got True"]
+        "data_flow.partial_rollout: expected false with actor_rollout_ref.rollout.agent.default_agent_loop="
+        "'react_agent' (the loop does not declare can_resume = True, so its aborted conversation cannot be continued: "
+        "its groups are generated again; partial rollout continues the single-turn loop, tool_agent, a loop that "
+        "declares AgentLoopBase.can_resume, or a data_flow.custom_generate_function that can), got True"]
+    hooks = tmp_path / "hooks.py"
+    hooks.write_text(HOOK_FILE)
+    custom = [f"data_flow.custom_generate_function.path={hooks}", "data_flow.custom_generate_function.name=my_generate"]
+    assert validate_config(flow_config(tmp_path, *verl_loop, *custom, "data_flow.partial_rollout=true")).data_flow \
+        .partial_rollout
 
 
 def test_an_agent_loop_run_becomes_the_sample_the_trainer_batches():

@@ -23,6 +23,10 @@ dataset_cls and data_config (the run's dataset class and `data` config), apply_c
 (data.apply_chat_template_kwargs), system_prompt (the ids the chat template puts before the first message:
 a default system prompt, or nothing) and loop (the event loop).
 
+A loop that can continue a conversation an abort interrupted (data_flow.partial_rollout) says so with the class
+attribute `can_resume = True` and follows AgentLoopBase.can_resume's contract; loops that do not (verl's own, and
+users' loops by default) have their aborted samples generated again, and partial rollout is refused for them.
+
 Loops are found by name: `@register("name")` in code, or a YAML list named by
 `actor_rollout_ref.rollout.agent.agent_loop_config_path`
 
@@ -105,12 +109,22 @@ class AgentLoopOutput(BaseModel):
     metrics: AgentLoopMetrics = AgentLoopMetrics()
     extra_fields: dict[str, Any] = {}
     mm_processor_kwargs: Optional[dict[str, Any]] = None
+    resume_state: Optional[dict[str, Any]] = None  # a resumable loop's state when an abort interrupted it
 
 
 class AgentLoopBase(ABC):
     """Runs one sample against the engine servers; one instance per sample (verl's AgentLoopBase)."""
 
     _class_initialized = False
+
+    can_resume = False
+    """Whether `run` can continue a conversation an abort interrupted (data_flow.partial_rollout=true). A loop that
+    sets it True promises: when a generate call is answered with stop_reason "aborted" it returns at once, with the
+    tokens it has and, in AgentLoopOutput.resume_state, what it needs to go on (plain Python values only: the sample
+    is saved in checkpoints); the next time, `run` gets the same row plus `resume_from`, that AgentLoopOutput as it
+    was returned, and returns the whole conversation, its response starting with resume_from's (those tokens keep the
+    weight versions that generated them). False (the default, verl's loops): an aborted sample is generated again
+    from its prompt, and partial rollout is refused for the loop."""
 
     def __init__(self, trainer_config: DictConfigWrap, server_manager, tokenizer, processor=None,
                  dataset_cls: Optional[type] = None, data_config: Optional[DictConfigWrap] = None, **kwargs):
@@ -241,6 +255,13 @@ def resolve_target(target: str, where: str) -> type:
         raise TypeError(f"{where}: _target_ {target!r} must be a subclass of hybridrl.agent_loop.AgentLoopBase, "
                         f"got {cls!r}")
     return cls
+
+
+def loop_can_resume(name: str, registry: dict[str, dict[str, Any]]) -> bool:
+    """Whether the loop registered as `name` declares can_resume (KeyError when no loop is registered so)."""
+    if name not in registry:
+        raise KeyError(f"agent loop {name!r} is not registered; known: {sorted(registry)}")
+    return bool(getattr(resolve_target(registry[name]["_target_"], f"agent loop {name!r}"), "can_resume", False))
 
 
 def instantiate_agent_loop(name: str, registry: dict[str, dict[str, Any]], **init_kwargs) -> AgentLoopBase:

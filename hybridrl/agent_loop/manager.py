@@ -14,6 +14,11 @@ are padded once, here, into the trainer's batch layout (batch_layout.to_batch_la
 token with the weight version the engine server reported for it (response_weight_versions, VersionRecorder);
 each key of a loop's extra_fields becomes a non-tensor column (None for rows whose loop did not set it), as in verl.
 
+Partial rollout (the data flow, `AgentLoopWorker.generate_group`): an aborted sample whose loop declares
+`can_resume` (tool_agent) is continued by its loop from the sample's resume_state (`resume_from`); the tokens it
+already had keep their versions, the new ones get the versions the engines report now. An aborted sample of any
+other loop is refused (its groups are generated again when data_flow.partial_rollout is false).
+
 Faults:
 - a loop that raises (or returns an output that does not fit) costs its row only: the row gets a
   one-token response (EOS) with response_mask 0 (no loss, no advantage) and score 0, is counted in
@@ -31,6 +36,7 @@ import asyncio
 import os
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -38,7 +44,7 @@ import ray
 import torch
 
 from hybridrl.agent_loop.base import (AgentLoopMetrics, AgentLoopOutput, DictConfigWrap, instantiate_agent_loop,
-                                      load_agent_loop_config, yaml_agent_loop_names)
+                                      load_agent_loop_config, loop_can_resume, yaml_agent_loop_names)
 from hybridrl.agent_loop import sample_generate
 from hybridrl.agent_loop.sample_generate import GenerateContext
 from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, EngineServerError
@@ -122,23 +128,40 @@ class AgentLoopWorker:
 
     async def _generate_sample(self, ctx: GenerateContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
         """One sample by its agent loop: the single-turn one continues aborted samples (sample_generate.generate);
-        any other runs whole, from the prompt."""
+        a loop that declares can_resume (tool_agent) continues an aborted conversation from its resume_state; any
+        other loop runs whole, from the prompt, and cannot take an aborted sample."""
         agent_name = sample.metadata.get("agent_name") or self.config.actor_rollout_ref.rollout.agent.default_agent_loop
         if agent_name == "single_turn_agent":
             return await sample_generate.generate(ctx, sample, sampling_params)
-        if sample.status == ABORTED:
-            raise RuntimeError(f"sample {sample.index} (agent loop {agent_name!r}) was aborted mid-conversation and "
-                               f"data_flow.partial_rollout=true would continue it, but a multi-turn loop cannot resume "
-                               f"from its tokens: set data_flow.partial_rollout=false (aborted groups are generated "
-                               f"again) or use the single-turn loop")
-        if sample.status != PENDING:
+        if sample.status not in (PENDING, ABORTED):
             return sample
         check_agent_names([agent_name], self.registry, f"sample {sample.index}'s agent_name")
+        resume = None
+        if sample.status == ABORTED:
+            resume = self._resume_point(sample, agent_name)
         row = {**{key: value for key, value in sample.metadata.items() if key != "agent_name"},
                "raw_prompt_ids": list(sample.prompt_ids), "agent_name": agent_name}
-        result = await self._run_row(row, sampling_params)
+        result = await self._run_row(row, sampling_params, resume)
         return sample_generate.sample_from_loop(sample, result, self.tokenizer.eos_token_id,
                                                 with_log_probs=bool(sampling_params.get("logprobs")))
+
+    def _resume_point(self, sample: Sample, agent_name: str) -> "ResumePoint":
+        """Where the aborted `sample`'s loop continues from; RuntimeError when its loop cannot resume."""
+        if not loop_can_resume(agent_name, self.registry):
+            raise RuntimeError(f"sample {sample.index} (agent loop {agent_name!r}) was aborted mid-conversation and "
+                               f"data_flow.partial_rollout=true would continue it, but the loop does not declare "
+                               f"can_resume = True (AgentLoopBase.can_resume): set data_flow.partial_rollout=false "
+                               f"(aborted groups are generated again) or use a loop that can resume (tool_agent, "
+                               f"the single-turn loop)")
+        if sample.resume_state is None:
+            raise RuntimeError(f"sample {sample.index} (agent loop {agent_name!r}) was aborted, but its loop returned "
+                               f"no resume_state to continue from (a loop with can_resume = True must set it when a "
+                               f"generate call is answered aborted)")
+        return ResumePoint(AgentLoopOutput(
+            prompt_ids=sample.prompt_ids, response_ids=sample.response_ids, response_mask=sample.loss_mask,
+            response_logprobs=sample.rollout_log_probs, num_turns=sample.num_turns,
+            metrics=AgentLoopMetrics(**(sample.agent_metrics or {})), resume_state=sample.resume_state),
+            list(sample.token_versions))
 
     async def check_loops(self, agent_names: list[str]) -> None:
         """Build one instance of each named loop, as a row would: a loop that reads a key or attribute that does not
@@ -160,21 +183,44 @@ class AgentLoopWorker:
         """One result per row: {"output": AgentLoopOutput as dict} or {"error": traceback}."""
         return list(await asyncio.gather(*(self._run_row(row, sampling_params) for row in rows)))
 
-    async def _run_row(self, row: dict[str, Any], sampling_params: dict[str, Any]) -> dict[str, Any]:
+    async def _run_row(self, row: dict[str, Any], sampling_params: dict[str, Any],
+                       resume: Optional["ResumePoint"] = None) -> dict[str, Any]:
+        """One row's loop run: from the prompt, or (`resume`) continuing the conversation an abort interrupted."""
         row = dict(row)
         agent_name = row.pop("agent_name")
         recorder = VersionRecorder(self.server_manager)
         try:
             loop = self._new_loop(agent_name, recorder)
+            if resume is not None:
+                row["resume_from"] = resume.output
             output = await loop.run(dict(sampling_params), **row)
             check_output(output, self.config.actor_rollout_ref.rollout, agent_name)
-            return {"output": output.model_dump(), "token_versions": recorder.token_versions(output.response_mask),
-                    "aborted": recorder.aborted}
+            versions = recorder.token_versions(output.response_mask) if resume is None else \
+                resume.token_versions(output, recorder)
+            return {"output": output.model_dump(), "token_versions": versions, "aborted": recorder.aborted}
         except Exception as error:
             server_error = _caused_by_server(error)
             if server_error is not None:
                 raise server_error
             return {"error": f"agent loop {agent_name!r}: {traceback.format_exc()}"}
+
+
+@dataclass
+class ResumePoint:
+    """An aborted sample as its resumable loop continues it: the loop's output so far (with its resume_state) and the
+    weight version of each of its response tokens."""
+    output: AgentLoopOutput
+    versions: list[int]
+
+    def token_versions(self, output: AgentLoopOutput, recorder: "VersionRecorder") -> list[int]:
+        """The continued output's versions: its first tokens are the ones it resumed from and keep their versions
+        (-1 where the final mask leaves them untrained, as everywhere); the rest are this run's (the recorder's)."""
+        before = len(self.output.response_ids)
+        if output.response_ids[:before] != self.output.response_ids:
+            raise ValueError(f"a resumed loop must return the response it resumed from followed by the rest; its "
+                             f"first {before} response tokens differ from the ones it was given in resume_from")
+        kept = [version if mask else -1 for version, mask in zip(self.versions, output.response_mask)]
+        return kept + recorder.token_versions(output.response_mask[before:])
 
 
 class VersionRecorder:

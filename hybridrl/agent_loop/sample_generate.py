@@ -3,16 +3,21 @@
 Which function generates a sample (AgentLoopWorker.generate_group): `data_flow.custom_generate_function` when set
 (same signature as `generate`; see hybridrl/data/hooks.py); else, for the single-turn loop, the built-in `generate`;
 else the sample's agent loop (its `agent_name` column, or rollout.agent.default_agent_loop: tool_agent, a verl-style
-loop of the user's), run once from the prompt as the async rollout runs it, its output made into the sample by
-`sample_from_loop`.
+loop of the user's), run from the prompt as the async rollout runs it (or continued, below), its output made into the
+sample by `sample_from_loop`.
 
 The built-in `generate` is the single-turn loop that can continue: a pending sample generates from its prompt, an
 aborted one (partial rollout) from its prompt plus the tokens it already has, with what is left of
 rollout.response_length; the new tokens are recorded with the weight version the engine server reported for them
 (TokenOutput.weight_version: the weights that really generated them, whatever the schedule). A completed or
-truncated sample comes back unchanged. A multi-turn loop cannot be continued that way (its state is a conversation
-with tool results, not a token list), so an aborted multi-turn sample is generated again from its prompt; partial
-rollout is refused for it (config check and, for a row's own agent_name, at run time).
+truncated sample comes back unchanged.
+
+A multi-turn loop's state is a conversation with tool results, not a token list, so only the loop itself can
+continue it: a loop that declares `can_resume` (AgentLoopBase.can_resume; tool_agent does) returns, when an abort
+interrupts it, its tokens so far and its `resume_state`, which `sample_from_loop` keeps on the sample; next time
+the loop gets them back (`resume_from`) and finishes the conversation, the tokens it already had keeping their
+weight versions. For any other loop an aborted sample cannot be continued: partial rollout is refused for it (config
+check and, for a row's own agent_name, at run time) and its aborted groups are generated again from the prompt.
 """
 from __future__ import annotations
 
@@ -62,11 +67,13 @@ def sample_from_loop(sample: Sample, result: dict[str, Any], eos_token_id: int, 
     gave one (else the reward manager scores it), its turns, metrics and extra_fields (as metadata, verl's columns).
 
     A loop that failed leaves the sample one EOS token with no loss and reward 0, its traceback in `error`, as a failed
-    row of the async rollout. A run cut by an abort is marked aborted (generated again unless the flow refuses it)."""
+    row of the async rollout. A run cut by an abort is marked aborted, with the loop's resume_state (a resumable loop
+continues from it; for others it is None and the group is generated again)."""
     if "error" in result:
         sample.response_ids, sample.loss_mask, sample.token_versions = [eos_token_id], [0], [-1]
         sample.rollout_log_probs = [0.0] if with_log_probs else None
         sample.reward, sample.status, sample.error = 0.0, COMPLETED, result["error"]
+        sample.resume_state = None
         return sample
     output = result["output"]
     sample.prompt_ids = list(output["prompt_ids"])
@@ -76,6 +83,7 @@ def sample_from_loop(sample: Sample, result: dict[str, Any], eos_token_id: int, 
     sample.reward = output["reward_score"]
     sample.num_turns, sample.agent_metrics = output["num_turns"], dict(output["metrics"])
     sample.metadata.update(output["extra_fields"])
+    sample.resume_state = output.get("resume_state") if result["aborted"] else None
     if result["aborted"]:
         sample.status, sample.num_aborts = ABORTED, sample.num_aborts + 1
     else:

@@ -29,8 +29,25 @@ checked (never counted).
 Tool calls the parser cannot read (malformed JSON, no name) and calls of unknown tools are answered with a
 tool message "Error: ..." (the model sees why) and counted in metrics.num_tool_errors, like a tool that raises
 or times out. Tools are created once per sample on first use (create_kwargs from extra_info.tools_kwargs),
-then calc_reward and release at the end. Their arguments come from the row's `tools_kwargs` column, which the
-dataset lifts from extra_info.tools_kwargs as verl's does.
+then calc_reward and release at the end (of each run: see "Partial rollout"). Their arguments come from the row's
+`tools_kwargs` column, which the dataset lifts from extra_info.tools_kwargs as verl's does.
+
+Partial rollout (data_flow.partial_rollout, `can_resume`): an abort reaches only the engine's generate requests,
+never a tool call: a call under way when the data flow aborts the engines runs to its end, its tokens are appended,
+and the next turn's request is answered aborted at once, with no tokens. When a generate request is answered
+aborted, the loop returns at once with the response so far (the tokens the engine generated before the abort
+included; nothing is parsed from an unfinished turn) and, in resume_state, the messages up to that turn, where the
+turn starts, the request id and the counts and rewards so far. Continued (`resume_from`), it generates the rest of
+that turn from prompt + response with what is left of rollout.response_length (a turn cut before its first token
+is simply started), parses the tool calls of the whole turn (before and after the abort), runs them and goes on
+as if never interrupted: the turn counts once toward the turn caps, the budget is the conversation's.
+
+Tool and interaction state across a resume: every run releases the tool instances it created and finalizes its
+interaction when it returns, interrupted or not, so nothing outlives a run (the code interpreter keeps nothing
+between calls anyway); a tool's calc_reward is read just before its instance is released (its value in
+`reward_scores` is the last one read). The continuation creates the instances it needs again and starts the
+interaction again with the same request id and interaction_kwargs: a stateful tool or interaction loses its state
+across a resume (the sample's tool_rewards, turn_scores and counts are kept).
 
 Interactions (verl's): the row's `interaction_kwargs` name the interaction ("name"; optional when only one is
 configured) and are the arguments of its start_interaction and generate_response; each reply's score is kept in
@@ -45,6 +62,7 @@ function adds them to the score.
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from typing import Any, Optional
 from uuid import uuid4
@@ -83,27 +101,34 @@ class ToolAgentLoop(AgentLoopBase):
             multi_turn.interaction_config_path) if multi_turn.interaction_config_path else {}
         cls._class_initialized = True
 
+    can_resume = True  # an aborted conversation continues where it stopped (module docstring, "Partial rollout")
+
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
-        messages = [dict(message) for message in kwargs["raw_prompt"]]
         tools_kwargs = kwargs.get("tools_kwargs")
         check_tools_kwargs(tools_kwargs, self.tools)
-        conversation = _Conversation(await self.apply_chat_template(messages, tools=self.tool_schemas or None))
-        instances: dict[str, str] = {}  # tool name -> this sample's instance id
-        stats = _Stats()
-        request_id = uuid4().hex
+        resume_from: Optional[AgentLoopOutput] = kwargs.get("resume_from")
+        if resume_from is None:
+            messages = [dict(message) for message in kwargs["raw_prompt"]]
+            conversation = _Conversation(await self.apply_chat_template(messages, tools=self.tool_schemas or None))
+            stats, request_id, turn_start = _Stats(), uuid4().hex, 0
+        else:
+            messages, conversation, stats, request_id, turn_start = _resumed(resume_from)
+        instances: dict[str, str] = {}  # tool name -> this sample's instance id (this run's: see the docstring)
         user = await self._start_interaction(kwargs.get("interaction_kwargs") or {}, request_id)
         try:
-            await self._converse(messages, conversation, instances, tools_kwargs, sampling_params, request_id, stats,
-                                 user)
-            reward_scores = {name: await self.tools[name].calc_reward(
-                instance_id, **tool_phase_kwargs(tools_kwargs, name, "calc_reward"))
-                for name, instance_id in instances.items()}
+            interrupted_turn = await self._converse(messages, conversation, instances, tools_kwargs, sampling_params,
+                                                    request_id, stats, user, turn_start)
+            for name, instance_id in instances.items():
+                stats.reward_scores[name] = await self.tools[name].calc_reward(
+                    instance_id, **tool_phase_kwargs(tools_kwargs, name, "calc_reward"))
         finally:
             for name, instance_id in instances.items():
                 await self.tools[name].release(instance_id, **tool_phase_kwargs(tools_kwargs, name, "release"))
             if user is not None:
                 await user.interaction.finalize_interaction(request_id)
-        return await self._output(messages, conversation, stats, reward_scores)
+        if interrupted_turn is not None:
+            return self._interrupted_output(messages, conversation, stats, request_id, interrupted_turn)
+        return await self._output(messages, conversation, stats)
 
     async def _start_interaction(self, interaction_kwargs: dict, request_id: str) -> Optional["_User"]:
         """The sample's interaction, started (None when none is configured)."""
@@ -120,45 +145,62 @@ class ToolAgentLoop(AgentLoopBase):
         return _User(interaction, interaction_kwargs)
 
     async def _converse(self, messages, conversation, instances, tools_kwargs, sampling_params, request_id,
-                        stats, user: Optional["_User"]) -> None:
+                        stats, user: Optional["_User"], turn_start: int) -> Optional[int]:
+        """The conversation from the assistant turn that starts at response position `turn_start` (its tokens
+        before an abort, if any, already in `conversation`) to its end. Returns None when it ended, or where the
+        assistant turn an abort interrupted starts (a turn the abort cut before its first token starts at the end)."""
         while True:
-            budget = self.response_length - len(conversation.response_ids)
-            started = time.perf_counter()
-            output = await self.server_manager.generate(request_id=request_id, prompt_ids=conversation.all_ids(),
-                                                        sampling_params={**sampling_params, "max_tokens": budget})
-            stats.generate_s += time.perf_counter() - started
-            conversation.add_model_tokens(output.token_ids, output.log_probs)
+            turn = await self._assistant_turn(conversation, sampling_params, request_id, stats, turn_start)
+            if turn is None:
+                return turn_start
+            turn_ids, stop_reason = turn
             stats.assistant_turns += 1
-            text = self._model_text(output.token_ids)
+            text = self._model_text(turn_ids)
             _, calls = self.parse_tool_calls(text)
             messages.append({"role": "assistant", "content": text})
-            ended_turn = bool(output.token_ids) and output.token_ids[-1] in self._eos_ids()
+            ended_turn = bool(turn_ids) and turn_ids[-1] in self._eos_ids()
             out_of_budget = len(conversation.response_ids) >= self.response_length
-            if output.stop_reason == "length" or (out_of_budget and not ended_turn):
+            if stop_reason == "length" or (out_of_budget and not ended_turn):
                 stats.response_cut = 1  # the model was cut mid-turn
-                return
+                return None
             if out_of_budget:
-                return  # the turn ended exactly at the budget: no room for a tool answer
+                return None  # the turn ended exactly at the budget: no room for a tool answer
             if not calls and user is None:
-                return
+                return None
             if self.multi_turn.max_assistant_turns and stats.assistant_turns >= self.multi_turn.max_assistant_turns:
-                return
+                return None
             if self.multi_turn.max_user_turns and stats.user_turns >= self.multi_turn.max_user_turns:
-                return
+                return None
             if calls:
                 inserted = await self._run_calls(calls[:self.multi_turn.max_parallel_calls], instances, tools_kwargs,
                                                  stats)
             else:
                 inserted, conversation_over = await user.reply(request_id, messages, stats)
                 if conversation_over:  # its last reply is not appended: the response ends on the model's turn
-                    return
+                    return None
             inserted_ids = await self._inserted_message_ids(inserted)
             if len(conversation.response_ids) + len(inserted_ids) >= self.response_length:
                 stats.response_cut = 1
-                return
+                return None
             messages.extend(inserted)
             conversation.add_inserted_tokens(inserted_ids)
             stats.user_turns += 1
+            turn_start = len(conversation.response_ids)
+
+    async def _assistant_turn(self, conversation, sampling_params, request_id, stats,
+                              turn_start: int) -> Optional[tuple[list[int], Optional[str]]]:
+        """Generate (the rest of) the assistant turn that starts at `turn_start`, with what is left of the budget:
+        (the whole turn's ids, the engine's stop_reason), or None when the engine answered aborted (the tokens it
+        generated before the abort are kept in `conversation`)."""
+        budget = self.response_length - len(conversation.response_ids)
+        started = time.perf_counter()
+        output = await self.server_manager.generate(request_id=request_id, prompt_ids=conversation.all_ids(),
+                                                    sampling_params={**sampling_params, "max_tokens": budget})
+        stats.generate_s += time.perf_counter() - started
+        conversation.add_model_tokens(output.token_ids, output.log_probs)
+        if output.stop_reason == "aborted":
+            return None
+        return conversation.response_ids[turn_start:], output.stop_reason
 
     def _model_text(self, token_ids: list[int]) -> str:
         """The turn's text as the assistant message's content: its end-of-turn (EOS) token left to the template."""
@@ -222,7 +264,8 @@ class ToolAgentLoop(AgentLoopBase):
         position = text.rfind(eos_text) if eos_text else -1
         return len(text) if position < 0 else position + len(eos_text)
 
-    async def _output(self, messages, conversation, stats, reward_scores) -> AgentLoopOutput:
+    async def _output(self, messages, conversation, stats) -> AgentLoopOutput:
+        """The finished conversation, its tokenization checked (multi_turn.tokenization_sanity_check_mode)."""
         mismatch, accepted = await self.loop.run_in_executor(None, self._check_tokenization, messages, conversation)
         response_ids = conversation.response_ids[:self.response_length]
         response_mask = conversation.response_mask[:self.response_length]
@@ -231,16 +274,20 @@ class ToolAgentLoop(AgentLoopBase):
         reward_score = None
         if not accepted:
             response_mask, reward_score = [0] * len(response_ids), 0.0  # kept out of training, as a failed loop
-        metrics = AgentLoopMetrics(
-            generate_sequences=stats.generate_s, tool_calls=stats.tool_s, num_tool_calls=stats.num_tool_calls,
-            num_tool_errors=stats.num_tool_errors, tool_latency_s=stats.tool_latency_s,
-            tokenization_mismatch=int(mismatch), response_cut=stats.response_cut)
         return AgentLoopOutput(
             prompt_ids=conversation.prompt_ids, response_ids=response_ids, response_mask=response_mask,
-            response_logprobs=logprobs, reward_score=reward_score,
-            num_turns=stats.assistant_turns + stats.user_turns + 1, metrics=metrics,
-            extra_fields={"tool_rewards": list(stats.tool_rewards), "reward_scores": reward_scores,
-                          "turn_scores": list(stats.turn_scores)})
+            response_logprobs=logprobs, reward_score=reward_score, num_turns=stats.num_turns(),
+            metrics=stats.metrics(tokenization_mismatch=int(mismatch)), extra_fields=stats.extra_fields())
+
+    def _interrupted_output(self, messages, conversation, stats, request_id: str, turn_start: int) -> AgentLoopOutput:
+        """The conversation an abort interrupted, as far as it got, with what `_resumed` continues it from (its
+        tokenization is checked once, when the whole conversation is done)."""
+        state = {"messages": messages, "turn_start": turn_start, "request_id": request_id, "stats": vars(stats)}
+        return AgentLoopOutput(
+            prompt_ids=conversation.prompt_ids, response_ids=conversation.response_ids,
+            response_mask=conversation.response_mask, response_logprobs=conversation.response_logprobs,
+            num_turns=stats.num_turns(), metrics=stats.metrics(tokenization_mismatch=0),
+            extra_fields=stats.extra_fields(), resume_state=copy.deepcopy(state))
 
     def _check_tokenization(self, messages: list[dict], conversation: "_Conversation") -> tuple[bool, bool]:
         """(mismatch, accepted): whether the incrementally built ids differ from the whole conversation's
@@ -290,12 +337,47 @@ class _Conversation:
 
 
 class _Stats:
-    def __init__(self):
-        self.assistant_turns = self.user_turns = 0
+    """What one conversation counted and collected, across its resumes (plain values: they travel in resume_state)."""
+
+    def __init__(self, **saved):
+        self.assistant_turns = self.user_turns = 0  # finished turns: an interrupted one counts once, when it ends
         self.num_tool_calls = self.num_tool_errors = self.response_cut = 0
         self.generate_s = self.tool_s = self.tool_latency_s = 0.0
         self.tool_rewards: list[float] = []
         self.turn_scores: list[float] = []  # one per interaction reply
+        self.reward_scores: dict[str, float] = {}  # tool name -> calc_reward when its last instance was released
+        vars(self).update(copy.deepcopy(saved))
+
+    def num_turns(self) -> int:
+        """verl's count: the prompt, the assistant turns and the tool or interaction turns."""
+        return self.assistant_turns + self.user_turns + 1
+
+    def metrics(self, tokenization_mismatch: int) -> AgentLoopMetrics:
+        return AgentLoopMetrics(
+            generate_sequences=self.generate_s, tool_calls=self.tool_s, num_tool_calls=self.num_tool_calls,
+            num_tool_errors=self.num_tool_errors, tool_latency_s=self.tool_latency_s,
+            tokenization_mismatch=tokenization_mismatch, response_cut=self.response_cut)
+
+    def extra_fields(self) -> dict[str, Any]:
+        return {"tool_rewards": list(self.tool_rewards), "reward_scores": dict(self.reward_scores),
+                "turn_scores": list(self.turn_scores)}
+
+
+def _resumed(resume_from: AgentLoopOutput) -> tuple[list[dict], _Conversation, _Stats, str, int]:
+    """(messages, conversation, stats, request_id, turn_start) of an interrupted conversation, as
+    ToolAgentLoop._interrupted_output saved them; a resume_from that is not one names what is missing."""
+    state = resume_from.resume_state
+    missing = sorted({"messages", "turn_start", "request_id", "stats"} - set(state or {}))
+    if missing:
+        raise ValueError(f"tool_agent: resume_from.resume_state: expected the state of an interrupted tool_agent "
+                         f"conversation, missing {missing}")
+    conversation = _Conversation(resume_from.prompt_ids)
+    conversation.response_ids = list(resume_from.response_ids)
+    conversation.response_mask = list(resume_from.response_mask)
+    conversation.response_logprobs = None if resume_from.response_logprobs is None else \
+        list(resume_from.response_logprobs)
+    messages = copy.deepcopy(state["messages"])
+    return messages, conversation, _Stats(**state["stats"]), state["request_id"], int(state["turn_start"])
 
 
 class _User:

@@ -38,7 +38,8 @@ class Sample:
     """One prompt's response as it is generated, scored, maybe aborted and continued.
 
     status: pending (nothing generated yet), completed (ended on EOS), truncated (reached the length budget),
-    aborted (generation was stopped midway: `response_ids` holds the tokens so far; partial rollout continues it).
+    aborted (generation was stopped midway: `response_ids` holds the tokens so far; partial rollout continues it;
+    a multi-turn loop that can resume also keeps its conversation's state in `resume_state`).
     reward: a number, or a dict from which `reward_key` picks the number the estimators use (None: not scored).
     metadata: the dataset row's columns (data_source, reward_model, extra_info, raw_prompt, ...), which the reward
     manager and the agent loops read; a hook may add its own keys, an agent loop its extra_fields.
@@ -58,6 +59,7 @@ class Sample:
     num_turns: int = 0  # an agent loop's turns (its AgentLoopOutput.num_turns); 0: generated without a loop
     agent_metrics: Optional[dict[str, Any]] = None  # an agent loop's AgentLoopMetrics, as a dict
     error: Optional[str] = None  # an agent loop's traceback when it failed: then no loss on the sample, reward 0
+    resume_state: Optional[dict[str, Any]] = None  # an aborted resumable loop's state (AgentLoopOutput.resume_state)
 
     @property
     def response_length(self) -> int:
@@ -123,7 +125,7 @@ def reset_group(group: list[Sample]) -> list[Sample]:
     for sample in group:
         sample.response_ids, sample.loss_mask, sample.token_versions = [], [], []
         sample.rollout_log_probs, sample.reward, sample.status = None, None, PENDING
-        sample.num_turns, sample.agent_metrics, sample.error = 0, None, None
+        sample.num_turns, sample.agent_metrics, sample.error, sample.resume_state = 0, None, None, None
     return group
 
 
