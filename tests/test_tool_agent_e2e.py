@@ -15,7 +15,8 @@ from hybridrl.defaults.tool_chat_template import TOOL_CHAT_TEMPLATE
 from hybridrl.defaults.tool_task import answer_text, sft, tool_call_text
 from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY
 from hybridrl.data.rl_parquet import write_rl_parquet
-from test_async_rollout import fit_keeping_update_batches
+from hybridrl.trainer.ppo.async_trainer import trainer_class
+from test_async_rollout import fit_keeping_update_batches, spy_on_update_actor
 from test_e2e_training import make_config, read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -121,3 +122,54 @@ def test_the_tool_agent_runs_in_the_data_flow(ray_local, tool_task, tmp_path):
         assert (versions[generated] == version).all()  # trained weights v0, then v1
         attention = batch.batch["attention_mask"][:, -generated.shape[1]:].bool()
         assert (versions[attention & ~generated] == -1).all()
+
+
+# The seeds' features composed (issue 26): the tool agent, verl's filter_groups (dynamic sampling), partial rollout
+# and an overlapping schedule on separate trainer and rollout ranks, 6 steps.
+COMPOSED = ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1",
+            "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.temperature=1.0",
+            "algorithm.adv_estimator=grpo", "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score",
+            "algorithm.filter_groups.max_num_gen_batches=6", "data_flow.insufficient_groups=train",
+            "data_flow.partial_rollout=true", "trainer.total_training_steps=6", "trainer.test_freq=-1"]
+SCHEDULES = {"one_step_off": ["async_training.mode=one_step_off", "data_flow.over_sampling_batch_size=12"],
+             "fully_async": ["async_training.mode=fully_async", "async_training.max_staleness=1"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+def test_tool_agent_dynamic_sampling_and_partial_rollout_compose_with_an_overlapping_schedule(ray_local, tool_task,
+                                                                                             tmp_path, schedule):
+    """Every step calls tools (their tokens masked as ever), trains whole groups whose scores vary (the filter's
+    verdict), logs the data_flow/* and agent_loop/* counts, and keeps its schedule's staleness: one_step_off never
+    trains a token of the weights being updated (each is at least one version old from step 2 on), fully_async never
+    one more than max_staleness=1 versions old."""
+    config = make_config({**tool_task, "reward": os.path.abspath(__file__)}, str(tmp_path),
+                         *tool_overrides(tmp_path, tool_task, *COMPOSED, *SCHEDULES[schedule]))
+    trainer = trainer_class(config)(config)
+    trainer.init_workers()
+    try:
+        batches = spy_on_update_actor(trainer)
+        trainer.fit()
+    finally:
+        trainer.shutdown()
+    steps = read_metrics(str(tmp_path))
+    assert len(batches) == len(steps) == 6
+    for step, (batch, metrics) in enumerate(zip(batches, steps), start=1):
+        rows_with_tool = check_tool_rows(batch, tool_task["tokenizer"])
+        assert rows_with_tool > 0 and metrics["agent_loop/num_tool_calls/mean"] > 0
+        for key in ("data_flow/num_dropped_groups", "data_flow/num_groups_trained", "data_flow/buffer_size",
+                    "data_flow/partial_ratio", "agent_loop/num_failed"):
+            assert key in metrics, (step, key)
+        assert metrics["data_flow/num_groups_trained"] * 4 == len(batch)
+        scores = batch.batch["token_level_scores"].sum(-1).view(-1, 4)
+        assert (scores.std(dim=1) > 0).all()  # the filter kept only groups whose scores vary
+        policy_version = metrics["async_training/policy_version"]
+        assert policy_version == step - 1
+        generated = batch.batch["response_mask"].bool()
+        versions = batch.batch[WEIGHT_VERSIONS_KEY][generated]
+        assert versions.min() >= 0
+        if schedule == "one_step_off" and step > 1:
+            assert versions.max() <= policy_version - 1 and metrics["async_training/staleness/min"] >= 1
+        if schedule == "fully_async":
+            assert metrics["async_training/staleness/max"] <= 1
+            assert versions.min() >= policy_version - 1
