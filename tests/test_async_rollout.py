@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from hybridrl.trainer.ppo.async_trainer import trainer_class
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from test_e2e_training import make_config, read_metrics
 
@@ -126,8 +127,8 @@ def spy_on_update_actor(trainer):
 
 
 def fit_keeping_update_batches(config):
-    """(the trainer, after fit and shutdown; every batch its actor was updated on)."""
-    trainer = RayPPOTrainer(config)
+    """(the trainer the config asks for, after fit and shutdown; every batch its actor was updated on)."""
+    trainer = trainer_class(config)(config)
     trainer.init_workers()
     try:
         batches = spy_on_update_actor(trainer)

@@ -246,11 +246,13 @@ class HoldAtForward:
     """A forward hook that, once armed, holds the model inside its `at`-th forward after arming (setting `held`)
     until `release` is set: the test acts while a generation is certainly under way, whatever the machine's load."""
 
-    def __init__(self, at: int):
+    def __init__(self, at: int = 0):
         self.at, self.count, self.armed = at, 0, False
         self.held, self.release = threading.Event(), threading.Event()
 
-    def arm(self) -> None:
+    def arm(self, at: int | None = None) -> None:
+        """Hold at the `at`-th forward from now (the one given at construction when None)."""
+        self.at = self.at if at is None else at
         self.count, self.armed = 0, True
         self.held.clear()
         self.release.clear()

@@ -15,8 +15,7 @@ from hybridrl.defaults.tool_chat_template import TOOL_CHAT_TEMPLATE
 from hybridrl.defaults.tool_task import answer_text, sft, tool_call_text
 from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY
 from hybridrl.data.rl_parquet import write_rl_parquet
-from hybridrl.trainer.ppo.async_trainer import trainer_class
-from test_async_rollout import fit_keeping_update_batches, spy_on_update_actor
+from test_async_rollout import fit_keeping_update_batches
 from test_e2e_training import make_config, read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -145,13 +144,7 @@ def test_tool_agent_dynamic_sampling_and_partial_rollout_compose_with_an_overlap
     one more than max_staleness=1 versions old."""
     config = make_config({**tool_task, "reward": os.path.abspath(__file__)}, str(tmp_path),
                          *tool_overrides(tmp_path, tool_task, *COMPOSED, *SCHEDULES[schedule]))
-    trainer = trainer_class(config)(config)
-    trainer.init_workers()
-    try:
-        batches = spy_on_update_actor(trainer)
-        trainer.fit()
-    finally:
-        trainer.shutdown()
+    _, batches = fit_keeping_update_batches(config)
     steps = read_metrics(str(tmp_path))
     assert len(batches) == len(steps) == 6
     for step, (batch, metrics) in enumerate(zip(batches, steps), start=1):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ from hybridrl.data.sample import ABORTED, COMPLETED, Sample, groups_to_batch
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.defaults.tool_chat_template import TOOL_CHAT_TEMPLATE
 from hybridrl.workers.rollout.async_server import EngineServer, HFGenerateEngine
+from test_data_flow import HoldAtForward
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CALCULATOR_YAML = os.path.join(REPO, "examples/sglang_multiturn/config/tool_config/calculator_tool_config.yaml")
@@ -30,30 +30,6 @@ CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*34"}}<
 ANSWER = "The answer is 408."
 RESPONSE_LENGTH = 200
 PARAMS = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
-
-
-class HoldAtForward:
-    """A forward hook that, once armed, holds the model inside its `at`-th forward until `release` is set (`held`
-    says it is there): the abort comes while that token is being generated, whatever the machine's load."""
-
-    def __init__(self):
-        self.at, self.count, self.armed = 0, 0, False
-        self.held, self.release = threading.Event(), threading.Event()
-
-    def arm(self, at: int) -> None:
-        self.at, self.count, self.armed = at, 0, True
-        self.held.clear()
-        self.release.clear()
-
-    def __call__(self, *args) -> None:
-        if not self.armed:
-            return
-        self.count += 1
-        if self.count == self.at:
-            self.armed = False
-            self.held.set()
-            if not self.release.wait(120):  # only a broken test waits this long
-                raise RuntimeError("HoldAtForward: never released")
 
 
 def run_config(tool_config_path: str = CALCULATOR_YAML):
