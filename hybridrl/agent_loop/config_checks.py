@@ -1,6 +1,7 @@
 """Config checks of the agent loops (rollout.mode=async, multi-turn), registered with hybridrl.config.checks:
 async mode reads the raw chat and serves the built-in engines, multi-turn runs as an agent loop with a tool-call
-syntax it parses, and before the start every agent-loop YAML entry imports and the default loop is registered."""
+syntax it parses, the data flow's partial rollout continues only a default loop that can resume, and before the
+start every agent-loop YAML entry imports and the default loop is registered."""
 from __future__ import annotations
 
 from hybridrl.config.checks import Values, register_check
@@ -43,6 +44,34 @@ def _multi_turn_settings(values: Values, problems: list[str]) -> None:
     if tool_format not in TOOL_PARSERS:
         problems.append(f"actor_rollout_ref.rollout.multi_turn.format: expected one of {sorted(TOOL_PARSERS)}, got "
                         f"{tool_format!r}")
+
+
+@register_check()
+def _partial_rollout_loop_can_resume(values: Values, problems: list[str]) -> None:
+    """data_flow.partial_rollout continues aborted samples: unless a data_flow rollout or generate function makes
+    them, the default loop must be one that can (the single-turn loop, or a loop declaring AgentLoopBase.can_resume,
+    as tool_agent does). The loop is looked up as the workers will (built-ins, extensions' @register, the agent-loop
+    YAML); when it cannot be found, _check_agent_loops says why."""
+    from hybridrl.agent_loop.base import load_agent_loop_config, loop_can_resume
+
+    flow = values("data_flow")
+    in_flow = flow["enable"] or values("algorithm.filter_groups.enable")
+    generates_itself = any(flow[hook].get("name") is not None for hook in ("rollout_function",
+                                                                          "custom_generate_function"))
+    loop = values("actor_rollout_ref.rollout.agent.default_agent_loop")
+    if not (in_flow and flow["partial_rollout"]) or generates_itself or loop == "single_turn_agent":
+        return
+    try:
+        resumable = loop_can_resume(loop, load_agent_loop_config(values("actor_rollout_ref.rollout.agent."
+                                                                        "agent_loop_config_path")))
+    except Exception:  # a YAML or loop that does not load: _check_agent_loops reports it, naming the entry
+        return
+    if not resumable:
+        problems.append(f"data_flow.partial_rollout: expected false with actor_rollout_ref.rollout.agent."
+                        f"default_agent_loop={loop!r} (the loop does not declare can_resume = True, so its aborted "
+                        f"conversation cannot be continued: its groups are generated again; partial rollout continues "
+                        f"the single-turn loop, tool_agent, a loop that declares AgentLoopBase.can_resume, or a "
+                        f"data_flow.custom_generate_function that can), got True")
 
 
 @register_check("preflight")

@@ -50,10 +50,6 @@ def _data_flow_settings(values: Values, problems: list[str]) -> None:
                         f"'one_step_off' (the data flow scores each group as it finishes, on the thread that generates "
                         f"ahead, while the trainer pool's ranks run the update: the reward model's sharded forward and "
                         f"the update's collectives could reach the ranks in different orders), got True")
-    generates_itself = any(flow[hook].get("name") is not None for hook in ("rollout_function",
-                                                                          "custom_generate_function"))
-    if flow["partial_rollout"] and not generates_itself:
-        _default_loop_can_resume(values, problems)
     if filter_groups["enable"] and flow["max_num_gen_batches"] not in (0, filter_groups["max_num_gen_batches"]):
         problems.append(f"data_flow.max_num_gen_batches: expected 0 or algorithm.filter_groups.max_num_gen_batches = "
                         f"{filter_groups['max_num_gen_batches']} (the same cap), got {flow['max_num_gen_batches']!r}")
@@ -85,28 +81,6 @@ def _fully_async_stream_settings(flow, problems: list[str]) -> None:
     for hook in ("over_sampling_filter", "rollout_function"):
         if flow[hook].get("path") is not None or flow[hook].get("name") is not None:
             problems.append(f"data_flow.{hook}: expected null path and name {why}, got {flow[hook]!r}")
-
-
-def _default_loop_can_resume(values: Values, problems: list[str]) -> None:
-    """data_flow.partial_rollout continues aborted samples: the default loop must be one that can (the single-turn
-    loop, or a loop declaring AgentLoopBase.can_resume, as tool_agent does). The loop is looked up as the workers will
-    (built-ins, extensions' @register, the agent-loop YAML); when it cannot be found the agent-loop checks say why."""
-    from hybridrl.agent_loop.base import load_agent_loop_config, loop_can_resume
-
-    loop = values("actor_rollout_ref.rollout.agent.default_agent_loop")
-    loops_yaml = values("actor_rollout_ref.rollout.agent.agent_loop_config_path")
-    if loop == "single_turn_agent":
-        return
-    try:
-        resumable = loop_can_resume(loop, load_agent_loop_config(loops_yaml))
-    except Exception:  # a YAML or loop that does not load: agent_loop/config_checks.py reports it, naming the entry
-        return
-    if not resumable:
-        problems.append(f"data_flow.partial_rollout: expected false with actor_rollout_ref.rollout.agent."
-                        f"default_agent_loop={loop!r} (the loop does not declare can_resume = True, so its aborted "
-                        f"conversation cannot be continued: its groups are generated again; partial rollout continues "
-                        f"the single-turn loop, tool_agent, a loop that declares AgentLoopBase.can_resume, or a "
-                        f"data_flow.custom_generate_function that can), got True")
 
 
 @register_check("paths")
