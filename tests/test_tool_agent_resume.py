@@ -6,6 +6,7 @@ the data flow's Sample. The abort lands at an exact token: a forward hook holds 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 
 import pytest
@@ -76,12 +77,17 @@ def taught(tmp_path_factory):
     return config, tokenizer, model, hold, conversation
 
 
-def engine_server(model, tokenizer, version: int) -> EngineServer:
+@contextlib.contextmanager
+def serving(model, tokenizer, version: int):
+    """An HF engine server on 127.0.0.1 serving `model` as weights `version`, shut down on leaving."""
     engine = HFGenerateEngine(model, response_length=RESPONSE_LENGTH, eos_token_ids=[tokenizer.eos_token_id],
                               pad_token_id=tokenizer.pad_token_id, max_batch_size=1)
     server = EngineServer(engine, "127.0.0.1")
     server.serve(weight_version=version)
-    return server
+    try:
+        yield server
+    finally:
+        server.shutdown()
 
 
 def worker_for(config, tokenizer, server: EngineServer):
@@ -127,18 +133,16 @@ def test_an_aborted_tool_conversation_continues_mid_turn_and_its_tool_call_runs_
 
     sample = Sample(group_index=0, index=0, prompt_ids=[1, 2, 3], metadata={"raw_prompt": QUESTION,
                                                                             "tools_kwargs": {}})
-    server = engine_server(model, tokenizer, version=0)
-
-    def abort_at_the_held_token():
-        hold.arm(HELD_AT)
-        assert hold.held.wait(120), "the first turn never reached its held forward"
-        abort_servers([server.address])
-        hold.release.set()
-    try:
-        aborted = generate_sample(config, tokenizer, server, sample, while_generating=abort_at_the_held_token)
-    finally:
-        hold.release.set()
-        server.shutdown()
+    with serving(model, tokenizer, version=0) as server:
+        def abort_at_the_held_token():
+            hold.arm(HELD_AT)
+            assert hold.held.wait(120), "the first turn never reached its held forward"
+            abort_servers([server.address])
+            hold.release.set()
+        try:
+            aborted = generate_sample(config, tokenizer, server, sample, while_generating=abort_at_the_held_token)
+        finally:
+            hold.release.set()
     assert (aborted.status, aborted.num_aborts) == (ABORTED, 1)
     assert aborted.prompt_ids == prompt_ids  # the loop's own prompt: its chat template and tool schemas
     assert aborted.response_ids == first[:HELD_AT] and aborted.loss_mask == [1] * HELD_AT
@@ -149,11 +153,8 @@ def test_an_aborted_tool_conversation_continues_mid_turn_and_its_tool_call_runs_
     torch.save(aborted.to_dict(), tmp_path / "buffer.pt")  # a checkpoint of the buffer holds it as plain values
     aborted = Sample.from_dict(torch.load(tmp_path / "buffer.pt", weights_only=True))
 
-    server = engine_server(model, tokenizer, version=1)  # the next step's weights (the same values here)
-    try:
+    with serving(model, tokenizer, version=1) as server:  # the next step's weights (the same values here)
         done = generate_sample(config, tokenizer, server, aborted)
-    finally:
-        server.shutdown()
     assert (done.status, done.num_aborts, done.error, done.resume_state) == (COMPLETED, 1, None, None)
     assert done.prompt_ids + done.response_ids == conversation
     assert done.loss_mask == [1] * len(first) + [0] * inserted + [1] * len(second)
@@ -224,12 +225,9 @@ def test_an_abort_during_a_tool_call_lets_the_call_finish_and_the_next_turn_star
     second = tokenizer(ANSWER, add_special_tokens=False)["input_ids"] + [eos]
     sample = Sample(group_index=0, index=0, prompt_ids=[1, 2, 3], metadata={"raw_prompt": QUESTION,
                                                                             "tools_kwargs": {}})
-    server = engine_server(model, tokenizer, version=0)
-    aborting_tool.SERVERS[:] = [server.address]
-    try:
+    with serving(model, tokenizer, version=0) as server:
+        aborting_tool.SERVERS[:] = [server.address]
         aborted = generate_sample(config, tokenizer, server, sample)
-    finally:
-        server.shutdown()
     response = conversation[len(aborted.prompt_ids):]
     inserted = len(response) - len(first) - len(second)
     assert (aborted.status, aborted.num_aborts) == (ABORTED, 1)
@@ -240,12 +238,9 @@ def test_an_abort_during_a_tool_call_lets_the_call_finish_and_the_next_turn_star
     assert aborting_tool.CALLS == [{"expression": "12*34"}] and aborting_tool.LIVE == set()
     assert aborted.num_turns == 3 and aborted.metadata["tool_rewards"] == [0.0]
 
-    server = engine_server(model, tokenizer, version=1)
-    aborting_tool.SERVERS[:] = [server.address]
-    try:
+    with serving(model, tokenizer, version=1) as server:
+        aborting_tool.SERVERS[:] = [server.address]
         done = generate_sample(config, tokenizer, server, aborted)
-    finally:
-        server.shutdown()
     assert (done.status, done.num_aborts, done.resume_state) == (COMPLETED, 1, None)
     assert done.prompt_ids + done.response_ids == conversation and done.prompt_ids == aborted.prompt_ids
     assert done.token_versions == [0] * len(first) + [-1] * inserted + [1] * len(second)

@@ -68,7 +68,7 @@ def sample_from_loop(sample: Sample, result: dict[str, Any], eos_token_id: int, 
 
     A loop that failed leaves the sample one EOS token with no loss and reward 0, its traceback in `error`, as a failed
     row of the async rollout. A run cut by an abort is marked aborted, with the loop's resume_state (a resumable loop
-continues from it; for others it is None and the group is generated again)."""
+    continues from it; for others it is None and the group is generated again)."""
     if "error" in result:
         sample.response_ids, sample.loss_mask, sample.token_versions = [eos_token_id], [0], [-1]
         sample.rollout_log_probs = [0.0] if with_log_probs else None

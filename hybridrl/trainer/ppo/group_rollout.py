@@ -95,14 +95,19 @@ class GroupRollout:
         done, _ = ray.wait(list(refs), num_returns=1)
         return list(zip(done, ray.get(done)))
 
-    def abort(self) -> None:
-        """Every engine server stops what it generates and answers with the tokens so far (status aborted), and
-        answers new requests aborted too (an agent loop's next turn) until `reset_abort`."""
+    def abort(self, refs: list[ray.ObjectRef]) -> list[list[Sample]]:
+        """Stop the groups of `refs` (submitted, not finished) and return them: every engine server answers what it
+        generates with the tokens so far (status aborted), and new requests likewise (an agent loop's next turn)
+        until every group is back; then the servers generate again (a generation before the next rollout mode, as
+        one_step_off's next batch or fully_async's stream, must not be aborted). Counts data_flow/num_aborted_groups
+        (the groups in flight at the abort) and num_aborted_samples."""
         abort_servers(self.manager.server_addresses)
-
-    def reset_abort(self) -> None:
-        """The engine servers generate again: call once every aborted group is back."""
+        groups = ray.get(list(refs))
         reset_abort_servers(self.manager.server_addresses)
+        self.record("data_flow/num_aborted_groups", len(groups))
+        self.record("data_flow/num_aborted_samples",
+                    sum(sample.status == ABORTED for group in groups for sample in group))
+        return groups
 
     def score_group(self, group: list[Sample], evaluation: bool = False) -> list[Sample]:
         """Reward every sample of a finished group that has none yet (a custom generate function or an agent loop may
@@ -284,12 +289,7 @@ def _stop_stragglers(rollout: GroupRollout, refs: list, prompt_source: PromptSou
     """Abort what is still generating and put those groups back: as they are (partial rollout) or reset."""
     if not refs:
         return
-    rollout.abort()
-    groups = ray.get(refs)
-    rollout.reset_abort()  # a generation before the next rollout mode (one_step_off's next batch) must not be aborted
-    aborted = sum(sample.status == ABORTED for group in groups for sample in group)
-    rollout.record("data_flow/num_aborted_samples", aborted)
-    rollout.record("data_flow/num_aborted_groups", len(groups))
+    groups = rollout.abort(refs)
     prompt_source.add_groups(groups if rollout.flow.partial_rollout else [reset_group(group) for group in groups])
 
 

@@ -11,8 +11,9 @@ each training step takes the first ones to finish that are fresh enough.
 
 At most `capacity` ((max_staleness + 1) x train_batch_size, rollout/engine_load.py sizes the engines for it) groups
 are in flight or kept at once; the stream is topped up while a step waits (`take`) and right after each weight
-sync, and groups are scored only then, on the controller's one thread: what finishes during an update waits. What it counts from a take to the weight sync after the update
-(data_flow/*, async_training/dropped_groups and requeued_groups) is that step's `step_metrics`.
+sync, and groups are scored only then, on the controller's one thread: what finishes during an update waits. What
+it counts from a take to the weight sync after the update (data_flow/*, async_training/dropped_groups and
+requeued_groups) is that step's `step_metrics`.
 
 `recall` stops what is in flight (the engine servers abort: each group comes back with its tokens so far), and puts
 those groups first in the prompt source's buffer: with data_flow.partial_rollout as they are (continued under the
@@ -104,14 +105,8 @@ class GroupStream:
         are with partial rollout, else reset unless finished)."""
         if not self.in_flight:
             return
-        self.rollout.abort()
-        groups = ray.get(list(self.in_flight))
+        groups = self.rollout.abort(list(self.in_flight))
         self.in_flight.clear()
-        self.rollout.reset_abort()
-        aborted = [group for group in groups if any(sample.status == ABORTED for sample in group)]
-        self.rollout.record("data_flow/num_aborted_groups", len(aborted))
-        self.rollout.record("data_flow/num_aborted_samples",
-                            sum(sample.status == ABORTED for group in aborted for sample in group))
         if not self.rollout.flow.partial_rollout:
             groups = [reset_group(group) if any(s.status == ABORTED for s in group) else group for group in groups]
         self.source.add_groups(groups, first=True)
