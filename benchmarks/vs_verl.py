@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -184,22 +185,27 @@ def read_steps(name: str, path: str) -> list[dict]:
 
 
 def run_one(name: str, spec: dict, timeout: float) -> dict:
+    """Run one trainer, its output streamed into run_dir/<name>.log as it goes (a run cut off by the caller's own
+    limit still leaves its log); on timeout its whole process group is killed, Ray's workers included."""
     os.makedirs(spec["run_dir"], exist_ok=True)
     env = {**os.environ, **spec["env"]}
+    log_path = os.path.join(spec["run_dir"], f"{name}.log")
     started = time.perf_counter()
-    try:
-        completed = subprocess.run(spec["argv"], env=env, capture_output=True, text=True, timeout=timeout)
-        output, code = completed.stdout + completed.stderr, completed.returncode
-    except subprocess.TimeoutExpired as expired:
-        output = (expired.stdout or b"").decode(errors="replace") + (expired.stderr or b"").decode(errors="replace")
-        code = "timeout"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(spec["argv"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        try:
+            code = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            code = "timeout"
     wall = time.perf_counter() - started
-    with open(os.path.join(spec["run_dir"], f"{name}.log"), "w") as log:
-        log.write(output)
     steps = read_steps(name, spec["metrics"]) if os.path.exists(spec["metrics"]) else []
-    result = {"wall_s": wall, "steps": steps, "log": os.path.join(spec["run_dir"], f"{name}.log")}
+    result = {"wall_s": wall, "steps": steps, "log": log_path}
     if code != 0:
-        tail = [line for line in output.strip().splitlines() if line.strip()][-3:]
+        with open(log_path, errors="replace") as log:
+            tail = [line for line in log.read().strip().splitlines() if line.strip()][-3:]
         result["error"] = f"exit {code}: " + " | ".join(tail)
     return result
 
@@ -380,10 +386,12 @@ def main() -> None:
         check_hybridrl_overrides(specs)
         check_verl_overrides(specs)
         return
-    results = {name: run_one(name, specs[name], args.timeout) for name in args.trainers.split(",")}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "commands": specs, "results": results}, f, indent=1)
+    results = {}
+    for name in args.trainers.split(","):  # the record is rewritten after each trainer: a cut-off call keeps the first
+        results[name] = run_one(name, specs[name], args.timeout)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"args": vars(args), "commands": specs, "results": results}, f, indent=1)
     print_tables(results, args)
 
 
