@@ -172,15 +172,23 @@ def commands(args, model_dir: str) -> dict[str, dict]:
     }
 
 
+# metrics verl 0.9.1 logs under another name than hybridrl (and verl's own trainer before the engine workers)
+VERL_NAMES = {"perf/max_memory_allocated_gb": "actor/perf/max_memory_allocated_gb"}
+
+
 def read_steps(name: str, path: str) -> list[dict]:
-    """Per-step metric dicts in step order. verl's file logger writes {"step": k, "data": {...}}; hybridrl's jsonl
-    logger writes the metrics themselves (with "step" or "training/global_step" when present)."""
+    """Per-step metric dicts in step order, under hybridrl's names. verl's file logger writes {"step": k, "data":
+    {...}}; hybridrl's jsonl logger writes the metrics themselves (with "step" or "training/global_step")."""
     steps = []
     with open(path) as f:
         for line in f:
             if line.strip():
                 record = json.loads(line)
-                steps.append(record["data"] if name == "verl" and "data" in record else record)
+                if name == "verl":
+                    record = record.get("data", record)
+                    record.update({ours: record[theirs] for ours, theirs in VERL_NAMES.items()
+                                   if ours not in record and theirs in record})
+                steps.append(record)
     return steps
 
 
@@ -223,17 +231,25 @@ def print_tables(results: dict, args) -> None:
         for index, step in enumerate(result["steps"], 1):
             cells = [fmt.format(step[key]) if isinstance(step.get(key), (int, float)) else "-" for _, key, fmt in COLUMNS]
             print(f"| {index} | " + " | ".join(cells) + " |")
-    means = {name: mean_after_first(result["steps"]) for name, result in results.items()}
-    print("\nmean of steps 2.. | verl | hybridrl | hybridrl / verl |\n|---|---|---|---|")
-    for title, key, fmt in COLUMNS:
-        verl, ours = means.get("verl", {}).get(key), means.get("hybridrl", {}).get(key)
+    first = {name: result["steps"][0] for name, result in results.items() if result["steps"]}
+    print_ratio_table("step 1 (kernel compilation and warm-up included)", first)
+    print_ratio_table("mean of steps 2.. (a trainer with fewer than 2 steps has none)",
+                      {name: mean_after_first(result["steps"]) for name, result in results.items()})
+
+
+def print_ratio_table(title: str, values: dict[str, dict]) -> None:
+    print(f"\n{title} | verl | hybridrl | hybridrl / verl |\n|---|---|---|---|")
+    for column, key, fmt in COLUMNS:
+        verl, ours = values.get("verl", {}).get(key), values.get("hybridrl", {}).get(key)
         ratio = f"{ours / verl:.2f}" if verl and ours is not None else "-"
-        print(f"| {title} | {fmt.format(verl) if verl is not None else '-'} | "
+        print(f"| {column} | {fmt.format(verl) if verl is not None else '-'} | "
               f"{fmt.format(ours) if ours is not None else '-'} | {ratio} |")
 
 
 def mean_after_first(steps: list[dict]) -> dict:
-    measured = steps[1:] or steps
+    """Means over the steps after the first (which carries compilation); empty with fewer than 2 steps, so a
+    first step is never compared with another trainer's later ones."""
+    measured = steps[1:]
     keys = {key for step in measured for key, value in step.items() if isinstance(value, (int, float))}
     return {key: statistics.mean(step[key] for step in measured if isinstance(step.get(key), (int, float)))
             for key in keys}

@@ -59,10 +59,15 @@ def test_hybridrl_side_validates(vs_verl, capsys):
 
 def test_reads_both_metric_formats(vs_verl, tmp_path):
     verl_file, ours_file = tmp_path / "verl.jsonl", tmp_path / "ours.jsonl"
-    verl_file.write_text("\n".join(json.dumps({"step": k, "data": {"timing_s/step": 10.0 + k}}) for k in (1, 2, 3)))
+    verl_file.write_text("\n".join(json.dumps({"step": k, "data": {"timing_s/step": 10.0 + k,
+                                                                   "actor/perf/max_memory_allocated_gb": 50.0 + k}})
+                                   for k in (1, 2, 3)))
     ours_file.write_text("\n".join(json.dumps({"timing_s/step": 5.0 + k}) for k in (1, 2, 3)) + "\n")
     verl_steps = vs_verl.read_steps("verl", str(verl_file))
     ours_steps = vs_verl.read_steps("hybridrl", str(ours_file))
     assert [step["timing_s/step"] for step in verl_steps] == [11.0, 12.0, 13.0]
     assert vs_verl.mean_after_first(verl_steps)["timing_s/step"] == 12.5
     assert vs_verl.mean_after_first(ours_steps)["timing_s/step"] == 7.5
+    # verl 0.9.1 logs the actor's peak memory as actor/perf/...: read under hybridrl's name, for the same column
+    assert [step["perf/max_memory_allocated_gb"] for step in verl_steps] == [51.0, 52.0, 53.0]
+    assert vs_verl.mean_after_first(verl_steps[:1]) == {}  # one step: nothing to set against later steps
