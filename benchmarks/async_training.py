@@ -17,6 +17,15 @@ one-step-off's first step, which has nothing generated ahead). Layouts (--layout
                    async_training.mode=one_step_off
     fully_async    the same pools, async_training.mode=fully_async, max_staleness 1
 
+Workloads: by default each answer's length is what the model samples (random weights on SGLang: close to the cap).
+--tail-fraction F gives a heavy-tailed one (issue 26's: --response-length 4096 --tail-fraction 0.05 --short-length
+360, 5 % of the answers running to 4k tokens): benchmarks/heavy_tail.py's generate function in every layout, which
+then runs the data flow in async rollout mode (colocated too), so all layouts generate the same lengths.
+
+Each layout gets --timeout seconds (on cuda by default 560 / the number of layouts, so an invocation fits a
+10-minute command); a run cut off keeps the steps it logged, its log (streamed into the work dir as it runs) and its
+error, and the --out record is rewritten after each layout.
+
 Columns: s/step (timing_s/step), samples/s (prompts x n per second), tokens/s (prompt + response tokens per
 second, whole run: divide by --gpus for per GPU), speed-up over the first layout, the generation's and the
 update's seconds, and the weight sync's seconds and megabytes (disaggregated layouts). The line `vocab:` above the
@@ -28,15 +37,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
+from benchmarks.heavy_tail import heavy_tail_overrides  # noqa: E402
+from benchmarks.trainer_run import fresh_dir, mean_metrics, run_trainer  # noqa: E402
 from benchmarks.vocab import Vocabulary, load_vocabulary, tiny_model  # noqa: E402
 
 ASYNC = ["actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true"]
@@ -92,8 +100,9 @@ def cpu_task(work_dir: str, vocabulary: Vocabulary | None) -> tuple[list[str], V
 
 
 def run_layout(args, name: str, task: list[str], layout: list[str]) -> dict:
-    """One main_ppo run; the mean of each numeric metric over the measured steps."""
-    run_dir = os.path.join(args.work_dir, f"run_{name}")
+    """One main_ppo run (at most --timeout seconds); the mean of each numeric metric over the measured steps. A run
+    cut off by its timeout keeps the steps it logged, with its error beside them."""
+    run_dir = fresh_dir(os.path.join(args.work_dir, f"run_{name}"))
     command = [sys.executable, "-m", "hybridrl.main_ppo", *task,
                f"data.train_batch_size={args.prompts}", f"actor_rollout_ref.rollout.n={args.n}",
                f"data.max_response_length={args.response_length}",
@@ -102,33 +111,29 @@ def run_layout(args, name: str, task: list[str], layout: list[str]) -> dict:
                "trainer.save_freq=-1", "trainer.logger=[console,jsonl]", f"trainer.default_local_dir={run_dir}",
                "trainer.resume_mode=disable", *layout, *args.overrides]
     print(f"[{name}] {' '.join(command)}", flush=True)
-    started = time.perf_counter()
-    completed = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT)
-    wall = time.perf_counter() - started
-    with open(os.path.join(args.work_dir, f"{name}.log"), "w") as log:
-        log.write(completed.stdout + completed.stderr)
-    if completed.returncode != 0:
-        tail = (completed.stderr.strip() or completed.stdout.strip()).splitlines()[-1:]
-        return {"error": tail[0] if tail else f"exit {completed.returncode}", "wall_s": wall}
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        steps = [json.loads(line) for line in f if line.strip()]
-    measured = steps[2:] or steps[1:] or steps
-    keys = {key for step in measured for key, value in step.items() if isinstance(value, (int, float))}
-    return {"wall_s": wall, "measured_steps": len(measured),
-            **{key: statistics.mean(step[key] for step in measured if key in step) for key in keys}}
+    run = run_trainer(command, os.path.join(args.work_dir, f"{name}.log"), os.path.join(run_dir, "metrics.jsonl"),
+                      timeout=args.timeout, cwd=REPO_ROOT)
+    measured = run.steps[2:] or run.steps[1:] or run.steps
+    result = {"wall_s": run.wall_s, "logged_steps": len(run.steps), "measured_steps": len(measured),
+              **mean_metrics(measured)}
+    if run.error:
+        result["error"] = run.error
+    return result
 
 
 def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
     samples = args.prompts * args.n
     print(f"\nprompts/step {args.prompts}, n {args.n}, response_length {args.response_length}, {args.gpus} "
           f"{'GPUs' if args.device == 'cuda' else 'CPU processes'}, steps {args.steps} (mean of steps 3+)\n"
-          f"vocab: {vocabulary.describe()}\n")
+          f"vocab: {vocabulary.describe()}\nlengths: " + (f"{args.tail_fraction:.0%} to {args.response_length}, the "
+                                                          f"rest {args.short_length} (heavy_tail.py)\n"
+                                                          if args.tail_fraction > 0 else "as sampled\n"))
     print("| layout | s/step | samples/s | tokens/s | speed-up | gen s | update_actor s | sync_weights s | sync MB | "
           "staleness max |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     base = None
     for name, result in results.items():
-        if "error" in result:
+        if "timing_s/step" not in result:
             print(f"| {name} | failed: {result['error']} | | | | | | | | |")
             continue
         step = result["timing_s/step"]
@@ -139,6 +144,9 @@ def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
               f"{result.get('timing_s/sync_weights', float('nan')):.3f} | "
               f"{result.get('weight_sync/megabytes', float('nan')):.1f} | "
               f"{result.get('async_training/staleness/max', float('nan')):.0f} |")
+    for name, result in results.items():
+        if "error" in result and "timing_s/step" in result:
+            print(f"{name}: {result['logged_steps']} of {args.steps} steps logged before {result['error']}")
 
 
 def main() -> None:
@@ -156,6 +164,13 @@ def main() -> None:
     parser.add_argument("--response-length", type=int, default=None, help="default 512 cuda, 16 cpu")
     parser.add_argument("--steps", type=int, default=None, help="default 8 cuda, 6 cpu")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    parser.add_argument("--tail-fraction", type=float, default=0.0,
+                        help="heavy-tailed lengths (benchmarks/heavy_tail.py): this share of the answers runs to "
+                             "--response-length, the rest to --short-length, in every layout; 0: as sampled")
+    parser.add_argument("--short-length", type=int, default=None, help="the short answers' budget (cap / 16)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds per layout (a run past it is killed and keeps the steps it logged; default: "
+                             "cuda 560 / the number of layouts, so one invocation fits a 10-minute command; cpu none)")
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("--out", default=None, help="write the results as JSON here too")
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides for every layout")
@@ -183,11 +198,18 @@ def main() -> None:
     unknown = [name for name in chosen if name not in known]
     if unknown:
         parser.error(f"--layouts: unknown {unknown}; known: {sorted(known)}")
-    results = {name: run_layout(args, name, task, known[name]) for name in chosen}
+    if args.timeout is None and cuda:
+        args.timeout = 560 / len(chosen)
+    if args.tail_fraction > 0:
+        args.short_length = args.short_length or max(1, args.response_length // 16)
+        task = [*task, *heavy_tail_overrides(args.work_dir, args.tail_fraction, args.short_length, args.device)]
+    results = {}
+    for name in chosen:  # the record is rewritten after each layout: a cut-off invocation keeps what it measured
+        results[name] = run_layout(args, name, task, known[name])
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"args": vars(args), "vocab": vocabulary.record(), "results": results}, f, indent=2)
     print_table(results, args, vocabulary)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "vocab": vocabulary.record(), "results": results}, f, indent=2)
 
 
 if __name__ == "__main__":

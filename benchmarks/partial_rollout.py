@@ -18,8 +18,8 @@ prompts and model for the same number of steps, so they train on the same number
   train_batch_size groups in flight; once train_batch_size groups are done the rest are aborted and continued at the
   next step under the new weights.
 
-Heavy-tailed lengths: a custom generate function (data_flow.custom_generate_function, written to the work
-directory) gives each sample a length budget drawn from its index: --tail-fraction of them get the whole
+Heavy-tailed lengths (benchmarks/heavy_tail.py): a custom generate function (data_flow.custom_generate_function,
+written to the work directory) gives each sample a length budget drawn from its index: --tail-fraction of them get the whole
 response_length, the others --short-length tokens; on sglang `rollout.ignore_eos=true` makes the engine use the
 whole budget (the hf engine's tiny random model rarely ends earlier). What is compared is the generation phase:
 the sum of `timing_s/gen` over the steps after --warmup-steps, per trained sample. A table is printed (markdown);
@@ -30,31 +30,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
+from benchmarks.heavy_tail import heavy_tail_overrides  # noqa: E402
+from benchmarks.trainer_run import fresh_dir, run_trainer  # noqa: E402
 from benchmarks.vocab import Vocabulary, load_vocabulary, tiny_model  # noqa: E402
-
-GENERATE_FILE = '''
-import dataclasses
-import random
-
-from hybridrl.agent_loop.sample_generate import generate
-
-TAIL_FRACTION, SHORT_LENGTH = {tail_fraction!r}, {short_length!r}
-
-
-async def heavy_tailed_generate(ctx, sample, sampling_params):
-    """The built-in generate with a per-sample budget: the whole response_length for a tail of samples."""
-    is_long = random.Random(sample.index).random() < TAIL_FRACTION
-    budget = ctx.response_length if is_long else min(SHORT_LENGTH, ctx.response_length)
-    return await generate(dataclasses.replace(ctx, response_length=budget), sample, sampling_params)
-'''
 
 REWARD_FILE = '''
 def length_reward(data_source, solution_str, ground_truth, extra_info=None):
@@ -97,21 +81,18 @@ def write_prompts(work_dir: str) -> str:
 
 
 def run(name: str, overrides: list[str], work_dir: str) -> list[dict]:
-    run_dir = os.path.join(work_dir, name)
-    shutil.rmtree(run_dir, ignore_errors=True)  # the trainer appends to metrics.jsonl: an earlier run's steps would count
+    run_dir = fresh_dir(os.path.join(work_dir, name))
     command = [sys.executable, "-m", "hybridrl.main_ppo", f"trainer.default_local_dir={run_dir}",
                "trainer.logger=[console,jsonl]", *overrides]
     log_path = os.path.join(work_dir, f"{name}.log")
     print(f"[{name}] {' '.join(command)}\n[{name}] log: {log_path}", flush=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")])}
-    with open(log_path, "w") as log:
-        code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
-    if code != 0:
+    trained = run_trainer(command, log_path, os.path.join(run_dir, "metrics.jsonl"), env=env, cwd=REPO_ROOT)
+    if trained.error:
         with open(log_path) as log:
             tail = log.read()[-4000:]
-        raise SystemExit(f"[{name}] main_ppo exited with {code}; the end of {log_path}:\n{tail}")
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+        raise SystemExit(f"[{name}] main_ppo {trained.error.split(':')[0]}; the end of {log_path}:\n{tail}")
+    return trained.steps
 
 
 def summarise(name: str, steps: list[dict], warmup: int, samples_per_step: int) -> dict:
@@ -157,9 +138,6 @@ def main() -> None:
     os.makedirs(work_dir, exist_ok=True)
     model, vocabulary = model_and_vocabulary(args, work_dir)
     data = args.data or write_prompts(work_dir)
-    generate_path = os.path.join(work_dir, "heavy_tailed.py")
-    with open(generate_path, "w") as f:
-        f.write(GENERATE_FILE.format(tail_fraction=args.tail_fraction, short_length=short))
     reward_path = os.path.join(work_dir, "reward.py")
     with open(reward_path, "w") as f:
         f.write(REWARD_FILE)
@@ -173,13 +151,11 @@ def main() -> None:
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.strategy=fsdp2",
         f"trainer.n_gpus_per_node={gpus}", f"trainer.total_training_steps={steps}", "trainer.val_before_train=false",
         "trainer.test_freq=-1", "trainer.save_freq=-1", f"trainer.device={args.device}",
-        "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true", "data_flow.enable=true",
-        f"data_flow.custom_generate_function.path={generate_path}",
-        "data_flow.custom_generate_function.name=heavy_tailed_generate",
+        *heavy_tail_overrides(work_dir, args.tail_fraction, short, args.device),
         f"actor_rollout_ref.rollout.name={'hf' if cpu else 'sglang'}",
         # on the GPU the update must not hide the generation: padded to 1,088 tokens a row it took 12 s of a
         # 15-19 s step (H200, 2026-11-27); packed rows in 32k-token micro-batches take about 1 s
-        *([] if cpu else ["actor_rollout_ref.rollout.ignore_eos=true", "actor_rollout_ref.model.use_remove_padding=true",
+        *([] if cpu else ["actor_rollout_ref.model.use_remove_padding=true",
                           "actor_rollout_ref.actor.use_dynamic_bsz=true",
                           "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768",
                           "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",

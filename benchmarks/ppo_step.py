@@ -22,14 +22,13 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
 
+from benchmarks.trainer_run import fresh_dir, mean_metrics, run_trainer as run_logged
 from benchmarks.vocab import Vocabulary, load_vocabulary, reusable_model
 
 SHAPES = {
@@ -103,26 +102,16 @@ def trainer_overrides(args, model_dir: str, run_dir: str) -> list[str]:
 
 def run_trainer(args, model_dir: str, layout: str) -> dict:
     """One main_ppo run; the mean of each metric over the steps after the first."""
-    run_dir = os.path.join(args.work_dir, f"run_{args.shape}_{args.gpus}gpu_{layout}")
-    shutil.rmtree(run_dir, ignore_errors=True)  # the trainer appends to metrics.jsonl: an earlier run's steps would count
+    run_dir = fresh_dir(os.path.join(args.work_dir, f"run_{args.shape}_{args.gpus}gpu_{layout}"))
     command = [sys.executable, "-m", "hybridrl.main_ppo", *trainer_overrides(args, model_dir, run_dir), *LAYOUTS[layout],
                *args.overrides]
     log_path = os.path.join(args.work_dir, f"{layout}.log")  # written as the run goes: a cut-off run leaves it
-    started = time.perf_counter()
-    with open(log_path, "w") as log:
-        completed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, text=True)
-    wall = time.perf_counter() - started
+    run = run_logged(command, log_path, os.path.join(run_dir, "metrics.jsonl"))
+    if run.error:
+        return {"error": run.error, "wall_s": run.wall_s}
     with open(log_path) as log:
         output = log.read()
-    if completed.returncode != 0:
-        lines = output.strip().splitlines()
-        return {"error": lines[-1] if lines else f"exit {completed.returncode}", "wall_s": wall}
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        steps = [json.loads(line) for line in f if line.strip()]
-    measured = steps[1:] or steps
-    keys = {key for step in measured for key in step if isinstance(step[key], (int, float))}
-    result = {"wall_s": wall, **{key: statistics.mean(step[key] for step in measured if key in step) for key in keys}}
-    return {**result, **decode_log_summary(output)}
+    return {"wall_s": run.wall_s, **mean_metrics(run.steps[1:] or run.steps), **decode_log_summary(output)}
 
 
 def decode_log_summary(log: str) -> dict:

@@ -23,13 +23,14 @@ import argparse
 import json
 import os
 import shlex
-import signal
-import statistics
 import subprocess
 import sys
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from benchmarks.trainer_run import mean_metrics, read_jsonl, run_trainer  # noqa: E402
+
 VERL_SITE = os.environ.get("VS_VERL_SITE", "/tmp/verl-site")   # scripts/gpu/install_verl.sh .stage/verl
 VERL_TF_SITE = "/tmp/verl-tf-site"     # TARGET=/tmp/verl-tf-site scripts/gpu/install_verl.sh .stage/verl-tf
 SHARED_SITE = "/tmp/site"              # slim (SGLang 0.5.16), ray, deps: scripts/gpu/setup_host.sh
@@ -176,45 +177,28 @@ def commands(args, model_dir: str) -> dict[str, dict]:
 VERL_NAMES = {"perf/max_memory_allocated_gb": "actor/perf/max_memory_allocated_gb"}
 
 
+def verl_step(record: dict) -> dict:
+    """verl's file logger writes {"step": k, "data": {...}}: the metrics, under hybridrl's names."""
+    metrics = record.get("data", record)
+    metrics.update({ours: metrics[theirs] for ours, theirs in VERL_NAMES.items()
+                    if ours not in metrics and theirs in metrics})
+    return metrics
+
+
 def read_steps(name: str, path: str) -> list[dict]:
-    """Per-step metric dicts in step order, under hybridrl's names. verl's file logger writes {"step": k, "data":
-    {...}}; hybridrl's jsonl logger writes the metrics themselves (with "step" or "training/global_step")."""
-    steps = []
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                record = json.loads(line)
-                if name == "verl":
-                    record = record.get("data", record)
-                    record.update({ours: record[theirs] for ours, theirs in VERL_NAMES.items()
-                                   if ours not in record and theirs in record})
-                steps.append(record)
-    return steps
+    """Per-step metric dicts in step order, under hybridrl's names (hybridrl's jsonl logger writes the metrics
+    themselves)."""
+    return read_jsonl(path, verl_step if name == "verl" else lambda record: record)
 
 
 def run_one(name: str, spec: dict, timeout: float) -> dict:
-    """Run one trainer, its output streamed into run_dir/<name>.log as it goes (a run cut off by the caller's own
-    limit still leaves its log); on timeout its whole process group is killed, Ray's workers included."""
     os.makedirs(spec["run_dir"], exist_ok=True)
-    env = {**os.environ, **spec["env"]}
-    log_path = os.path.join(spec["run_dir"], f"{name}.log")
-    started = time.perf_counter()
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(spec["argv"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-        try:
-            code = process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            code = "timeout"
-    wall = time.perf_counter() - started
-    steps = read_steps(name, spec["metrics"]) if os.path.exists(spec["metrics"]) else []
-    result = {"wall_s": wall, "steps": steps, "log": log_path}
-    if code != 0:
-        with open(log_path, errors="replace") as log:
-            tail = [line for line in log.read().strip().splitlines() if line.strip()][-3:]
-        result["error"] = f"exit {code}: " + " | ".join(tail)
+    run = run_trainer(spec["argv"], os.path.join(spec["run_dir"], f"{name}.log"), spec["metrics"], timeout,
+                      env={**os.environ, **spec["env"]},
+                      read_step=verl_step if name == "verl" else lambda record: record)
+    result = {"wall_s": run.wall_s, "steps": run.steps, "log": run.log_path}
+    if run.error:
+        result["error"] = run.error
     return result
 
 
@@ -249,10 +233,7 @@ def print_ratio_table(title: str, values: dict[str, dict]) -> None:
 def mean_after_first(steps: list[dict]) -> dict:
     """Means over the steps after the first (which carries compilation); empty with fewer than 2 steps, so a
     first step is never compared with another trainer's later ones."""
-    measured = steps[1:]
-    keys = {key for step in measured for key, value in step.items() if isinstance(value, (int, float))}
-    return {key: statistics.mean(step[key] for step in measured if isinstance(step.get(key), (int, float)))
-            for key in keys}
+    return mean_metrics(steps[1:])
 
 
 def print_dry_run(args, specs: dict, model_dir: str) -> None:
@@ -390,7 +371,6 @@ def main() -> None:
     elif args.dry_run:
         model_dir = os.path.join(args.work_dir, f"model_{args.shape}")
     else:
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
         from benchmarks.ppo_step import make_model
         from benchmarks.vocab import load_vocabulary
 

@@ -1,0 +1,91 @@
+"""The benchmarks' shared parts without a GPU: a trainer run streamed into its log, cut off at its time limit with its
+whole process group and the steps it logged kept (benchmarks/trainer_run.py), and the heavy-tailed workload's
+overrides, which hybridrl's config accepts for every asynchronous schedule (benchmarks/heavy_tail.py)."""
+import importlib.util
+import json
+import os
+import sys
+import textwrap
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from benchmarks.heavy_tail import heavy_tail_overrides  # noqa: E402
+from benchmarks.trainer_run import mean_metrics, run_trainer  # noqa: E402
+
+# a stand-in trainer: logs two steps, starts a child that outlives it unless its group is killed, then sleeps
+TRAINER = textwrap.dedent('''
+    import json, subprocess, sys, time
+    metrics, child_pid_file, sleep_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    with open(metrics, "a") as f:
+        for step in (1, 2):
+            f.write(json.dumps({"training/global_step": step, "timing_s/step": 10.0 * step}) + "\\n")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    open(child_pid_file, "w").write(str(child.pid))
+    print("trainer log line", flush=True)
+    time.sleep(sleep_s)
+    print("finished", flush=True)
+''')
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as stat:  # a zombie (killed, not yet reaped by init) is dead too
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _start(tmp_path, sleep_s: float, timeout: float | None):
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    metrics, child_pid = tmp_path / "run" / "metrics.jsonl", tmp_path / "child.pid"
+    metrics.parent.mkdir()
+    metrics.write_text(json.dumps({"timing_s/step": 999.0}) + "\n")  # an earlier run's line: must not count
+    run = run_trainer([sys.executable, str(script), str(metrics), str(child_pid), str(sleep_s)],
+                      str(tmp_path / "trainer.log"), str(metrics), timeout=timeout)
+    return run, int(child_pid.read_text())
+
+
+def test_a_finished_run_keeps_its_log_and_only_its_own_steps(tmp_path):
+    run, child = _start(tmp_path, sleep_s=0, timeout=None)
+    assert run.code == 0 and run.error is None
+    assert [step["timing_s/step"] for step in run.steps] == [10.0, 20.0]
+    assert mean_metrics(run.steps)["timing_s/step"] == 15.0
+    assert open(run.log_path).read().splitlines() == ["trainer log line", "finished"]
+    os.kill(child, 9)
+
+
+def test_a_run_past_its_limit_is_killed_with_its_children_and_keeps_its_steps(tmp_path):
+    run, child = _start(tmp_path, sleep_s=300, timeout=5)
+    assert run.code == "timeout"
+    assert run.error == "exit timeout: trainer log line"
+    assert [step["training/global_step"] for step in run.steps] == [1, 2]
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child), "the trainer's child survived the kill of its process group"
+
+
+@pytest.mark.parametrize("schedule", ["sync", "one_step_off", "fully_async"])
+def test_heavy_tail_overrides_validate_under_every_schedule(tmp_path, schedule):
+    import hybridrl.checks  # noqa: F401  registers the subsystems' config checks
+    from hybridrl.config import compose_config, validate_config
+
+    overrides = heavy_tail_overrides(str(tmp_path), tail_fraction=0.25, short_length=3, device="cpu")
+    pools = [] if schedule == "sync" else ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1",
+                                           "rollout.n_gpus_per_node=1", f"async_training.mode={schedule}"]
+    validate_config(compose_config(["trainer.device=cpu", *overrides, *pools]))
+
+    spec = importlib.util.spec_from_file_location("heavy_tailed", tmp_path / "heavy_tailed.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (module.TAIL_FRACTION, module.SHORT_LENGTH) == (0.25, 3)
+    assert "data_flow.custom_generate_function.name=heavy_tailed_generate" in overrides
