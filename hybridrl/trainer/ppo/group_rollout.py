@@ -38,6 +38,7 @@ import torch
 from hybridrl.agent_loop.base import AgentLoopMetrics
 from hybridrl.agent_loop.manager import agent_loop_metrics, rollout_sampling_params
 from hybridrl.agent_loop.server_manager import abort_servers, reset_abort_servers
+from hybridrl.data.config_checks import data_flow_switch
 from hybridrl.data.filters import metric_nonzero_std
 from hybridrl.data.hooks import load_all_hooks
 from hybridrl.data.prompt_source import PromptSource
@@ -47,8 +48,10 @@ from hybridrl.trainer.ppo.metric_utils import compute_validation_metrics
 
 
 def data_flow_enabled(config) -> bool:
-    """Whether steps run through the data flow: data_flow.enable, or verl's algorithm.filter_groups.enable."""
-    return bool(config.data_flow.enable or config.algorithm.filter_groups.enable)
+    """Whether steps run through the data flow (data/config_checks.data_flow_switch: data_flow.enable, verl's
+    algorithm.filter_groups.enable, or an asynchronous schedule, whose one path it is)."""
+    return data_flow_switch(config.data_flow.enable, config.algorithm.filter_groups.enable,
+                            config.async_training.mode) is not None
 
 
 @dataclass
