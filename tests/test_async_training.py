@@ -276,7 +276,8 @@ def test_one_step_off_scores_with_a_reward_model_on_the_main_thread_when_a_step_
         (0, 0), (1, 1), (1, 1)]
     for m, batch in zip(metrics, batches):
         assert m["timing_s/reward"] > 0 and m["data_flow/num_groups_trained"] == 8
-        assert abs(m["data_flow/generated_reward/mean"] - batch.batch["token_level_scores"].sum(-1).mean().item()) < 1e-5
+        trained_mean = batch.batch["token_level_scores"].sum(-1).mean().item()
+        assert abs(m["data_flow/generated_reward/mean"] - trained_mean) < 1e-5
 
 
 def group_prompt(group) -> int:

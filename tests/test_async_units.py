@@ -260,11 +260,14 @@ def test_a_checkpoint_of_the_earlier_format_resumes_its_in_flight_prompts_first(
         restore_prompt_source(PromptSource(toy_prompt_batches, n=2, config=config), state, str(path))
     with pytest.raises(ValueError, match=rf"^{path}: expected its in_flight entry as an earlier hybridrl wrote it"):
         restore_async_prompt_source(source, {"in_flight": {"prompts": [{"rows": []}]}}, str(path))
-    # a checkpoint of the data flow (the prompt source saved) resumes as it was saved
+    # a checkpoint of the data flow (the prompt source saved) resumes as it was saved, not without the data flow
     saved = source.state_dict()
     resumed = PromptSource(toy_prompt_batches, n=2, config=config)
     restore_async_prompt_source(resumed, {"prompt_source": saved}, str(path))
     assert resumed.state_dict() == saved
+    with pytest.raises(ValueError, match=f"^{path} holds the in-flight prompts of an asynchronous run"):
+        restore_prompt_source(None, {"prompt_source": saved}, str(path))
+    restore_prompt_source(None, {"prompt_source": {**saved, "buffer": [], "pending_rows": []}}, str(path))
 
 
 def test_engine_servers_check_each_requests_length_budget_and_refuse_a_repetition_penalty():

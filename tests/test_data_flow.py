@@ -568,8 +568,9 @@ def test_a_reward_model_scores_the_data_flow_in_every_schedule_but_not_for_a_fil
     with pytest.raises(ConfigError) as refused:
         validate_config(flow_config(tmp_path, *rm, *split, "async_training.mode=one_step_off", "data_flow.enable=false",
                                     "algorithm.filter_groups.enable=true"))
-    expected = ("reward_model.enable: expected false with async_training.mode='one_step_off' and algorithm.filter_groups."
-                "enable (algorithm.filter_groups.enable judges each group by its score as it finishes, on the thread")
+    expected = ("reward_model.enable: expected false with async_training.mode='one_step_off' and algorithm."
+                "filter_groups.enable (algorithm.filter_groups.enable judges each group by its score as it finishes, "
+                "on the thread")
     assert [problem[:len(expected)] for problem in refused.value.problems] == [expected]
 
 

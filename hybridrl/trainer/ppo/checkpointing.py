@@ -187,11 +187,15 @@ def load_checkpoint(trainer) -> int:
 
 
 def restore_prompt_source(source, state: dict, where: str) -> None:
-    """The prompt source of data.pt's `state` (`where`: its path) when it has one; a synchronous step trains every
-    prompt it takes, so a checkpoint that lists prompts in flight is refused (they would be lost)."""
-    if state.get("in_flight"):
+    """The prompt source of data.pt's `state` (`where`: its path) when it has one. A checkpoint holding work in
+    flight (an asynchronous run's, listed under "in_flight" in the earlier format, or groups and rows its prompt
+    source held) is refused by a run without the data flow: a synchronous step trains every prompt it takes, so
+    they would be lost."""
+    held = state.get("prompt_source") or {}
+    if state.get("in_flight") or (source is None and (held.get("buffer") or held.get("pending_rows"))):
         raise ValueError(f"{where} holds the in-flight prompts of an asynchronous run (async_training.mode "
-                         "one_step_off / fully_async); resume it in that mode, or they would be lost")
+                         "one_step_off / fully_async) or of the data flow; resume it in that mode, or they would be "
+                         "lost")
     if source is None:
         return
     if "prompt_source" not in state:
