@@ -3,6 +3,7 @@ rollout rank serving the HF engine server), weights over a real gloo group, the 
 (reward = share of the letter "a" in the response)."""
 import collections
 import os
+import threading
 
 import pytest
 import torch
@@ -55,16 +56,19 @@ def recording(cls, stop_after: int | None = None):
 
 
 def train(config, stop_after: int | None = None):
+    """The run, and the prompts its prompt source holds at the end (buffer and rows not yet made groups), once what
+    the schedule had in flight went back to it as a checkpoint would put it: [] without a prompt source."""
     trainer = recording(trainer_class(config), stop_after)(config)
     trainer.init_workers()
     try:
         trainer.fit()
-        pending = trainer.in_flight_state()
+        trainer.return_in_flight()
+        held = prompts_held(trainer.prompt_source.state_dict()) if trainer.prompt_source is not None else []
         if hasattr(trainer, "rollout_version"):  # separate pools
             trainer.versions_at_end = (trainer.rollout_version, trainer.weights_version())
     finally:
         trainer.shutdown()
-    return trainer, pending
+    return trainer, held
 
 
 @pytest.mark.slow
@@ -120,100 +124,160 @@ def test_the_data_flow_runs_on_a_separate_rollout_pool(ray_local, toy_task, tmp_
         assert (batch.batch[WEIGHT_VERSIONS_KEY][generated] == step - 1).all()
 
 
-def in_flight_indices(state) -> list[int]:
-    return [info["index"] for plain in state["prompts"] for info in plain["columns"]["extra_info"]]
-
-
-def stop_and_resume(toy_task, tmp_path, *overrides):
-    """A 4-step run stopped after step 2 (as SIGTERM stops it: its checkpoint holds the prompts in flight), then
-    resumed. Checks that every prompt taken from the data is trained once or still in flight and that the four
-    steps train as many samples as an uninterrupted run; returns (first, second) trainers, the saved prompts and
-    the metrics of the four steps."""
+def stop_and_resume(toy_task, tmp_path, *overrides, earlier_format: bool = False):
+    """A 4-step run stopped after step 2 (as SIGTERM stops it: its checkpoint holds what is in flight in the prompt
+    source's buffer), then resumed; with earlier_format the checkpoint is first rewritten as hybridrl wrote it before
+    the data flow was the asynchronous schedules' one path (no prompt source; the prompts in flight listed under
+    "in_flight"). Checks that every prompt taken from the data is trained once or still held by the prompt source,
+    and that the four steps train as many groups as an uninterrupted run; returns (first, second) trainers, the
+    prompts the checkpoint held (in its order) and the metrics of the four steps."""
     overrides = [*SPLIT, *overrides, "trainer.save_freq=10", "trainer.total_training_steps=4", "trainer.test_freq=-1"]
-    first, pending_first = train(make_config(toy_task, str(tmp_path), *overrides), stop_after=2)
-    saved = torch.load(os.path.join(tmp_path, step_dir_name(2), DATA_STATE_FILE), weights_only=True)["in_flight"]
-    saved_prompts = in_flight_indices(saved)
+    first, held_first = train(make_config(toy_task, str(tmp_path), *overrides), stop_after=2)
+    data_file = os.path.join(tmp_path, step_dir_name(2), DATA_STATE_FILE)
+    saved = torch.load(data_file, weights_only=True)
+    assert "in_flight" not in saved  # the work in flight is in one place: the prompt source's buffer
+    saved_prompts = prompts_held(saved["prompt_source"])
     assert saved_prompts, "a checkpoint of an asynchronous run with nothing in flight tests nothing"
-    assert in_flight_indices(pending_first) == saved_prompts
+    assert held_first == saved_prompts
     trained_first = [index for step in first.trained_prompts for index in step]
     assert collections.Counter(first.taken_prompts) == collections.Counter(trained_first + saved_prompts)
+    if earlier_format:
+        torch.save(as_earlier_format(saved, first.tokenizer.pad_token_id), data_file)
 
-    second, pending_second = train(make_config(toy_task, str(tmp_path), *overrides))
+    second, held_second = train(make_config(toy_task, str(tmp_path), *overrides))
     assert second.global_steps == 4 and len(second.trained_prompts) == 2
     trained_second = [index for step in second.trained_prompts for index in step]
-    # nothing lost, nothing trained twice: what the resumed run had (saved + newly taken) = trained + in flight
+    # nothing lost, nothing trained twice: what the resumed run had (saved + newly taken) = trained + held
     assert collections.Counter(saved_prompts + second.taken_prompts) == collections.Counter(
-        trained_second + in_flight_indices(pending_second))
-    assert len(trained_first) + len(trained_second) == 4 * 8  # the uninterrupted run's samples: 4 steps x 8 groups
+        trained_second + held_second)
+    assert len(trained_first) + len(trained_second) == 4 * 8  # the uninterrupted run's groups: 4 steps x 8
     metrics = {int(m["training/global_step"]): m for m in read_metrics(str(tmp_path))}  # the resumed run's last
     return first, second, saved_prompts, [metrics[step] for step in (1, 2, 3, 4)]
 
 
+def as_earlier_format(saved: dict, pad_token_id: int) -> dict:
+    """data.pt as the earlier batch path wrote it: no prompt source; its in-flight prompts as {"prompts": [{"tensors":
+    left-padded prompt ids and mask, "columns": the dataset row's other columns}]}, one entry per group here."""
+    source = saved.pop("prompt_source")
+    assert not source["pending_rows"]
+    entries = []
+    for group in source["buffer"]:
+        ids = group[0]["prompt_ids"]
+        entries.append({"tensors": {"input_ids": torch.tensor([[pad_token_id] * 2 + ids]),
+                                    "attention_mask": torch.tensor([[0, 0] + [1] * len(ids)])},
+                        "columns": {key: [value] for key, value in group[0]["metadata"].items()}})
+    return {**saved, "in_flight": {"prompts": entries}}
+
+
 @pytest.mark.slow
-def test_one_step_off_trains_one_version_old_samples_and_resumes_what_was_in_flight(ray_local, toy_task, tmp_path):
+def test_one_step_off_trains_every_group_one_version_old_and_resumes_the_groups_generated_ahead(ray_local, toy_task,
+                                                                                                tmp_path):
+    """one_step_off, no filter: the data flow trains every prompt's group, 8 a step in the data's order, each one
+    version old from step 2 on; the checkpoint after step 2 waits for step 3's groups (generated with version 1)
+    and saves them first in the buffer, and the resumed run trains them first, not generated again."""
     first, second, saved_prompts, metrics = stop_and_resume(
         toy_task, tmp_path, "async_training.mode=one_step_off", "actor_rollout_ref.rollout.calculate_log_probs=true",
         "actor_rollout_ref.actor.optim.lr=1e-2")
-    # step 2 trains what the weights before step 1's update generated; a resumed run's first step waits for a
-    # generation from the checkpoint's weights (sent over the gloo group), so it is fresh
+    taken = first.taken_prompts + second.taken_prompts
+    assert first.trained_prompts + second.trained_prompts == [sorted(taken[8 * k:8 * k + 8]) for k in range(4)]
+    assert second.trained_prompts[0] == sorted(saved_prompts)  # the groups generated ahead of the stop
+    ahead = saved_prompt_source(tmp_path, 2)["buffer"]  # step 3's groups, generated with the weights of version 1
+    assert len(ahead) == 8 and all(sample["status"] in ("completed", "truncated") and sample["reward"] is not None
+                                   for group in ahead for sample in group)
+    assert {version for group in ahead for sample in group for version in sample["token_versions"]
+            if version >= 0} == {1}
     assert [(m["async_training/staleness/min"], m["async_training/staleness/max"]) for m in metrics] == [
-        (0, 0), (1, 1), (0, 0), (1, 1)]
+        (0, 0), (1, 1), (1, 1), (1, 1)]
     # the version each update starts from counts the steps before it, across the resume after step 2
     assert [m["async_training/policy_version"] for m in metrics] == [0, 1, 2, 3]
+    for m in metrics:  # every group kept and trained, none aborted: the batch path's samples
+        assert (m["data_flow/num_groups_trained"], m["data_flow/num_gen_batches"]) == (8, 1)
+        assert (m["data_flow/num_dropped_groups"], m["data_flow/num_aborted_groups"]) == (0, 0)
     diffs = [m["training/rollout_probs_diff_max"] for m in metrics]
-    assert diffs[0] < 1e-4 and diffs[2] < 1e-4, diffs  # the engine held exactly the trainer's weights
-    assert diffs[1] > 1e-3 and diffs[3] > 1e-3, diffs  # ... and one update older ones (lr 1e-2)
-    assert second.trained_prompts[0] == sorted(saved_prompts)  # the batch in flight at the stop is trained first
+    assert diffs[0] < 1e-4 and min(diffs[1:]) > 1e-3, diffs  # the engine's weights were one update old (lr 1e-2)
+
+
+@pytest.mark.slow
+def test_one_step_off_resumes_a_checkpoint_of_the_earlier_format_generating_its_in_flight_prompts_first(
+        ray_local, toy_task, tmp_path):
+    """The same run resumed from its step-2 checkpoint rewritten in the earlier format (the prompts generated ahead
+    listed in data.pt): those prompts become the prompt source's first groups, generated again with the checkpoint's
+    weights (so step 3 is fresh) and trained first; the four steps train every prompt once, 4 x 8 groups."""
+    first, second, saved_prompts, metrics = stop_and_resume(
+        toy_task, tmp_path, "async_training.mode=one_step_off", earlier_format=True)
+    assert second.trained_prompts[0] == sorted(saved_prompts)
+    assert [(m["async_training/staleness/min"], m["async_training/staleness/max"]) for m in metrics] == [
+        (0, 0), (1, 1), (0, 0), (1, 1)]
+    assert [m["async_training/policy_version"] for m in metrics] == [0, 1, 2, 3]
+    assert [m["data_flow/num_groups_trained"] for m in metrics] == [8] * 4
 
 
 @pytest.mark.slow
 def test_fully_async_never_exceeds_the_staleness_bound_and_resumes_what_was_in_flight(ray_local, toy_task,
                                                                                       tmp_path):
+    """fully_async, no filter, max_staleness 0: every step trains 8 groups none of them stale; groups generated
+    while an update trained went stale and came back (requeued), none lost; the stream keeps (0 + 1) x 8 ahead."""
     first, second, _, metrics = stop_and_resume(toy_task, tmp_path, "async_training.mode=fully_async",
                                                 "async_training.max_staleness=0",
                                                 "async_training.stale_samples=requeue")
     assert [m["async_training/staleness/max"] for m in metrics] == [0] * 4
-    # groups generated while an update trained went stale: they came back instead of being trained or lost
     assert sum(m["async_training/requeued_groups"] for m in metrics) > 0
-    assert all(m["async_training/dropped_groups"] == 0 for m in metrics)
-    assert all(m["async_training/groups_ahead"] == 8 for m in metrics)  # (max_staleness + 1) x 8 groups ahead
+    for m in metrics:
+        assert (m["async_training/dropped_groups"], m["data_flow/num_dropped_groups"]) == (0, 0)
+        assert (m["data_flow/num_groups_trained"], m["async_training/groups_ahead"]) == (8, 8)
 
 
 @pytest.mark.slow
-def test_one_step_off_runs_the_data_flow_and_a_checkpoint_returns_the_batch_generated_ahead(ray_local, toy_task,
-                                                                                            tmp_path):
-    """one_step_off with the data flow (dynamic sampling on separate pools), stopped after step 2 and resumed: the next
-    batch generates through the data flow while the trainer learns; the checkpoint waits for it and saves its groups
-    first in the prompt source's buffer, and the resumed run trains them first, as the uninterrupted run would have:
-    the same staleness every step, 4 x 8 groups trained."""
-    overrides = [*SPLIT, "async_training.mode=one_step_off", "actor_rollout_ref.rollout.calculate_log_probs=true",
-                 "actor_rollout_ref.actor.optim.lr=1e-2", "data_flow.enable=true",
-                 "data_flow.dynamic_sampling_filter.name=check_reward_nonzero_std", "trainer.save_freq=10",
-                 "trainer.total_training_steps=4", "trainer.test_freq=-1"]
-    first, pending = train(make_config(toy_task, str(tmp_path), *overrides), stop_after=2)
-    assert type(first).__mro__[1].__name__ == "OneStepOffPolicyTrainer" and pending is None
-    saved = torch.load(os.path.join(tmp_path, step_dir_name(2), DATA_STATE_FILE), weights_only=True)
-    assert saved["in_flight"] is None
-    ahead = saved["prompt_source"]["buffer"][:8]  # step 3's batch, generated with the weights of version 1
-    assert all(sample["status"] in ("completed", "truncated") and sample["reward"] is not None
-               for group in ahead for sample in group)
-    assert {version for group in ahead for sample in group for version in sample["token_versions"] if version >= 0} \
-        == {1}
-    ahead_prompts = sorted(group[0]["metadata"]["extra_info"]["index"] for group in ahead)
+def test_one_step_off_scores_with_a_reward_model_on_the_main_thread_when_a_step_takes_its_groups(ray_local, toy_task,
+                                                                                                tmp_path):
+    """one_step_off with a reward model (on the trainer pool's rank; the rule scorer gives 0): the groups generated
+    ahead are scored when their step takes them, in one reward-model call a step on the controller's main thread,
+    never on the generating thread while the rank updates; each trained sample's score is the model's own output on
+    its prompt + response, and the schedule's staleness is kept."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from test_scale_features_e2e import save_reward_model
 
-    second, _ = train(make_config(toy_task, str(tmp_path), *overrides))
-    assert second.trained_prompts[0] == ahead_prompts  # trained first, not generated again
-    metrics = {int(m["training/global_step"]): m for m in read_metrics(str(tmp_path))}
-    metrics = [metrics[step] for step in (1, 2, 3, 4)]
+    rm_dir = save_reward_model(tmp_path / "rm", AutoTokenizer.from_pretrained(toy_task["model"]))
+    zero = tmp_path / "zero.py"
+    zero.write_text("def zero(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
+    run_dir = str(tmp_path / "run")
+    config = make_config(toy_task, run_dir, *SPLIT, "async_training.mode=one_step_off", "reward_model.enable=true",
+                         f"reward_model.model.path={rm_dir}", "reward_model.micro_batch_size_per_gpu=4",
+                         f"custom_reward_function.path={zero}", "custom_reward_function.name=zero",
+                         "trainer.total_training_steps=3", "trainer.test_freq=-1")
+    scored_on, batches = [], []
+
+    class Spying(trainer_class(config)):
+        def _score(self, batch, reward_fn):
+            scored_on.append((threading.current_thread().name, len(batch)))
+            return super()._score(batch, reward_fn)
+
+        def learn_step(self, batch, timing, metrics):
+            batches.append(batch)
+            return super().learn_step(batch, timing, metrics)
+
+    trainer = Spying(config)
+    trainer.init_workers()
+    try:
+        trainer.fit()
+    finally:
+        trainer.shutdown()
+    assert scored_on == [("MainThread", 8 * 2)] * 3  # one call a step: its 8 groups x 2 samples
+    rm = AutoModelForSequenceClassification.from_pretrained(rm_dir).eval()
+    for batch in batches:
+        scores = batch.batch["token_level_scores"].sum(-1)
+        for row in range(len(scores)):
+            mask = batch.batch["attention_mask"][row].bool()
+            with torch.no_grad():
+                expected = rm(input_ids=batch.batch["input_ids"][row][mask].unsqueeze(0)).logits[0, 0].item()
+            assert abs(scores[row].item() - expected) < 1e-4, (row, scores[row].item(), expected)
+    metrics = read_metrics(run_dir)
     assert [(m["async_training/staleness/min"], m["async_training/staleness/max"]) for m in metrics] == [
-        (0, 0), (1, 1), (1, 1), (1, 1)]
-    assert [m["async_training/policy_version"] for m in metrics] == [0, 1, 2, 3]
-    for m in metrics:  # the data flow's counts, every step
-        assert m["data_flow/num_groups_trained"] == 8 and m["data_flow/num_gen_batches"] >= 1
-        assert "data_flow/num_dropped_groups" in m
-    diffs = [m["training/rollout_probs_diff_max"] for m in metrics]
-    assert diffs[0] < 1e-4 and min(diffs[1:]) > 1e-3, diffs  # the engine's weights were one update old (lr 1e-2)
-    assert len(first.trained_prompts) + len(second.trained_prompts) == 4
+        (0, 0), (1, 1), (1, 1)]
+    for m, batch in zip(metrics, batches):
+        assert m["timing_s/reward"] > 0 and m["data_flow/num_groups_trained"] == 8
+        trained_mean = batch.batch["token_level_scores"].sum(-1).mean().item()
+        assert abs(m["data_flow/generated_reward/mean"] - trained_mean) < 1e-5
 
 
 def group_prompt(group) -> int:
@@ -222,7 +286,7 @@ def group_prompt(group) -> int:
 
 def saved_prompt_source(run_dir, step: int) -> dict:
     saved = torch.load(os.path.join(run_dir, step_dir_name(step), DATA_STATE_FILE), weights_only=True)
-    assert saved["in_flight"] is None  # the data flow keeps what is in flight in the prompt source's buffer
+    assert "in_flight" not in saved  # the data flow keeps what is in flight in the prompt source's buffer
     return saved["prompt_source"]
 
 
@@ -248,10 +312,11 @@ def test_fully_async_runs_the_data_flow_within_the_staleness_bound_and_resumes_w
                  "async_training.stale_samples=requeue", "data_flow.enable=true", "data_flow.partial_rollout=true",
                  "data_flow.dynamic_sampling_filter.name=check_reward_nonzero_std", "trainer.save_freq=10",
                  "trainer.total_training_steps=4", "trainer.test_freq=-1"]
-    first, pending = train(make_config(toy_task, str(tmp_path), *overrides), stop_after=2)
-    assert type(first).__mro__[1].__name__ == "FullyAsyncTrainer" and pending is None
+    first, held = train(make_config(toy_task, str(tmp_path), *overrides), stop_after=2)
+    assert type(first).__mro__[1].__name__ == "FullyAsyncTrainer"
     saved = saved_prompt_source(tmp_path, 2)
     saved_prompts = prompts_held(saved)
+    assert held == saved_prompts
     assert saved_prompts, "a checkpoint of an asynchronous run with nothing in flight tests nothing"
     first_metrics = read_metrics(str(tmp_path))
     trained_first = [index for step in first.trained_prompts for index in step]

@@ -1,22 +1,24 @@
 """The parts of asynchronous training that need no trainer: resource pools and what they lack, the weight-transfer
-group (a real gloo group of 3 members), the rollouter's staleness bound, and in-flight prompts in checkpoints."""
+group (a real gloo group of 3 members), the data flow's stream under fully_async's staleness bound, and resuming a
+checkpoint of the earlier format (in-flight prompts listed in data.pt)."""
+import itertools
 import os
 import socket
 import threading
-import time
-from collections import Counter
+from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
 from hybridrl.agent_loop.manager import VersionRecorder
-from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY
 from hybridrl.config import ConfigError, compose_config, validate_config
-from hybridrl.protocol import DataProto
+from hybridrl.data.prompt_source import PromptSource
+from hybridrl.data.sample import ABORTED, COMPLETED, PENDING, Sample
 from hybridrl.single_controller.resource_pool_manager import (ROLLOUT_POOL, TRAINER_POOL, pool_specs, role_mapping,
                                                               shortfalls)
-from hybridrl.trainer.ppo.rollouter import Rollouter, prompts_from_plain, prompts_to_plain
+from hybridrl.trainer.ppo.checkpointing import restore_async_prompt_source, restore_prompt_source
+from hybridrl.trainer.ppo.group_rollout import GroupRollout
+from hybridrl.trainer.ppo.group_stream import GroupStream
 from hybridrl.workers.rollout.weight_transfer import (TensorMeta, WeightTransferGroup, describe, plan_buckets,
                                                       receive_bucket, send_weights)
 
@@ -140,74 +142,132 @@ def test_version_recorder_gives_each_generated_token_its_calls_version():
     assert recorder.token_versions([1, 1, 1, 0, 0, 1, 1]) == [4, 4, 4, -1, -1, 5, 5]
 
 
-# ---------------------------------------------------------------------- the rollouter
+# ---------------------------------------------------------------------- the data flow's stream (fully_async)
 
-class FakeEngine:
-    """generate_group stand-in: answers after `delay` s with the current version on every token; `started[v]`
-    counts the calls begun at version v (`begun` is notified at each)."""
+class OneVersionEngine(GroupRollout):
+    """GroupRollout whose engine calls (submit, wait, abort) stand in for the engine servers, everything else (the
+    scoring, the filter, the counts) is GroupRollout's own: a group generates at the version the engines held when it
+    was submitted (every token of that version; its samples score themselves, as an agent loop may), and groups
+    finish in the order they were submitted, never during an update (the test's model of a slow rollout)."""
 
-    def __init__(self, delay: float = 0.01):
+    def __init__(self, config):
+        super().__init__(config, SimpleNamespace(report_failures=lambda errors, rows: None), tokenizer=None,
+                         score_batch=None)
         self.version = 0
-        self.delay = delay
-        self.lock = threading.Lock()
-        self.begun = threading.Condition(self.lock)
-        self.started: Counter = Counter()
+        self.submitted: dict[int, tuple[list[Sample], int]] = {}
+        self._refs = itertools.count()
 
-    def __call__(self, prompts: DataProto) -> DataProto:
-        with self.lock:
-            version = self.version
-            self.started[version] += 1
-            self.begun.notify_all()
-        time.sleep(self.delay)
-        rows = prompts.repeat(2, interleave=True)
-        rows.batch[WEIGHT_VERSIONS_KEY] = torch.full((len(rows), 4), version, dtype=torch.long)
-        return rows
+    def submit(self, group, evaluation=False):
+        ref = next(self._refs)
+        self.submitted[ref] = (group, self.version)
+        return ref
+
+    def wait(self, refs):
+        ref = min(refs)
+        group, version = self.submitted.pop(ref)
+        for sample in group:
+            sample.append([7, 7], None, version)
+            sample.status, sample.reward = COMPLETED, 1.0
+        return [(ref, group)]
+
+    def abort(self, refs):
+        """Each group back with one token of its version, aborted."""
+        groups = [self.submitted.pop(ref) for ref in refs]
+        for group, version in groups:
+            for sample in group:
+                sample.append([7], None, version)
+                sample.status = ABORTED
+        return [group for group, _ in groups]
 
 
-def prompt_batches(count: int, size: int = 4):
+def toy_prompt_batches():
     start = 0
-    for _ in range(count):
-        yield {"index": torch.arange(start, start + size), "extra_info": [{"index": i} for i in range(start,
-                                                                                                    start + size)]}
-        start += size
+    while True:
+        yield {"input_ids": torch.arange(start, start + 4).view(4, 1), "attention_mask": torch.ones(4, 1),
+               "extra_info": [{"index": i} for i in range(start, start + 4)]}
+        start += 4
+
+
+def prompt_of(group) -> int:
+    return group[0].metadata["extra_info"]["index"]
 
 
 @pytest.mark.parametrize("stale_samples", ["drop", "requeue"])
-def test_rollouter_never_hands_out_a_group_staler_than_the_bound(stale_samples):
-    """Before each "update" the test waits until a group beyond the 4 handed out has begun at the current version,
-    so groups do go stale whatever the threads' timing on a loaded machine (the rollouter keeps 8 going)."""
-    engine = FakeEngine()
-    rollouter = Rollouter(engine, prompt_batches(50), capacity=8, stale_samples=stale_samples)
-    handed_out, stale = [], 0
-    for version in range(6):
-        groups, counts = rollouter.take(4, oldest_version=version)  # max_staleness 0
-        assert all(group.oldest_version == version for group in groups)
-        handed_out += [int(group.prompts.batch["index"][0]) for group in groups]
-        stale += counts[f"async_training/{'dropped' if stale_samples == 'drop' else 'requeued'}_groups"]
-        with engine.lock:
-            assert engine.begun.wait_for(lambda: engine.started[version] > len(groups), timeout=120)
-            engine.version += 1  # the "update": everything generated before is now one version stale
-    rollouter.shutdown()
-    assert stale > 0  # groups generated ahead during the "training" did go stale
-    assert len(handed_out) == len(set(handed_out)) == 24
-    if stale_samples == "requeue":  # nothing is lost: the first prompts all come back
-        assert set(range(16)) <= set(handed_out) | {int(p.batch["index"][0]) for p in rollouter.pending_prompts()}
+def test_the_stream_never_hands_out_a_group_staler_than_the_bound(stale_samples):
+    """fully_async's stream (max_staleness 0, 4 groups a step, 8 in flight): every group in flight at an update is
+    one version stale when it finishes, so from step 2 on each step meets 8 stale groups, requeued (generated again,
+    first: no prompt lost, each trained once, in data order) or dropped (counted; new prompts replace them)."""
+    config = validate_config(compose_config(DISAGGREGATED + ["async_training.mode=fully_async",
+                                                             "async_training.max_staleness=0",
+                                                             f"async_training.stale_samples={stale_samples}",
+                                                             "actor_rollout_ref.rollout.n=2"]))
+    engine = OneVersionEngine(config)
+    source = PromptSource(toy_prompt_batches, n=2, config=config)
+    stream = GroupStream(engine, source, capacity=8, stale_samples=stale_samples)
+    handed_out, stale_counts = [], []
+    for step in range(1, 7):
+        groups = stream.take(4, oldest_version=engine.version, step=step)
+        assert [min(sample.token_versions) for group in groups for sample in group] == [engine.version] * 8
+        handed_out.append([prompt_of(group) for group in groups])
+        engine.version += 1  # the update: what is in flight is now one version stale
+        with stream.weight_sync(step + 1):
+            pass
+        metrics = stream.step_metrics(groups)
+        stale_counts.append(metrics[f"async_training/{'dropped' if stale_samples == 'drop' else 'requeued'}_groups"])
+        assert metrics["data_flow/num_groups_trained"] == 4 and metrics["async_training/groups_ahead"] == 8
+    assert stale_counts == [0, 8, 8, 8, 8, 8]
+    if stale_samples == "requeue":  # generated again at the new version, before any new prompt
+        assert handed_out == [list(range(4 * k, 4 * k + 4)) for k in range(6)]
+    else:  # the 8 in flight at each update are lost, counted; the next 8 prompts replace them
+        assert handed_out == [[0, 1, 2, 3]] + [list(range(12 * k, 12 * k + 4)) for k in range(1, 6)]
+    in_flight = [prompt_of(group) for _, (group, _) in sorted(engine.submitted.items())]
+    stream.return_to_source()  # a checkpoint: the groups in flight go back to the buffer, reset (no partial rollout)
+    assert [prompt_of(group) for group in source.buffer] == in_flight and len(in_flight) == 8
+    assert all(sample.status == PENDING and not sample.response_ids for group in source.buffer for sample in group)
 
 
-def test_in_flight_prompts_survive_a_checkpoints_plain_round_trip(tmp_path):
-    prompts = DataProto.from_single_dict({
-        "input_ids": torch.arange(6).view(2, 3),
-        "raw_prompt": [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "yo"}]],
-        "extra_info": np.array([{"index": np.int64(3)}, {"index": np.int64(4)}], dtype=object),
-        "uid": np.array(["a", "b"], dtype=object)})
+# ---------------------------------------------------------------------- checkpoints of the earlier format
+
+def earlier_in_flight_entry(indices: list[int]) -> dict:
+    """data.pt's in_flight entry for one batch of prompts as hybridrl wrote it before the data flow was the
+    asynchronous schedules' one path (plain values: tensors, and columns as lists; the uid left out)."""
+    return {"tensors": {"input_ids": torch.tensor([[0, 50 + i, 60 + i] for i in indices]),
+                        "attention_mask": torch.tensor([[0, 1, 1] for _ in indices]),
+                        "position_ids": torch.tensor([[0, 0, 1] for _ in indices])},
+            "columns": {"raw_prompt": [[{"role": "user", "content": f"q{i}"}] for i in indices],
+                        "extra_info": [{"index": i} for i in indices], "data_source": ["toy"] * len(indices)}}
+
+
+def test_a_checkpoint_of_the_earlier_format_resumes_its_in_flight_prompts_first(tmp_path):
+    """An asynchronous run's data.pt from before (no prompt source; its prompts in flight under "in_flight", here a
+    one_step_off batch and two fully_async groups) resumes them as fresh groups of the prompt source, first and in
+    their order, then the data; a synchronous run refuses it, and a damaged entry is refused naming the file."""
     path = tmp_path / "data.pt"
-    torch.save({"prompts": [prompts_to_plain(prompts)]}, path)
-    loaded = prompts_from_plain(torch.load(path, weights_only=True)["prompts"][0])
-    assert torch.equal(loaded.batch["input_ids"], prompts.batch["input_ids"])
-    assert list(loaded.non_tensor_batch["raw_prompt"]) == [[{"role": "user", "content": "hi"}],
-                                                           [{"role": "user", "content": "yo"}]]
-    assert list(loaded.non_tensor_batch["extra_info"]) == [{"index": 3}, {"index": 4}]
-    assert "uid" not in loaded.non_tensor_batch  # a requeued prompt is a new group
+    torch.save({"global_step": 2, "in_flight": {"prompts": [earlier_in_flight_entry([8, 9, 10]),
+                                                            earlier_in_flight_entry([13]),
+                                                            earlier_in_flight_entry([11])]}}, path)
+    state = torch.load(path, weights_only=True)
+    config = validate_config(compose_config(DISAGGREGATED + ["async_training.mode=one_step_off"]))
+    source = PromptSource(toy_prompt_batches, n=2, config=config)
+    restore_async_prompt_source(source, state, str(path))
+    groups = source.get_groups(6, step=3)
+    assert [prompt_of(group) for group in groups] == [8, 9, 10, 13, 11, 0]
+    assert [len(group) for group in groups] == [2] * 6 and [group[0].group_index for group in groups] == list(range(6))
+    assert groups[0][1].prompt_ids == [50 + 8, 60 + 8] and groups[0][1].status == PENDING  # its unpadded prompt
+    assert groups[0][0].metadata["raw_prompt"] == [{"role": "user", "content": "q8"}]
+    assert groups[0][0].metadata["data_source"] == "toy" and "uid" not in groups[0][0].metadata
+    with pytest.raises(ValueError, match=f"^{path} holds the in-flight prompts of an asynchronous run"):
+        restore_prompt_source(PromptSource(toy_prompt_batches, n=2, config=config), state, str(path))
+    with pytest.raises(ValueError, match=rf"^{path}: expected its in_flight entry as an earlier hybridrl wrote it"):
+        restore_async_prompt_source(source, {"in_flight": {"prompts": [{"rows": []}]}}, str(path))
+    # a checkpoint of the data flow (the prompt source saved) resumes as it was saved, not without the data flow
+    saved = source.state_dict()
+    resumed = PromptSource(toy_prompt_batches, n=2, config=config)
+    restore_async_prompt_source(resumed, {"prompt_source": saved}, str(path))
+    assert resumed.state_dict() == saved
+    with pytest.raises(ValueError, match=f"^{path} holds the in-flight prompts of an asynchronous run"):
+        restore_prompt_source(None, {"prompt_source": saved}, str(path))
+    restore_prompt_source(None, {"prompt_source": {**saved, "buffer": [], "pending_rows": []}}, str(path))
 
 
 def test_engine_servers_check_each_requests_length_budget_and_refuse_a_repetition_penalty():

@@ -104,7 +104,7 @@ def _trainer(root, step, group):
     return SimpleNamespace(
         config=SimpleNamespace(trainer=SimpleNamespace(default_local_dir=str(root), max_actor_ckpt_to_keep=None)),
         global_steps=step, actor_rollout_wg=group, use_critic=False, kl_ctrl_in_reward=None, prompt_source=None,
-        train_data_position=SimpleNamespace(state_dict=lambda: {"epoch": 0}), in_flight_state=lambda: None)
+        train_data_position=SimpleNamespace(state_dict=lambda: {"epoch": 0}), return_in_flight=lambda: None)
 
 
 @needs_dev_full

@@ -17,6 +17,7 @@ from hybridrl.config.validation import ConfigError
 from hybridrl.data import filters
 from hybridrl.data.hooks import HookError, load_hook
 from hybridrl.data.prompt_source import PromptSource
+from hybridrl.trainer.ppo.group_rollout import data_flow_enabled
 from hybridrl.data.sample import ABORTED, COMPLETED, PENDING, TRUNCATED, Sample, groups_to_batch, partial_rollout_metrics, reset_group
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.agent_loop.base import TokenOutput
@@ -519,6 +520,13 @@ def test_the_data_flow_runs_on_a_rollout_pool_in_every_schedule_and_fully_async_
     config = validate_config(flow_config(tmp_path, *split, "async_training.mode=fully_async", "data_flow.enable=false",
                                          "algorithm.filter_groups.enable=true"))
     assert config.algorithm.filter_groups.enable
+    # the asynchronous schedules have the data flow as their one path: its keys act without data_flow.enable
+    config = validate_config(flow_config(tmp_path, *split, "async_training.mode=one_step_off", "data_flow.enable=false",
+                                         "data_flow.partial_rollout=true", "data_flow.buffer_filter.name=pop_first"))
+    assert data_flow_enabled(config) and config.data_flow.partial_rollout and not config.data_flow.enable
+    assert data_flow_enabled(validate_config(flow_config(tmp_path, *split, "async_training.mode=fully_async",
+                                                         "data_flow.enable=false")))
+    assert not data_flow_enabled(validate_config(flow_config(tmp_path, *split, "data_flow.enable=false")))
     with pytest.raises(ConfigError) as refused:
         validate_config(flow_config(tmp_path, *split, "async_training.mode=fully_async",
                                     "data_flow.over_sampling_batch_size=24",
@@ -531,19 +539,39 @@ def test_the_data_flow_runs_on_a_rollout_pool_in_every_schedule_and_fully_async_
         f"{{'path': None, 'name': 'sort_by_reward_std'}}"]
 
 
-def test_a_reward_model_scores_the_data_flows_groups_except_one_step_off(tmp_path):
+def test_a_reward_model_scores_the_data_flow_in_every_schedule_but_not_for_a_filter_under_one_step_off(tmp_path):
+    """A reward model scores the data flow's groups in every schedule; under one_step_off it scores each batch when
+    its step takes it (its forward runs on the trainer ranks, which update while the next batch generates), so what
+    needs the scores while generating is refused there, naming each key and why."""
     rm = ["reward_model.enable=true", f"reward_model.model.path={tmp_path}", "reward_model.micro_batch_size_per_gpu=2"]
     assert validate_config(flow_config(tmp_path, *rm)).reward_model.enable
     split = ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]
     assert validate_config(flow_config(tmp_path, *rm, *split)).reward_model.enable
-    assert validate_config(flow_config(tmp_path, *rm, *split, "async_training.mode=fully_async")).reward_model.enable
+    assert validate_config(flow_config(tmp_path, *rm, *split, "async_training.mode=fully_async",
+                                       "data_flow.dynamic_sampling_filter.name=check_reward_nonzero_std"))
+    for overrides in ([], ["data_flow.enable=false"], ["data_flow.partial_rollout=true"],
+                      ["data_flow.over_sampling_batch_size=12"]):  # partial rollout and stragglers need no score
+        assert validate_config(flow_config(tmp_path, *rm, *split, "async_training.mode=one_step_off",
+                                           *overrides)).reward_model.enable
     with pytest.raises(ConfigError) as refused:
-        validate_config(flow_config(tmp_path, *rm, *split, "async_training.mode=one_step_off"))
+        validate_config(flow_config(tmp_path, *rm, *split, "async_training.mode=one_step_off",
+                                    "data_flow.dynamic_sampling_filter.name=check_reward_nonzero_std",
+                                    "data_flow.over_sampling_batch_size=24",
+                                    "data_flow.over_sampling_filter.name=sort_by_reward_std"))
     assert refused.value.problems == [
-        "reward_model.enable: expected false with data_flow.enable=true and async_training.mode='one_step_off' (the "
-        "data flow scores each group as it finishes, on the thread that generates ahead, while the trainer pool's "
-        "ranks run the update: the reward model's sharded forward and the update's collectives could reach the ranks "
-        "in different orders), got True"]
+        "reward_model.enable: expected false with async_training.mode='one_step_off' and "
+        "data_flow.dynamic_sampling_filter, data_flow.over_sampling_filter (data_flow.dynamic_sampling_filter judges "
+        "each group by its score as it finishes; data_flow.over_sampling_filter orders the finished groups, by their "
+        "scores, on the thread that generates ahead while the trainer pool's ranks update; the reward model runs on "
+        "those ranks, so under one_step_off it scores a batch only when the step takes it, on the controller's main "
+        "thread: use async_training.mode=fully_async or sync, or a data_flow.reward_function), got True"]
+    with pytest.raises(ConfigError) as refused:
+        validate_config(flow_config(tmp_path, *rm, *split, "async_training.mode=one_step_off", "data_flow.enable=false",
+                                    "algorithm.filter_groups.enable=true"))
+    expected = ("reward_model.enable: expected false with async_training.mode='one_step_off' and algorithm."
+                "filter_groups.enable (algorithm.filter_groups.enable judges each group by its score as it finishes, "
+                "on the thread")
+    assert [problem[:len(expected)] for problem in refused.value.problems] == [expected]
 
 
 def test_the_data_flow_logs_agent_loop_metrics_of_the_samples_a_loop_made():

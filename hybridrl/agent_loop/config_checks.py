@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from hybridrl.config.checks import Values, register_check
 from hybridrl.config.schema import PPOConfig
+from hybridrl.data.config_checks import data_flow_switch
 
 
 @register_check()
@@ -55,7 +56,8 @@ def _partial_rollout_loop_can_resume(values: Values, problems: list[str]) -> Non
     from hybridrl.agent_loop.base import load_agent_loop_config, loop_can_resume
 
     flow = values("data_flow")
-    in_flow = flow["enable"] or values("algorithm.filter_groups.enable")
+    in_flow = data_flow_switch(flow["enable"], values("algorithm.filter_groups.enable"),
+                               values("async_training.mode")) is not None
     generates_itself = any(flow[hook].get("name") is not None for hook in ("rollout_function",
                                                                           "custom_generate_function"))
     loop = values("actor_rollout_ref.rollout.agent.default_agent_loop")

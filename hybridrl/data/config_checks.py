@@ -1,6 +1,6 @@
-"""Config checks of the data: the data flow and its hooks, and before the start the data files (they exist, are
-readable parquet with rows and the columns the dataset reads, and hold one training batch), registered with
-hybridrl.config.checks. The validation files are not opened when the run never validates."""
+"""Config checks of the data: the data flow (what turns it on: data_flow_switch) and its hooks, and before the start
+the data files (they exist, are readable parquet with rows and the columns the dataset reads, and hold one training
+batch), registered with hybridrl.config.checks. The validation files are not opened when the run never validates."""
 from __future__ import annotations
 
 import os
@@ -20,6 +20,25 @@ DATA_FLOW_DEFAULTS: dict[str, Any] = {
 }
 
 
+def data_flow_switch(enable: bool, filter_groups: bool, schedule: str) -> str | None:
+    """What turns the data flow on, as a config setting (None: off, the synchronous schedule's batch path):
+    data_flow.enable, verl's algorithm.filter_groups.enable, or an asynchronous schedule (async_training.mode
+    one_step_off or fully_async), whose one path the data flow is."""
+    if enable:
+        return "data_flow.enable=true"
+    if filter_groups:
+        return "algorithm.filter_groups.enable=true"
+    return None if schedule == "sync" else f"async_training.mode={schedule!r}"
+
+
+# with a reward model, one_step_off scores each batch when its step takes it: these need the scores earlier
+SCORE_WHILE_GENERATING = {
+    "data_flow.dynamic_sampling_filter": "judges each group by its score as it finishes",
+    "data_flow.over_sampling_filter": "orders the finished groups, by their scores",
+    "data_flow.rollout_function": "scores groups as it makes them (rollout.score_group)",
+}
+
+
 @register_check()
 def _data_flow_settings(values: Values, problems: list[str]) -> None:
     """data_flow (slime's) and algorithm.filter_groups (verl's DAPO form of it): on only in async mode, its hooks
@@ -28,7 +47,9 @@ def _data_flow_settings(values: Values, problems: list[str]) -> None:
 
     flow = values("data_flow")
     filter_groups = values("algorithm.filter_groups")
-    if not (flow["enable"] or filter_groups["enable"]):
+    schedule = values("async_training.mode")
+    switch = data_flow_switch(flow["enable"], filter_groups["enable"], schedule)
+    if switch is None:
         for key, default in DATA_FLOW_DEFAULTS.items():
             if flow[key] != default:
                 problems.append(f"data_flow.{key}: expected {default!r} with data_flow.enable=false (it acts only in "
@@ -38,18 +59,14 @@ def _data_flow_settings(values: Values, problems: list[str]) -> None:
                 problems.append(f"data_flow.{hook}: expected null path and name with data_flow.enable=false (set "
                                 f"data_flow.enable=true), got {flow[hook]!r}")
         return
-    switch = "data_flow.enable" if flow["enable"] else "algorithm.filter_groups.enable"
     if values("actor_rollout_ref.rollout.mode") != "async":
-        problems.append(f"actor_rollout_ref.rollout.mode: expected 'async' with {switch}=true (groups run as "
+        problems.append(f"actor_rollout_ref.rollout.mode: expected 'async' with {switch} (groups run as "
                         f"agent-loop requests on the engine servers, which can abort them), got "
                         f"{values('actor_rollout_ref.rollout.mode')!r}")
-    if values("async_training.mode") == "fully_async":
+    if schedule == "fully_async":
         _fully_async_stream_settings(flow, problems)
-    if values("reward_model.enable") and values("async_training.mode") == "one_step_off":
-        problems.append(f"reward_model.enable: expected false with {switch}=true and async_training.mode="
-                        f"'one_step_off' (the data flow scores each group as it finishes, on the thread that generates "
-                        f"ahead, while the trainer pool's ranks run the update: the reward model's sharded forward and "
-                        f"the update's collectives could reach the ranks in different orders), got True")
+    if schedule == "one_step_off" and values("reward_model.enable") and flow["reward_function"].get("name") is None:
+        _reward_model_one_step_off(flow, filter_groups["enable"], problems)
     if filter_groups["enable"] and flow["max_num_gen_batches"] not in (0, filter_groups["max_num_gen_batches"]):
         problems.append(f"data_flow.max_num_gen_batches: expected 0 or algorithm.filter_groups.max_num_gen_batches = "
                         f"{filter_groups['max_num_gen_batches']} (the same cap), got {flow['max_num_gen_batches']!r}")
@@ -67,6 +84,24 @@ def _data_flow_settings(values: Values, problems: list[str]) -> None:
             load_hook(hook, flow[hook])
         except HookError as err:
             problems.append(str(err))
+
+
+def _reward_model_one_step_off(flow, filter_groups: bool, problems: list[str]) -> None:
+    """one_step_off generates the next batch on a thread of its own while the trainer pool's ranks update; the
+    reward model's forward runs on those ranks, so it scores each batch on the controller's main thread when the
+    step takes it (the update's collectives and the reward model's could otherwise reach the ranks in different
+    orders). What needs a group's score while it is generated cannot have it then."""
+    needs = {key: why for key, why in SCORE_WHILE_GENERATING.items()
+             if flow[key.split(".")[1]].get("name") is not None}
+    if filter_groups:
+        needs["algorithm.filter_groups.enable"] = "judges each group by its score as it finishes"
+    if needs:
+        uses = "; ".join(f"{key} {why}" for key, why in needs.items())
+        problems.append(f"reward_model.enable: expected false with async_training.mode='one_step_off' and "
+                        f"{', '.join(needs)} ({uses}, on the thread that generates ahead while the trainer pool's "
+                        f"ranks update; the reward model runs on those ranks, so under one_step_off it scores a "
+                        f"batch only when the step takes it, on the controller's main thread: use "
+                        f"async_training.mode=fully_async or sync, or a data_flow.reward_function), got True")
 
 
 def _fully_async_stream_settings(flow, problems: list[str]) -> None:

@@ -5,8 +5,8 @@ A checkpoint is ``{trainer.default_local_dir}/global_step_N/`` (layout and atomi
     actor/     the actor worker group's shards + huggingface/ (ActorRolloutRefWorker.save_checkpoint)
     critic/    the critic's shards, when the run has a critic
     data.pt    the controller's state: the training dataloader's position, the in-reward KL coefficient; with
-               data_flow, the prompt source (its buffer of Sample records with their partial tokens, pending rows);
-               in an asynchronous run, the prompts taken from the data but not trained on yet (re-queued on resume)
+               data_flow (and so in every asynchronous run), the prompt source: its buffer of Sample records with
+               their partial tokens, which holds all the work in flight at the save, and its pending rows
 
 Exact resume needs the controller to replay the same batches: a seeded sampler draws one permutation per epoch
 from its generator, so ``TrainDataPosition`` remembers the generator's state at the start of the current epoch and
@@ -120,11 +120,12 @@ def has_checkpoint(default_local_dir: str, step: int) -> bool:
 
 
 def controller_state(trainer) -> dict:
-    """What lives on the controller and changes during training (the workers save everything else)."""
+    """What lives on the controller and changes during training (the workers save everything else). What an
+    asynchronous schedule holds in flight goes back into the prompt source's buffer first (return_in_flight)."""
     kl_ctrl = trainer.kl_ctrl_in_reward
     state = {"global_step": trainer.global_steps, "dataloader": trainer.train_data_position.state_dict(),
-             "kl_ctrl_in_reward_value": None if kl_ctrl is None else kl_ctrl.value,
-             "in_flight": trainer.in_flight_state()}
+             "kl_ctrl_in_reward_value": None if kl_ctrl is None else kl_ctrl.value}
+    trainer.return_in_flight()
     if trainer.prompt_source is not None:
         state["prompt_source"] = trainer.prompt_source.state_dict()
     return state
@@ -175,20 +176,53 @@ def load_checkpoint(trainer) -> int:
         _require_dir(critic_dir, "the critic's shards (this run has a critic)")
         trainer.critic_wg.load_checkpoint(critic_dir)
     trainer.train_data_position.load_state_dict(state["dataloader"])
-    trainer.restore_in_flight(state.get("in_flight"))
     if trainer.kl_ctrl_in_reward is not None:
         if state["kl_ctrl_in_reward_value"] is None:
             raise ValueError(f"{path}/{DATA_STATE_FILE} has no in-reward KL coefficient, but this run uses "
                              "algorithm.use_kl_in_reward=true: the checkpoint comes from a run without it")
         trainer.kl_ctrl_in_reward.value = state["kl_ctrl_in_reward_value"]
-    if trainer.prompt_source is not None:
-        if "prompt_source" not in state:
-            raise ValueError(f"{path}/{DATA_STATE_FILE} has no prompt source (sample buffer), but this run uses "
-                             "data_flow: the checkpoint comes from a run without it, and its batches would not resume "
-                             "exactly")
-        trainer.prompt_source.load_state_dict(state["prompt_source"])
+    trainer.restore_prompt_source(state, f"{path}/{DATA_STATE_FILE}")
     print(f"checkpointing: resumed from {path} (global step {state['global_step']})")
     return state["global_step"]
+
+
+def restore_prompt_source(source, state: dict, where: str) -> None:
+    """The prompt source of data.pt's `state` (`where`: its path) when it has one. A checkpoint holding work in
+    flight (an asynchronous run's, listed under "in_flight" in the earlier format, or groups and rows its prompt
+    source held) is refused by a run without the data flow: a synchronous step trains every prompt it takes, so
+    they would be lost."""
+    held = state.get("prompt_source") or {}
+    if state.get("in_flight") or (source is None and (held.get("buffer") or held.get("pending_rows"))):
+        raise ValueError(f"{where} holds the in-flight prompts of an asynchronous run (async_training.mode "
+                         "one_step_off / fully_async) or of the data flow; resume it in that mode, or they would be "
+                         "lost")
+    if source is None:
+        return
+    if "prompt_source" not in state:
+        raise ValueError(f"{where} has no prompt source (sample buffer), but this run uses data_flow: the checkpoint "
+                         "comes from a run without it, and its batches would not resume exactly")
+    source.load_state_dict(state["prompt_source"])
+
+
+def restore_async_prompt_source(source, state: dict, where: str) -> None:
+    """An asynchronous schedule's prompt source from data.pt's `state` (`where`: its path). A checkpoint from before
+    the data flow was the schedules' one path has no prompt source and lists, under "in_flight", the prompts taken
+    from the data and not trained yet ({"prompts": [{"tensors": {...}, "columns": {...}}, ...]}, one entry per batch
+    or group): they become the source's first rows, fresh groups generated before the data continues where it
+    stopped, so the resumed run trains every prompt the uninterrupted one would have. Without either (a synchronous
+    run without the data flow trained all it took) the source starts empty at the data's position."""
+    if "prompt_source" in state:
+        source.load_state_dict(state["prompt_source"])
+    in_flight = state.get("in_flight")
+    if not in_flight:
+        return
+    prompts = in_flight.get("prompts") if isinstance(in_flight, dict) else None
+    if not isinstance(prompts, list) or not all(isinstance(plain, dict) and isinstance(plain.get("tensors"), dict)
+                                                and isinstance(plain.get("columns"), dict) for plain in prompts):
+        raise ValueError(f"{where}: expected its in_flight entry as an earlier hybridrl wrote it, {{'prompts': "
+                         f"[{{'tensors': {{...}}, 'columns': {{...}}}}, ...]}}, got {in_flight!r:.200}; resume from "
+                         f"another checkpoint or start fresh (trainer.resume_mode=disable)")
+    source.add_rows([{**plain["tensors"], **plain["columns"]} for plain in prompts])
 
 
 def weights_version_after(global_step: int, critic_warmup: int) -> int:

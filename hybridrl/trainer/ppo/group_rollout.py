@@ -28,6 +28,7 @@ import asyncio
 import inspect
 import math
 import traceback
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -37,6 +38,7 @@ import torch
 from hybridrl.agent_loop.base import AgentLoopMetrics
 from hybridrl.agent_loop.manager import agent_loop_metrics, rollout_sampling_params
 from hybridrl.agent_loop.server_manager import abort_servers, reset_abort_servers
+from hybridrl.data.config_checks import data_flow_switch
 from hybridrl.data.filters import metric_nonzero_std
 from hybridrl.data.hooks import load_all_hooks
 from hybridrl.data.prompt_source import PromptSource
@@ -46,8 +48,20 @@ from hybridrl.trainer.ppo.metric_utils import compute_validation_metrics
 
 
 def data_flow_enabled(config) -> bool:
-    """Whether steps run through the data flow: data_flow.enable, or verl's algorithm.filter_groups.enable."""
-    return bool(config.data_flow.enable or config.algorithm.filter_groups.enable)
+    """Whether steps run through the data flow (data/config_checks.data_flow_switch: data_flow.enable, verl's
+    algorithm.filter_groups.enable, or an asynchronous schedule, whose one path it is)."""
+    return data_flow_switch(config.data_flow.enable, config.algorithm.filter_groups.enable,
+                            config.async_training.mode) is not None
+
+
+@dataclass
+class StepCounts:
+    """What a step's generation counted: data_flow/* (and reward/*) records, the rewards given (kept groups or not),
+    the samples finished and the tracebacks of failed agent loops."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    scored: list[float] = field(default_factory=list)
+    generated: int = 0
+    errors: list[str] = field(default_factory=list)
 
 
 class GroupRollout:
@@ -68,9 +82,10 @@ class GroupRollout:
                 metric_nonzero_std(filter_groups.metric)
             self.max_num_gen_batches = filter_groups.max_num_gen_batches
         self.rollout_config = config.actor_rollout_ref.rollout
-        self.metrics: dict[str, float] = {}
-        self._scored: list[float] = []  # every reward given this step, kept groups or not
-        self._generated, self._errors = 0, []  # samples finished this step, and the tracebacks of failed agent loops
+        self.counts = StepCounts()  # of the step being generated
+        # True: training groups are scored only when the step takes them (score_taken), on the thread that calls
+        # it; one_step_off sets it with a reward model, whose forward must not run on its generating thread
+        self.score_when_taken = False
         self._next_worker = 0
         self._evaluation = False
 
@@ -111,21 +126,39 @@ class GroupRollout:
 
     def score_group(self, group: list[Sample], evaluation: bool = False) -> list[Sample]:
         """Reward every sample of a finished group that has none yet (a custom generate function or an agent loop may
-        set its own). The one place scoring happens: data_flow.reward_function when set, else the reward manager.
-        Every finished group passes here, so the agent loops' failures are counted here too."""
-        self._generated += len(group)
-        self._errors += [sample.error for sample in group if sample.error is not None]
-        todo = [sample for sample in group if sample.reward is None]
+        set its own); with score_when_taken, a training group is scored later, when its step takes it. Every
+        finished group passes here, so the agent loops' failures are counted here too."""
+        self.counts.generated += len(group)
+        self.counts.errors += [sample.error for sample in group if sample.error is not None]
+        if evaluation or not self.score_when_taken:
+            self._score_samples([sample for sample in group if sample.reward is None], evaluation, self.counts)
+        return group
+
+    def score_taken(self, groups: list[list[Sample]]) -> dict[str, float]:
+        """score_when_taken: score the training groups a step takes (what is not scored yet, in one batch, on the
+        calling thread), and the metrics of it: reward/*, data_flow/generated_reward/mean (over these groups: the
+        only ones scored). It touches no count of a generation under way."""
+        counts = StepCounts()
+        self._score_samples([sample for group in groups for sample in group if sample.reward is None], False, counts)
+        metrics = dict(counts.metrics)
+        if counts.scored:
+            metrics["data_flow/generated_reward/mean"] = float(np.mean(counts.scored))
+        metrics.update(_reward_extra_means(groups))
+        return metrics
+
+    def _score_samples(self, todo: list[Sample], evaluation: bool, counts: StepCounts) -> None:
+        """The one place scoring happens: data_flow.reward_function when set, else the reward manager (and the
+        reward model, when the run has one), on all of `todo` at once; counted in `counts`."""
         if not todo:
-            return group
+            return
         reward_fn = self.hooks["reward_function"]
         if reward_fn is not None:
             rewards = call_hook("data_flow.reward_function", _call_reward_function, reward_fn, self.config, todo,
                                 self.flow.group_reward)
             for sample, reward in zip(todo, rewards):
                 sample.reward, sample.reward_key = reward, self.flow.reward_key
-                self._scored.append(sample.reward_value())
-            return group
+                counts.scored.append(sample.reward_value())
+            return
         batch = groups_to_batch([todo], prompt_length=self.rollout_config.prompt_length,
                                 response_length=self.rollout_config.response_length,
                                 pad_token_id=self.tokenizer.pad_token_id, with_log_probs=False, scored=False)
@@ -134,12 +167,11 @@ class GroupRollout:
         extras = reward.get("reward_extra_info", {})
         for row, (sample, score) in enumerate(zip(todo, scores)):
             sample.reward, sample.reward_key = float(score), None
-            self._scored.append(float(score))
+            counts.scored.append(float(score))
             if extras:
                 sample.metadata["reward_extra_info"] = {key: values[row] for key, values in extras.items()}
         for key, value in reward.get("reward_metrics", {}).items():
-            self.record(key, value)
-        return group
+            counts.metrics[key] = counts.metrics.get(key, 0.0) + float(value)
 
     def keep(self, group: list[Sample]) -> bool:
         """The dynamic-sampling filter's verdict on a scored group (no filter: keep)."""
@@ -153,7 +185,7 @@ class GroupRollout:
 
     def record(self, name: str, value: float) -> None:
         """Add to a data_flow/* (or reward/*) count of this step."""
-        self.metrics[name] = self.metrics.get(name, 0.0) + float(value)
+        self.counts.metrics[name] = self.counts.metrics.get(name, 0.0) + float(value)
 
     # ------------------------------------------------------------------ what the trainer calls
     def train_batch(self, step: int, prompt_source: PromptSource,
@@ -166,30 +198,33 @@ class GroupRollout:
         return batch, {**metrics, **version_metrics}
 
     def train_groups(self, step: int, prompt_source: PromptSource) -> tuple[list[list[Sample]], dict[str, float]]:
-        """The step's kept, scored groups from the rollout function, and the metrics of making them. (The
-        one-step-off schedule holds them as groups until the step takes them, so that a checkpoint can put them
-        back into the prompt source's buffer: async_trainer.py.)"""
+        """The step's kept groups from the rollout function, and the metrics of making them; scored, unless
+        score_when_taken (then score_taken scores them). (The one-step-off schedule runs this on its generating
+        thread and holds the groups until the step takes them, so that a checkpoint can put them back into the
+        prompt source's buffer: async_trainer.py.)"""
         self.start_counting()
         rollout_fn = self.hooks["rollout_function"] or generate_rollout
         groups = rollout_fn(self, step, prompt_source, False)
-        groups = self._check_groups(groups, "data_flow.rollout_function", self.rollout_config.n)
+        groups = self._check_groups(groups, "data_flow.rollout_function", self.rollout_config.n,
+                                    scored=not self.score_when_taken)
         return groups, self.step_metrics(groups, prompt_source)
 
     def start_counting(self) -> None:
         """A new step's counts: data_flow/* records, rewards given, samples finished, failed agent loops."""
-        self.metrics, self._scored, self._generated, self._errors = {}, [], 0, []
+        self.counts = StepCounts()
 
     def step_metrics(self, groups: list[list[Sample]], prompt_source: PromptSource) -> dict[str, float]:
         """The metrics of the step that trains `groups`, from the counts since `start_counting`; fails the step
         when too many agent loops failed (agent_loop.manager.report_failures)."""
-        self.manager.report_failures(self._errors, self._generated)
-        metrics = dict(self.metrics)
+        counts = self.counts
+        self.manager.report_failures(counts.errors, counts.generated)
+        metrics = dict(counts.metrics)
         metrics["data_flow/buffer_size"] = float(len(prompt_source.buffer))
         metrics["data_flow/num_groups_trained"] = float(len(groups))
-        if self._scored:  # the policy's own success, before any filter chose (the trained batch's is biased)
-            metrics["data_flow/generated_reward/mean"] = float(np.mean(self._scored))
+        if counts.scored:  # the policy's own success, before any filter chose (the trained batch's is biased)
+            metrics["data_flow/generated_reward/mean"] = float(np.mean(counts.scored))
         metrics.update(_reward_extra_means(groups))
-        metrics.update(_agent_loop_metrics(groups, len(self._errors)))
+        metrics.update(_agent_loop_metrics(groups, len(counts.errors)))
         return metrics
 
     def to_batch(self, groups: list[list[Sample]], weights_version: int) -> tuple[DataProto, dict[str, float]]:
@@ -205,19 +240,21 @@ class GroupRollout:
 
     def eval_groups(self, step: int, prompt_source: PromptSource) -> list[list[Sample]]:
         """The scored validation groups from data_flow.eval_function. Needs rollout mode."""
-        self.metrics, self._generated, self._errors = {}, 0, []
+        self.start_counting()
         groups = self.hooks["eval_function"](self, step, prompt_source, True)
         groups = self._check_groups(groups, "data_flow.eval_function", self.rollout_config.val_kwargs.n)
-        self.manager.report_failures(self._errors, self._generated)
+        self.manager.report_failures(self.counts.errors, self.counts.generated)
         return groups
 
-    def _check_groups(self, groups, key: str, n: int) -> list[list[Sample]]:
+    def _check_groups(self, groups, key: str, n: int, scored: bool = True) -> list[list[Sample]]:
         if not isinstance(groups, list) or not groups:
             raise ValueError(f"{key} returned {type(groups).__name__} of {len(groups or [])} groups, expected a "
                              f"non-empty list of groups (lists of Sample)")
         for position, group in enumerate(groups):
             if not isinstance(group, list) or len(group) != n or not all(isinstance(s, Sample) for s in group):
                 raise ValueError(f"{key}: group {position} is not a list of {n} Samples (rollout.n): {group!r:.200}")
+            if not scored:
+                continue
             unscored = [sample.index for sample in group if sample.reward is None]
             if unscored:
                 raise ValueError(f"{key}: group {position} has samples without a reward (indices {unscored}); score "

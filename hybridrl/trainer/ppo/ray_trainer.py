@@ -303,15 +303,13 @@ class RayPPOTrainer:
             return self.train_step(None)
         return self.train_step(DataProto.from_single_dict(next(batches)))
 
-    def in_flight_state(self) -> dict | None:
-        """What a checkpoint keeps of prompts taken from the data but not trained on yet: none here (a synchronous
-        step trains every prompt it takes); see async_trainer.py."""
-        return None
+    def return_in_flight(self) -> None:
+        """Before a checkpoint: put the work in flight back into the prompt source's buffer, which the checkpoint
+        saves. Nothing here (a synchronous step trains every prompt it takes); see async_trainer.py."""
 
-    def restore_in_flight(self, state: dict | None) -> None:
-        if state is not None:
-            raise ValueError("the checkpoint holds the in-flight prompts of an asynchronous run (async_training.mode "
-                             "one_step_off / fully_async); resume it in that mode, or they would be lost")
+    def restore_prompt_source(self, state: dict, where: str) -> None:
+        """The prompt source (with the data flow) from a checkpoint's data.pt `state` (checkpointing.py)."""
+        checkpointing.restore_prompt_source(self.prompt_source, state, where)
 
     def _stop_requested(self) -> bool:
         return self.run_control is not None and ray.get(self.run_control.stop_requested.remote())

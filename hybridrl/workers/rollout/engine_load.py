@@ -39,7 +39,7 @@ def engine_load(config, val_batches: list[tuple[int, int]] = ()) -> EngineLoad:
     - prompts in flight: data.train_batch_size, or data_flow.over_sampling_batch_size when larger (the data flow
       requests that many groups at a time); one_step_off generates one batch ahead at a time, so the same;
       fully_async keeps (async_training.max_staleness + 1) x data.train_batch_size groups generating or waiting
-      (the Rollouter, or the data flow's stream, trainer/ppo/group_stream.py, which refuses over-sampling).
+      (the data flow's stream, trainer/ppo/group_stream.py, which refuses over-sampling).
     - samples per prompt: rollout.n; a validation batch (its prompts x val_kwargs.n, or an eval set's n) counts
       instead when it is larger.
     """
