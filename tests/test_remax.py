@@ -202,6 +202,63 @@ def test_remax_under_the_asynchronous_schedules_baselines_each_group_from_its_ow
                 assert all(v == baseline_versions for v in sampled_versions)
 
 
+@pytest.mark.slow
+def test_remax_one_step_off_saves_the_groups_generated_ahead_with_their_baselines_and_trains_them_on_resume(
+        ray_local, toy_task, tmp_path):
+    """one_step_off stopped after step 2: the checkpoint's buffer holds step 3's groups, generated ahead, each with its
+    scored greedy baseline last (plain values in data.pt, of the same weights version as its group); the resumed run
+    trains those groups first, their saved baseline scores as reward_baselines (not generated again)."""
+    import os
+
+    from hybridrl.trainer.checkpoint_dir import step_dir_name
+    from hybridrl.trainer.ppo.async_trainer import trainer_class
+    from hybridrl.trainer.ppo.checkpointing import DATA_STATE_FILE
+    from tests.test_async_training import recording
+
+    reward_file = tmp_path / "length_reward.py"
+    reward_file.write_text(LENGTH_REWARD)
+    run_dir = tmp_path / "run"
+    overrides = [*SPLIT, "async_training.mode=one_step_off", "algorithm.adv_estimator=remax",
+                 f"actor_rollout_ref.rollout.n={N}", f"custom_reward_function.path={reward_file}",
+                 "custom_reward_function.name=length_score", "actor_rollout_ref.actor.optim.lr=1e-2",
+                 "trainer.save_freq=10", "trainer.total_training_steps=4", "trainer.test_freq=-1"]
+    batches = []
+
+    def run(stop_after):
+        config = make_config(toy_task, str(run_dir), *overrides)
+
+        class Keeping(recording(trainer_class(config), stop_after)):
+            def learn_step(self, batch, timing, metrics):
+                batches.append(batch)
+                return super().learn_step(batch, timing, metrics)
+
+        trainer = Keeping(config)
+        trainer.init_workers()
+        try:
+            trainer.fit()
+        finally:
+            trainer.shutdown()
+        return trainer
+
+    first = run(stop_after=2)
+    saved = torch.load(os.path.join(run_dir, step_dir_name(2), DATA_STATE_FILE), weights_only=True)
+    ahead = saved["prompt_source"]["buffer"]
+    assert first.global_steps == 2 and len(ahead) == 8
+    baselines = {}
+    for group in ahead:
+        assert len(group) == N + 1 and [s["is_baseline"] for s in group] == [False] * N + [True]
+        assert all(s["reward"] is not None and s["status"] in ("completed", "truncated") for s in group)
+        assert {v for s in group for v in s["token_versions"]} == {1}  # the weights after step 1, all of them
+        baselines[group[0]["metadata"]["extra_info"]["index"]] = group[-1]["reward"]
+    second = run(stop_after=None)
+    assert second.global_steps == 4 and len(batches) == 2 + 2
+    resumed = batches[2]
+    assert len(resumed) == 8 * N
+    assert sorted({info["index"] for info in resumed.non_tensor_batch["extra_info"]}) == sorted(baselines)
+    want = torch.tensor([baselines[info["index"]] for info in resumed.non_tensor_batch["extra_info"]])
+    torch.testing.assert_close(resumed.batch["reward_baselines"], want, rtol=0, atol=1e-6)
+
+
 # The rise of the mean score from steps 1-4 to steps 27-30, measured over seeds 1-8 (`--learning-seeds 1-8`, conftest)
 # on the 2-core machine, 2026-11-28: 0.728, 0.285, 0.595, 0.241, 0.489, 0.347, 0.291, 0.656 (mean 0.454, sd 0.177),
 # from 0.064-0.091. ReMax learns the toy task more unevenly than GRPO (one greedy baseline per prompt, 4 samples). The
