@@ -647,6 +647,7 @@ def test_the_prompt_source_makes_each_remax_group_with_its_baseline_and_keeps_it
     [added] = remax.get_groups(1, step=1)
     assert [s.is_baseline for s in added] == [False, False, True] and added[2].status == PENDING
     assert (added[2].group_index, added[2].prompt_ids, added[2].reward) == (7, [1, 2], None)
+    assert added[2].index == 0 and remax.next_sample_index == 1  # a new sample index, not one of another group's
     plain.load_state_dict(torch.load(_saved(source.state_dict()), weights_only=True))
     [stripped] = plain.get_groups(1, step=2)
     assert [s.is_baseline for s in stripped] == [False, False]

@@ -105,11 +105,15 @@ class PromptSource:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A buffered group of a run whose estimator did (not) use ReMax's baseline gets a pending one (loses it)."""
-        self.buffer = [with_baseline([Sample.from_dict(sample) for sample in group], self.baseline)
-                       for group in state["buffer"]]
         self.pending_rows = list(state["pending_rows"])
         self.next_group_index = state["next_group_index"]
         self.next_sample_index = state["next_sample_index"]
+        self.buffer = []
+        for saved in state["buffer"]:
+            group = [Sample.from_dict(sample) for sample in saved]
+            fitted = with_baseline(group, self.baseline, index=self.next_sample_index)
+            self.next_sample_index += len(fitted) > len(group)
+            self.buffer.append(fitted)
         self._batches = None
 
 

@@ -138,17 +138,16 @@ def baseline_of(group: list[Sample]) -> Optional[Sample]:
     return group[-1] if group and group[-1].is_baseline else None
 
 
-def with_baseline(group: list[Sample], baseline: bool) -> list[Sample]:
-    """The group with (a pending one added, from its first sample's prompt and metadata) or without its baseline:
-    a buffered group of a checkpoint written by a run whose estimator did (not) use one."""
+def with_baseline(group: list[Sample], baseline: bool, index: int) -> list[Sample]:
+    """The group with (a pending one added, sample `index`, from its first sample's prompt and metadata) or without
+    its baseline: a buffered group of a checkpoint written by a run whose estimator did (not) use one."""
     if baseline_of(group) is not None:
         return group if baseline else sampled(group)
     if not baseline:
         return group
     first = group[0]
-    return [*group, Sample(group_index=first.group_index, index=max(s.index for s in group) + 1,
-                           prompt_ids=list(first.prompt_ids), metadata=copy.deepcopy(first.metadata),
-                           is_baseline=True)]
+    return [*group, Sample(group_index=first.group_index, index=index, prompt_ids=list(first.prompt_ids),
+                           metadata=copy.deepcopy(first.metadata), is_baseline=True)]
 
 
 def reset_group(group: list[Sample]) -> list[Sample]:
@@ -198,7 +197,7 @@ def samples_to_batch(samples: list[Sample], *, prompt_length: int, response_leng
     (slime's mask_offpolicy_in_partial_rollout).
     """
     if not samples:
-        raise ValueError("groups_to_batch: no samples")
+        raise ValueError("groups_to_batch / samples_to_batch: no samples")
     for sample in samples:
         if len(sample.token_versions) != sample.response_length:
             raise ValueError(f"sample {sample.index}: {len(sample.token_versions)} token versions for "
