@@ -61,8 +61,6 @@ def test_shortfalls_name_the_pools_and_the_missing_amount():
                                            "=true"),
     (["actor_rollout_ref.hybrid_engine=false"], "actor_rollout_ref.rollout.mode: expected 'async' with "
                                                 "actor_rollout_ref.hybrid_engine=false"),
-    (DISAGGREGATED + ["async_training.mode=fully_async", "algorithm.adv_estimator=remax"],
-     "algorithm.adv_estimator: expected an estimator without a greedy baseline rollout"),
     (DISAGGREGATED + ["async_training.max_staleness=-1"], "async_training.max_staleness"),
     (DISAGGREGATED + ["async_training.stale_samples=keep"], "async_training.stale_samples"),
 ])
@@ -70,6 +68,16 @@ def test_config_refuses_schedules_that_cannot_run(overrides, problem):
     with pytest.raises(ConfigError) as err:
         validate_config(compose_config(overrides))
     assert any(line.startswith(problem) for line in err.value.problems), err.value.problems
+
+
+@pytest.mark.parametrize("schedule", ["one_step_off", "fully_async"])
+def test_remax_runs_under_the_asynchronous_schedules(schedule):
+    """ReMax's greedy baseline is a sample of each group of the data flow (generated with it), so every schedule
+    takes it, partial rollout too; a custom rollout function is checked at run time for the groups' baselines."""
+    config = validate_config(compose_config(DISAGGREGATED + [f"async_training.mode={schedule}",
+                                                             "algorithm.adv_estimator=remax",
+                                                             "data_flow.partial_rollout=true"]))
+    assert (config.async_training.mode, config.algorithm.adv_estimator) == (schedule, "remax")
 
 
 # ---------------------------------------------------------------------- weight transfer over gloo

@@ -591,3 +591,109 @@ def test_the_data_flow_logs_agent_loop_metrics_of_the_samples_a_loop_made():
     assert (metrics["agent_loop/num_turns/mean"], metrics["agent_loop/num_turns/min"]) == (2.0, 0.0)
     assert metrics["agent_loop/num_tool_calls/mean"] == 1.0 and metrics["agent_loop/used_tools/mean"] == 0.5
     assert metrics["agent_loop/tool_latency_s/mean"] == 0.25  # 0.5 s over 2 calls
+
+
+# ---------------------------------------------------------------------- ReMax's baseline as a sample of its group
+
+def with_scored_baseline(group, reward):
+    """`group` with a scored greedy baseline last, as the data flow generates it for ReMax."""
+    first = group[0]
+    return [*group, Sample(group_index=first.group_index, index=first.index + len(group), prompt_ids=first.prompt_ids,
+                           response_ids=[7], loss_mask=[1], token_versions=[0], reward=reward, status="completed",
+                           metadata=dict(first.metadata), is_baseline=True)]
+
+
+def test_groups_to_batch_trains_the_sampled_responses_and_gives_each_row_its_groups_baseline_score():
+    groups = [with_scored_baseline(scored_group(3, [1.0, 0.0]), 0.25),
+              with_scored_baseline(scored_group(4, [0.5, 0.75]), 2.0)]
+    batch = groups_to_batch(groups, prompt_length=4, response_length=5, pad_token_id=0, with_log_probs=False,
+                            scored=True)
+    assert len(batch) == 4  # 2 groups x rollout.n: the baselines are no rows
+    assert batch.batch["token_level_scores"].sum(-1).tolist() == [1.0, 0.0, 0.5, 0.75]
+    assert batch.batch["reward_baselines"].tolist() == [0.25, 0.25, 2.0, 2.0]
+    assert batch.non_tensor_batch["uid"].tolist() == ["3", "3", "4", "4"]
+    unscored = groups_to_batch(groups, prompt_length=4, response_length=5, pad_token_id=0, with_log_probs=False,
+                               scored=False)
+    assert len(unscored) == 4 and "reward_baselines" not in unscored.batch
+    assert "reward_baselines" not in groups_to_batch([scored_group(5, [1.0])], prompt_length=4, response_length=5,
+                                                     pad_token_id=0, with_log_probs=False, scored=True).batch
+    with pytest.raises(ValueError, match=r"groups \[5\] have no baseline"):
+        groups_to_batch([groups[0], scored_group(5, [1.0, 0.0])], prompt_length=4, response_length=5,
+                        pad_token_id=0, with_log_probs=False, scored=True)
+
+
+def test_the_prompt_source_makes_each_remax_group_with_its_baseline_and_keeps_it_through_a_checkpoint():
+    source = PromptSource(dataset_batches(), n=2, config=None, baseline=True)
+    first = source.get_groups(2, step=1)
+    assert [[sample.is_baseline for sample in group] for group in first] == [[False, False, True]] * 2
+    assert [sample.index for group in first for sample in group] == [0, 1, 2, 3, 4, 5]
+    assert first[1][2].prompt_ids == [1, 2] and first[1][2].metadata == first[1][0].metadata
+    first[1][2].append([9], None, version=0)
+    first[1][2].status = ABORTED  # an aborted baseline waits in the buffer with its group, its tokens kept
+    source.add_groups([first[1]])
+    with pytest.raises(ValueError, match="2 samples .rollout.n. and its baseline last"):
+        source.add_groups([first[0][:2]])
+    resumed = PromptSource(dataset_batches(), n=2, config=None, baseline=True)
+    resumed.load_state_dict(torch.load(_saved(source.state_dict()), weights_only=True))
+    [again] = resumed.get_groups(1, step=2)
+    assert again[2].is_baseline and (again[2].response_ids, again[2].status) == ([9], ABORTED)
+
+    # a buffer saved by a run without the baseline gets a pending one; one with baselines resumed without ReMax
+    # loses them
+    plain = PromptSource(dataset_batches(), n=2, config=None)
+    plain.add_groups([scored_group(7, [1.0, 0.0])])
+    remax = PromptSource(dataset_batches(), n=2, config=None, baseline=True)
+    remax.load_state_dict(torch.load(_saved(plain.state_dict()), weights_only=True))
+    [added] = remax.get_groups(1, step=1)
+    assert [s.is_baseline for s in added] == [False, False, True] and added[2].status == PENDING
+    assert (added[2].group_index, added[2].prompt_ids, added[2].reward) == (7, [1, 2], None)
+    assert added[2].index == 0 and remax.next_sample_index == 1  # a new sample index, not one of another group's
+    plain.load_state_dict(torch.load(_saved(source.state_dict()), weights_only=True))
+    [stripped] = plain.get_groups(1, step=2)
+    assert [s.is_baseline for s in stripped] == [False, False]
+
+    seen = []
+
+    def last_first(config, step, buffer, num_groups):
+        seen.append([len(group) for group in buffer])
+        return list(reversed(buffer))[:num_groups]
+
+    filtered = PromptSource(dataset_batches(), n=2, config=None, baseline=True, buffer_filter=last_first)
+    filtered.add_groups([with_scored_baseline(scored_group(i, [1.0, 0.0]), 0.5) for i in range(3)])
+    taken = filtered.get_groups(2, step=1)
+    assert seen == [[2, 2, 2]]  # the buffer filter judges the sampled responses
+    assert [(group[0].group_index, len(group), group[2].is_baseline) for group in taken] == [(2, 3, True),
+                                                                                             (1, 3, True)]
+
+
+def test_the_group_rollout_judges_and_counts_only_the_sampled_responses_and_sets_reward_baselines(tmp_path):
+    from types import SimpleNamespace
+
+    from hybridrl.trainer.ppo.group_rollout import GroupRollout, _order
+
+    hooks = tmp_path / "rewards.py"
+    hooks.write_text(REWARD_HOOKS)
+    remax = ["algorithm.adv_estimator=remax", "actor_rollout_ref.rollout.n=2"]
+    rollout = GroupRollout(validate_config(flow_config(tmp_path, *remax, f"data_flow.reward_function.path={hooks}",
+                                                       "data_flow.reward_function.name=per_sample",
+                                                       "data_flow.dynamic_sampling_filter.name=check_reward_nonzero_std")),
+                           agent_loop_manager=None, tokenizer=SimpleNamespace(pad_token_id=0), score_batch=None)
+    assert rollout.with_baseline and rollout.baseline_params["temperature"] == 0.0
+    group = with_scored_baseline(scored_group(1, [None, None]), None)
+    group[2].response_ids = [3]  # per_sample scores the last token: sampled 9, 9; baseline 3
+    rollout.start_counting()
+    rollout.score_group(group)
+    assert [sample.reward for sample in group] == [9.0, 9.0, 3.0]  # the baseline is scored with its group
+    assert rollout.counts.scored == [9.0, 9.0] and rollout.counts.generated == 3
+    assert not rollout.keep(group)  # the sampled rewards are equal: dropped, whatever the baseline scored
+    group[1].reward = 1.0
+    assert rollout.keep(group)
+    ordered = _order(rollout, filters.sort_by_reward_std, [with_scored_baseline(scored_group(0, [1.0, 1.0]), 9.0),
+                                                           group])
+    assert [g[0].group_index for g in ordered] == [1, 0] and all(g[-1].is_baseline for g in ordered)
+    batch, metrics = rollout.to_batch([group], weights_version=0)
+    assert batch.batch["reward_baselines"].tolist() == [3.0, 3.0] and len(batch) == 2
+    assert metrics["data_flow/baseline_reward/mean"] == 3.0
+    with pytest.raises(ValueError, match="data_flow.rollout_function: group 0 has no ReMax baseline"):
+        rollout._check_groups([scored_group(1, [1.0, 0.0])], "data_flow.rollout_function", 2, baseline=True)
+    assert rollout._check_groups([group], "data_flow.rollout_function", 2, baseline=True) == [group]

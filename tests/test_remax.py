@@ -1,4 +1,6 @@
-"""ReMax end to end (issue #12, point 7): a greedy baseline generated and scored every step.
+"""ReMax end to end (issue #12, point 7; issue #26): a greedy baseline generated and scored every step, by the batch
+path after the step's rollout, or by the data flow with each group (one more sample of the group, greedy, in the same
+agent-loop call), under every schedule.
 
 Real local Ray, 2 gloo ranks, the toy task of test_e2e_training (reward: the share of "a" in the
 response). A step's batch is checked by hand: reward_baselines must be the score of each prompt's
@@ -7,10 +9,11 @@ score minus its prompt's baseline. That check scores by the response's length in
 instead: the untrained model's greedy answers hold no "a", and a baseline of 0 everywhere would let
 "advantage = score" pass.
 """
+import collections
+
 import pytest
 import torch
 
-from hybridrl.data.batch_layout import group_prompts
 from hybridrl.protocol import DataProto
 from hybridrl.algorithms import core_algos
 from hybridrl.trainer.ppo.ray_trainer import GEN_KEYS, RayPPOTrainer
@@ -77,40 +80,183 @@ def test_remax_baseline_is_the_greedy_score_and_advantages_are_score_minus_basel
     assert float((scores - batch["reward_baselines"]).abs().max()) > 0.01  # the baseline is not the score itself
 
 
-def test_remax_in_the_data_flow_baselines_each_kept_group_with_its_prompts_greedy_score(ray_local, toy_task, tmp_path,
-                                                                                        advantage_batches):
-    """The data flow hands the step scored groups, not a prompt batch: the greedy baseline is generated from each
-    group's own prompt (batch_layout.group_prompts). lr 0 keeps the weights, so the baselines can be recomputed by
-    hand after the step, through the same engines, from the prompts the step trained on."""
+def greedy_scores_by_prompt(trainer: RayPPOTrainer) -> dict[int, float]:
+    """By hand, through the run's engines: every training prompt's greedy response (the batch path's generation, one
+    prompt per row), scored with the run's reward function, by the prompt's extra_info index."""
+    trainer._rollout_mode()
+    scores = {}
+    for batch_dict in trainer.train_dataloader:  # one pass over the training prompts
+        greedy = trainer._generate(DataProto.from_single_dict(batch_dict), n=1, validate=False, do_sample=False)
+        values = trainer._score(greedy, trainer.reward_fn)["reward_tensor"].sum(-1).tolist()
+        scores.update({info["index"]: value for info, value in zip(greedy.non_tensor_batch["extra_info"], values)})
+    trainer._trainer_mode()
+    return scores
+
+
+def check_baselines(batch: DataProto, expected: dict[int, float], groups: int) -> None:
+    """Every trained row's reward_baselines is its prompt's greedy score; the rows are `groups` x N sampled responses
+    (no baseline among them, N per uid); each advantage is the row's score minus its baseline."""
+    assert len(batch) == groups * N
+    assert sorted(collections.Counter(batch.non_tensor_batch["uid"]).values()) == [N] * groups
+    want = torch.tensor([expected[info["index"]] for info in batch.non_tensor_batch["extra_info"]])
+    torch.testing.assert_close(batch.batch["reward_baselines"], want, rtol=0, atol=1e-6)
+    assert float(want.min()) > 0  # each greedy answer was scored (a missing one would be 0)
+    scores = batch.batch["token_level_scores"].sum(-1)
+    mask = batch.batch["response_mask"].bool()
+    expected_advantages = (scores - batch.batch["reward_baselines"]).unsqueeze(-1).expand_as(mask)
+    torch.testing.assert_close(batch.batch["advantages"][mask], expected_advantages[mask], rtol=0, atol=1e-6)
+
+
+def test_remax_in_the_data_flow_baselines_each_group_with_its_prompts_greedy_score(ray_local, toy_task, tmp_path,
+                                                                                   advantage_batches):
+    """The data flow generates each group's greedy baseline with the group (one more sample, greedy, in the same
+    agent-loop call) and its score becomes reward_baselines when the batch is assembled; the baseline is no row of
+    the batch. lr 0 keeps the weights, so the baselines can be recomputed by hand after the step, through the same
+    engines, by the batch path's own greedy generation."""
     reward_file = tmp_path / "length_reward.py"
     reward_file.write_text(LENGTH_REWARD)
     config = make_config(toy_task, str(tmp_path), "algorithm.adv_estimator=remax", f"actor_rollout_ref.rollout.n={N}",
                          f"custom_reward_function.path={reward_file}", "custom_reward_function.name=length_score",
                          "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
                          "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.rollout.agent.num_workers=2",
-                         "data_flow.enable=true", "actor_rollout_ref.actor.optim.lr=0", "trainer.balance_batch=false")
+                         "data_flow.enable=true", "actor_rollout_ref.actor.optim.lr=0")
     trainer = RayPPOTrainer(config)
     trainer.init_workers()
     try:
         metrics = trainer.train_step(None)
-        [batch] = advantage_batches
-        prompts = group_prompts(batch, N)
-        assert len(prompts) == 8 and "timing_s/gen_max" in metrics
-        for row, group in enumerate(range(0, 8 * N, N)):  # the group's prompt, as its rows hold it
-            assert torch.equal(prompts.batch["input_ids"][row], batch.batch["prompts"][group])
-            assert len(set(batch.non_tensor_batch["uid"][group:group + N])) == 1
-        trainer._rollout_mode()
-        greedy = trainer._generate(prompts, n=1, validate=False, do_sample=False)
-        trainer._trainer_mode()
-        expected = trainer._score(greedy, trainer.reward_fn)["reward_tensor"].sum(-1)
+        expected = greedy_scores_by_prompt(trainer)
     finally:
         trainer.shutdown()
-    torch.testing.assert_close(batch.batch["reward_baselines"], expected.repeat_interleave(N), rtol=0, atol=1e-6)
-    assert float(expected.min()) > 0
-    scores = batch.batch["token_level_scores"].sum(-1)
-    mask = batch.batch["response_mask"].bool()
-    expected_advantages = (scores - batch.batch["reward_baselines"]).unsqueeze(-1).expand_as(mask)
-    torch.testing.assert_close(batch.batch["advantages"][mask], expected_advantages[mask], rtol=0, atol=1e-6)
+    [batch] = advantage_batches
+    check_baselines(batch, expected, groups=8)
+    assert "timing_s/gen_max" not in metrics  # no generation of its own: the baselines came with the groups
+    assert metrics["data_flow/num_groups_trained"] == 8
+    baselines = {uid: expected[info["index"]] for uid, info in zip(batch.non_tensor_batch["uid"],
+                                                                    batch.non_tensor_batch["extra_info"])}
+    assert abs(metrics["data_flow/baseline_reward/mean"] - sum(baselines.values()) / 8) < 1e-6
+    # the sampled responses' mean, not the greedy ones'
+    assert abs(metrics["data_flow/generated_reward/mean"] - metrics["critic/score/mean"]) < 1e-6
+
+
+SPLIT = ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
+         "actor_rollout_ref.rollout.agent.num_workers=1", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", [["async_training.mode=one_step_off"],
+                                      # one request at a time, long enough that a weight sync's recall finds
+                                      # some midway (test_data_flow_e2e's partial rollout test does the same)
+                                      ["async_training.mode=fully_async", "async_training.max_staleness=1",
+                                       "data_flow.partial_rollout=true", "data.max_response_length=32",
+                                       "actor_rollout_ref.rollout.max_num_seqs=1"]], ids=["one_step_off", "fully_async"])
+def test_remax_under_the_asynchronous_schedules_baselines_each_group_from_its_own_weights(ray_local, toy_task,
+                                                                                          tmp_path, schedule):
+    """3 ReMax steps on separate pools under each asynchronous schedule (fully_async with partial rollout: an aborted
+    baseline is continued with its group): every step's reward_baselines are its prompts' greedy scores (lr 0: the
+    weights never change, while their version counts the updates), no baseline is a row; under one_step_off, whose
+    engines take new weights only while idle, each baseline's tokens carry its group's one weights version."""
+    from hybridrl.trainer.ppo.async_trainer import trainer_class
+
+    reward_file = tmp_path / "length_reward.py"
+    reward_file.write_text(LENGTH_REWARD)
+    config = make_config(toy_task, str(tmp_path), *SPLIT, *schedule, "algorithm.adv_estimator=remax",
+                         f"actor_rollout_ref.rollout.n={N}", f"custom_reward_function.path={reward_file}",
+                         "custom_reward_function.name=length_score", "actor_rollout_ref.actor.optim.lr=0",
+                         "trainer.total_training_steps=3", "trainer.test_freq=-1")
+    batches, versions = [], []
+
+    class Recording(trainer_class(config)):
+        def learn_step(self, batch, timing, metrics):
+            batch = super().learn_step(batch, timing, metrics)
+            batches.append(batch)
+            return batch
+
+        def _start_group_rollout(self):
+            super()._start_group_rollout()
+            to_batch = self.group_rollout.to_batch
+
+            def recording_to_batch(groups, weights_version):
+                versions.append([([set(s.token_versions) for s in group[:-1]], set(group[-1].token_versions),
+                                  group[-1].is_baseline) for group in groups])
+                return to_batch(groups, weights_version)
+            self.group_rollout.to_batch = recording_to_batch
+
+    trainer = Recording(config)
+    trainer.init_workers()
+    try:
+        trainer.fit()
+        trainer.return_in_flight()
+        expected = greedy_scores_by_prompt(trainer)
+    finally:
+        trainer.shutdown()
+    metrics = read_metrics(str(tmp_path))
+    assert len(batches) == 3 and [m["async_training/policy_version"] for m in metrics] == [0, 1, 2]
+    for batch in batches:
+        check_baselines(batch, expected, groups=8)
+    for step in versions:
+        assert all(is_baseline for _, _, is_baseline in step)
+    if "async_training.mode=one_step_off" in schedule:
+        assert [sorted({v for s, _, _ in step for sample in s for v in sample}) for step in versions] == [[0], [0], [1]]
+        for step in versions:
+            for sampled_versions, baseline_versions, _ in step:
+                assert all(v == baseline_versions for v in sampled_versions)
+
+
+@pytest.mark.slow
+def test_remax_one_step_off_saves_the_groups_generated_ahead_with_their_baselines_and_trains_them_on_resume(
+        ray_local, toy_task, tmp_path):
+    """one_step_off stopped after step 2: the checkpoint's buffer holds step 3's groups, generated ahead, each with its
+    scored greedy baseline last (plain values in data.pt, of the same weights version as its group); the resumed run
+    trains those groups first, their saved baseline scores as reward_baselines (not generated again)."""
+    import os
+
+    from hybridrl.trainer.checkpoint_dir import step_dir_name
+    from hybridrl.trainer.ppo.async_trainer import trainer_class
+    from hybridrl.trainer.ppo.checkpointing import DATA_STATE_FILE
+    from tests.test_async_training import recording
+
+    reward_file = tmp_path / "length_reward.py"
+    reward_file.write_text(LENGTH_REWARD)
+    run_dir = tmp_path / "run"
+    overrides = [*SPLIT, "async_training.mode=one_step_off", "algorithm.adv_estimator=remax",
+                 f"actor_rollout_ref.rollout.n={N}", f"custom_reward_function.path={reward_file}",
+                 "custom_reward_function.name=length_score", "actor_rollout_ref.actor.optim.lr=1e-2",
+                 "trainer.save_freq=10", "trainer.total_training_steps=4", "trainer.test_freq=-1"]
+    batches = []
+
+    def run(stop_after):
+        config = make_config(toy_task, str(run_dir), *overrides)
+
+        class Keeping(recording(trainer_class(config), stop_after)):
+            def learn_step(self, batch, timing, metrics):
+                batches.append(batch)
+                return super().learn_step(batch, timing, metrics)
+
+        trainer = Keeping(config)
+        trainer.init_workers()
+        try:
+            trainer.fit()
+        finally:
+            trainer.shutdown()
+        return trainer
+
+    first = run(stop_after=2)
+    saved = torch.load(os.path.join(run_dir, step_dir_name(2), DATA_STATE_FILE), weights_only=True)
+    ahead = saved["prompt_source"]["buffer"]
+    assert first.global_steps == 2 and len(ahead) == 8
+    baselines = {}
+    for group in ahead:
+        assert len(group) == N + 1 and [s["is_baseline"] for s in group] == [False] * N + [True]
+        assert all(s["reward"] is not None and s["status"] in ("completed", "truncated") for s in group)
+        assert {v for s in group for v in s["token_versions"]} == {1}  # the weights after step 1, all of them
+        baselines[group[0]["metadata"]["extra_info"]["index"]] = group[-1]["reward"]
+    second = run(stop_after=None)
+    assert second.global_steps == 4 and len(batches) == 2 + 2
+    resumed = batches[2]
+    assert len(resumed) == 8 * N
+    assert sorted({info["index"] for info in resumed.non_tensor_batch["extra_info"]}) == sorted(baselines)
+    want = torch.tensor([baselines[info["index"]] for info in resumed.non_tensor_batch["extra_info"]])
+    torch.testing.assert_close(resumed.batch["reward_baselines"], want, rtol=0, atol=1e-6)
 
 
 # The rise of the mean score from steps 1-4 to steps 27-30, measured over seeds 1-8 (`--learning-seeds 1-8`, conftest)

@@ -109,17 +109,25 @@ class AgentLoopWorker:
         self.server_manager = AsyncLLMServerManager(server_addresses)
         self.generate_fn = None  # the data flow's generate function, loaded on first use
 
-    async def generate_group(self, group: list[Sample], sampling_params: dict[str, Any]) -> list[Sample]:
+    async def generate_group(self, group: list[Sample], sampling_params: dict[str, Any],
+                             baseline_params: Optional[dict[str, Any]] = None) -> list[Sample]:
         """The data flow (trainer/ppo/group_rollout.py): one group's samples generated concurrently, each by
         data_flow.custom_generate_function when set, else by its agent loop (sample_generate.py says which runs how).
+        A ReMax baseline (Sample.is_baseline) is generated with `baseline_params` (greedy), the others with
+        `sampling_params`: together, so from the same weights.
         Whatever a custom generate function raises fails the step with its traceback: it is user logic, not one
         sample's bad luck; an agent loop's failure costs its sample only, as in the async rollout."""
         if self.generate_fn is None:
             self.generate_fn = load_hook("custom_generate_function",
                                          self.config.data_flow.custom_generate_function) or self._generate_sample
+        if baseline_params is None and any(sample.is_baseline for sample in group):
+            raise ValueError(f"group {group[0].group_index} has a ReMax baseline but no baseline_params to generate "
+                             f"it with")
         ctx = GenerateContext(server_manager=self.server_manager, tokenizer=self.tokenizer, config=self.config,
                               response_length=self.config.actor_rollout_ref.rollout.response_length)
-        outputs = await asyncio.gather(*(self.generate_fn(ctx, sample, dict(sampling_params)) for sample in group))
+        outputs = await asyncio.gather(*(
+            self.generate_fn(ctx, sample, dict(baseline_params if sample.is_baseline else sampling_params))
+            for sample in group))
         for output in outputs:
             if not isinstance(output, Sample):
                 raise TypeError(f"data_flow.custom_generate_function returned {type(output).__name__}, expected the "

@@ -4,7 +4,8 @@ Which function generates a sample (AgentLoopWorker.generate_group): `data_flow.c
 (same signature as `generate`; see hybridrl/data/hooks.py); else, for the single-turn loop, the built-in `generate`;
 else the sample's agent loop (its `agent_name` column, or rollout.agent.default_agent_loop: tool_agent, a verl-style
 loop of the user's), run from the prompt as the async rollout runs it (or continued, below), its output made into the
-sample by `sample_from_loop`.
+sample by `sample_from_loop`. A ReMax baseline (Sample.is_baseline) is generated the same way, with the greedy sampling
+parameters AgentLoopWorker.generate_group gives it.
 
 The built-in `generate` is the single-turn loop that can continue: a pending sample generates from its prompt, an
 aborted one (partial rollout) from its prompt plus the tokens it already has, with what is left of

@@ -129,16 +129,3 @@ def _row_values(name: str, values: list, row: int, width: int, dtype: torch.dtyp
         raise ValueError(f"to_batch_layout: {name} of row {row} has {len(values)} entries, its response has {width} "
                          f"tokens")
     return torch.tensor(values, dtype=dtype)
-
-
-def group_prompts(batch: DataProto, n: int) -> DataProto:
-    """One row per group of `n` consecutive rows of a batch in this layout: the group's prompt as generation input
-    (input_ids, attention_mask and position_ids of the prompt part) with its first row's non-tensor columns. ReMax's
-    greedy baseline generates from it when the data flow, not a batch of prompts, made the step's rows."""
-    if len(batch) % n:
-        raise ValueError(f"group_prompts: {len(batch)} rows are not groups of {n}")
-    width = batch.batch["prompts"].shape[1]
-    first = torch.arange(0, len(batch), n)
-    tensors = {"input_ids": batch.batch["prompts"][first], "attention_mask": batch.batch["attention_mask"][first, :width],
-               "position_ids": batch.batch["position_ids"][first, :width]}
-    return DataProto(tensors, {key: column[first.numpy()] for key, column in batch.non_tensor_batch.items()})

@@ -7,21 +7,27 @@ function of the right kind taking the listed positional parameters; errors name 
     data_flow.rollout_function          def f(rollout, step, prompt_source, evaluation) -> list[list[Sample]]
         the whole rollout of a step: `rollout` (trainer/ppo/group_rollout.GroupRollout) runs groups on the engine
         servers and scores them, `prompt_source` (data/prompt_source.PromptSource) hands out groups and takes
-        unfinished ones back. Returns data.train_batch_size scored groups (fewer: see insufficient_groups).
+        unfinished ones back. Returns data.train_batch_size scored groups (fewer: see insufficient_groups). With
+        ReMax (algorithm.adv_estimator=remax) each group of the prompt source ends with its greedy baseline
+        (Sample.is_baseline; data/sample.py sampled / baseline_of): return the groups with it, scored (a group
+        without one fails the step naming this key); rollout.keep judges the sampled responses only.
     data_flow.eval_function             same signature, called with evaluation=True and the validation prompts;
         returns scored groups whose mean reward is logged as val-core/<data_source>/reward/mean@n.
     data_flow.custom_generate_function  async def f(ctx, sample, sampling_params) -> Sample
         one sample in, one out, run in an agent-loop worker: ctx.server_manager.generate(...), ctx.tokenizer,
         ctx.config, ctx.response_length. Record generated tokens with the version the engine reported for them,
         sample.append(output.token_ids, output.log_probs, output.weight_version). Continue from sample.tokens when
-        sample.status == "aborted".
-    data_flow.dynamic_sampling_filter   def f(config, group) -> bool (keep the group)
+        sample.status == "aborted". A ReMax baseline (sample.is_baseline) comes with greedy sampling_params:
+        generate it with them.
+    data_flow.dynamic_sampling_filter   def f(config, group) -> bool (keep the group); this filter and the two below
+        get a group's sampled responses only (with ReMax, the group without its baseline)
     data_flow.over_sampling_filter      def f(config, groups) -> list[list[Sample]] (ordered; the first
         data.train_batch_size are trained on)
     data_flow.buffer_filter             def f(config, step, buffer, num_groups) -> list[list[Sample]] (the groups
         to take out of the buffer, at most num_groups)
     data_flow.reward_function           [async] def f(config, sample) -> float | dict, or with
-        data_flow.group_reward=true [async] def f(config, group) -> list[float | dict]
+        data_flow.group_reward=true [async] def f(config, group) -> list[float | dict] (with ReMax the group's
+        baseline is among them, last, is_baseline: scored on the same scale as its samples)
 """
 from __future__ import annotations
 

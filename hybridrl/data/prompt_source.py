@@ -3,7 +3,8 @@
     buffer (groups added back: aborted ones with their tokens so far, or reset ones)
       └─ data_flow.buffer_filter picks which (default pop_first: first in, first out)
     training data (trainer/ppo/checkpointing.TrainDataPosition, the same batches a plain run sees, in order)
-      └─ each row becomes a group of rollout.n pending samples
+      └─ each row becomes a group of rollout.n pending samples (and, for ReMax, its pending greedy baseline last:
+         data/sample.py)
 
 Rows of a dataset batch not yet handed out wait in `pending_rows`, so a step that asks for fewer groups than a
 batch holds takes the next rows next time. `state_dict` holds the buffer (Sample records as plain values), the
@@ -17,17 +18,19 @@ from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 from hybridrl.data.filters import pop_first
-from hybridrl.data.sample import Sample, new_group, to_plain
+from hybridrl.data.sample import Sample, baseline_of, new_group, sampled, to_plain, with_baseline
 
 
 class PromptSource:
     def __init__(self, batches: Callable[[], Iterator[dict]], n: int, config,
-                 buffer_filter: Optional[Callable] = None):
+                 buffer_filter: Optional[Callable] = None, baseline: bool = False):
         """batches: makes the iterator of collated dataset batches (training: TrainDataPosition.batches, endless;
         validation: one pass over the loader, after which get_groups hands out fewer groups, then none);
-        n: samples per group; config: the run config (handed to the buffer filter)."""
+        n: sampled responses per group; config: the run config (handed to the buffer filter); baseline: every group
+        also has its greedy baseline, last (ReMax)."""
         self.batches = batches
         self.n = n
+        self.baseline = baseline
         self.config = config
         self.buffer_filter = buffer_filter or pop_first
         self.buffer: list[list[Sample]] = []
@@ -46,18 +49,21 @@ class PromptSource:
                     break
                 self.pending_rows = _rows(batch)
             row = self.pending_rows.pop(0)
-            groups.append(new_group(row, self.n, self.next_group_index, self.next_sample_index))
+            groups.append(new_group(row, self.n, self.next_group_index, self.next_sample_index, self.baseline))
             self.next_group_index += 1
-            self.next_sample_index += self.n
+            self.next_sample_index += self.n + int(self.baseline)
         return groups
 
     def add_groups(self, groups: list[list[Sample]], first: bool = False) -> None:
         """Put whole groups back (partial rollout's aborted ones, or groups a rollout did not use); `first`: before
         the groups already there (finished groups a checkpoint returns, which the next step would have trained)."""
         for group in groups:
-            if len(group) != self.n or len({sample.group_index for sample in group}) != 1:
-                raise ValueError(f"add_groups: a group must be {self.n} samples (rollout.n) of one prompt, got "
-                                 f"{len(group)} samples of group indices {sorted({s.group_index for s in group})}")
+            if len(sampled(group)) != self.n or len({sample.group_index for sample in group}) != 1 \
+                    or (baseline_of(group) is not None) != self.baseline or len(group) != self.n + self.baseline:
+                what = " and its baseline last" if self.baseline else ""
+                raise ValueError(f"add_groups: a group must be {self.n} samples (rollout.n){what} of one prompt, got "
+                                 f"{len(group)} samples ({sum(s.is_baseline for s in group)} baselines) of group "
+                                 f"indices {sorted({s.group_index for s in group})}")
         self.buffer = [*groups, *self.buffer] if first else [*self.buffer, *groups]
 
     def add_rows(self, batches: list[dict[str, Any]]) -> None:
@@ -69,13 +75,19 @@ class PromptSource:
     def _from_buffer(self, num_groups: int, step: int) -> list[list[Sample]]:
         if not self.buffer or num_groups == 0:
             return []
+        # the filter sees the groups' sampled responses (ReMax's baselines left out, as every filter sees them)
+        given = [sampled(group) for group in self.buffer] if self.baseline else list(self.buffer)
+        views = {id(view): group for view, group in zip(given, self.buffer)}
         try:
-            taken = list(self.buffer_filter(self.config, step, self.buffer, num_groups))
+            taken = list(self.buffer_filter(self.config, step, given, num_groups))
         except Exception as err:  # user logic: fail the step, naming the hook, with its traceback
             raise RuntimeError(f"data_flow.buffer_filter raised:\n{traceback.format_exc()}") from err
         if len(taken) > num_groups:
             raise ValueError(f"data_flow.buffer_filter returned {len(taken)} groups, more than the {num_groups} "
                              f"asked for")
+        if any(id(group) not in views for group in taken):
+            raise ValueError("data_flow.buffer_filter must return groups of the buffer it was given")
+        taken = [views[id(group)] for group in taken]
         taken_ids = {id(group) for group in taken}  # a filter that also deleted them in place (slime's) is fine
         remaining = [group for group in self.buffer if id(group) not in taken_ids]
         self.buffer = remaining
@@ -92,10 +104,16 @@ class PromptSource:
                 "next_sample_index": self.next_sample_index}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.buffer = [[Sample.from_dict(sample) for sample in group] for group in state["buffer"]]
+        """A buffered group of a run whose estimator did (not) use ReMax's baseline gets a pending one (loses it)."""
         self.pending_rows = list(state["pending_rows"])
         self.next_group_index = state["next_group_index"]
         self.next_sample_index = state["next_sample_index"]
+        self.buffer = []
+        for saved in state["buffer"]:
+            group = [Sample.from_dict(sample) for sample in saved]
+            fitted = with_baseline(group, self.baseline, index=self.next_sample_index)
+            self.next_sample_index += len(fitted) > len(group)
+            self.buffer.append(fitted)
         self._batches = None
 
 

@@ -5,7 +5,12 @@ steps: a group whose generation was aborted waits in the buffer with the tokens 
 carries its reward, and a filter looks at whole groups. Only when the trainer takes a batch do the groups become a
 padded DataProto, in one function, `groups_to_batch` (padding itself is batch_layout.to_batch_layout's).
 
-A group is `list[Sample]`: the `rollout.n` samples of one prompt, sharing `group_index`.
+A group is `list[Sample]`: the `rollout.n` samples of one prompt, sharing `group_index`. With ReMax
+(algorithm.adv_estimator=remax) a group has one more sample, last: its prompt's greedy baseline (`is_baseline`),
+generated with the group, in the same agent-loop worker call, so from the same weights (greedy sampling parameters:
+GroupRollout.submit). It is scored with the group and aborted, buffered, continued or reset with it; its score becomes
+the `reward_baselines` of the group's rows when `groups_to_batch` assembles the batch, and it is never a row of the
+batch. `sampled(group)` is what the filters judge and what is trained; `baseline_of(group)` the baseline (None without).
 
 Every response token carries the policy version of the weights that generated it (`token_versions`), as the engine
 server reported it with the tokens (TokenOutput.weight_version; the definition: data/batch_layout.py).
@@ -60,6 +65,7 @@ class Sample:
     agent_metrics: Optional[dict[str, Any]] = None  # an agent loop's AgentLoopMetrics, as a dict
     error: Optional[str] = None  # an agent loop's traceback when it failed: then no loss on the sample, reward 0
     resume_state: Optional[dict[str, Any]] = None  # an aborted resumable loop's state (AgentLoopOutput.resume_state)
+    is_baseline: bool = False  # ReMax's greedy baseline of its group: scored, never trained (module docstring)
 
     @property
     def response_length(self) -> int:
@@ -112,12 +118,36 @@ def to_plain(value: Any) -> Any:
     return value
 
 
-def new_group(row: dict[str, Any], n: int, group_index: int, first_index: int) -> list[Sample]:
-    """`n` pending samples of one dataset row (its `raw_prompt_ids` is the prompt; every column is metadata)."""
+def new_group(row: dict[str, Any], n: int, group_index: int, first_index: int,
+              baseline: bool = False) -> list[Sample]:
+    """`n` pending samples of one dataset row (its `raw_prompt_ids` is the prompt; every column is metadata), and,
+    `baseline`, a pending greedy baseline after them (index first_index + n)."""
     metadata = to_plain({key: value for key, value in row.items() if key != "raw_prompt_ids"})
     prompt_ids = [int(token) for token in to_plain(row["raw_prompt_ids"])]
     return [Sample(group_index=group_index, index=first_index + i, prompt_ids=list(prompt_ids),
-                   metadata=copy.deepcopy(metadata)) for i in range(n)]
+                   metadata=copy.deepcopy(metadata), is_baseline=i == n) for i in range(n + int(baseline))]
+
+
+def sampled(group: list[Sample]) -> list[Sample]:
+    """The group's sampled responses: what is trained and what the filters judge (all of it without a baseline)."""
+    return [sample for sample in group if not sample.is_baseline]
+
+
+def baseline_of(group: list[Sample]) -> Optional[Sample]:
+    """The group's ReMax baseline (its last sample, is_baseline), or None."""
+    return group[-1] if group and group[-1].is_baseline else None
+
+
+def with_baseline(group: list[Sample], baseline: bool, index: int) -> list[Sample]:
+    """The group with (a pending one added, sample `index`, from its first sample's prompt and metadata) or without
+    its baseline: a buffered group of a checkpoint written by a run whose estimator did (not) use one."""
+    if baseline_of(group) is not None:
+        return group if baseline else sampled(group)
+    if not baseline:
+        return group
+    first = group[0]
+    return [*group, Sample(group_index=first.group_index, index=index, prompt_ids=list(first.prompt_ids),
+                           metadata=copy.deepcopy(first.metadata), is_baseline=True)]
 
 
 def reset_group(group: list[Sample]) -> list[Sample]:
@@ -132,7 +162,32 @@ def reset_group(group: list[Sample]) -> list[Sample]:
 def groups_to_batch(groups: list[list[Sample]], *, prompt_length: int, response_length: int, pad_token_id: int,
                     with_log_probs: bool, scored: bool, current_version: Optional[int] = None,
                     mask_stale_tokens: bool = False) -> DataProto:
-    """The padded DataProto the trainer uses, rows in group order (a group's samples consecutive).
+    """The padded DataProto the trainer uses: one row per sampled response, rows in group order (a group's samples
+    consecutive); a group's ReMax baseline is no row (`samples_to_batch` has the columns).
+
+    When `scored` and the groups carry baselines (all of them must), `reward_baselines` (one value per row) is the
+    reward_value() of the row's group's baseline."""
+    for group in groups:
+        if baseline_of(group) is None and any(sample.is_baseline for sample in group):
+            raise ValueError(f"groups_to_batch: group {group[0].group_index}'s baseline is not its last sample")
+    batch = samples_to_batch([sample for group in groups for sample in sampled(group)], prompt_length=prompt_length,
+                             response_length=response_length, pad_token_id=pad_token_id, with_log_probs=with_log_probs,
+                             scored=scored, current_version=current_version, mask_stale_tokens=mask_stale_tokens)
+    baselines = [baseline_of(group) for group in groups]
+    if scored and any(baseline is not None for baseline in baselines):
+        if any(baseline is None for baseline in baselines):
+            missing = [group[0].group_index for group, baseline in zip(groups, baselines) if baseline is None]
+            raise ValueError(f"groups_to_batch: groups {missing} have no baseline, the others do")
+        batch.batch["reward_baselines"] = torch.tensor(
+            [baseline.reward_value() for group, baseline in zip(groups, baselines) for _ in sampled(group)],
+            dtype=torch.float32)
+    return batch
+
+
+def samples_to_batch(samples: list[Sample], *, prompt_length: int, response_length: int, pad_token_id: int,
+                     with_log_probs: bool, scored: bool, current_version: Optional[int] = None,
+                     mask_stale_tokens: bool = False) -> DataProto:
+    """One padded row per sample, in order (scoring pads baselines too).
 
     Tensors: to_batch_layout's (prompts, responses, input_ids, attention_mask, position_ids, response_mask,
     response_weight_versions and, with_log_probs, rollout_log_probs) plus, when `scored`, token_level_scores
@@ -141,9 +196,8 @@ def groups_to_batch(groups: list[list[Sample]], *, prompt_length: int, response_
     mask_stale_tokens: response_mask 0 on tokens older than `current_version`, the version the engines hold now
     (slime's mask_offpolicy_in_partial_rollout).
     """
-    samples = [sample for group in groups for sample in group]
     if not samples:
-        raise ValueError("groups_to_batch: no samples")
+        raise ValueError("groups_to_batch / samples_to_batch: no samples")
     for sample in samples:
         if len(sample.token_versions) != sample.response_length:
             raise ValueError(f"sample {sample.index}: {len(sample.token_versions)} token versions for "

@@ -51,10 +51,6 @@ def _placement_and_schedule(values: Values, problems: list[str]) -> None:
         problems.append("actor_rollout_ref.rollout.mode: expected 'async' with actor_rollout_ref.hybrid_engine=false "
                         "(the rollout pool's ranks are engine servers that agent loops call), got "
                         f"{values('actor_rollout_ref.rollout.mode')!r}")
-    if schedule != "sync" and values("algorithm.adv_estimator") == "remax":
-        problems.append(f"algorithm.adv_estimator: expected an estimator without a greedy baseline rollout with "
-                        f"async_training.mode={schedule!r} (ReMax generates its baseline from the current weights "
-                        f"inside the step), got 'remax'")
 
 
 @register_check()

@@ -11,6 +11,12 @@
                             else: reset to their prompt and into the buffer (generated again next step)
     over-sampling filter:   orders what was kept; the first data.train_batch_size groups are trained on
 
+With ReMax (algorithm.adv_estimator=remax) every training group also holds its prompt's greedy baseline, last
+(data/sample.py): it is submitted with the group (the same agent-loop worker call, greedy sampling parameters), so it
+is generated from the same weights, scored with the group, aborted, buffered and continued or reset with it; the
+filters, the trained batch and the counts of samples see only the `rollout.n` sampled responses (`sampled`), and
+its score becomes the group's `reward_baselines` in `to_batch` (data_flow/baseline_reward/mean).
+
 `generate_rollout` is that loop, the built-in `data_flow.rollout_function`; a custom one gets the same
 `GroupRollout` (submit / wait / score_group / abort / record) and prompt source. Counts go to the step's metrics
 under data_flow/* (README, "Sample buffer, dynamic sampling, partial rollout").
@@ -42,7 +48,9 @@ from hybridrl.data.config_checks import data_flow_switch
 from hybridrl.data.filters import metric_nonzero_std
 from hybridrl.data.hooks import load_all_hooks
 from hybridrl.data.prompt_source import PromptSource
-from hybridrl.data.sample import ABORTED, Sample, groups_to_batch, partial_rollout_metrics, reset_group
+from hybridrl.algorithms.core_algos import AdvantageEstimator
+from hybridrl.data.sample import (ABORTED, Sample, baseline_of, groups_to_batch, partial_rollout_metrics, reset_group,
+                                  sampled, samples_to_batch)
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.ppo.metric_utils import compute_validation_metrics
 
@@ -82,6 +90,9 @@ class GroupRollout:
                 metric_nonzero_std(filter_groups.metric)
             self.max_num_gen_batches = filter_groups.max_num_gen_batches
         self.rollout_config = config.actor_rollout_ref.rollout
+        # ReMax: each training group carries its greedy baseline (the prompt source makes it), generated with these
+        self.baseline_params = rollout_sampling_params(self.rollout_config, validate=False, do_sample=False) \
+            if config.algorithm.adv_estimator == AdvantageEstimator.REMAX else None
         self.counts = StepCounts()  # of the step being generated
         # True: training groups are scored only when the step takes them (score_taken), on the thread that calls
         # it; one_step_off sets it with a reward model, whose forward must not run on its generating thread
@@ -98,11 +109,17 @@ class GroupRollout:
         source = self.rollout_config.val_kwargs if evaluation else self.rollout_config
         return rollout_sampling_params(self.rollout_config, validate=evaluation, do_sample=source.do_sample)
 
+    @property
+    def with_baseline(self) -> bool:
+        """Training groups carry ReMax's greedy baseline (algorithm.adv_estimator=remax)."""
+        return self.baseline_params is not None
+
     def submit(self, group: list[Sample], evaluation: bool = False) -> ray.ObjectRef:
-        """Start generating one group on the next agent-loop worker; `wait` returns it when it is done."""
+        """Start generating one group on the next agent-loop worker; `wait` returns it when it is done. Its ReMax
+        baseline, if it has one, generates in the same call with greedy parameters."""
         worker = self.manager.workers[self._next_worker % len(self.manager.workers)]
         self._next_worker += 1
-        return worker.generate_group.remote(group, self.sampling_params(evaluation))
+        return worker.generate_group.remote(group, self.sampling_params(evaluation), self.baseline_params)
 
     def wait(self, refs: list[ray.ObjectRef]) -> list[tuple[ray.ObjectRef, list[Sample]]]:
         """Block until at least one of `refs` is done; (ref, group) of each finished one. A worker's error (an engine
@@ -115,19 +132,21 @@ class GroupRollout:
         generates with the tokens so far (status aborted), and new requests likewise (an agent loop's next turn)
         until every group is back; then the servers generate again (a generation before the next rollout mode, as
         one_step_off's next batch or fully_async's stream, must not be aborted). Counts data_flow/num_aborted_groups
-        (the groups in flight at the abort) and num_aborted_samples."""
+        (the groups in flight at the abort) and num_aborted_samples (of their sampled responses; a ReMax baseline is
+        aborted with its group and not counted)."""
         abort_servers(self.manager.server_addresses)
         groups = ray.get(list(refs))
         reset_abort_servers(self.manager.server_addresses)
         self.record("data_flow/num_aborted_groups", len(groups))
         self.record("data_flow/num_aborted_samples",
-                    sum(sample.status == ABORTED for group in groups for sample in group))
+                    sum(sample.status == ABORTED for group in groups for sample in sampled(group)))
         return groups
 
     def score_group(self, group: list[Sample], evaluation: bool = False) -> list[Sample]:
         """Reward every sample of a finished group that has none yet (a custom generate function or an agent loop may
-        set its own); with score_when_taken, a training group is scored later, when its step takes it. Every
-        finished group passes here, so the agent loops' failures are counted here too."""
+        set its own), its ReMax baseline too; with score_when_taken, a training group is scored later, when its step
+        takes it. Every finished group passes here, so the agent loops' failures are counted here too (a baseline's
+        loop among them: it ran like the others)."""
         self.counts.generated += len(group)
         self.counts.errors += [sample.error for sample in group if sample.error is not None]
         if evaluation or not self.score_when_taken:
@@ -136,8 +155,8 @@ class GroupRollout:
 
     def score_taken(self, groups: list[list[Sample]]) -> dict[str, float]:
         """score_when_taken: score the training groups a step takes (what is not scored yet, in one batch, on the
-        calling thread), and the metrics of it: reward/*, data_flow/generated_reward/mean (over these groups: the
-        only ones scored). It touches no count of a generation under way."""
+        calling thread, baselines too), and the metrics of it: reward/*, data_flow/generated_reward/mean (over these
+        groups' sampled responses: the only ones scored). It touches no count of a generation under way."""
         counts = StepCounts()
         self._score_samples([sample for group in groups for sample in group if sample.reward is None], False, counts)
         metrics = dict(counts.metrics)
@@ -148,7 +167,9 @@ class GroupRollout:
 
     def _score_samples(self, todo: list[Sample], evaluation: bool, counts: StepCounts) -> None:
         """The one place scoring happens: data_flow.reward_function when set, else the reward manager (and the
-        reward model, when the run has one), on all of `todo` at once; counted in `counts`."""
+        reward model, when the run has one), on all of `todo` at once; counted in `counts` (counts.scored: the sampled
+        responses' rewards, not the baselines'). A group reward function gets a group's baseline with its samples (the
+        last, is_baseline), so that its score is on the same scale as theirs."""
         if not todo:
             return
         reward_fn = self.hooks["reward_function"]
@@ -157,28 +178,31 @@ class GroupRollout:
                                 self.flow.group_reward)
             for sample, reward in zip(todo, rewards):
                 sample.reward, sample.reward_key = reward, self.flow.reward_key
-                counts.scored.append(sample.reward_value())
+                if not sample.is_baseline:
+                    counts.scored.append(sample.reward_value())
             return
-        batch = groups_to_batch([todo], prompt_length=self.rollout_config.prompt_length,
-                                response_length=self.rollout_config.response_length,
-                                pad_token_id=self.tokenizer.pad_token_id, with_log_probs=False, scored=False)
+        batch = samples_to_batch(todo, prompt_length=self.rollout_config.prompt_length,
+                                 response_length=self.rollout_config.response_length,
+                                 pad_token_id=self.tokenizer.pad_token_id, with_log_probs=False, scored=False)
         reward = self.score_batch(batch, evaluation)
         scores = reward["reward_tensor"].sum(-1).tolist()
         extras = reward.get("reward_extra_info", {})
         for row, (sample, score) in enumerate(zip(todo, scores)):
             sample.reward, sample.reward_key = float(score), None
-            counts.scored.append(float(score))
+            if not sample.is_baseline:
+                counts.scored.append(float(score))
             if extras:
                 sample.metadata["reward_extra_info"] = {key: values[row] for key, values in extras.items()}
         for key, value in reward.get("reward_metrics", {}).items():
             counts.metrics[key] = counts.metrics.get(key, 0.0) + float(value)
 
     def keep(self, group: list[Sample]) -> bool:
-        """The dynamic-sampling filter's verdict on a scored group (no filter: keep)."""
+        """The dynamic-sampling filter's verdict on a scored group, judged on its sampled responses (no filter:
+        keep)."""
         dynamic_filter = self.hooks["dynamic_sampling_filter"]
         if dynamic_filter is None:
             return True
-        verdict = call_hook("data_flow.dynamic_sampling_filter", dynamic_filter, self.config, group)
+        verdict = call_hook("data_flow.dynamic_sampling_filter", dynamic_filter, self.config, sampled(group))
         if not isinstance(verdict, (bool, np.bool_)):
             raise TypeError(f"data_flow.dynamic_sampling_filter returned {verdict!r}, expected True (keep) or False")
         return bool(verdict)
@@ -206,7 +230,7 @@ class GroupRollout:
         rollout_fn = self.hooks["rollout_function"] or generate_rollout
         groups = rollout_fn(self, step, prompt_source, False)
         groups = self._check_groups(groups, "data_flow.rollout_function", self.rollout_config.n,
-                                    scored=not self.score_when_taken)
+                                    scored=not self.score_when_taken, baseline=self.with_baseline)
         return groups, self.step_metrics(groups, prompt_source)
 
     def start_counting(self) -> None:
@@ -228,15 +252,20 @@ class GroupRollout:
         return metrics
 
     def to_batch(self, groups: list[list[Sample]], weights_version: int) -> tuple[DataProto, dict[str, float]]:
-        """Scored groups as a training batch, and data_flow/staleness/* against `weights_version` (the version the
-        engines held when these groups were generated: tokens older than it came from the buffer)."""
+        """Scored groups as a training batch (their sampled responses; with ReMax their baselines' scores as
+        reward_baselines), and data_flow/staleness/* against `weights_version` (the version the engines held when
+        these groups were generated: tokens older than it came from the buffer), data_flow/baseline_reward/mean."""
         batch = groups_to_batch(groups, prompt_length=self.rollout_config.prompt_length,
                                 response_length=self.rollout_config.response_length,
                                 pad_token_id=self.tokenizer.pad_token_id,
                                 with_log_probs=self.rollout_config.calculate_log_probs, scored=True,
                                 current_version=weights_version,
                                 mask_stale_tokens=self.flow.mask_offpolicy_in_partial_rollout)
-        return batch, partial_rollout_metrics(batch, weights_version)
+        metrics = partial_rollout_metrics(batch, weights_version)
+        if self.with_baseline:  # the greedy baselines' mean score, over the trained groups
+            metrics["data_flow/baseline_reward/mean"] = float(np.mean(
+                [baseline_of(group).reward_value() for group in groups]))
+        return batch, metrics
 
     def eval_groups(self, step: int, prompt_source: PromptSource) -> list[list[Sample]]:
         """The scored validation groups from data_flow.eval_function. Needs rollout mode."""
@@ -246,13 +275,20 @@ class GroupRollout:
         self.manager.report_failures(self.counts.errors, self.counts.generated)
         return groups
 
-    def _check_groups(self, groups, key: str, n: int, scored: bool = True) -> list[list[Sample]]:
+    def _check_groups(self, groups, key: str, n: int, scored: bool = True, baseline: bool = False) -> list[list[Sample]]:
+        """Each group is `n` samples (and, `baseline`, ReMax's baseline last, as the prompt source made it), scored
+        unless not `scored`."""
         if not isinstance(groups, list) or not groups:
             raise ValueError(f"{key} returned {type(groups).__name__} of {len(groups or [])} groups, expected a "
                              f"non-empty list of groups (lists of Sample)")
         for position, group in enumerate(groups):
-            if not isinstance(group, list) or len(group) != n or not all(isinstance(s, Sample) for s in group):
+            if not isinstance(group, list) or not all(isinstance(s, Sample) for s in group) \
+                    or len(sampled(group)) != n:
                 raise ValueError(f"{key}: group {position} is not a list of {n} Samples (rollout.n): {group!r:.200}")
+            if baseline and (baseline_of(group) is None or len(group) != n + 1):
+                raise ValueError(f"{key}: group {position} has no ReMax baseline as its last sample "
+                                 f"(algorithm.adv_estimator=remax: return the groups of the prompt source, whose last "
+                                 f"sample, is_baseline, is generated and scored with them): {group!r:.200}")
             if not scored:
                 continue
             unscored = [sample.index for sample in group if sample.reward is None]
@@ -331,11 +367,13 @@ def _stop_stragglers(rollout: GroupRollout, refs: list, prompt_source: PromptSou
 
 
 def _order(rollout: GroupRollout, over_sampling_filter, kept: list[list[Sample]]) -> list[list[Sample]]:
-    ordered = call_hook("data_flow.over_sampling_filter", over_sampling_filter, rollout.config, list(kept))
-    kept_ids = {id(group) for group in kept}
-    if not isinstance(ordered, list) or any(id(group) not in kept_ids for group in ordered):
+    """The over-sampling filter's order of the kept groups, which it judges by their sampled responses."""
+    given = [sampled(group) for group in kept] if rollout.with_baseline else list(kept)
+    views = {id(view): group for view, group in zip(given, kept)}
+    ordered = call_hook("data_flow.over_sampling_filter", over_sampling_filter, rollout.config, list(given))
+    if not isinstance(ordered, list) or any(id(group) not in views for group in ordered):
         raise ValueError("data_flow.over_sampling_filter must return a list of the groups it was given, ordered")
-    return ordered
+    return [views[id(group)] for group in ordered]
 
 
 def too_few_groups(rollout: GroupRollout, kept: list[list[Sample]], prompt_source) -> list[list[Sample]]:
@@ -395,7 +433,7 @@ def _call_reward_function(reward_fn, config, samples: list[Sample], group_reward
 def _reward_extra_means(groups: list[list[Sample]]) -> dict[str, float]:
     values: dict[str, list] = {}
     for group in groups:
-        for sample in group:
+        for sample in sampled(group):
             for key, value in (sample.metadata.get("reward_extra_info") or {}).items():
                 if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
                     values.setdefault(key, []).append(float(value))
@@ -405,7 +443,7 @@ def _reward_extra_means(groups: list[list[Sample]]) -> dict[str, float]:
 def _agent_loop_metrics(groups: list[list[Sample]], failed: int) -> dict[str, float]:
     """agent_loop/* of the trained samples that an agent loop generated (the async rollout's metrics; a failed loop
     counts with empty metrics, as there), and agent_loop/num_failed over the step; none when no loop ran."""
-    ran = [sample for group in groups for sample in group if sample.agent_metrics is not None or sample.error]
+    ran = [sample for group in groups for sample in sampled(group) if sample.agent_metrics is not None or sample.error]
     if not ran and not failed:
         return {}
     metrics = {"agent_loop/num_failed": float(failed)}

@@ -4,8 +4,8 @@
 engine gets the current weights), generate `n` responses each, put them back in trainer mode (the
 engine gives its memory back); score the responses, compute old / reference log-probs and values, correct for
 the rollout-training mismatch (algorithm.rollout_correction, with the rollout's log-probs), turn scores into
-advantages, update the critic and the actor (ReMax first generates each prompt greedily too: its score is the
-baseline). Numbers that are not finite stop the run with a reason instead of training on without learning
+advantages, update the critic and the actor (ReMax generates each prompt greedily too: its score is the
+baseline; the data flow generates it with each group, group_rollout.py). Numbers that are not finite stop the run with a reason instead of training on without learning
 (nonfinite_guard.py). The controller owns the loop and the small per-token tensors; the worker
 groups own every model (see workers/). Nothing here touches a weight.
 """
@@ -22,7 +22,6 @@ import ray
 from hybridrl.agent_loop.manager import (AgentLoopManager, apply_agent_scores, check_agent_names,
                                          scores_on_trained_tokens)
 from hybridrl.agent_loop.base import load_agent_loop_config
-from hybridrl.data.batch_layout import group_prompts
 from hybridrl.data.hooks import load_hook
 from hybridrl.data.prompt_source import PromptSource
 from hybridrl.protocol import DataProto
@@ -106,8 +105,11 @@ class RayPPOTrainer:
         self.prompt_source: PromptSource | None = None
         self.group_rollout: GroupRollout | None = None
         if data_flow_enabled(config):
-            self.prompt_source = PromptSource(self.train_data_position.batches, config.actor_rollout_ref.rollout.n,
-                                              config, load_hook("buffer_filter", config.data_flow.buffer_filter))
+            # ReMax: each group also holds its prompt's greedy baseline, generated and scored with it
+            self.prompt_source = PromptSource(
+                self.train_data_position.batches, config.actor_rollout_ref.rollout.n, config,
+                load_hook("buffer_filter", config.data_flow.buffer_filter),
+                baseline=config.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX)
         self.tracking: Tracking | None = None  # set by fit(); _validate logs its generations to it
         self.latest_checkpoint_dir: str | None = None  # the last checkpoint this run saved
 
@@ -339,9 +341,12 @@ class RayPPOTrainer:
 
     def generate_step(self, prompts: DataProto | None, timing: dict[str, float], metrics: dict[str, float]) -> DataProto:
         """The rollout of one step: `rollout.n` responses per prompt from the current weights, each prompt's rows
-        sharing a uid (group estimators: GRPO, RLOO, ...); ReMax adds each prompt's greedy baseline score."""
+        sharing a uid (group estimators: GRPO, RLOO, ...); ReMax adds each prompt's greedy baseline score
+        (reward_baselines): generated here after the batch, or, with the data flow, with each group (group_rollout.py,
+        which sets reward_baselines when it assembles the batch)."""
         rollout = self.config.actor_rollout_ref.rollout
-        is_remax = self.config.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX
+        is_remax = self.config.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX \
+            and self.group_rollout is None
         if prompts is not None:  # data_flow: each group's uid is its group index
             prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
 
@@ -357,8 +362,7 @@ class RayPPOTrainer:
                 metrics.update(reduce_metrics(batch.meta_info.pop("metrics", {})))  # async: agent_loop/*
         if is_remax:  # ReMax's baseline: each prompt's greedy response from the same weights
             with timer("gen_max", timing):
-                greedy = self._generate(prompts if prompts is not None else group_prompts(batch, rollout.n), n=1,
-                                        validate=False, do_sample=False)
+                greedy = self._generate(prompts, n=1, validate=False, do_sample=False)
         with timer("trainer_mode", timing):  # the engine gives its memory back
             metrics.update(self._trainer_mode())
 
