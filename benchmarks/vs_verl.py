@@ -185,17 +185,19 @@ def verl_step(record: dict) -> dict:
     return metrics
 
 
+# how each trainer's JSON-lines logger writes a step (hybridrl's writes the metrics themselves)
+STEP_READERS = {"verl": verl_step, "hybridrl": lambda record: record}
+
+
 def read_steps(name: str, path: str) -> list[dict]:
-    """Per-step metric dicts in step order, under hybridrl's names (hybridrl's jsonl logger writes the metrics
-    themselves)."""
-    return read_jsonl(path, verl_step if name == "verl" else lambda record: record)
+    """Per-step metric dicts in step order, under hybridrl's names."""
+    return read_jsonl(path, STEP_READERS[name])
 
 
 def run_one(name: str, spec: dict, timeout: float) -> dict:
     os.makedirs(spec["run_dir"], exist_ok=True)
     run = run_trainer(spec["argv"], os.path.join(spec["run_dir"], f"{name}.log"), spec["metrics"], timeout,
-                      env={**os.environ, **spec["env"]},
-                      read_step=verl_step if name == "verl" else lambda record: record)
+                      env={**os.environ, **spec["env"]}, read_step=STEP_READERS[name])
     result = {"wall_s": run.wall_s, "steps": run.steps, "log": run.log_path}
     if run.error:
         result["error"] = run.error

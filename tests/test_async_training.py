@@ -19,13 +19,14 @@ SPLIT = ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.mod
 
 
 def recording(cls, stop_after: int | None = None):
-    """`cls` that also records each step's trained prompts (extra_info index, one per group) and every prompt it
-    took from the data; with stop_after, it is asked to stop after that step (as SIGTERM does: the driver's
+    """`cls` that also records each step's batch as learn_step gets it (`learned`), its trained prompts (extra_info
+    index, one per group) and every prompt it took from the data; with stop_after, it is asked to stop after that step (as SIGTERM does: the driver's
     RunControl), and so saves a checkpoint with what is in flight then."""
 
     class Recording(cls):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
+            self.learned: list = []  # each step's batch, as learn_step gets it
             self.trained_prompts: list[list[int]] = []
             self.taken_prompts: list[int] = []
             self._recorded_batches = None
@@ -47,6 +48,7 @@ def recording(cls, stop_after: int | None = None):
             return stop_after is not None and self.global_steps >= stop_after
 
         def learn_step(self, batch, timing, metrics):
+            self.learned.append(batch)
             by_uid = {uid: info["index"] for uid, info in zip(batch.non_tensor_batch["uid"],
                                                               batch.non_tensor_batch["extra_info"])}
             self.trained_prompts.append(sorted(by_uid.values()))
@@ -245,16 +247,12 @@ def test_one_step_off_scores_with_a_reward_model_on_the_main_thread_when_a_step_
                          f"reward_model.model.path={rm_dir}", "reward_model.micro_batch_size_per_gpu=4",
                          f"custom_reward_function.path={zero}", "custom_reward_function.name=zero",
                          "trainer.total_training_steps=3", "trainer.test_freq=-1")
-    scored_on, batches = [], []
+    scored_on = []
 
-    class Spying(trainer_class(config)):
+    class Spying(recording(trainer_class(config))):
         def _score(self, batch, reward_fn):
             scored_on.append((threading.current_thread().name, len(batch)))
             return super()._score(batch, reward_fn)
-
-        def learn_step(self, batch, timing, metrics):
-            batches.append(batch)
-            return super().learn_step(batch, timing, metrics)
 
     trainer = Spying(config)
     trainer.init_workers()
@@ -264,7 +262,7 @@ def test_one_step_off_scores_with_a_reward_model_on_the_main_thread_when_a_step_
         trainer.shutdown()
     assert scored_on == [("MainThread", 8 * 2)] * 3  # one call a step: its 8 groups x 2 samples
     rm = AutoModelForSequenceClassification.from_pretrained(rm_dir).eval()
-    for batch in batches:
+    for batch in trainer.learned:
         scores = batch.batch["token_level_scores"].sum(-1)
         for row in range(len(scores)):
             mask = batch.batch["attention_mask"][row].bool()
@@ -274,7 +272,7 @@ def test_one_step_off_scores_with_a_reward_model_on_the_main_thread_when_a_step_
     metrics = read_metrics(run_dir)
     assert [(m["async_training/staleness/min"], m["async_training/staleness/max"]) for m in metrics] == [
         (0, 0), (1, 1), (1, 1)]
-    for m, batch in zip(metrics, batches):
+    for m, batch in zip(metrics, trainer.learned, strict=True):
         assert m["timing_s/reward"] > 0 and m["data_flow/num_groups_trained"] == 8
         trained_mean = batch.batch["token_level_scores"].sum(-1).mean().item()
         assert abs(m["data_flow/generated_reward/mean"] - trained_mean) < 1e-5

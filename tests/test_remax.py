@@ -222,17 +222,10 @@ def test_remax_one_step_off_saves_the_groups_generated_ahead_with_their_baseline
                  f"actor_rollout_ref.rollout.n={N}", f"custom_reward_function.path={reward_file}",
                  "custom_reward_function.name=length_score", "actor_rollout_ref.actor.optim.lr=1e-2",
                  "trainer.save_freq=10", "trainer.total_training_steps=4", "trainer.test_freq=-1"]
-    batches = []
 
     def run(stop_after):
         config = make_config(toy_task, str(run_dir), *overrides)
-
-        class Keeping(recording(trainer_class(config), stop_after)):
-            def learn_step(self, batch, timing, metrics):
-                batches.append(batch)
-                return super().learn_step(batch, timing, metrics)
-
-        trainer = Keeping(config)
+        trainer = recording(trainer_class(config), stop_after)(config)
         trainer.init_workers()
         try:
             trainer.fit()
@@ -251,8 +244,8 @@ def test_remax_one_step_off_saves_the_groups_generated_ahead_with_their_baseline
         assert {v for s in group for v in s["token_versions"]} == {1}  # the weights after step 1, all of them
         baselines[group[0]["metadata"]["extra_info"]["index"]] = group[-1]["reward"]
     second = run(stop_after=None)
-    assert second.global_steps == 4 and len(batches) == 2 + 2
-    resumed = batches[2]
+    assert second.global_steps == 4 and len(first.learned) == len(second.learned) == 2
+    resumed = second.learned[0]
     assert len(resumed) == 8 * N
     assert sorted({info["index"] for info in resumed.non_tensor_batch["extra_info"]}) == sorted(baselines)
     want = torch.tensor([baselines[info["index"]] for info in resumed.non_tensor_batch["extra_info"]])
