@@ -52,6 +52,30 @@ def run_trainer(argv: list[str], log_path: str, metrics_path: str, timeout: floa
     return TrainerRun(code, wall, log_path, read_jsonl(metrics_path, read_step))
 
 
+class Deadline:
+    """The whole invocation's wall-clock budget, for runs made one after another inside one GPU-host command.
+
+    Each run gets the time limit it asked for, or what is left of the budget less `margin` (for the tables and the
+    record after the last run), whichever is less. Without it a later run's own limit can reach past the command's,
+    where the host kills it with its steps unread: a verl start was lost that way (benchmarks/README.md)."""
+
+    def __init__(self, seconds: float | None, margin: float = 15.0):
+        self.seconds, self.margin = seconds, margin
+        self.ends_at = None if seconds is None else time.perf_counter() + seconds
+
+    def left(self) -> float | None:
+        """Seconds a run may still take (never below 0), or None without a budget."""
+        if self.ends_at is None:
+            return None
+        return max(0.0, self.ends_at - time.perf_counter() - self.margin)
+
+    def timeout(self, asked: float | None) -> float | None:
+        left = self.left()
+        if left is None:
+            return asked
+        return left if asked is None else min(asked, left)
+
+
 def fresh_dir(path: str) -> str:
     """An empty run directory (the trainer appends to metrics.jsonl: an earlier run's steps would count)."""
     shutil.rmtree(path, ignore_errors=True)

@@ -29,7 +29,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.trainer_run import mean_metrics, read_jsonl, run_trainer  # noqa: E402
+from benchmarks.trainer_run import Deadline, mean_metrics, read_jsonl, run_trainer  # noqa: E402
 
 VERL_SITE = os.environ.get("VS_VERL_SITE", "/tmp/verl-site")   # scripts/gpu/install_verl.sh .stage/verl
 VERL_TF_SITE = "/tmp/verl-tf-site"     # TARGET=/tmp/verl-tf-site scripts/gpu/install_verl.sh .stage/verl-tf
@@ -194,6 +194,9 @@ def read_steps(name: str, path: str) -> list[dict]:
     return read_jsonl(path, STEP_READERS[name])
 
 
+MIN_RUN_S = 60  # less than this is not even a trainer's start-up
+
+
 def run_one(name: str, spec: dict, timeout: float) -> dict:
     os.makedirs(spec["run_dir"], exist_ok=True)
     run = run_trainer(spec["argv"], os.path.join(spec["run_dir"], f"{name}.log"), spec["metrics"], timeout,
@@ -342,7 +345,12 @@ def main() -> None:
     parser.add_argument("--verl-transformers", choices=["image", "pinned"], default="image",
                         help="image: the host's transformers 5.17 (as hybridrl and SGLang use); pinned: 5.10.4 from "
                              f"{VERL_TF_SITE} (verl's own pin <5.11)")
-    parser.add_argument("--timeout", type=float, default=540, help="seconds per trainer run")
+    parser.add_argument("--timeout", type=float, default=540, help="seconds per trainer run, at most")
+    parser.add_argument("--deadline", type=float, default=570,
+                        help="seconds for the whole invocation (model and data preparation included), 0: none. Each "
+                             "trainer's limit is cut to what is left, so the last one ends inside the GPU host's "
+                             "10-minute command with its steps read; one left under %d s is recorded as not run"
+                             % MIN_RUN_S)
     parser.add_argument("--work-dir", default="/tmp/vs_verl")
     parser.add_argument("--out", help="write args and every step's metrics as JSON here")
     parser.add_argument("--dry-run", action="store_true")
@@ -351,6 +359,7 @@ def main() -> None:
                         help="print the tables from earlier --out files (one trainer per call, e.g. under a 10-minute "
                              "limit per command) instead of running")
     args = parser.parse_args()
+    deadline = Deadline(args.deadline or None)  # counted from here: preparing the model and data spends it too
     if args.check_imports:
         return check_imports()
     if args.merge:
@@ -386,7 +395,12 @@ def main() -> None:
         return
     results = {}
     for name in args.trainers.split(","):  # the record is rewritten after each trainer: a cut-off call keeps the first
-        results[name] = run_one(name, specs[name], args.timeout)
+        timeout = deadline.timeout(args.timeout)
+        if timeout is not None and timeout < MIN_RUN_S:
+            results[name] = {"wall_s": 0.0, "steps": [], "log": None,
+                             "error": f"not run: {timeout:.0f} s were left of --deadline {args.deadline:.0f}"}
+        else:
+            results[name] = run_one(name, specs[name], timeout)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"args": vars(args), "commands": specs, "results": results}, f, indent=1)

@@ -14,7 +14,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from benchmarks.heavy_tail import heavy_tail_overrides  # noqa: E402
-from benchmarks.trainer_run import mean_metrics, run_trainer  # noqa: E402
+from benchmarks.trainer_run import Deadline, mean_metrics, run_trainer  # noqa: E402
 
 # a stand-in trainer: logs two steps, starts a child that outlives it unless its group is killed, then sleeps
 TRAINER = textwrap.dedent('''
@@ -72,6 +72,19 @@ def test_a_run_past_its_limit_is_killed_with_its_children_and_keeps_its_steps(tm
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(child), "the trainer's child survived the kill of its process group"
+
+
+def test_a_deadline_cuts_a_run_asking_for_more_to_what_is_left_of_it(tmp_path):
+    """Two runs in one 10-minute command: the second's own limit must not reach past the command's."""
+    assert Deadline(None).timeout(60.0) == 60.0 and Deadline(None).left() is None
+    assert Deadline(1000.0, margin=10.0).timeout(60.0) == 60.0  # plenty left: the run's own limit holds
+    deadline = Deadline(4.0, margin=1.0)
+    asked = deadline.timeout(300.0)
+    assert 0 < asked <= 3.0
+    run, _ = _start(tmp_path, sleep_s=300, timeout=asked)  # its child dies with its process group
+    assert run.code == "timeout" and run.wall_s < 60  # cut at the deadline, not after the 300 s it asked for
+    assert [step["training/global_step"] for step in run.steps] == [1, 2]
+    assert deadline.left() == 0.0 and deadline.timeout(300.0) == 0.0  # nothing left for a next run
 
 
 @pytest.mark.parametrize("schedule", ["sync", "one_step_off", "fully_async"])
