@@ -22,7 +22,8 @@ Heavy-tailed lengths (benchmarks/heavy_tail.py): a custom generate function (dat
 written to the work directory) gives each sample a length budget drawn from its index: --tail-fraction of them get the whole
 response_length, the others --short-length tokens; on sglang `rollout.ignore_eos=true` makes the engine use the
 whole budget (the hf engine's tiny random model rarely ends earlier). What is compared is the generation phase:
-the sum of `timing_s/gen` over the steps after --warmup-steps, per trained sample. A table is printed (markdown);
+the sum of `timing_s/gen` over the steps after --warmup-steps, per trained sample. A table is printed (markdown),
+also when a run failed or was cut off at its share of --deadline (column `ended`; its logged steps still count);
 the issue's target is partial >= 1.5x faster on one H100.
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 
@@ -37,7 +39,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
 from benchmarks.heavy_tail import heavy_tail_overrides  # noqa: E402
-from benchmarks.trainer_run import fresh_dir, run_trainer  # noqa: E402
+from benchmarks.trainer_run import Deadline, fresh_dir, run_trainer  # noqa: E402
 from benchmarks.vocab import Vocabulary, load_vocabulary, tiny_model  # noqa: E402
 
 REWARD_FILE = '''
@@ -80,30 +82,39 @@ def write_prompts(work_dir: str) -> str:
     return path
 
 
-def run(name: str, overrides: list[str], work_dir: str) -> list[dict]:
+def run(name: str, overrides: list[str], work_dir: str, timeout: float | None) -> tuple[list[dict], str | None]:
+    """One main_ppo run, at most `timeout` seconds: the steps it logged, and its error (None when it finished). A run
+    that failed or was cut off keeps its steps, so the table still shows what it did."""
     run_dir = fresh_dir(os.path.join(work_dir, name))
     command = [sys.executable, "-m", "hybridrl.main_ppo", f"trainer.default_local_dir={run_dir}",
                "trainer.logger=[console,jsonl]", *overrides]
     log_path = os.path.join(work_dir, f"{name}.log")
-    print(f"[{name}] {' '.join(command)}\n[{name}] log: {log_path}", flush=True)
+    limit = "no time limit" if timeout is None else f"at most {timeout:.0f} s"
+    print(f"[{name}] {' '.join(command)}\n[{name}] log: {log_path} ({limit})", flush=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")])}
-    trained = run_trainer(command, log_path, os.path.join(run_dir, "metrics.jsonl"), env=env, cwd=REPO_ROOT)
+    trained = run_trainer(command, log_path, os.path.join(run_dir, "metrics.jsonl"), timeout=timeout, env=env,
+                          cwd=REPO_ROOT)
     if trained.error:
         with open(log_path) as log:
-            tail = log.read()[-4000:]
-        raise SystemExit(f"[{name}] main_ppo {trained.error.split(':')[0]}; the end of {log_path}:\n{tail}")
-    return trained.steps
+            print(f"[{name}] main_ppo {trained.error}\n[{name}] the end of {log_path}:\n{log.read()[-4000:]}",
+                  flush=True)
+    return trained.steps, trained.error
 
 
-def summarise(name: str, steps: list[dict], warmup: int, samples_per_step: int) -> dict:
+def summarise(name: str, steps: list[dict], error: str | None, warmup: int, samples_per_step: int) -> dict:
+    """One table row. The numbers cover the steps after the warm-up; a run with none has None there, not 0."""
     timed = [step for step in steps if step["training/global_step"] > warmup]
+    row = {"mode": name, "ended": "finished" if error is None else f"{error.split(':')[0]} after {len(steps)} steps",
+           "steps timed": len(timed), "trained samples": len(timed) * samples_per_step}
+    if not timed:
+        return {**row, **dict.fromkeys(["gen s (sum)", "gen ms / sample", "step s (mean)", "partial share",
+                                        "staleness max", "response len"])}
     gen_s = sum(step["timing_s/gen"] for step in timed)
-    return {"mode": name, "steps timed": len(timed), "trained samples": len(timed) * samples_per_step,
-            "gen s (sum)": gen_s, "gen ms / sample": 1000 * gen_s / max(1, len(timed) * samples_per_step),
-            "step s (mean)": sum(step["timing_s/step"] for step in timed) / max(1, len(timed)),
-            "partial share": sum(step.get("data_flow/partial_ratio", 0.0) for step in timed) / max(1, len(timed)),
-            "staleness max": max((step.get("data_flow/staleness/max", 0.0) for step in timed), default=0.0),
-            "response len": sum(step["response_length/mean"] for step in timed) / max(1, len(timed))}
+    return {**row, "gen s (sum)": gen_s, "gen ms / sample": 1000 * gen_s / (len(timed) * samples_per_step),
+            "step s (mean)": statistics.mean(step["timing_s/step"] for step in timed),
+            "partial share": statistics.mean(step.get("data_flow/partial_ratio", 0.0) for step in timed),
+            "staleness max": max(step.get("data_flow/staleness/max", 0.0) for step in timed),
+            "response len": statistics.mean(step["response_length/mean"] for step in timed)}
 
 
 def main() -> None:
@@ -123,8 +134,15 @@ def main() -> None:
     parser.add_argument("--over-sampling", type=float, default=2.0, help="groups in flight / train_batch_size")
     parser.add_argument("--work-dir", help="where runs and logs go (default: a fresh temporary directory)")
     parser.add_argument("--out", help="write the rows as JSON here too")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="seconds for the whole invocation, the model's making included (default cuda 570, so it "
+                             "fits the GPU host's 10-minute command; cpu none; 0: none): each run gets an equal "
+                             "share of what is left and keeps the steps it logged when cut off")
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides for both runs")
     args = parser.parse_args()
+    if args.deadline is None and args.device == "cuda":
+        args.deadline = 570.0
+    deadline = Deadline(args.deadline or None)  # counted from here: making the model spends it too
     if args.model and args.tokenizer:
         parser.error("--model brings its own tokenizer; --tokenizer is for a random model made here")
 
@@ -167,8 +185,10 @@ def main() -> None:
     runs = [("baseline", "baseline (wait for all)", []),
             ("partial", f"partial rollout ({over} groups in flight)",
              ["data_flow.partial_rollout=true", f"data_flow.over_sampling_batch_size={over}"])]
-    for name, mode, extra in runs:
-        rows.append(summarise(mode, run(name, common + extra, work_dir), args.warmup_steps, batch * args.n))
+    for index, (name, mode, extra) in enumerate(runs):
+        left = deadline.left()  # each run gets an equal share of what is left; the last, all of it
+        steps_logged, error = run(name, common + extra, work_dir, None if left is None else left / (len(runs) - index))
+        rows.append(summarise(mode, steps_logged, error, args.warmup_steps, batch * args.n))
         write_record(args, vocabulary, rows)  # after each run: a benchmark cut off at its limit keeps the first
     print(f"\ndevice {args.device}, {gpus} rank(s), model {model}; {batch} groups x {args.n} per step, {steps} steps "
           f"({args.warmup_steps} warm-up not timed); lengths: {args.tail_fraction:.0%} to {cap}, the rest {short}\n"
@@ -178,8 +198,10 @@ def main() -> None:
     print("|" + " --- |" * (len(keys) + 1))
     base = rows[0]["gen ms / sample"]
     for row in rows:
-        cells = [f"{row[key]:.3g}" if isinstance(row[key], float) else str(row[key]) for key in keys]
-        print("| " + " | ".join(cells + [f"{base / row['gen ms / sample']:.2f}x"]) + " |")
+        cells = [f"{row[key]:.3g}" if isinstance(row[key], float) else "-" if row[key] is None else str(row[key])
+                 for key in keys]
+        timed = base is not None and row["gen ms / sample"] is not None  # a run with no timed step has no speed
+        print("| " + " | ".join(cells + [f"{base / row['gen ms / sample']:.2f}x" if timed else "-"]) + " |")
     print(f"\nwork dir: {work_dir}")
 
 

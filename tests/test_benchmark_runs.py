@@ -102,3 +102,20 @@ def test_heavy_tail_overrides_validate_under_every_schedule(tmp_path, schedule):
     spec.loader.exec_module(module)
     assert (module.TAIL_FRACTION, module.SHORT_LENGTH) == (0.25, 3)
     assert "data_flow.custom_generate_function.name=heavy_tailed_generate" in overrides
+
+
+def test_partial_rollout_rows_count_only_timed_steps_and_say_how_a_run_ended():
+    """A run cut off at its share of the deadline keeps a row: how it ended, and no numbers where no step was timed
+    (None, not a 0 that reads as infinitely fast)."""
+    from benchmarks.partial_rollout import summarise
+
+    steps = [{"training/global_step": step, "timing_s/gen": 1.0 * step, "timing_s/step": 2.0 * step,
+              "response_length/mean": 10.0, "data_flow/partial_ratio": 0.5} for step in (1, 2, 3, 4)]
+    row = summarise("partial", steps, None, warmup=2, samples_per_step=8)
+    assert row["ended"] == "finished" and row["steps timed"] == 2 and row["trained samples"] == 16
+    assert row["gen s (sum)"] == 7.0 and row["gen ms / sample"] == 1000 * 7.0 / 16
+    assert row["step s (mean)"] == 7.0 and row["partial share"] == 0.5 and row["response len"] == 10.0
+
+    cut = summarise("baseline", steps[:2], "exit timeout: trainer log line", warmup=2, samples_per_step=8)
+    assert cut["ended"] == "exit timeout after 2 steps" and cut["steps timed"] == 0
+    assert cut["gen ms / sample"] is None and cut["step s (mean)"] is None
