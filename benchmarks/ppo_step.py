@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from benchmarks.trainer_run import fresh_dir, mean_metrics, run_trainer as run_logged
+from benchmarks.trainer_run import Deadline, fresh_dir, mean_metrics, run_trainer as run_logged
 from benchmarks.vocab import Vocabulary, load_vocabulary, reusable_model
 
 SHAPES = {
@@ -100,18 +100,22 @@ def trainer_overrides(args, model_dir: str, run_dir: str) -> list[str]:
         *(["+actor_rollout_ref.rollout.engine_kwargs.sglang.log_level=info"] if args.engine_log else [])]
 
 
-def run_trainer(args, model_dir: str, layout: str) -> dict:
-    """One main_ppo run; the mean of each metric over the steps after the first."""
+STANDALONE_RESERVE_S = 120  # two standalone engines, each started (~25 s at 0.5B on an H200) and timed 3 times
+
+
+def run_trainer(args, model_dir: str, layout: str, timeout: float | None) -> dict:
+    """One main_ppo run of at most `timeout` seconds; the mean of each metric over the steps after the first. A run
+    that failed or was cut off keeps the means of the steps it logged, beside its error."""
     run_dir = fresh_dir(os.path.join(args.work_dir, f"run_{args.shape}_{args.gpus}gpu_{layout}"))
     command = [sys.executable, "-m", "hybridrl.main_ppo", *trainer_overrides(args, model_dir, run_dir), *LAYOUTS[layout],
                *args.overrides]
     log_path = os.path.join(args.work_dir, f"{layout}.log")  # written as the run goes: a cut-off run leaves it
-    run = run_logged(command, log_path, os.path.join(run_dir, "metrics.jsonl"))
-    if run.error:
-        return {"error": run.error, "wall_s": run.wall_s}
-    with open(log_path) as log:
+    run = run_logged(command, log_path, os.path.join(run_dir, "metrics.jsonl"), timeout=timeout)
+    with open(log_path, errors="replace") as log:
         output = log.read()
-    return {"wall_s": run.wall_s, **mean_metrics(run.steps[1:] or run.steps), **decode_log_summary(output)}
+    result = {"wall_s": run.wall_s, "steps_logged": len(run.steps), **mean_metrics(run.steps[1:] or run.steps),
+              **decode_log_summary(output)}
+    return {**result, "error": run.error} if run.error else result
 
 
 def decode_log_summary(log: str) -> dict:
@@ -201,7 +205,8 @@ def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
             print(f"| {name:<36} | " + " | ".join(f"{cell:>12}" for cell in cells) + " |")
     for layout in layouts:
         if "error" in results[layout]:
-            print(f"{layout}: FAILED: {results[layout]['error']}")
+            print(f"{layout}: FAILED after {results[layout]['steps_logged']} steps (the column is their mean): "
+                  f"{results[layout]['error']}")
     if "standalone" in results:
         standalone = results["standalone"]
         print(f"standalone sglang.Engine, same prompts and settings: {standalone['tok_per_s']:,.0f} tok/s "
@@ -237,14 +242,23 @@ def main() -> None:
                         help="SGLang log_level=info: summarise the scheduler's decode lines per layout")
     parser.add_argument("--work-dir", default="/tmp/ppo_step")
     parser.add_argument("--out", default=None, help="write the results as JSON here too")
+    parser.add_argument("--deadline", type=float, default=570,
+                        help="seconds for the whole invocation (0: none), so it fits the GPU host's 10-minute command: "
+                             "each layout's run gets an equal share of what is left, less %d s kept for the "
+                             "standalone engine, and keeps the steps it logged when cut off" % STANDALONE_RESERVE_S)
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides for every trainer run")
     args = parser.parse_args()
+    deadline = Deadline(args.deadline or None)  # counted from here: making the model spends it too
     os.makedirs(args.work_dir, exist_ok=True)
     vocabulary = load_vocabulary(args.tokenizer)
     model_dir = make_model(args.shape, vocabulary, os.path.join(args.work_dir, f"model_{args.shape}"))
     results = {}
-    for layout in args.layouts.split(","):
-        results[layout] = run_trainer(args, model_dir, layout)
+    layouts = args.layouts.split(",")
+    for index, layout in enumerate(layouts):
+        left = deadline.left()  # each layout an equal share of what is left, less the standalone engines' reserve
+        reserve = 0 if args.no_standalone else STANDALONE_RESERVE_S
+        share = None if left is None else max(0.0, left - reserve) / (len(layouts) - index)
+        results[layout] = run_trainer(args, model_dir, layout, share)
         write_record(args, vocabulary, results)  # after each part: a run cut off at its limit keeps what it measured
     if not args.no_standalone:
         results["standalone"] = standalone_generation(args, model_dir)
