@@ -1,6 +1,6 @@
 """The CPU-checkable parts of the vllm rollout: config -> engine and sampling arguments, the registry, and the
 lifecycle bookkeeping (memory tags -> sleep levels, the memory check before a wake-up, weights pushed after a
-level-2 sleep, engine failure -> EngineDiedError), plus the async engine's stepping and abort.
+level-2 sleep, the prefix-cache flush, engine failure -> EngineDiedError), plus the async engine's stepping and abort.
 
 vLLM and the GPU cannot run here: `FakeVLLM` stands in at that boundary only (vllm.LLM / SamplingParams /
 LLMEngine and torch.cuda's memory numbers); everything above it is the real code. The engine itself is
@@ -122,6 +122,7 @@ class FakeLLM:
 
     device: FakeDevice
     fail_generate: Exception | None = None
+    blocks_in_use = False  # a request holds KV blocks: vLLM's reset_prefix_cache refuses (returns False)
 
     def __init__(self, **kwargs):
         self.kwargs = kwargs
@@ -145,7 +146,7 @@ class FakeLLM:
 
     def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache",))
-        return True
+        return not self.blocks_in_use
 
     def apply_model(self, func):
         self.calls.append(("apply_model",))
@@ -290,6 +291,19 @@ def test_a_partly_awake_engine_is_not_put_to_sleep_and_wakes_only_the_rest(engin
     assert rollout.llm.awake == {"weights", "kv_cache"}
 
 
+def test_flush_cache_resets_the_prefix_cache_and_a_refused_reset_is_an_error(engine):
+    rollout = engine()
+    rollout.resume(("weights", "kv_cache"))
+    rollout.llm.calls.clear()
+    rollout.flush_cache()
+    assert rollout.llm.calls == [("reset_prefix_cache",)]
+    rollout.llm.blocks_in_use = True
+    with pytest.raises(RuntimeError, match="reset_prefix_cache refused: some KV blocks are still in use"):
+        rollout.flush_cache()
+    with pytest.raises(RuntimeError, match="reset_prefix_cache refused"):  # the reset that ends every resume, too
+        rollout.resume(("kv_cache",))
+
+
 def test_free_cache_engine_false_never_sleeps_and_weights_survive(engine):
     rollout = engine(free_cache_engine=False)
     assert rollout.llm.calls == [] and rollout.weights_survive_release
@@ -312,6 +326,10 @@ def test_an_engine_failure_is_engine_died_error_now_and_on_every_later_call(engi
         rollout.generate_sequences(prompts([[3]]))
     with pytest.raises(EngineDiedError, match=r"sleep\(level=2\): the engine failed earlier: RuntimeError: CUDA"):
         rollout.release(("kv_cache", "weights"))
+    rollout.llm.calls.clear()
+    with pytest.raises(EngineDiedError, match="reset_prefix_cache: the engine failed earlier: RuntimeError: CUDA"):
+        rollout.flush_cache()
+    assert rollout.llm.calls == []  # refused before the failed engine is touched again
 
 
 def test_tensor_parallel_engines_are_refused_naming_the_issue(engine):

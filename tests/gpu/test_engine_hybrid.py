@@ -2,18 +2,26 @@
 on one GPU.
 
 Every test takes the module's `hybrid` fixture, parametrized by engine: test ids end in [sglang] or [vllm], and an
-engine's half skips when its package is missing. Tests written for one engine only run that engine's param; the
-other is collected and skipped with the reason (`only`). Run each engine in its own pytest process, on the GPU
+engine's half skips when its package is missing. The tests use what both rollouts expose (the lifecycle contract,
+generate_sequences, flush_cache, the device's used memory at each transition in last_switch["<stage>/device_used"]),
+so each runs for both engines; a test of a behaviour that belongs to one engine runs only that engine's param, and
+the other is collected and skipped with the reason (`only`). Run each engine in its own pytest process, on the GPU
 machine from the repository root (sglang from /tmp/site; vLLM installed by scripts/gpu/install_vllm.sh):
 
     PYTHONPATH=.:/tmp/site python -m pytest tests/gpu/test_engine_hybrid.py -q -s -k sglang
     PYTHONPATH=.:/tmp/site-vllm:/tmp/site python -m pytest tests/gpu/test_engine_hybrid.py -q -s -k vllm
 
 The model is the Qwen2.5-0.5B architecture with random weights; benchmarks/hybrid_engine.py builds it, the process
-group, the actor and the mode switch exactly as the benchmark does. One engine serves every test of its half; the
-SGLang half's last test kills its scheduler on purpose. Targets from issue #17 (vLLM): switch <= 0.3 s at 0.5B,
-log-prob agreement with the FSDP recomputation after a sync mean |Δ| < 0.02, memory left asleep < 5 % of the
-engine's, generation matching a standalone engine.
+group, the actor and the mode switch exactly as the benchmark does. One engine serves every test of its half, in the
+order of this file: the comparison with a standalone engine that reads the checkpoint runs before the first
+optimizer step (the release test's), and each half's last test breaks its engine on purpose (SGLang's by killing
+its scheduler process; vLLM's, whose engine core runs in this process, by running it out of device memory inside a
+step). The engine's
+memory is the device's used memory less what the rest holds (`used_without_engine`: measured before the engine
+started, plus the optimizer state created since, `train_once`), the same measure for SGLang's processes and vLLM's
+in-process engine. Targets from issue #17 (vLLM): switch <= 0.3 s at 0.5B, log-prob agreement with the FSDP
+recomputation after a sync mean |Δ| < 0.02, memory left asleep < 5 % of the engine's, generation matching a
+standalone engine.
 """
 from __future__ import annotations
 
@@ -46,13 +54,8 @@ GiB = 1 << 30
 # The config keys each engine's half adds to the shared ones (the fixture's). The engine name is also the package
 # that half imports.
 ENGINE_OVERRIDES = {
-    "sglang": [
-        "actor_rollout_ref.actor.optim.lr=1e-5",
-        # the 20-step loop's batches: 8 groups x n=4 = one mini-batch of 32 rows
-        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-        # prefill CUDA graphs only shorten the engine start here; decode graphs stay on
-        "+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_prefill_cuda_graph=true",
-    ],
+    # prefill CUDA graphs only shorten the engine start here; decode graphs stay on
+    "sglang": ["+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_prefill_cuda_graph=true"],
     "vllm": ["actor_rollout_ref.rollout.gpu_memory_utilization=0.4"],
 }
 
@@ -85,13 +88,37 @@ def hybrid(engine, tmp_path_factory):
     config = hybrid_config(model_dir, [
         f"data.max_prompt_length={PROMPT_LENGTH}", f"data.max_response_length={RESPONSE_LENGTH}",
         "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.rollout.multi_stage_wake_up=true",
+        "actor_rollout_ref.actor.optim.lr=1e-5",
+        # the 20-step loop's batches: 8 groups x n=4 = one mini-batch of 32 rows
+        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         *ENGINE_OVERRIDES[engine]], engine=engine)
     module, optimizer, actor = build_actor(config)
-    used_before_engine = device_used()
+    used_without_engine = device_used()
     rollout, switch = build_hybrid(config, module)
     yield SimpleNamespace(engine=engine, config=config, model_dir=model_dir, module=module, optimizer=optimizer,
-                          actor=actor, rollout=rollout, switch=switch, used_before_engine=used_before_engine)
+                          actor=actor, rollout=rollout, switch=switch, used_without_engine=used_without_engine)
     rollout.shutdown()
+
+
+def train_once(hybrid) -> None:
+    """One optimizer step, so the Adam state exists from then on. The bytes it adds (measured in trainer mode, the
+    engine released) are the trainer's: they go into hybrid.used_without_engine."""
+    used_before = device_used()
+    train_step(hybrid.module, hybrid.optimizer)
+    hybrid.used_without_engine += device_used() - used_before
+
+
+def engine_gib(hybrid, stage: str) -> float:
+    """GiB the engine held at `stage` of the last switch: the device's used memory then, which both rollouts record
+    in last_switch, less what everything but the engine holds."""
+    return hybrid.rollout.last_switch[f"{stage}/device_used"] - hybrid.used_without_engine / GiB
+
+
+def fill_device(leave: int) -> torch.Tensor:
+    """A tensor that takes all of the device's free memory but `leave` bytes (this process's cached blocks are given
+    back first, so they cannot serve an allocation either)."""
+    torch.cuda.empty_cache()
+    return torch.empty(torch.cuda.mem_get_info()[0] - leave, dtype=torch.uint8, device="cuda")
 
 
 def fsdp_log_probs(hybrid, output, temperature: float = 1.0) -> torch.Tensor:
@@ -137,14 +164,15 @@ def undo(module, originals: list[torch.Tensor]) -> None:
 
 # The tests run in this order within each half (pytest groups them by the module-scoped engine param).
 
-@only("sglang", "flushes SGLang's radix cache between its two generations; not yet run against vLLM")
 def test_layout_matches_the_hf_rollout_and_generation_stops_at_eos(hybrid):
     prompts = random_prompts(8, PROMPT_LENGTH, VOCAB, seed=1, ragged=True)
     prompts.meta_info["validate"] = True  # val_kwargs: greedy
     with rollout_window(hybrid.switch):
         first = hybrid.rollout.generate_sequences(prompts)
         stop_token = int(first.batch["responses"][0, 4])  # make row 0's 5th greedy token the EOS
-        hybrid.rollout.flush_cache()  # a radix-cache hit may change near-tied greedy choices of random weights
+        # a prefix-cache hit (SGLang's radix cache, vLLM's cached blocks) computes the prompt's keys and values in
+        # other kernels than the first pass did, which may change near-tied greedy choices of random weights
+        hybrid.rollout.flush_cache()
         relabelled = prompts.select()
         relabelled.meta_info["eos_token_id"] = [stop_token]
         stopped = hybrid.rollout.generate_sequences(relabelled)
@@ -199,14 +227,57 @@ def test_synced_weights_give_the_fsdp_log_probs_also_after_a_large_weight_change
     assert old_weights_change > 10 * MEAN_ABS_TOLERANCE  # a sync that did nothing could not pass
 
 
-@only("sglang", "reads the memory saver's gauge of the engine (last_switch '.../engine'); vLLM's release is "
-                "checked by test_switch_time_and_memory_left_asleep, its offload round trip is not yet run")
-def test_release_frees_the_engine_and_offload_round_trips_the_fsdp_state(hybrid):
-    train_step(hybrid.module, hybrid.optimizer)  # create the Adam state the offload must move
+STANDALONE_VLLM = """
+import json, sys
+import vllm
+kwargs, token_lists, params = json.loads(sys.stdin.read())
+llm = vllm.LLM(**kwargs)
+outputs = llm.generate([{"prompt_token_ids": ids} for ids in token_lists], vllm.SamplingParams(**params), use_tqdm=False)
+print("RESULT " + json.dumps([list(output.outputs[0].token_ids) for output in outputs]))
+"""
+
+
+@only("vllm", "compares with a standalone vllm.LLM; SGLang's standalone comparison is benchmarks/hybrid_engine.py")
+def test_greedy_generation_matches_a_standalone_engine_reading_the_checkpoint(hybrid):
+    """The hybrid engine (weights pushed from FSDP) and a standalone vllm.LLM in another process (weights read from
+    the checkpoint, same settings) decode the same greedy tokens. Runs before the first optimizer step (the release
+    test's): until then the actor's weights are the checkpoint's."""
+    from hybridrl.workers.rollout.vllm_rollout import sampling_params
+
+    prompts = random_prompts(16, PROMPT_LENGTH, VOCAB, seed=6, ragged=True)
+    prompts.meta_info.update(validate=True, eos_token_id=EOS_ID)  # val_kwargs: greedy
     with rollout_window(hybrid.switch):
-        awake = hybrid.rollout.last_switch["rollout mode/engine"]
-    released = hybrid.rollout.last_switch["trainer mode restored/engine"]
-    print(f"\nengine GPU memory awake {awake:.2f} GiB, released {released:.2f} GiB ({released / awake:.1%})")
+        hybrid_output = hybrid.rollout.generate_sequences(prompts)
+    token_lists = [row[mask.bool()].tolist() for row, mask in zip(prompts.batch["input_ids"],
+                                                                  prompts.batch["attention_mask"])]
+    kwargs = dict(hybrid.rollout.engine_kwargs, load_format="auto", gpu_memory_utilization=0.2)
+    params = sampling_params(hybrid.config.actor_rollout_ref.rollout, {"validate": True}, [EOS_ID])
+    result = subprocess.run([sys.executable, "-c", STANDALONE_VLLM], input=json.dumps([kwargs, token_lists, params]),
+                            capture_output=True, text=True, timeout=600,
+                            env=dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0"))
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, f"standalone engine failed:\n{result.stderr[-4000:]}"
+    standalone = json.loads(lines[0][len("RESULT "):])
+    matching_prefix = []
+    for row, expected in enumerate(standalone):
+        length = int(hybrid_output.batch["response_mask"][row].sum())
+        got = hybrid_output.batch["responses"][row, :length].tolist()
+        prefix = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+        matching_prefix.append(prefix)
+    print(f"\ngreedy tokens equal to the standalone engine's, per row: {matching_prefix}")
+    # random weights give nearly flat logits: near-ties may flip late, but the first tokens must agree
+    assert sum(prefix >= 8 for prefix in matching_prefix) >= 14
+
+
+def test_release_frees_the_engine_and_offload_round_trips_the_fsdp_state(hybrid):
+    """Released, the engine keeps < 5 % of the device memory it holds awake; a switch that parks the FSDP parameters
+    and Adam state in CPU memory frees them for the rollout and brings them back unchanged."""
+    train_once(hybrid)  # create the Adam state the offload must move
+    with rollout_window(hybrid.switch):
+        awake = engine_gib(hybrid, "rollout mode")
+    released = engine_gib(hybrid, "trainer mode restored")
+    print(f"\n{hybrid.engine} engine GPU memory awake {awake:.2f} GiB, released {released:.2f} GiB "
+          f"({released / awake:.1%})")
     assert released < 0.05 * awake
 
     prompts = random_prompts(16, PROMPT_LENGTH, VOCAB, seed=4)
@@ -247,8 +318,8 @@ def test_switch_time_and_memory_left_asleep(hybrid):
         records.append(dict(rollout.last_switch))
     switch.trainer_mode()
     used_asleep = device_used()
-    engine_awake = used_awake - hybrid.used_before_engine
-    engine_asleep = used_asleep - hybrid.used_before_engine
+    engine_awake = used_awake - hybrid.used_without_engine
+    engine_asleep = used_asleep - hybrid.used_without_engine
     median = statistics.median(seconds)
     print(f"\nvllm switch rollout→train→rollout median {median:.3f} s ({[round(s, 3) for s in seconds]}); "
           f"last: {records[-1]}")
@@ -258,7 +329,6 @@ def test_switch_time_and_memory_left_asleep(hybrid):
     assert engine_asleep < 0.05 * engine_awake
 
 
-@only("sglang", "trains with the SGLang half's config (n=4, one mini-batch of 8 groups); not yet run against vLLM")
 def test_twenty_grpo_steps_keep_memory_flat_and_every_sync_exact(hybrid):
     groups, n = 8, 4
     trainer_memory, agreements = [], []
@@ -302,11 +372,10 @@ def test_a_wake_up_without_room_is_refused_and_the_engine_still_works_after(hybr
     if hybrid.engine == "sglang":
         weights, rest = hybrid.rollout.resume_bytes["weights"], hybrid.rollout.resume_bytes["kv_cache+cuda_graph"]
         assert weights > 0.9 * GiB and rest > weights  # measured at start: 0.5B bf16 weights, then the KV cache
-        torch.cuda.empty_cache()
         room = weights + rest // 2
     else:
         room = GiB
-    hog = torch.empty(torch.cuda.mem_get_info()[0] - room, dtype=torch.uint8, device="cuda")
+    hog = fill_device(leave=room)
     started = time.perf_counter()
     with pytest.raises(EngineMemoryError, match="gpu_memory_utilization") as error:
         with rollout_window(hybrid.switch):
@@ -330,48 +399,8 @@ def test_a_wake_up_without_room_is_refused_and_the_engine_still_works_after(hybr
         assert mean_abs < MEAN_ABS_TOLERANCE
 
 
-STANDALONE_VLLM = """
-import json, sys
-import vllm
-kwargs, token_lists, params = json.loads(sys.stdin.read())
-llm = vllm.LLM(**kwargs)
-outputs = llm.generate([{"prompt_token_ids": ids} for ids in token_lists], vllm.SamplingParams(**params), use_tqdm=False)
-print("RESULT " + json.dumps([list(output.outputs[0].token_ids) for output in outputs]))
-"""
-
-
-@only("vllm", "compares with a standalone vllm.LLM; SGLang's standalone comparison is benchmarks/hybrid_engine.py")
-def test_greedy_generation_matches_a_standalone_engine_reading_the_checkpoint(hybrid):
-    """The hybrid engine (weights pushed from FSDP) and a standalone vllm.LLM in another process (weights read from
-    the checkpoint, same settings) decode the same greedy tokens."""
-    from hybridrl.workers.rollout.vllm_rollout import sampling_params
-
-    prompts = random_prompts(16, PROMPT_LENGTH, VOCAB, seed=6, ragged=True)
-    prompts.meta_info.update(validate=True, eos_token_id=EOS_ID)  # val_kwargs: greedy
-    with rollout_window(hybrid.switch):
-        hybrid_output = hybrid.rollout.generate_sequences(prompts)
-    token_lists = [row[mask.bool()].tolist() for row, mask in zip(prompts.batch["input_ids"],
-                                                                  prompts.batch["attention_mask"])]
-    kwargs = dict(hybrid.rollout.engine_kwargs, load_format="auto", gpu_memory_utilization=0.2)
-    params = sampling_params(hybrid.config.actor_rollout_ref.rollout, {"validate": True}, [EOS_ID])
-    result = subprocess.run([sys.executable, "-c", STANDALONE_VLLM], input=json.dumps([kwargs, token_lists, params]),
-                            capture_output=True, text=True, timeout=600,
-                            env=dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0"))
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, f"standalone engine failed:\n{result.stderr[-4000:]}"
-    standalone = json.loads(lines[0][len("RESULT "):])
-    matching_prefix = []
-    for row, expected in enumerate(standalone):
-        length = int(hybrid_output.batch["response_mask"][row].sum())
-        got = hybrid_output.batch["responses"][row, :length].tolist()
-        prefix = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
-        matching_prefix.append(prefix)
-    print(f"\ngreedy tokens equal to the standalone engine's, per row: {matching_prefix}")
-    # random weights give nearly flat logits: near-ties may flip late, but the first tokens must agree
-    assert sum(prefix >= 8 for prefix in matching_prefix) >= 14
-
-
-@only("sglang", "kills SGLang's scheduler process (vLLM's engine runs inside the test process)")
+@only("sglang", "kills SGLang's scheduler process; vLLM's engine core runs inside the test process, its failure is "
+                "test_an_engine_out_of_memory_inside_a_step_fails_it_within_60_s_naming_the_cause")
 def test_a_killed_scheduler_fails_the_step_within_60_s_naming_the_cause(hybrid):
     """Runs last in the SGLang half: it kills that half's engine."""
     scheduler_pid = next(process.pid for name, process in hybrid.rollout.monitor.processes if "scheduler" in name)
@@ -386,3 +415,31 @@ def test_a_killed_scheduler_fails_the_step_within_60_s_naming_the_cause(hybrid):
     assert elapsed < 60
     with pytest.raises(EngineDiedError):  # later calls fail at once, too
         hybrid.rollout.flush_cache()
+
+
+@only("vllm", "vLLM's engine core runs in the test process: it fails by raising inside a step, not by losing a "
+              "process (SGLang's: test_a_killed_scheduler_fails_the_step_within_60_s_naming_the_cause)")
+def test_an_engine_out_of_memory_inside_a_step_fails_it_within_60_s_naming_the_cause(hybrid):
+    """Runs last in the vLLM half: it leaves that half's engine failed for good.
+
+    Right after the wake-up, all of the device's free memory but 16 MiB is taken, as a trainer that grew into the
+    engine's share would take it. Prefilling 64 prompts of 64 tokens needs more (the MLP's gate/up activations alone
+    are 76 MiB, the sampled rows' fp32 logits 37 MiB), so CUDA runs out of memory inside vLLM's model runner, and the
+    error comes up through the in-process engine core into generate. Out of memory, unlike an illegal memory access,
+    leaves this process's CUDA context usable, so trainer_mode and the teardown still run after it."""
+    prompts = random_prompts(64, PROMPT_LENGTH, VOCAB, seed=7)
+    started = time.perf_counter()
+    with pytest.raises(EngineDiedError, match=r"vllm engine call generate failed: \w+: .*out of memory"):
+        with rollout_window(hybrid.switch):
+            hog = fill_device(leave=16 << 20)
+            try:
+                hybrid.rollout.generate_sequences(prompts)
+            finally:
+                del hog
+    elapsed = time.perf_counter() - started
+    print(f"\nEngineDiedError after {elapsed:.1f} s: {hybrid.rollout.dead_cause}")
+    assert elapsed < 60
+    started = time.perf_counter()
+    with pytest.raises(EngineDiedError, match="the engine failed earlier: .*out of memory"):
+        hybrid.rollout.flush_cache()  # later calls fail at once, without touching the failed engine
+    assert time.perf_counter() - started < 1

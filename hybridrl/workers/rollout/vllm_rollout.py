@@ -12,8 +12,8 @@ actor, and the two take turns through the lifecycle contract of rollout/base.py:
 - update_weights(named_tensors): the full parameters, `rollout.update_weights_bucket_megabytes` at a
   time, cast to `rollout.dtype` and loaded in place with the model's own `load_weights` (vLLM's
   `apply_model`: it maps HF names onto vLLM's fused parameters, e.g. q/k/v -> qkv_proj).
-- resume(("kv_cache",)): `llm.wake_up(tags=["kv_cache"])`, then the prefix cache is reset (its
-  entries were computed with the previous weights).
+- resume(("kv_cache",)): `llm.wake_up(tags=["kv_cache"])`, then `flush_cache()` resets the prefix
+  cache (its entries were computed with the previous weights; SGLang's rollout has the same method).
 After a level-2 sleep the weights' memory holds garbage until the next push: generating before it is
 refused. With `rollout.free_cache_engine=false` the engine never sleeps and its weights survive.
 
@@ -202,7 +202,7 @@ class VLLMRollout(BaseRollout):
         if engine_tags:
             self._resume_if_room("resume_weights" if "weights" in tags else "resume_kv_cache", engine_tags)
         if "kv_cache" in tags:
-            self._timed("reset_prefix_cache", self._call, "reset_prefix_cache", self.llm.reset_prefix_cache)
+            self._timed("reset_prefix_cache", self.flush_cache)
             self._metrics["timing_s/reset_prefix_cache"] = self.last_switch["reset_prefix_cache_s"]
             self._gauge("rollout mode")
 
@@ -283,6 +283,14 @@ class VLLMRollout(BaseRollout):
     def wake_up(self, tags: tuple[str, ...]) -> None:
         self._call(f"wake_up({list(tags)})", self.llm.wake_up, tags=list(tags))
         self.awake_tags |= set(tags)
+
+    def flush_cache(self) -> None:
+        """Drop the prefix cache (SGLang's rollout: its radix cache): after a push its KV blocks hold the previous
+        weights' keys and values. vLLM's reset returns False, and resets nothing, while a request still holds
+        blocks; none does between generate calls, so a refusal is an error here, not a stale cache."""
+        if not self._call("reset_prefix_cache", self.llm.reset_prefix_cache):
+            raise RuntimeError("vllm reset_prefix_cache refused: some KV blocks are still in use by a request, so the "
+                               "prefix cache keeps entries computed before")
 
     def bytes_to_resume(self, tags: tuple[str, ...]) -> int:
         """Device bytes that waking `tags` takes (0 when the engine never sleeps)."""
