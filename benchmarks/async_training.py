@@ -22,9 +22,10 @@ Workloads: by default each answer's length is what the model samples (random wei
 360, 5 % of the answers running to 4k tokens): benchmarks/heavy_tail.py's generate function in every layout, which
 then runs the data flow in async rollout mode (colocated too), so all layouts generate the same lengths.
 
-Each layout gets --timeout seconds (on cuda by default 560 / the number of layouts, so an invocation fits a
-10-minute command); a run cut off keeps the steps it logged, its log (streamed into the work dir as it runs) and its
-error, and the --out record is rewritten after each layout.
+Each layout gets an equal share of what is left of --deadline (on cuda by default 570 s from the start, the model's
+making included, so an invocation fits a 10-minute command), at most --timeout; a run cut off keeps the steps it
+logged, its log (streamed into the work dir as it runs) and its error, and the --out record is rewritten after each
+layout.
 
 Columns: s/step (timing_s/step), samples/s (prompts x n per second), tokens/s (prompt + response tokens per
 second, whole run: divide by --gpus for per GPU), speed-up over the first layout, the generation's and the
@@ -44,7 +45,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
 from benchmarks.heavy_tail import heavy_tail_overrides  # noqa: E402
-from benchmarks.trainer_run import fresh_dir, mean_metrics, run_trainer  # noqa: E402
+from benchmarks.trainer_run import Deadline, fresh_dir, mean_metrics, run_trainer  # noqa: E402
 from benchmarks.vocab import Vocabulary, load_vocabulary, tiny_model  # noqa: E402
 
 ASYNC = ["actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true"]
@@ -99,8 +100,8 @@ def cpu_task(work_dir: str, vocabulary: Vocabulary | None) -> tuple[list[str], V
             "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"], vocabulary
 
 
-def run_layout(args, name: str, task: list[str], layout: list[str]) -> dict:
-    """One main_ppo run (at most --timeout seconds); the mean of each numeric metric over the measured steps. A run
+def run_layout(args, name: str, task: list[str], layout: list[str], timeout: float | None) -> dict:
+    """One main_ppo run (at most `timeout` seconds); the mean of each numeric metric over the measured steps. A run
     cut off by its timeout keeps the steps it logged, with its error beside them."""
     run_dir = fresh_dir(os.path.join(args.work_dir, f"run_{name}"))
     command = [sys.executable, "-m", "hybridrl.main_ppo", *task,
@@ -112,7 +113,7 @@ def run_layout(args, name: str, task: list[str], layout: list[str]) -> dict:
                "trainer.resume_mode=disable", *layout, *args.overrides]
     print(f"[{name}] {' '.join(command)}", flush=True)
     run = run_trainer(command, os.path.join(args.work_dir, f"{name}.log"), os.path.join(run_dir, "metrics.jsonl"),
-                      timeout=args.timeout, cwd=REPO_ROOT)
+                      timeout=timeout, cwd=REPO_ROOT)
     measured = run.steps[2:] or run.steps[1:] or run.steps
     result = {"wall_s": run.wall_s, "logged_steps": len(run.steps), "measured_steps": len(measured),
               **mean_metrics(measured)}
@@ -169,13 +170,18 @@ def main() -> None:
                              "--response-length, the rest to --short-length, in every layout; 0: as sampled")
     parser.add_argument("--short-length", type=int, default=None, help="the short answers' budget (cap / 16)")
     parser.add_argument("--timeout", type=float, default=None,
-                        help="seconds per layout (a run past it is killed and keeps the steps it logged; default: "
-                             "cuda 560 / the number of layouts, so one invocation fits a 10-minute command; cpu none)")
+                        help="seconds per layout at most (a run past it is killed and keeps the steps it logged)")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="seconds for the whole invocation (default cuda 570, so it fits a 10-minute command; cpu "
+                             "none; 0: none): each layout gets an equal share of what is left")
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("--out", default=None, help="write the results as JSON here too")
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides for every layout")
     args = parser.parse_args()
     cuda = args.device == "cuda"
+    if args.deadline is None and cuda:
+        args.deadline = 570.0
+    deadline = Deadline(args.deadline or None)  # counted from here: making the model spends it too
     args.prompts = args.prompts or (64 if cuda else 8)
     args.n = args.n or (8 if cuda else 4)
     args.response_length = args.response_length or (512 if cuda else 16)
@@ -198,14 +204,13 @@ def main() -> None:
     unknown = [name for name in chosen if name not in known]
     if unknown:
         parser.error(f"--layouts: unknown {unknown}; known: {sorted(known)}")
-    if args.timeout is None and cuda:
-        args.timeout = 560 / len(chosen)
     if args.tail_fraction > 0:
         args.short_length = args.short_length or max(1, args.response_length // 16)
         task = [*task, *heavy_tail_overrides(args.work_dir, args.tail_fraction, args.short_length, args.device)]
     results = {}
-    for name in chosen:  # the record is rewritten after each layout: a cut-off invocation keeps what it measured
-        results[name] = run_layout(args, name, task, known[name])
+    for index, name in enumerate(chosen):  # the record is rewritten after each layout: a cut-off invocation keeps
+        timeout = deadline.share(len(chosen) - index, args.timeout)  # what it measured
+        results[name] = run_layout(args, name, task, known[name], timeout)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"args": vars(args), "vocab": vocabulary.record(), "results": results}, f, indent=2)

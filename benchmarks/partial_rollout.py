@@ -186,8 +186,8 @@ def main() -> None:
             ("partial", f"partial rollout ({over} groups in flight)",
              ["data_flow.partial_rollout=true", f"data_flow.over_sampling_batch_size={over}"])]
     for index, (name, mode, extra) in enumerate(runs):
-        left = deadline.left()  # each run gets an equal share of what is left; the last, all of it
-        steps_logged, error = run(name, common + extra, work_dir, None if left is None else left / (len(runs) - index))
+        timeout = deadline.share(len(runs) - index)  # an equal share of what is left; the last run, all of it
+        steps_logged, error = run(name, common + extra, work_dir, timeout)
         rows.append(summarise(mode, steps_logged, error, args.warmup_steps, batch * args.n))
         write_record(args, vocabulary, rows)  # after each run: a benchmark cut off at its limit keeps the first
     print(f"\ndevice {args.device}, {gpus} rank(s), model {model}; {batch} groups x {args.n} per step, {steps} steps "

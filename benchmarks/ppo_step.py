@@ -255,10 +255,8 @@ def main() -> None:
     results = {}
     layouts = args.layouts.split(",")
     for index, layout in enumerate(layouts):
-        left = deadline.left()  # each layout an equal share of what is left, less the standalone engines' reserve
-        reserve = 0 if args.no_standalone else STANDALONE_RESERVE_S
-        share = None if left is None else max(0.0, left - reserve) / (len(layouts) - index)
-        results[layout] = run_trainer(args, model_dir, layout, share)
+        reserve = 0 if args.no_standalone else STANDALONE_RESERVE_S  # the standalone engines run after the layouts
+        results[layout] = run_trainer(args, model_dir, layout, deadline.share(len(layouts) - index, reserve=reserve))
         write_record(args, vocabulary, results)  # after each part: a run cut off at its limit keeps what it measured
     if not args.no_standalone:
         results["standalone"] = standalone_generation(args, model_dir)

@@ -69,11 +69,14 @@ class Deadline:
             return None
         return max(0.0, self.ends_at - time.perf_counter() - self.margin)
 
-    def timeout(self, asked: float | None) -> float | None:
+    def share(self, runs_left: int = 1, asked: float | None = None, reserve: float = 0.0) -> float | None:
+        """The time limit of the next of `runs_left` runs: an equal share of what is left after `reserve` (kept for
+        work after the runs), at most `asked` (None: no limit of its own). Without a budget, just `asked`."""
         left = self.left()
         if left is None:
             return asked
-        return left if asked is None else min(asked, left)
+        share = max(0.0, left - reserve) / runs_left
+        return share if asked is None else min(asked, share)
 
 
 def fresh_dir(path: str) -> str:

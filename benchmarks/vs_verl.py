@@ -395,7 +395,7 @@ def main() -> None:
         return
     results = {}
     for name in args.trainers.split(","):  # the record is rewritten after each trainer: a cut-off call keeps the first
-        timeout = deadline.timeout(args.timeout)
+        timeout = deadline.share(asked=args.timeout)
         if timeout is not None and timeout < MIN_RUN_S:
             results[name] = {"wall_s": 0.0, "steps": [], "log": None,
                              "error": f"not run: {timeout:.0f} s were left of --deadline {args.deadline:.0f}"}

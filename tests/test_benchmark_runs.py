@@ -76,15 +76,17 @@ def test_a_run_past_its_limit_is_killed_with_its_children_and_keeps_its_steps(tm
 
 def test_a_deadline_cuts_a_run_asking_for_more_to_what_is_left_of_it(tmp_path):
     """Two runs in one 10-minute command: the second's own limit must not reach past the command's."""
-    assert Deadline(None).timeout(60.0) == 60.0 and Deadline(None).left() is None
-    assert Deadline(1000.0, margin=10.0).timeout(60.0) == 60.0  # plenty left: the run's own limit holds
+    assert Deadline(None).share(asked=60.0) == 60.0 and Deadline(None).left() is None
+    assert Deadline(1000.0, margin=10.0).share(asked=60.0) == 60.0  # plenty left: the run's own limit holds
+    plenty = Deadline(1000.0, margin=0.0)
+    assert 249 < plenty.share(4) <= 250 and 199 < plenty.share(4, reserve=200) <= 200  # equal shares, less a reserve
     deadline = Deadline(4.0, margin=1.0)
-    asked = deadline.timeout(300.0)
+    asked = deadline.share(asked=300.0)
     assert 0 < asked <= 3.0
     run, _ = _start(tmp_path, sleep_s=300, timeout=asked)  # its child dies with its process group
     assert run.code == "timeout" and run.wall_s < 60  # cut at the deadline, not after the 300 s it asked for
     assert [step["training/global_step"] for step in run.steps] == [1, 2]
-    assert deadline.left() == 0.0 and deadline.timeout(300.0) == 0.0  # nothing left for a next run
+    assert deadline.left() == 0.0 and deadline.share(asked=300.0) == 0.0  # nothing left for a next run
 
 
 @pytest.mark.parametrize("schedule", ["sync", "one_step_off", "fully_async"])
