@@ -254,8 +254,8 @@ def main() -> None:
     model_dir = make_model(args.shape, vocabulary, os.path.join(args.work_dir, f"model_{args.shape}"))
     results = {}
     layouts = args.layouts.split(",")
+    reserve = 0 if args.no_standalone else STANDALONE_RESERVE_S  # the standalone engines run after the layouts
     for index, layout in enumerate(layouts):
-        reserve = 0 if args.no_standalone else STANDALONE_RESERVE_S  # the standalone engines run after the layouts
         results[layout] = run_trainer(args, model_dir, layout, deadline.share(len(layouts) - index, reserve=reserve))
         write_record(args, vocabulary, results)  # after each part: a run cut off at its limit keeps what it measured
     if not args.no_standalone:

@@ -55,12 +55,12 @@ def run_trainer(argv: list[str], log_path: str, metrics_path: str, timeout: floa
 class Deadline:
     """The whole invocation's wall-clock budget, for runs made one after another inside one GPU-host command.
 
-    Each run gets the time limit it asked for, or what is left of the budget less `margin` (for the tables and the
-    record after the last run), whichever is less. Without it a later run's own limit can reach past the command's,
-    where the host kills it with its steps unread: a verl start was lost that way (benchmarks/README.md)."""
+    The runs share what is left of it, less `margin` (for the tables and the record after the last run): see `share`.
+    Without it a later run's own limit can reach past the command's, where the host kills it with its steps unread:
+    a verl start was lost that way (benchmarks/README.md)."""
 
     def __init__(self, seconds: float | None, margin: float = 15.0):
-        self.seconds, self.margin = seconds, margin
+        self.margin = margin
         self.ends_at = None if seconds is None else time.perf_counter() + seconds
 
     def left(self) -> float | None:
