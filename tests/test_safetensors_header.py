@@ -3,10 +3,12 @@ import json
 import os
 import struct
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
-from hybridrl.utils.safetensors_header import count_elements, safetensors_problem
+from hybridrl.utils.safetensors_header import checkpoint_shapes, count_elements, safetensors_problem
+from hybridrl.workers.rollout.sglang_weights import bucket_capacity
 
 
 def test_safetensors_check_reads_the_header_not_the_weights(tmp_path):
@@ -48,3 +50,27 @@ def test_a_header_that_is_not_a_tensor_table_is_unreadable(tmp_path):
     assert safetensors_problem(write(no_offsets)) == "w.safetensors has an unreadable header ('data_offsets')"
     only_metadata = json.dumps({"__metadata__": {"format": "pt"}}).encode()
     assert safetensors_problem(write(only_metadata)) is None and count_elements(write(only_metadata)) == 0
+
+
+def test_checkpoint_shapes_read_every_shard_an_index_names(tmp_path):
+    save_file({"a": torch.zeros(2, 3)}, str(tmp_path / "one.safetensors"))
+    save_file({"b": torch.zeros(5), "c": torch.zeros(1, 1, 4)}, str(tmp_path / "two.safetensors"))
+    index = {"weight_map": {"a": "one.safetensors", "b": "two.safetensors", "c": "two.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert sorted(checkpoint_shapes(str(tmp_path))) == [[1, 1, 4], [2, 3], [5]]
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}}))
+    with pytest.raises(KeyError, match="weight_map"):
+        checkpoint_shapes(str(tmp_path))
+    assert checkpoint_shapes(str(tmp_path / "missing")) is None
+
+
+def test_the_weight_bucket_is_capped_at_the_checkpoint_in_the_rollout_dtype(tmp_path):
+    """2,000 + 10 bf16 numbers: 4,000 and 20 bytes, each rounded up to FlatBucket's 256-byte alignment
+    (4,096 + 256); a 1 MiB bucket shrinks to that, a checkpoint larger than the bucket leaves it as configured."""
+    save_file({"w": torch.zeros(2000), "b": torch.zeros(10)}, str(tmp_path / "model.safetensors"))
+    assert bucket_capacity(1, torch.bfloat16, str(tmp_path)) == 4096 + 256
+    assert bucket_capacity(1, torch.float32, str(tmp_path)) == 8192 + 256
+    save_file({"w": torch.zeros(300_000)}, str(tmp_path / "model.safetensors"))  # 600,000 bf16 bytes
+    assert bucket_capacity(1, torch.bfloat16, str(tmp_path)) == 600_064
+    assert bucket_capacity(1, torch.float32, str(tmp_path)) == 1 << 20
+    assert bucket_capacity(2, torch.bfloat16, str(tmp_path / "pickled")) == 2 << 20  # no safetensors: as configured

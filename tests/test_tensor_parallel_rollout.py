@@ -93,8 +93,9 @@ def _rank_main(rank: int, work_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{work_dir}/pg", rank=rank, world_size=WORLD)
     if rank in FAULTS:
         os.environ[FAULTS[rank]] = "1"
-    config = types.SimpleNamespace(tensor_model_parallel_size=TP, free_cache_engine=True, gpu_memory_utilization=0.5)
-    rollout = CPURollout(config, RecordingEngine)
+    config = types.SimpleNamespace(tensor_model_parallel_size=TP, free_cache_engine=True, gpu_memory_utilization=0.5,
+                                   update_weights_bucket_megabytes=1, dtype="bfloat16")
+    rollout = CPURollout(config, RecordingEngine, model_path=work_dir)  # no checkpoint there: the configured size
     report = {"rank": rank, "leader": rollout.tp.is_leader}
     try:
         rollout.resume(("weights",))

@@ -8,7 +8,7 @@ import os
 
 from hybridrl.config.checks import Values, critic_enabled, register_check
 from hybridrl.config.schema import PPOConfig
-from hybridrl.utils.safetensors_header import UnreadableSafetensors, count_elements
+from hybridrl.utils.safetensors_header import UnreadableSafetensors, count_elements, safetensors_files
 
 INSTALL_GPU_EXTRAS = "pip install -e '.[gpu]'"
 
@@ -159,17 +159,14 @@ def _count_parameters(key: str, weight_file: str, problems: list[str]) -> int | 
 def _safetensors_files(key: str, path: str, problems: list[str]) -> list[str] | None:
     """The safetensors files transformers loads from `path`, in its order of preference; None when the weights are
     torch pickles (nothing to read cheaply) or missing (a problem)."""
-    if os.path.isfile(os.path.join(path, "model.safetensors")):
-        return [os.path.join(path, "model.safetensors")]
-    index_path = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(index_path):
-        try:
-            with open(index_path) as f:
-                shards = sorted(set(json.load(f)["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-            problems.append(f"{key}: expected a safetensors index with a weight_map, got {index_path!r} ({err!r})")
-            return None
-        return [os.path.join(path, shard) for shard in shards]
+    try:
+        files = safetensors_files(path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        index_path = os.path.join(path, "model.safetensors.index.json")
+        problems.append(f"{key}: expected a safetensors index with a weight_map, got {index_path!r} ({err!r})")
+        return None
+    if files is not None:
+        return files
     pickled = ("pytorch_model.bin", "pytorch_model.bin.index.json")
     if not any(os.path.isfile(os.path.join(path, name)) for name in pickled):
         problems.append(f"{key}: expected model weights (model.safetensors, model.safetensors.index.json or "

@@ -1,5 +1,5 @@
 """Read a .safetensors file's header without loading its tensors: enough to tell a complete file from a damaged
-or truncated one, and to count the numbers it holds.
+or truncated one, to count the numbers it holds, and to list a checkpoint's tensor shapes.
 
 A safetensors file is an 8-byte little-endian header length N, N bytes of JSON header giving each tensor's dtype,
 shape and [begin, end) byte range in the data section (plus an optional "__metadata__" entry), then the data
@@ -60,3 +60,25 @@ def safetensors_problem(path: str) -> str | None:
 def count_elements(path: str) -> int:
     """How many numbers (parameters) the file's tensors hold, read from the header alone."""
     return sum(math.prod(entry["shape"]) for entry in read_header(path).values())
+
+
+def safetensors_files(model_dir: str) -> list[str] | None:
+    """The safetensors files transformers loads from `model_dir` (model.safetensors, else the shards its index
+    names); None when the directory has neither. An index without a weight_map raises what reading it raised."""
+    single = os.path.join(model_dir, "model.safetensors")
+    if os.path.isfile(single):
+        return [single]
+    index_path = os.path.join(model_dir, "model.safetensors.index.json")
+    if not os.path.isfile(index_path):
+        return None
+    with open(index_path) as f:
+        shards = sorted(set(json.load(f)["weight_map"].values()))
+    return [os.path.join(model_dir, shard) for shard in shards]
+
+
+def checkpoint_shapes(model_dir: str) -> list[list[int]] | None:
+    """The shape of every tensor of the directory's safetensors checkpoint; None when it has none."""
+    files = safetensors_files(model_dir)
+    if files is None:
+        return None
+    return [entry["shape"] for path in files for entry in read_header(path).values()]

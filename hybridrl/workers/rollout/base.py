@@ -157,4 +157,5 @@ def build_rollout(rollout_config: Any, model_config: Any = None, module: Any = N
     from hybridrl.workers.rollout.tensor_parallel import TensorParallelRollout
 
     return TensorParallelRollout(rollout_config, lambda gpu_ids: cls(config=rollout_config, model_config=model_config,
-                                                                     module=module, engine_gpus=gpu_ids, **sizing))
+                                                                     module=module, engine_gpus=gpu_ids, **sizing),
+                                 model_path=model_config.path)

@@ -67,7 +67,7 @@ from hybridrl.workers.rollout.engine_io import (RESUME_HEADROOM, EngineDiedError
                                                 resume_memory_error, token_ids)
 from hybridrl.workers.rollout.sampling import max_new_tokens, sampling_source
 from hybridrl.workers.rollout.tensor_parallel import visible_devices
-from hybridrl.workers.rollout.sglang_weights import DTYPES, FlatBucket, gpu_memory
+from hybridrl.workers.rollout.sglang_weights import DTYPES, FlatBucket, bucket_capacity, gpu_memory
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +133,8 @@ class SGLangRollout(BaseRollout):
         self.last_switch: dict[str, float] = {}  # timings, sync size and memory of the last switch
         self._metrics: dict[str, float] = {}
         self.generation_config = generation_config_ids(model_config.path)
+        self.bucket_bytes = bucket_capacity(config.update_weights_bucket_megabytes, DTYPES[config.dtype],
+                                            model_config.path)
         logger.info("sglang engine started in %.1f s with %s", self.engine_start_s, self.engine_kwargs)
         self.resume_bytes: dict[str, int] = {}  # what resuming each tag takes from the device (measured below)
         if config.free_cache_engine:
@@ -239,13 +241,13 @@ class SGLangRollout(BaseRollout):
         """Push every (HF name, full tensor) into the engine, one flat bucket at a time.
 
         Each tensor is cast to `rollout.dtype` while it is copied into a flat buffer of
-        `rollout.update_weights_bucket_megabytes`; a full buffer goes to the engine as ONE CUDA IPC handle
-        (SGLang's "flattened_bucket" format) instead of one handle per tensor, which is what costs time with
-        ~300 tensors. With FSDP2 at most one unit and one bucket of full tensors exist at once. The radix cache
+        `rollout.update_weights_bucket_megabytes` (at most the model's size, `bucket_capacity`); a full buffer goes
+        to the engine as ONE CUDA IPC handle (SGLang's "flattened_bucket" format) instead of one handle per tensor,
+        which is what costs time with ~300 tensors. With FSDP2 at most one unit and one bucket of full tensors exist at once. The radix cache
         is flushed by the following resume(("kv_cache",)).
         """
         started = time.perf_counter()
-        bucket = FlatBucket(self.config.update_weights_bucket_megabytes << 20, DTYPES[self.config.dtype], self.device)
+        bucket = FlatBucket(self.bucket_bytes, DTYPES[self.config.dtype], self.device)
         pushed = 0
         for name, tensor in named_tensors:
             if not bucket.fits(tensor):

@@ -2,7 +2,11 @@
 GPU memory gauges logged at each switch. Imported only with rollout.name=sglang (it needs sglang and CUDA)."""
 from __future__ import annotations
 
+import math
+
 import torch
+
+from hybridrl.utils.safetensors_header import checkpoint_shapes
 
 GiB = 1 << 30
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -48,8 +52,24 @@ class FlatBucket:
         return flat, metadata
 
     def _size(self, tensor: torch.Tensor) -> int:
-        nbytes = tensor.numel() * self.dtype.itemsize
-        return -(-nbytes // self.ALIGN) * self.ALIGN
+        return self.aligned(tensor.numel() * self.dtype.itemsize)
+
+    @classmethod
+    def aligned(cls, nbytes: int) -> int:
+        return -(-nbytes // cls.ALIGN) * cls.ALIGN
+
+
+def bucket_capacity(megabytes: int, dtype: torch.dtype, model_path: str) -> int:
+    """Bytes of one flat bucket: `rollout.update_weights_bucket_megabytes`, but no more than the whole checkpoint
+    at `model_path` in the rollout dtype, each tensor aligned as FlatBucket aligns it. The buffer is allocated whole
+    on the trainer's GPU, so without the cap a 0.7 MB model held verl's 2 GiB default at every sync. A checkpoint
+    that is not safetensors (nothing to read cheaply) gets the configured size."""
+    configured = megabytes << 20
+    shapes = checkpoint_shapes(model_path)
+    if shapes is None:
+        return configured
+    model_bytes = sum(FlatBucket.aligned(math.prod(shape) * dtype.itemsize) for shape in shapes)
+    return min(configured, model_bytes)
 
 
 def gpu_memory(engine_pids: list[int]) -> dict[str, float]:

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.engine_io import RESUME_HEADROOM, resume_memory_error
+from hybridrl.workers.rollout.sglang_weights import DTYPES, FlatBucket, bucket_capacity
 
 
 class EngineGroupError(RuntimeError):
@@ -120,12 +121,15 @@ def visible_devices(gpu_ids: list[str]):
 
 class TensorParallelRollout:
     """The lifecycle contract for one rank of a TP group; the engine (leader only) is built by `make_engine(gpu_ids)`,
-    where gpu_ids are the group's GPUs in TP-rank order (the engine spans them, TP rank i on gpu_ids[i])."""
+    where gpu_ids are the group's GPUs in TP-rank order (the engine spans them, TP rank i on gpu_ids[i]).
+    model_path: the engine's checkpoint, whose size caps each rank's weight bucket (the same on every rank, so
+    bucket boundaries agree)."""
 
     shares_trainer_weights = False
 
-    def __init__(self, config, make_engine: Callable[[list[str]], Any]):
+    def __init__(self, config, make_engine: Callable[[list[str]], Any], model_path: str):
         self.config = config
+        self.bucket_bytes = bucket_capacity(config.update_weights_bucket_megabytes, DTYPES[config.dtype], model_path)
         self.tp = TensorParallelGroup(config.tensor_model_parallel_size)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         gpu_ids = self.tp.all_gather(physical_gpu_id() if torch.cuda.is_available() else str(self.tp.rank))
@@ -195,9 +199,7 @@ class TensorParallelRollout:
 
     # the CUDA IPC boundary (sglang's bucket and serializer); a CPU test replaces these two
     def new_bucket(self):
-        from hybridrl.workers.rollout.sglang_weights import DTYPES, FlatBucket
-
-        return FlatBucket(self.config.update_weights_bucket_megabytes << 20, DTYPES[self.config.dtype], self.device)
+        return FlatBucket(self.bucket_bytes, DTYPES[self.config.dtype], self.device)
 
     @staticmethod
     def serialize(flat: torch.Tensor, metadata: list) -> bytes:
