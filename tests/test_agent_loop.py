@@ -167,6 +167,50 @@ def test_least_in_flight_balancing_and_sticky_request_ids():
     assert manager.choose_server("r0") == where["r0"]
 
 
+class Gate:
+    """An engine that answers nobody until `expected` requests are inside it at once, or `patience` seconds passed
+    (so that a client which holds requests back fails the test instead of hanging it)."""
+
+    def __init__(self, expected, patience=20.0):
+        self.expected, self.patience, self.inside, self.most_inside, self.all_in = expected, patience, 0, 0, None
+
+    async def generate(self, prompt_ids, sampling_params):
+        if self.all_in is None:
+            self.all_in = asyncio.Event()  # on the server's loop
+        self.inside += 1
+        self.most_inside = max(self.most_inside, self.inside)
+        if self.inside == self.expected:
+            self.all_in.set()
+        try:
+            await asyncio.wait_for(self.all_in.wait(), timeout=self.patience)
+        except asyncio.TimeoutError:
+            self.all_in.set()  # the rest are not coming: answer everyone
+        self.inside -= 1
+        return {"token_ids": [prompt_ids[-1]], "log_probs": None, "stop_reason": "completed"}
+
+
+def test_every_request_in_flight_reaches_the_server_at_once():
+    """150 concurrent requests from one manager are all at the engine together: the client caps nothing (aiohttp's
+    default connector held all but 100 back, so the gate waited for 150 in vain)."""
+    gate = Gate(expected=150)
+    server = served(gate)
+    manager = AsyncLLMServerManager([server.address])
+
+    async def scenario():
+        requests = [manager.generate(f"r{i}", prompt_ids=[i], sampling_params={}) for i in range(150)]
+        try:
+            return await asyncio.gather(*requests)
+        finally:
+            await manager.close()
+
+    try:
+        outputs = asyncio.run(scenario())
+    finally:
+        server.shutdown()
+    assert gate.most_inside == 150
+    assert [output.token_ids for output in outputs] == [[i] for i in range(150)]
+
+
 def test_engine_error_and_dead_server_are_engine_server_errors():
     """A dead server fails the request at once: its refused connection is the error, not a connect timeout
     (connect_timeout_s, 30 s); shown by the cause, which no load can change, rather than by a time."""

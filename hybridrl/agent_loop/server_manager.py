@@ -67,7 +67,10 @@ class AsyncLLMServerManager:
     async def _post(self, server: str, payload: dict) -> dict:
         if self._session is None:  # created inside the running loop, as aiohttp requires
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s)
-            self._session = aiohttp.ClientSession(timeout=timeout)
+            # limit=0: no cap on connections. How many requests are in flight is the schedule's decision (the
+            # engines are sized for it, rollout/engine_load.py); aiohttp's default of 100 per session would hold
+            # the rest back without a word, and the engine would decode smaller batches than it was sized for.
+            self._session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
         try:
             async with self._session.post(f"http://{server}/generate", json=payload) as response:
                 if response.status != 200:
