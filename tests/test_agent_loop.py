@@ -171,7 +171,7 @@ class Gate:
     """An engine that answers nobody until `expected` requests are inside it at once, or `patience` seconds passed
     (so that a client which holds requests back fails the test instead of hanging it)."""
 
-    def __init__(self, expected, patience=20.0):
+    def __init__(self, expected, patience=60.0):
         self.expected, self.patience, self.inside, self.most_inside, self.all_in = expected, patience, 0, 0, None
 
     async def generate(self, prompt_ids, sampling_params):

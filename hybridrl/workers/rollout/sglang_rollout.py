@@ -243,8 +243,8 @@ class SGLangRollout(BaseRollout):
         Each tensor is cast to `rollout.dtype` while it is copied into a flat buffer of
         `rollout.update_weights_bucket_megabytes` (at most the model's size, `bucket_capacity`); a full buffer goes
         to the engine as ONE CUDA IPC handle (SGLang's "flattened_bucket" format) instead of one handle per tensor,
-        which is what costs time with ~300 tensors. With FSDP2 at most one unit and one bucket of full tensors exist at once. The radix cache
-        is flushed by the following resume(("kv_cache",)).
+        which is what costs time with ~300 tensors. With FSDP2 at most one unit and one bucket of full tensors exist
+        at once. The radix cache is flushed by the following resume(("kv_cache",)).
         """
         started = time.perf_counter()
         bucket = FlatBucket(self.bucket_bytes, DTYPES[self.config.dtype], self.device)

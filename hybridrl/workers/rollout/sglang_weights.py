@@ -1,5 +1,6 @@
 """SGLang's side of the weight sync: the flat CUDA buckets the engine loads in one IPC handle each, and the
-GPU memory gauges logged at each switch. Imported only with rollout.name=sglang (it needs sglang and CUDA)."""
+GPU memory gauges logged at each switch. FlatBucket and gpu_memory need sglang and CUDA (rollout.name=sglang);
+bucket_capacity reads only the checkpoint's headers."""
 from __future__ import annotations
 
 import math
