@@ -15,7 +15,9 @@ there are and how wide the logits are, not on which tokens they are, and random 
 --prompt-length tokens, as in the runs recorded before, which real text would not. Prints one table (its `vocab`
 row, like the JSON's `vocab`, names the vocabulary):
 engine start, weight sync (s, GB/s), release, resume, the full rollout→train→rollout switch (with
-and without offloading the FSDP state), and generation tokens/s for 64 prompts × n=8 × 512 new
+and without offloading the FSDP state), the engine's memory awake and released (the device's used memory less
+the trainer's), the engine's log-probs of its sampled tokens against the FSDP actor's right after a sync of the
+trained weights (mean |Δ|, the k3 KL), and generation tokens/s for 64 prompts × n=8 × 512 new
 tokens, then the same generation on a standalone `sglang.Engine` started after the hybrid one is shut
 down, with the same engine arguments (memory saver included) except that it reads its weights from
 disk, and the ratio. `--standalone-without-memory-saver` adds a second standalone engine without
@@ -197,9 +199,55 @@ def time_switches(switch: RolloutModeSwitch, repeats: int) -> dict[str, float]:
                         **{key: value for key, value in awake.items() if "/" not in key},
                         "full_switch_s": full_switch_s,
                         "engine_released_gib": released[f"trainer mode restored/{gauge}"],
-                        "engine_awake_gib": awake[f"rollout mode/{gauge}"]})
+                        "engine_awake_gib": awake[f"rollout mode/{gauge}"],
+                        "device_used_released_gib": released["trainer mode restored/device_used"],
+                        "device_used_awake_gib": awake["rollout mode/device_used"]})
     switch.trainer_mode()
     return {key: statistics.median(record[key] for record in records) for key in records[0]}
+
+
+def actor_log_probs(actor, output, temperature: float = 1.0) -> torch.Tensor:
+    """The FSDP actor's recomputed log-probs of the rollout's response tokens (trainer mode)."""
+    data = output.select(["input_ids", "attention_mask", "position_ids", "responses"])
+    data.meta_info["temperature"] = temperature
+    log_probs, _ = actor.compute_log_prob(data)
+    return log_probs
+
+
+def disagreement(rollout_log_probs, fsdp_log_probs, response_mask) -> tuple[float, float]:
+    """mean |Δ log p| and the k3 estimate of KL(rollout || fsdp) over the response tokens."""
+    delta = (fsdp_log_probs - rollout_log_probs)[response_mask.bool()]
+    return float(delta.abs().mean()), float((delta.exp() - delta - 1).mean())
+
+
+@contextlib.contextmanager
+def log_probs_on(rollout):
+    """Inside, the rollout returns the sampled tokens' log-probs (rollout.calculate_log_probs, read at each call);
+    the timed generation outside runs without them, as before."""
+    saved = rollout.config.calculate_log_probs
+    rollout.config.calculate_log_probs = True
+    try:
+        yield
+    finally:
+        rollout.config.calculate_log_probs = saved
+
+
+def log_prob_agreement(switch: RolloutModeSwitch, actor, prompts, temperature: float) -> dict[str, float]:
+    """Push the trainer's weights (a new version), sample `prompts` with the engine's log-probs, and score the same
+    tokens with the FSDP actor: how far the engine's policy is from the trainer's right after a sync."""
+    with rollout_window(switch), log_probs_on(switch.rollout):
+        output = switch.rollout.generate_sequences(prompts)
+    mean_abs, kl = disagreement(output.batch["rollout_log_probs"], actor_log_probs(actor, output, temperature),
+                                output.batch["response_mask"])
+    return {"mean_abs": mean_abs, "kl_k3": kl, "tokens": int(output.batch["response_mask"].sum())}
+
+
+def device_used_gib() -> float:
+    """GiB in use on the whole device (engines allocate outside torch's statistics), this process's cache returned."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / (1 << 30)
 
 
 def time_generation(generate, prompts, repeats: int) -> tuple[float, int]:
@@ -320,8 +368,9 @@ def main() -> None:
         f"data.max_prompt_length={args.prompt_length}", f"data.max_response_length={args.new_tokens}",
         "actor_rollout_ref.rollout.ignore_eos=true", "actor_rollout_ref.rollout.multi_stage_wake_up=true",
         *engine_overrides, *args.override], engine=args.engine)
-    module, optimizer, _ = build_actor(config)
+    module, optimizer, actor = build_actor(config)
     train_step(module, optimizer)
+    used_without_engine = device_used_gib()  # the trainer's state (Adam included), before the engine starts
     rollout, switch = build_hybrid(config, module)
     offload_switch = offloading_switch(module, optimizer, rollout)
     results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "engine": args.engine,
@@ -329,6 +378,11 @@ def main() -> None:
                "engine_start_s": rollout.engine_start_s, "vocab": vocabulary.record()}
     results["switch"] = time_switches(switch, args.switch_repeats)
     results["switch_offload"] = time_switches(offload_switch, args.switch_repeats)
+    results["memory"] = engine_memory(results["switch"], used_without_engine)
+    sampled = random_prompts(32, args.prompt_length, vocabulary.embeddings, seed=1, ragged=True)
+    sampled.meta_info.update(eos_token_id=eos_id, pad_token_id=pad_id)
+    results["log_prob_agreement"] = log_prob_agreement(  # the weights pushed are the trained ones, not the checkpoint's
+        switch, actor, sampled, config.actor_rollout_ref.rollout.temperature)
 
     prompts = random_prompts(args.prompts, args.prompt_length, vocabulary.embeddings).repeat(args.n, interleave=True)
     prompts.meta_info.update(eos_token_id=eos_id, pad_token_id=pad_id)
@@ -361,6 +415,15 @@ def main() -> None:
     write_results(results, args.out)
 
 
+def engine_memory(switch: dict, used_without_engine: float) -> dict[str, float]:
+    """What the engine holds awake and released (GiB): the device's used memory at each, less the trainer's (measured
+    before the engine started), and the share it keeps released."""
+    awake = switch["device_used_awake_gib"] - used_without_engine
+    released = switch["device_used_released_gib"] - used_without_engine
+    return {"trainer_gib": used_without_engine, "engine_awake_gib": awake, "engine_released_gib": released,
+            "released_share": released / awake}
+
+
 def write_results(results: dict, path: str | None) -> None:
     if path:
         with open(path, "w") as handle:
@@ -369,6 +432,7 @@ def write_results(results: dict, path: str | None) -> None:
 
 def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
     switch, offload = results["switch"], results["switch_offload"]
+    memory, agreement = results["memory"], results["log_prob_agreement"]
     rows = [
         ("device", results["device"]),
         ("vocab", vocabulary.describe()),
@@ -384,9 +448,12 @@ def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
         ("  same, FSDP params+Adam offloaded (s)", f"{offload['full_switch_s']:.4f} "
                                                     f"(offload {offload['offload_trainer_s']:.3f}, "
                                                     f"reload {offload['reload_trainer_s']:.3f})"),
-        ("engine GPU memory awake / released (GiB)" if results["engine"] == "sglang" else
-         "device GPU memory used awake / asleep (GiB)", f"{switch['engine_awake_gib']:.2f} / "
-                                                     f"{switch['engine_released_gib']:.2f}"),
+        ("engine memory awake / released (GiB, device used less the trainer's "
+         f"{memory['trainer_gib']:.2f})", f"{memory['engine_awake_gib']:.2f} / {memory['engine_released_gib']:.2f} "
+                                          f"({memory['released_share']:.1%} left released)"),
+        ("engine log-probs vs FSDP after a sync, mean |Δ| (KL k3)", f"{agreement['mean_abs']:.4f} "
+                                                                    f"({agreement['kl_k3']:.1e}, "
+                                                                    f"{agreement['tokens']} tokens)"),
         (f"hybrid generate {args.prompts}x{args.n}x{args.new_tokens} (tok/s)",
          f"{results['hybrid_generate']['tok_per_s']:,.0f} ({results['hybrid_generate']['seconds']:.2f} s)"),
         (f"standalone {results['engine']} engine, same settings (tok/s)",

@@ -5,7 +5,8 @@ remove padding; and generation against a standalone SGLang engine on the same pr
         --layouts rmpad,padded --out $OUT/ppo_step.json
 
 Each layout is one real run of `python -m hybridrl.main_ppo` (Ray, FSDP2 actor, colocated SGLang rollout,
-GRPO, no validation) for --steps steps; the table reports the mean of the steps after the first (the first
+GRPO, no validation) for --steps steps; LAYOUT@vllm runs the same with the colocated vLLM rollout (one table,
+both engines: `--layouts rmpad32k,rmpad32k@vllm`; the standalone engine is SGLang's); the table reports the mean of the steps after the first (the first
 carries the kernels' warm-up). The model is random bf16 weights of the Qwen2.5 layer shapes with the
 vocabulary of --tokenizer: its tokenizer tokenizes the prompts, and its embedding count (benchmarks/vocab.py: the
 directory's config.json vocab_size, else the tokenizer's length rounded up to 128) sizes the embedding and the
@@ -82,34 +83,57 @@ def make_model(shape: str, vocabulary: Vocabulary, out: str) -> str:
     return out
 
 
-def trainer_overrides(args, model_dir: str, run_dir: str) -> list[str]:
+ENGINES = {  # rollout.name -> the config keys only that engine gets (the rest of a run is the same for both)
+    # prefill CUDA graphs only lengthen SGLang's start here; decode graphs stay on
+    "sglang": ["+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_prefill_cuda_graph=true"],
+    "vllm": [],
+}
+
+
+def run_name(run: str) -> tuple[str, str]:
+    """A --layouts entry, LAYOUT or LAYOUT@ENGINE (rmpad32k@vllm): its layout and its rollout engine (sglang if
+    unnamed), each checked against what exists."""
+    layout, _, engine = run.partition("@")
+    engine = engine or "sglang"
+    if layout not in LAYOUTS or engine not in ENGINES:
+        raise SystemExit(f"--layouts: {run!r} is not LAYOUT or LAYOUT@ENGINE with LAYOUT one of {sorted(LAYOUTS)} "
+                         f"and ENGINE one of {sorted(ENGINES)}")
+    return layout, engine
+
+
+def trainer_overrides(args, model_dir: str, run_dir: str, engine: str = "sglang") -> list[str]:
     # 7B on 80 GB cards: the sharded fp32 weights stay on the GPU beside the engine; the AdamW state (2x the
     # weights) waits in CPU memory while the engine generates; activations are recomputed in the backward.
     offload = ["actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
                "actor_rollout_ref.model.enable_gradient_checkpointing=true"] if args.shape == "7b" else []
+    engine_log = ["+actor_rollout_ref.rollout.engine_kwargs.sglang.log_level=info"] if (
+        args.engine_log and engine == "sglang") else []
     return [
         f"data.train_files=[{args.data_dir}/train.parquet]", f"data.val_files=[{args.data_dir}/test.parquet]",
         f"actor_rollout_ref.model.path={model_dir}", "trainer.device=cuda", f"trainer.n_gpus_per_node={args.gpus}",
         f"data.train_batch_size={args.prompts}", f"actor_rollout_ref.rollout.n={args.n}",
         f"data.max_response_length={args.response_length}", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts // 2}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
-        "actor_rollout_ref.rollout.name=sglang", f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_memory_utilization}",
-        "+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_prefill_cuda_graph=true",
+        f"actor_rollout_ref.rollout.name={engine}", *ENGINES[engine],
+        f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_memory_utilization}",
         f"trainer.total_training_steps={args.steps}", "trainer.val_before_train=false", "trainer.test_freq=-1",
         "trainer.save_freq=-1", "trainer.logger=[console,jsonl]", f"trainer.default_local_dir={run_dir}", *offload,
-        *(["+actor_rollout_ref.rollout.engine_kwargs.sglang.log_level=info"] if args.engine_log else [])]
+        *engine_log]
 
 
 STANDALONE_RESERVE_S = 120  # two standalone engines, each started (~25 s at 0.5B on an H200) and timed 3 times
 
 
-def run_trainer(args, model_dir: str, layout: str, timeout: float | None) -> dict:
-    """One main_ppo run of at most `timeout` seconds; the mean of each metric over the steps after the first. A run
-    that failed or was cut off keeps the means of the steps it logged, beside its error."""
-    run_dir = fresh_dir(os.path.join(args.work_dir, f"run_{args.shape}_{args.gpus}gpu_{layout}"))
-    command = [sys.executable, "-m", "hybridrl.main_ppo", *trainer_overrides(args, model_dir, run_dir), *LAYOUTS[layout],
-               *args.overrides]
-    log_path = os.path.join(args.work_dir, f"{layout}.log")  # written as the run goes: a cut-off run leaves it
+def run_trainer(args, model_dir: str, run: str, timeout: float | None) -> dict:
+    """One main_ppo run (`run`: LAYOUT or LAYOUT@ENGINE) of at most `timeout` seconds; the mean of each metric over
+    the steps after the first. A run that failed or was cut off keeps the means of the steps it logged, beside its
+    error."""
+    layout, engine = run_name(run)
+    label = f"{layout}_{engine}"
+    run_dir = fresh_dir(os.path.join(args.work_dir, f"run_{args.shape}_{args.gpus}gpu_{label}"))
+    command = [sys.executable, "-m", "hybridrl.main_ppo", *trainer_overrides(args, model_dir, run_dir, engine),
+               *LAYOUTS[layout], *args.overrides]
+    log_path = os.path.join(args.work_dir, f"{label}.log")  # written as the run goes: a cut-off run leaves it
     run = run_logged(command, log_path, os.path.join(run_dir, "metrics.jsonl"), timeout=timeout)
     with open(log_path, errors="replace") as log:
         output = log.read()
@@ -216,7 +240,7 @@ def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
             print(f"  with SGLang's default CUDA-graph sizes instead: {standalone['default_graphs']['tok_per_s']:,.0f} tok/s")
         for layout in layouts:
             layout_result = results[layout]
-            if "timing_s/gen" in layout_result:
+            if "timing_s/gen" in layout_result and run_name(layout)[1] == "sglang":  # the standalone is SGLang's
                 generated = layout_result["response_length/mean"] * args.prompts * args.n / args.gpus
                 trainer_rate = generated / layout_result["timing_s/gen"]
                 print(f"  trainer generation ({layout}), per GPU: {trainer_rate:,.0f} tok/s = "
@@ -231,7 +255,9 @@ def main() -> None:
                                                            "benchmarks/vocab.py)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
     parser.add_argument("--gpus", type=int, default=1)
-    parser.add_argument("--layouts", default="rmpad,padded")
+    parser.add_argument("--layouts", default="rmpad,padded",
+                        help="comma-separated runs, each LAYOUT or LAYOUT@ENGINE (rmpad32k@vllm; sglang if unnamed), "
+                             f"LAYOUT one of {', '.join(LAYOUTS)}")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--response-length", type=int, default=512)
@@ -248,6 +274,8 @@ def main() -> None:
                              "standalone engine, and keeps the steps it logged when cut off" % STANDALONE_RESERVE_S)
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides for every trainer run")
     args = parser.parse_args()
+    for run in args.layouts.split(","):
+        run_name(run)  # a misspelt run stops here, before any model is made
     deadline = Deadline(args.deadline or None)  # counted from here: making the model spends it too
     os.makedirs(args.work_dir, exist_ok=True)
     vocabulary = load_vocabulary(args.tokenizer)

@@ -1,6 +1,7 @@
 """The benchmarks' shared parts without a GPU: a trainer run streamed into its log, cut off at its time limit with its
 whole process group and the steps it logged kept (benchmarks/trainer_run.py), and the heavy-tailed workload's
-overrides, which hybridrl's config accepts for every asynchronous schedule (benchmarks/heavy_tail.py)."""
+overrides, which hybridrl's config accepts for every asynchronous schedule (benchmarks/heavy_tail.py), and ppo_step.py's
+runs named by layout and engine."""
 import importlib.util
 import json
 import os
@@ -121,3 +122,25 @@ def test_partial_rollout_rows_count_only_timed_steps_and_say_how_a_run_ended():
     cut = summarise("baseline", steps[:2], "exit timeout: trainer log line", warmup=2, samples_per_step=8)
     assert cut["ended"] == "exit timeout after 2 steps" and cut["steps timed"] == 0
     assert cut["gen ms / sample"] is None and cut["step s (mean)"] is None
+
+
+def test_ppo_step_runs_name_their_engine_and_a_misspelt_one_is_refused_by_name():
+    """ppo_step.py --layouts LAYOUT@ENGINE: the run's rollout.name is that engine, only SGLang's run gets SGLang's
+    engine arguments, and an unknown layout or engine stops the benchmark naming both lists."""
+    from argparse import Namespace
+
+    from benchmarks.ppo_step import ENGINES, run_name, trainer_overrides
+
+    assert run_name("rmpad32k") == ("rmpad32k", "sglang")
+    assert run_name("rmpad32k_async@vllm") == ("rmpad32k_async", "vllm")
+    for wrong in ("rmpad32k@vlm", "rmpad99k@vllm"):
+        with pytest.raises(SystemExit, match=rf"{wrong!r} is not LAYOUT or LAYOUT@ENGINE .*'rmpad32k'.*'vllm'"):
+            run_name(wrong)
+    args = Namespace(shape="0.5b", data_dir="/data", gpus=1, prompts=64, n=8, response_length=512, steps=5,
+                     gpu_memory_utilization=0.5, engine_log=True)
+    sglang, vllm = (trainer_overrides(args, "/model", "/run", engine) for engine in ("sglang", "vllm"))
+    assert "actor_rollout_ref.rollout.name=sglang" in sglang and "actor_rollout_ref.rollout.name=vllm" in vllm
+    assert [o for o in vllm if "engine_kwargs" in o] == [] and set(ENGINES["sglang"]) <= set(sglang)
+    assert "+actor_rollout_ref.rollout.engine_kwargs.sglang.log_level=info" in sglang
+    assert set(sglang) - set(vllm) == {*ENGINES["sglang"], "actor_rollout_ref.rollout.name=sglang",
+                                       "+actor_rollout_ref.rollout.engine_kwargs.sglang.log_level=info"}

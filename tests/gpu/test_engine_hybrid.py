@@ -38,9 +38,10 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.hybrid_engine import (EOS_ID, PAD_ID, QWEN25_05B, build_actor, build_hybrid, hybrid_config,
-                                      init_single_gpu_process_group, make_qwen05b_model, offloading_switch,
-                                      random_prompts, rollout_window, train_step)
+from benchmarks.hybrid_engine import (EOS_ID, PAD_ID, QWEN25_05B, actor_log_probs, build_actor, build_hybrid,
+                                      device_used_gib, disagreement, hybrid_config, init_single_gpu_process_group,
+                                      make_qwen05b_model, offloading_switch, random_prompts, rollout_window,
+                                      train_step)
 from hybridrl.algorithms.core_algos import compute_advantage
 from hybridrl.workers.rollout.engine_io import EngineDiedError, EngineMemoryError
 
@@ -68,10 +69,7 @@ def only(engine: str, why: str):
 
 
 def device_used() -> int:
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info()
-    return total - free
+    return round(device_used_gib() * GiB)
 
 
 @pytest.fixture(scope="module", params=list(ENGINE_OVERRIDES))
@@ -123,16 +121,7 @@ def fill_device(leave: int) -> torch.Tensor:
 
 def fsdp_log_probs(hybrid, output, temperature: float = 1.0) -> torch.Tensor:
     """The FSDP actor's recomputed log-probs of the rollout's response tokens (trainer mode)."""
-    data = output.select(["input_ids", "attention_mask", "position_ids", "responses"])
-    data.meta_info["temperature"] = temperature
-    log_probs, _ = hybrid.actor.compute_log_prob(data)
-    return log_probs
-
-
-def disagreement(rollout_log_probs, fsdp_log_probs_, response_mask) -> tuple[float, float]:
-    """mean |Δ log p| and the k3 estimate of KL(rollout || fsdp) over the response tokens."""
-    delta = (fsdp_log_probs_ - rollout_log_probs)[response_mask.bool()]
-    return float(delta.abs().mean()), float((delta.exp() - delta - 1).mean())
+    return actor_log_probs(hybrid.actor, output, temperature)
 
 
 def perturb(module, scale: float, seed: int) -> list[torch.Tensor]:

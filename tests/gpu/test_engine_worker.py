@@ -2,7 +2,8 @@
 
     ActorRolloutRefWorker.rollout_mode() -> generate_sequences -> trainer_mode() -> compute_log_prob
 
-One test parametrized by engine (ids end in [sglang] or [vllm]); an engine's param skips when its package is
+and the same with a LoRA actor, whose adapters the engine gets merged into its weights. Each test is parametrized by
+engine (ids end in [sglang] or [vllm]); an engine's param skips when its package is
 missing. The model is the random Qwen2.5-0.5B-shaped one of tests/gpu/test_engine_hybrid.py. Run each engine in its
 own pytest process, on the GPU machine from the repository root: one in-process vLLM engine per process is what the
 trainer does (test_engine_hybrid.py's vLLM half starts another), and the SGLang param ran after the hybrid module's
@@ -20,6 +21,7 @@ import torch
 
 from benchmarks.hybrid_engine import (QWEN25_05B, hybrid_config, init_single_gpu_process_group, make_qwen05b_model,
                                       random_prompts)
+from hybridrl.models.fsdp_utils import fsdp_root
 from hybridrl.protocol import DataProto
 from hybridrl.models.spec import policy_model_spec
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
@@ -100,5 +102,86 @@ def test_rollout_mode_pushes_the_weights_and_trainer_mode_releases_the_engine(en
         again = worker.rollout_mode()
         worker.trainer_mode()
         assert "timing_s/update_weights" in again
+    finally:
+        worker.rollout.shutdown()
+
+
+def move_lora_b(module, std: float, seed: int) -> int:
+    """Set every LoRA B matrix (zero at init, so the adapted model starts as the base) to N(0, std²), in place: an
+    adapter that changes the function about as much as the base weights' own spread. Returns how many were set.
+    reshard() first: after a no-grad forward the FSDP2 root keeps its gathered bf16 copies registered."""
+    root = fsdp_root(module)
+    root.reshard()
+    generator = torch.Generator().manual_seed(seed)
+    moved = 0
+    with torch.no_grad():
+        for name, parameter in root.named_parameters():
+            if ".lora_B." in name:
+                local = parameter.to_local()
+                local.copy_(torch.randn(local.shape, generator=generator, dtype=local.dtype) * std)
+                moved += 1
+    return moved
+
+
+def engine_against_actor_and_base(worker, output) -> tuple[float, float]:
+    """mean |Δ log p| of the engine's sampled tokens against the LoRA actor and against its base model (the actor with
+    its adapters disabled: the reference policy under LoRA)."""
+    batch = DataProto.from_dict(dict(output.batch))
+    mask = batch.batch["response_mask"].bool()
+    assert mask.any()
+    engine_log_probs = batch.batch["rollout_log_probs"]
+    actor = worker.compute_log_prob(batch).batch["old_log_probs"]
+    base = worker.compute_ref_log_prob(batch).batch["ref_log_prob"]
+    return (float((actor - engine_log_probs)[mask].abs().mean()),
+            float((base - engine_log_probs)[mask].abs().mean()))
+
+
+def test_a_lora_actor_reaches_the_engine_merged_before_and_after_an_update(engine, tmp_path_factory):
+    """With model.lora_rank > 0 the engine knows nothing of LoRA: every adapted layer is pushed as W + B·A·scaling
+    under its base name (fsdp_utils.iter_hf_weights). The engine's log-probs are the adapted actor's (within the bf16
+    tolerance) and far from the base model's, after the first push and after a real LoRA update; the base weights
+    do not move."""
+    model_dir = make_qwen05b_model(os.environ.get("HYBRIDRL_GPU_MODEL_DIR") or str(tmp_path_factory.mktemp("q05l")))
+    init_single_gpu_process_group()
+    config = hybrid_config(model_dir, [
+        f"data.max_prompt_length={PROMPT_LENGTH}", f"data.max_response_length={RESPONSE_LENGTH}",
+        "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
+        "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", *ENGINES[engine]["overrides"]], engine=engine)
+    worker = ActorRolloutRefWorker(config.actor_rollout_ref, policy_model_spec(config),
+                                   role="actor_rollout_ref", seed=1, device="cuda")
+    worker.init_model()
+    try:
+        assert move_lora_b(worker.actor_module, std=0.2, seed=3) == 24 * 7  # q k v o gate up down, 24 layers
+        prompts = random_prompts(8, PROMPT_LENGTH, QWEN25_05B["vocab_size"], seed=7, ragged=True)
+        worker.rollout_mode()
+        output = worker.generate_sequences(prompts)
+        worker.trainer_mode()
+        to_actor, to_base = engine_against_actor_and_base(worker, output)
+        print(f"\nLoRA, first push: engine vs actor mean |Δ| {to_actor:.4f}, vs base {to_base:.4f}")
+        assert to_actor < MEAN_ABS_TOLERANCE and to_base > 5 * MEAN_ABS_TOLERANCE
+
+        batch = DataProto.from_dict(dict(output.batch))
+        scores = worker.compute_log_prob(batch).batch["old_log_probs"]
+        base_before = worker.compute_ref_log_prob(batch).batch["ref_log_prob"]
+        batch.union(DataProto.from_dict({"old_log_probs": scores, "ref_log_prob": base_before}))
+        rows = batch.batch["responses"].shape[0]
+        batch.batch["advantages"] = torch.linspace(-1, 1, rows).unsqueeze(-1) * batch.batch["response_mask"]
+        worker.update_actor(batch)
+        mask = batch.batch["response_mask"].bool()
+        changed = float((worker.compute_log_prob(batch).batch["old_log_probs"] - scores)[mask].abs().mean())
+        torch.testing.assert_close(worker.compute_ref_log_prob(batch).batch["ref_log_prob"], base_before,
+                                   atol=1e-3, rtol=0)  # only the adapters train
+
+        to_rollout = worker.rollout_mode()
+        after = worker.generate_sequences(prompts)
+        worker.trainer_mode()
+        to_actor, to_base = engine_against_actor_and_base(worker, after)
+        print(f"after one update (which moved the actor's log-probs by {changed:.4f}): engine vs actor mean |Δ| "
+              f"{to_actor:.4f}, vs base {to_base:.4f}")
+        assert "timing_s/update_weights" in to_rollout
+        assert changed > 2 * MEAN_ABS_TOLERANCE  # an engine that kept the pre-update weights could not pass
+        assert to_actor < MEAN_ABS_TOLERANCE and to_base > 5 * MEAN_ABS_TOLERANCE
     finally:
         worker.rollout.shutdown()

@@ -1,15 +1,19 @@
-"""GPU proof of rollout.mode=async with rollout.name=sglang: the rank's engine server over SGLang's async engine.
+"""GPU proof of rollout.mode=async with rollout.name=sglang and =vllm: the rank's engine server over the worker's own
+engine (sglang_async.py: SGLang's async engine; vllm_async.py: the in-process vLLM engine stepped on the server's loop).
 
     worker.start_engine_server -> rollout_mode (serve) -> concurrent HTTP requests -> trainer_mode (pause)
     -> compute_log_prob on the answers -> rollout_mode again -> the server answers again
 
-Checks: concurrent requests of different lengths all come back (SGLang batches them itself); a request
-with max_tokens stops there; sglang's own batch generate (generate_sequences) still works while the server is
+Checks: concurrent requests of different lengths all come back (the engine batches them itself); a request
+with max_tokens stops there; the engine's own batch generate (generate_sequences) still works while the server is
 paused; the server's log-probs are the actor's (the pushed weights); a request in trainer mode waits
-and is answered in the next rollout mode; an engine error comes back as the server's HTTP 500.
-Run after tests/gpu/test_engine_worker.py (its sglang param), on the GPU machine from the repository root:
+and is answered in the next rollout mode; a request the engine cannot serve comes back as the server's HTTP 500.
+One test parametrized by engine (ids end in [sglang] or [vllm]); an engine's param skips when its package is missing.
+Run each engine in its own pytest process (one in-process vLLM engine per process), on the GPU machine from the
+repository root, after tests/gpu/test_engine_worker.py:
 
-    python -m pytest tests/gpu/test_sglang_async_server.py -q
+    PYTHONPATH=.:/tmp/site python -m pytest tests/gpu/test_engine_async_server.py -q -s -k sglang
+    PYTHONPATH=.:/tmp/site-vllm:/tmp/site python -m pytest tests/gpu/test_engine_async_server.py -q -s -k vllm
 """
 from __future__ import annotations
 
@@ -22,7 +26,6 @@ import torch
 
 if not torch.cuda.is_available():
     pytest.skip("the hybrid engine needs CUDA", allow_module_level=True)
-pytest.importorskip("sglang")
 
 from benchmarks.hybrid_engine import (QWEN25_05B, hybrid_config, init_single_gpu_process_group,  # noqa: E402
                                       make_qwen05b_model, random_prompts)
@@ -35,9 +38,19 @@ from hybridrl.data.batch_layout import to_batch_layout  # noqa: E402
 PROMPT_LENGTH, RESPONSE_LENGTH = 64, 64
 MEAN_ABS_TOLERANCE = 0.02  # bf16 engine vs bf16 FSDP forward, per response token (as test_engine_worker)
 EOS, PAD = 151643, 151643  # Qwen2.5's <|endoftext|>
+ENGINE_OVERRIDES = {  # the config keys only that engine's param gets (as tests/gpu/test_engine_worker.py)
+    "sglang": ["+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_prefill_cuda_graph=true"],
+    "vllm": ["actor_rollout_ref.rollout.gpu_memory_utilization=0.4"],
+}
 
 
-def test_engine_server_answers_concurrent_requests_with_the_trainers_weights(tmp_path_factory):
+@pytest.fixture(params=list(ENGINE_OVERRIDES))
+def engine(request) -> str:
+    pytest.importorskip(request.param)
+    return request.param
+
+
+def test_engine_server_answers_concurrent_requests_with_the_trainers_weights(engine, tmp_path_factory):
     model_dir = make_qwen05b_model(os.environ.get("HYBRIDRL_GPU_MODEL_DIR") or str(tmp_path_factory.mktemp("q05a")))
     init_single_gpu_process_group()
     config = hybrid_config(model_dir, [
@@ -45,7 +58,7 @@ def test_engine_server_answers_concurrent_requests_with_the_trainers_weights(tmp
         "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
         "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.rollout.n=1",
         "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-        "+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_prefill_cuda_graph=true"])
+        *ENGINE_OVERRIDES[engine]], engine=engine)
     worker = ActorRolloutRefWorker(config.actor_rollout_ref, policy_model_spec(config),
                                    role="actor_rollout", seed=1, device="cuda")
     worker.init_model()
@@ -70,7 +83,7 @@ def test_engine_server_answers_concurrent_requests_with_the_trainers_weights(tmp
             loop.run_until_complete(manager.generate("x", prompt_ids=prompt_lists[0],
                                                      sampling_params={**greedy, "max_tokens": 1000}))
         worker.engine_server.pause()  # the worker's thread drives the engine's loop for its own batch path
-        batch_answers = worker.generate_sequences(prompts)  # sglang's own batch generate, same weights
+        batch_answers = worker.generate_sequences(prompts)  # the engine's own batch generate, same weights
         worker.engine_server.serve()
         worker.trainer_mode()
 
