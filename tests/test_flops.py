@@ -36,3 +36,17 @@ def test_peaks_by_device_name_and_no_mfu_without_one():
 def test_cpu_memory_metric_is_reported_without_cuda():
     metrics = memory_metrics("cpu")
     assert set(metrics) == {"perf/cpu_memory_used_gb"} and 0 < metrics["perf/cpu_memory_used_gb"] < 1e4
+
+
+def test_cuda_peaks_leave_out_what_an_in_process_engine_keeps_allocated(monkeypatch):
+    """torch's CUDA peaks count a sleeping vLLM engine's tensors (its CuMem pool keeps them allocated); the trainer's
+    peaks are those less the rollout's allocator_bytes. torch.cuda is the boundary faked here (no GPU on CPU CI)."""
+    import torch
+
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 150 * gib)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device: 159 * gib)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: None)
+    metrics = memory_metrics("cuda", engine_bytes=66 * gib)
+    assert metrics["perf/max_memory_allocated_gb"] == 84.0 and metrics["perf/max_memory_reserved_gb"] == 93.0
+    assert memory_metrics("cuda")["perf/max_memory_allocated_gb"] == 150.0

@@ -84,19 +84,22 @@ def test_vllm_is_a_registered_rollout_imported_without_vllm():
 # ---------------------------------------------------------------------- the fake at vLLM's boundary
 
 class FakeDevice:
-    """torch.cuda's numbers for one 80 GiB GPU, moved by the fake engine's sleeps and wake-ups."""
+    """torch.cuda's numbers for one 80 GiB GPU, moved by the fake engine's sleeps and wake-ups. As on the GPU, torch's
+    allocated bytes count the engine's tensors from its start on, asleep or awake (vLLM's CuMem pool: a sleep unmaps
+    their memory, the allocations stay)."""
 
     def __init__(self):
         self.device = torch.device("cpu")
         self.total = 80 * GiB
         self.used_by_trainer = 0
         self.used_by_engine = 0
+        self.allocated_by_engine = 0
 
     def free_and_total(self):
         return self.total - self.used_by_trainer - self.used_by_engine, self.total
 
     def allocated(self):
-        return self.used_by_trainer
+        return self.used_by_trainer + self.allocated_by_engine
 
     def return_cached(self):
         pass
@@ -130,6 +133,7 @@ class FakeLLM:
         self.model = FakeModel()
         self.awake = {"weights", "kv_cache"}
         self.device.used_by_engine = WEIGHTS + KV_CACHE
+        self.device.allocated_by_engine = WEIGHTS + KV_CACHE
 
     def sleep(self, level=1):
         self.calls.append(("sleep", level))
@@ -267,7 +271,8 @@ def test_a_wake_up_without_room_fails_first_naming_the_numbers_and_keys(engine):
         rollout.resume(("weights",))
     message = str(caught.value)
     assert "resuming the vllm engine's ['weights', 'kv_cache'] needs 12.00 GiB, but only 10.00 GiB of 80.00 GiB" in message
-    assert "the trainer holds 70.00 GiB allocated" in message
+    assert "the trainer holds 70.00 GiB allocated" in message  # not 82: the sleeping engine's tensors are not its
+    assert rollout.allocator_bytes == WEIGHTS + KV_CACHE
     assert "actor_rollout_ref.rollout.gpu_memory_utilization (now 0.6)" in message and "param_offload=true" in message
     assert rollout.llm.calls == []  # refused before vLLM's allocator could fail
     rollout.memory.used_by_trainer = 0

@@ -273,7 +273,8 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
             metrics = self.actor.update_policy(self._at_rollout_temperature(data))
             seconds = time.perf_counter() - started
         metrics.update(self._mfu("actor", data, seconds, passes=3 * self.config.actor.ppo_epochs))
-        metrics.update(memory_metrics(self.device))
+        engine_bytes = self.rollout.allocator_bytes if self._is_rollout else 0  # an in-process engine's own tensors
+        metrics.update(memory_metrics(self.device, engine_bytes=engine_bytes))
         metrics.update(self.actor_offload.take_timing("actor"))
         metrics["actor/lr"] = self.actor_lr_scheduler.get_last_lr()[0]
         self.actor_lr_scheduler.step()

@@ -72,6 +72,12 @@ class BaseRollout(ABC):
     resume with no new weights version in between the push is skipped. False (SGLang's memory saver drops
     them): every resume of the weights is followed by a push. An engine may make it a property."""
 
+    allocator_bytes: int = 0
+    """Bytes the engine holds in this process's torch allocator for its whole life: vLLM's weight and KV-cache
+    tensors stay allocated (their memory unmapped) while it sleeps, so torch's allocated counts and peaks include
+    them, and the trainer's own are those less this. 0 for an engine in other processes (sglang) or on the trainer's
+    own weights (hf)."""
+
     def __init__(self, config: Any, model_config: Any = None, module: Any = None):
         self.config = config
         self.model_config = model_config

@@ -126,6 +126,7 @@ class TensorParallelRollout:
     bucket boundaries agree)."""
 
     shares_trainer_weights = False
+    allocator_bytes = 0  # the engine (sglang) runs in its own processes: nothing in this one's torch allocator
 
     def __init__(self, config, make_engine: Callable[[list[str]], Any], model_path: str):
         self.config = config

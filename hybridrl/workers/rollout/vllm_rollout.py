@@ -95,6 +95,7 @@ class DeviceMemory:
         return torch.cuda.mem_get_info(self.device)
 
     def allocated(self) -> int:
+        """torch's allocated bytes on this device: the engine's own tensors too (CuMem pool), asleep or awake."""
         return torch.cuda.memory_allocated(self.device)
 
     def return_cached(self) -> None:
@@ -142,9 +143,11 @@ class VLLMRollout(BaseRollout):
         self.vllm = load_vllm()
         self.engine_kwargs = engine_kwargs(config, model_config.path, seed=torch.initial_seed() % (2**31),
                                            load=engine_load)
+        allocated_before = self.memory.allocated()
         started = time.perf_counter()
         self.llm = self.vllm.LLM(**self.engine_kwargs)
         self.engine_start_s = time.perf_counter() - started
+        self.allocator_bytes = self.memory.allocated() - allocated_before  # kept allocated while it sleeps
         self.dead_cause: str | None = None
         self.awake_tags = set(ALL_MEMORY_TAGS)
         self.weights_stale = False  # True from a level-2 sleep until the next push: the weights' memory is garbage
@@ -213,7 +216,8 @@ class VLLMRollout(BaseRollout):
         need = self.bytes_to_resume(tags)
         free, total = self.memory.free_and_total()
         if free < need + RESUME_HEADROOM:
-            raise resume_memory_error("vllm", tags, need, free, total, self.memory.allocated(), self.config)
+            raise resume_memory_error("vllm", tags, need, free, total, self.memory.allocated() - self.allocator_bytes,
+                                      self.config)
         self._timed(stage, self.wake_up, tags)
 
     def update_weights(self, named_tensors) -> None:
