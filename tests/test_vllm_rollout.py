@@ -67,6 +67,10 @@ def test_sampling_params_for_training_validation_and_forced_greedy(engine_rollou
     with_log_probs = replace(engine_rollout_config, top_k=-1, calculate_log_probs=True)
     assert sampling_params(with_log_probs, {}, [5]) == {
         **common, "stop_token_ids": [5], "temperature": 0.7, "top_p": 0.9, "top_k": 0, "logprobs": 0}
+    # vLLM stops at stop_token_ids even with ignore_eos (H200, 2026-12-01: 261,275 of 512 x 512 tokens with
+    # ignore_eos on, where SGLang made all 262,144): with ignore_eos none are sent
+    assert sampling_params(replace(engine_rollout_config, ignore_eos=True), {}, [5, 9]) == {
+        **common, "ignore_eos": True, "stop_token_ids": [], "temperature": 0.7, "top_p": 0.9, "top_k": 50}
 
 
 def test_tags_map_to_sleep_levels():
@@ -384,6 +388,9 @@ def test_async_engine_batches_requests_by_stepping_and_aborts_with_partial_token
         "top_p": 1.0, "top_k": 0}
     with pytest.raises(ValueError, match="max_tokens=29, expected 1..rollout.response_length=28"):
         server_engine.sampling_params({"max_tokens": 29})
+    rollout.config = replace(rollout.config, ignore_eos=True)  # the server sends no stop tokens then, either
+    assert server_engine.sampling_params({"max_tokens": 3})["stop_token_ids"] == []
+    rollout.config = replace(rollout.config, ignore_eos=False)
 
     async def two_requests():
         return await asyncio.gather(

@@ -14,7 +14,8 @@ under way before trainer_mode puts the engine to sleep, so the stepping task nev
 sleeping engine (it ends when nothing is pending).
 
 Sampling mirrors vllm_rollout.sampling_params: every parameter explicit, greedy at temperature 0,
-stop at the trainer's EOS ids, `rollout.ignore_eos`; log-probs of the sampled tokens with logprobs=0.
+stop at the trainer's EOS ids unless `rollout.ignore_eos` (then at none: vllm_rollout.stop_token_ids); log-probs of
+the sampled tokens with logprobs=0.
 
 Abort (partial rollout): every pending request is aborted in the engine and answered with the tokens
 (and log-probs) of its last step, stop_reason "aborted"; until the next rollout mode (`reset_abort`)
@@ -27,7 +28,7 @@ import itertools
 from typing import Any
 
 from hybridrl.workers.rollout.engine_io import EngineDiedError, requested_max_tokens
-from hybridrl.workers.rollout.vllm_rollout import ALL_MEMORY_TAGS, sampled_log_probs
+from hybridrl.workers.rollout.vllm_rollout import ALL_MEMORY_TAGS, sampled_log_probs, stop_token_ids
 
 STOP_REASONS = {"length": "length", "abort": "aborted"}  # vLLM finish_reason -> verl's stop_reason ("completed" else)
 
@@ -51,7 +52,7 @@ class VLLMAsyncEngine:
         config = self.rollout.config
         max_tokens = requested_max_tokens(params, config.response_length, "vllm")
         base = {"n": 1, "max_tokens": max_tokens, "ignore_eos": config.ignore_eos,
-                "stop_token_ids": self.eos_token_ids, "min_p": 0.0, "repetition_penalty": 1.0,
+                "stop_token_ids": stop_token_ids(config, self.eos_token_ids), "min_p": 0.0, "repetition_penalty": 1.0,
                 "frequency_penalty": 0.0, "presence_penalty": 0.0, "detokenize": False,
                 "logprobs": 0 if params.get("logprobs", False) else None}
         temperature = float(params.get("temperature", 1.0))

@@ -382,6 +382,13 @@ def engine_kwargs(config, model_path: str, seed: int, load: EngineLoad | None = 
     }
 
 
+def stop_token_ids(config, eos_ids: list[int]) -> list[int]:
+    """The stop tokens to send: the trainer's EOS ids, none with rollout.ignore_eos. vLLM stops at stop_token_ids
+    whatever ignore_eos says (its check_stop tests them apart; ignore_eos covers the model's own EOS only), so sending
+    them would end responses that ignore_eos asks to run to their length."""
+    return [] if config.ignore_eos else list(eos_ids)
+
+
 def sampling_params(config, meta_info: dict, eos_ids: list[int]) -> dict[str, Any]:
     """vllm.SamplingParams keyword arguments for one generate call (val_kwargs when meta_info["validate"]).
 
@@ -390,8 +397,8 @@ def sampling_params(config, meta_info: dict, eos_ids: list[int]) -> dict[str, An
     source = sampling_source(config, meta_info)
     do_sample = meta_info.get("do_sample", source.do_sample)
     params = {"n": 1, "max_tokens": max_new_tokens(config, meta_info), "ignore_eos": config.ignore_eos,
-              "stop_token_ids": eos_ids, "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0,
-              "presence_penalty": 0.0, "detokenize": False,
+              "stop_token_ids": stop_token_ids(config, eos_ids), "min_p": 0.0, "repetition_penalty": 1.0,
+              "frequency_penalty": 0.0, "presence_penalty": 0.0, "detokenize": False,
               "logprobs": 0 if config.calculate_log_probs else None}  # 0: the sampled token's log-prob only
     if not do_sample or source.temperature == 0:
         return {**params, "temperature": 0.0, "top_p": 1.0, "top_k": 0}
