@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/hybrid_engine.py --model-dir /tmp/q05 --make-model --out bench.json
     PYTHONPATH=. python benchmarks/hybrid_engine.py --model-dir /tmp/q05tok --tokenizer DIR --out bench.json
     PYTHONPATH=.:/tmp/site-vllm:/tmp/site python benchmarks/hybrid_engine.py --engine vllm ...   (the same for vLLM:
-        the standalone vllm.LLM runs in this process after the hybrid one is dropped; memory is the device's used)
+        the standalone vllm.LLM runs in a spawned process of its own, see in_own_process)
 
 Model: the Qwen2.5-0.5B architecture (hidden 896, 24 layers, 14 heads, 2 KV heads, real vocabulary
 of 151,936, tied embeddings) with random weights, saved in bf16. With --tokenizer DIR the model (made in
