@@ -1,22 +1,23 @@
 """Where the hybrid vLLM engine loses generation speed against a standalone one (benchmarks/hybrid_engine.py measured
-0.72x on an H200, 2026-12-01), one suspect per row, all in one invocation on one GPU:
+0.72x on an H200, 2026-12-01), all in one invocation on one GPU:
 
     PYTHONPATH=.:/tmp/site-vllm:/tmp/site python benchmarks/vllm_generation_gap.py --model-dir /tmp/q05 --out gap.json
 
-In the hybrid process (FSDP2 actor trained one step, engine pushed to, as the trainer runs it):
-  hybrid/generate_sequences   the rollout's own call (prompt lists in, DataProto out), as hybrid_engine.py times it
-  hybrid/llm.generate         the engine's LLM.generate on the same token lists: the rollout's packing left out
-  hybrid/llm.generate, gc frozen  the same after gc.freeze(): the trainer's Python objects out of the collector's scans
-In spawned processes, the checkpoint read from disk, the hybrid engine's arguments:
-  standalone                  as hybrid_engine.py's standalone engine
-  standalone, after sleep(1) + wake_up   the same engine after one sleep/wake cycle
-  standalone, torch.distributed first    an NCCL world of 1 initialised before the engine, as the trainer's is
-Each row: the best of --repeats runs, tokens/s and the ratio to `standalone`.
+The first run (2026-12-01, best of 2 per row, benchmarks/README.md) found every engine fast in its first batches and
+about 0.72x after: the hybrid one, a standalone one after one sleep/wake cycle, and one started after
+torch.distributed. So every batch is timed on its own now, with the GPU's SM clock and the host CPU's frequency
+after it (a card or host that slows under load would show there), in sequences that tell the suspects apart:
+  hybrid            the trainer's process (FSDP2 actor, NCCL world of 1): --batches batches of generate_sequences
+                    in one rollout window, after one sync
+  repeated          a standalone engine (own process, checkpoint from disk): --batches batches in a row, nothing else
+  sleep_wake        standalone: 2 batches, sleep(1) + wake_up, 2 batches, sleep(2) + wake_up, 2 batches
+  no_prefix_cache   standalone with enable_prefix_caching=False: --batches batches
+  distributed_first standalone started after an NCCL torch.distributed world of 1: --batches batches
+Prints one line per batch and a table of each sequence's first and last batch against `repeated`'s first.
 """
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import os
@@ -29,9 +30,14 @@ from benchmarks.hybrid_engine import (EOS_ID, PAD_ID, build_actor, build_hybrid,
                                       rollout_window, time_generation, train_step)
 
 
-def timed(generate, repeats: int) -> dict:
-    seconds, tokens = time_generation(generate, None, repeats)
-    return {"seconds": seconds, "tokens": tokens, "tok_per_s": tokens / seconds}
+def batch_record(generate) -> dict:
+    """One timed batch: seconds, tokens made, tokens/s, then the GPU's SM clock (MHz, NVML) and the host CPU's mean
+    frequency (MHz) right after it."""
+    import psutil
+
+    seconds, tokens = time_generation(generate, None, repeats=1)
+    return {"seconds": seconds, "tokens": tokens, "tok_per_s": tokens / seconds,
+            "gpu_clock_mhz": torch.cuda.clock_rate(), "cpu_mhz": psutil.cpu_freq().current}
 
 
 def llm_generate(llm, sampling, token_lists):
@@ -44,21 +50,27 @@ def llm_generate(llm, sampling, token_lists):
     return generate
 
 
-def standalone(engine_kwargs: dict, token_lists, params: dict, repeats: int, variant: str) -> dict:
-    """Runs in its own spawned process: a vllm.LLM reading the checkpoint, timed as `variant` asks."""
+def standalone(engine_kwargs: dict, token_lists, params: dict, batches: int, sequence: str) -> list[dict]:
+    """Runs in its own spawned process: a vllm.LLM reading the checkpoint, its batches timed as `sequence` says
+    (each record names what came before it in `after`)."""
     import vllm
 
-    if variant == "distributed_first":
+    if sequence == "distributed_first":
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29531")
         torch.distributed.init_process_group("nccl")
+    if sequence == "no_prefix_cache":
+        engine_kwargs = dict(engine_kwargs, enable_prefix_caching=False)
     llm = vllm.LLM(**engine_kwargs)
     generate = llm_generate(llm, vllm.SamplingParams(**params), token_lists)
-    result = {"fresh": timed(generate, repeats)}
-    if variant == "sleep_wake":
-        llm.sleep(level=1)
+    if sequence != "sleep_wake":
+        return [dict(batch_record(generate), after="start") for _ in range(batches)]
+    records = [dict(batch_record(generate), after="start") for _ in range(2)]
+    for level in (1, 2):  # level 2 discards the weights: the tokens are garbage, the work per token the same
+        llm.sleep(level=level)
         llm.wake_up()
-        result["after_sleep_wake"] = timed(generate, repeats)
-    return result
+        llm.reset_prefix_cache()
+        records += [dict(batch_record(generate), after=f"sleep({level}) + wake_up") for _ in range(2)]
+    return records
 
 
 def main() -> None:
@@ -68,8 +80,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--prompt-length", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--out", help="write the rows here as JSON (after each row)")
+    parser.add_argument("--batches", type=int, default=4, help="batches timed in each sequence but sleep_wake's 6")
+    parser.add_argument("--out", help="write every batch here as JSON (after each sequence)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.manual_seed(0)
@@ -81,15 +93,18 @@ def main() -> None:
         f"data.max_prompt_length={args.prompt_length}", f"data.max_response_length={args.new_tokens}",
         "actor_rollout_ref.rollout.ignore_eos=true", "actor_rollout_ref.rollout.multi_stage_wake_up=true"],
         engine="vllm")
-    rows: dict[str, dict] = {}
+    sequences: dict[str, list[dict]] = {}
 
-    def record(name: str, row: dict) -> None:
-        rows[name] = row
-        print(f"{name:<48} {row['tok_per_s']:>10,.0f} tok/s ({row['seconds']:.2f} s)", flush=True)
+    def record(name: str, batches: list[dict]) -> None:
+        sequences[name] = batches
+        for index, batch in enumerate(batches):
+            print(f"{name:<18} batch {index + 1} after {batch['after']:<18} {batch['tok_per_s']:>8,.0f} tok/s "
+                  f"({batch['seconds']:.2f} s, {batch['tokens']} tokens), GPU {batch['gpu_clock_mhz']} MHz, "
+                  f"CPU {batch['cpu_mhz']:.0f} MHz", flush=True)
         if args.out:
             with open(args.out, "w") as handle:
                 json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
-                           "args": vars(args), "rows": rows}, handle, indent=1)
+                           "args": vars(args), "sequences": sequences}, handle, indent=1)
 
     module, optimizer, _ = build_actor(config)
     train_step(module, optimizer)
@@ -99,28 +114,20 @@ def main() -> None:
     token_lists = [row.tolist() for row in prompts.batch["input_ids"]]
     params = sampling_params(config.actor_rollout_ref.rollout, {}, [EOS_ID])
     with rollout_window(switch):
-        record("hybrid/generate_sequences", timed(
-            lambda _: int(rollout.generate_sequences(prompts).batch["response_mask"].sum()), args.repeats))
-        direct = llm_generate(rollout.llm, rollout.vllm.SamplingParams(**params), token_lists)
-        record("hybrid/llm.generate", timed(direct, args.repeats))
-        gc.collect()
-        gc.freeze()
-        record("hybrid/llm.generate, gc frozen", timed(direct, args.repeats))
-        gc.unfreeze()
+        record("hybrid", [dict(batch_record(
+            lambda _: int(rollout.generate_sequences(prompts).batch["response_mask"].sum())), after="one sync")
+            for _ in range(args.batches)])
     engine_kwargs = dict(rollout.engine_kwargs, load_format="auto")
     rollout.shutdown()
 
-    for variant in ("sleep_wake", "distributed_first"):
-        measured = in_own_process(standalone, engine_kwargs, token_lists, params, args.repeats, variant)
-        if variant == "sleep_wake":
-            record("standalone", measured["fresh"])
-            record("standalone, after sleep(1) + wake_up", measured["after_sleep_wake"])
-        else:
-            record("standalone, torch.distributed first", measured["fresh"])
-    base = rows["standalone"]["tok_per_s"]
-    print("\n| run | tok/s | / standalone |\n|---|---|---|")
-    for name, row in rows.items():
-        print(f"| {name} | {row['tok_per_s']:,.0f} | {row['tok_per_s'] / base:.3f} |")
+    for sequence in ("repeated", "sleep_wake", "no_prefix_cache", "distributed_first"):
+        record(sequence, in_own_process(standalone, engine_kwargs, token_lists, params, args.batches, sequence))
+    base = sequences["repeated"][0]["tok_per_s"]
+    print("\n| sequence | first batch tok/s | last batch tok/s (after) | last / repeated's first |\n|---|---|---|---|")
+    for name, batches in sequences.items():
+        first, last = batches[0], batches[-1]
+        print(f"| {name} | {first['tok_per_s']:,.0f} | {last['tok_per_s']:,.0f} ({last['after']}) | "
+              f"{last['tok_per_s'] / base:.3f} |")
 
 
 if __name__ == "__main__":
