@@ -30,6 +30,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the hybri
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 64, 64
 MEAN_ABS_TOLERANCE = 0.02  # bf16 engine vs bf16 FSDP forward, per response token (as test_engine_hybrid)
+# With LoRA the actor computes each adapter apart (x·W + (x·A)·B·s, each product rounded to bf16) and the engine
+# multiplies by W + B·A·s rounded once: one more rounding between them. vLLM, H200, 2026-12-01: 0.0180 with the large
+# adapter this test sets, 0.0074 after an update; the base model stays 0.71-0.76 away.
+LORA_MEAN_ABS_TOLERANCE = 0.03
 
 # Per engine (also the package its param imports): the config keys only it gets, and the timing key of the cache
 # reset that ends rollout_mode.
@@ -160,7 +164,7 @@ def test_a_lora_actor_reaches_the_engine_merged_before_and_after_an_update(engin
         worker.trainer_mode()
         to_actor, to_base = engine_against_actor_and_base(worker, output)
         print(f"\nLoRA, first push: engine vs actor mean |Δ| {to_actor:.4f}, vs base {to_base:.4f}")
-        assert to_actor < MEAN_ABS_TOLERANCE and to_base > 5 * MEAN_ABS_TOLERANCE
+        assert to_actor < LORA_MEAN_ABS_TOLERANCE and to_base > 5 * LORA_MEAN_ABS_TOLERANCE
 
         batch = DataProto.from_dict(dict(output.batch))
         scores = worker.compute_log_prob(batch).batch["old_log_probs"]
@@ -181,7 +185,7 @@ def test_a_lora_actor_reaches_the_engine_merged_before_and_after_an_update(engin
         print(f"after one update (which moved the actor's log-probs by {changed:.4f}): engine vs actor mean |Δ| "
               f"{to_actor:.4f}, vs base {to_base:.4f}")
         assert "timing_s/update_weights" in to_rollout
-        assert changed > 2 * MEAN_ABS_TOLERANCE  # an engine that kept the pre-update weights could not pass
-        assert to_actor < MEAN_ABS_TOLERANCE and to_base > 5 * MEAN_ABS_TOLERANCE
+        assert changed > 2 * LORA_MEAN_ABS_TOLERANCE  # an engine that kept the pre-update weights could not pass
+        assert to_actor < LORA_MEAN_ABS_TOLERANCE and to_base > 5 * LORA_MEAN_ABS_TOLERANCE
     finally:
         worker.rollout.shutdown()
