@@ -296,6 +296,16 @@ def _without_rendezvous(function, *args):
     return function(*args)
 
 
+def llm_generate(llm, sampling, token_lists: list[list[int]]):
+    """A generate(_) for time_generation: a vllm.LLM's own call on `token_lists`, returning the tokens it made."""
+    prompts = [{"prompt_token_ids": ids} for ids in token_lists]
+
+    def generate(_):
+        outputs = llm.generate(prompts, sampling, use_tqdm=False)
+        return sum(len(output.outputs[0].token_ids) for output in outputs)
+    return generate
+
+
 def time_standalone_vllm(engine_kwargs: dict, token_lists: list[list[int]], params: dict, repeats: int) -> dict:
     """Start a standalone vllm.LLM with `engine_kwargs` (in its own process: see in_own_process), time generating
     `token_lists`, drop it."""
@@ -306,14 +316,7 @@ def time_standalone_vllm(engine_kwargs: dict, token_lists: list[list[int]], para
     started = time.perf_counter()
     llm = vllm.LLM(**engine_kwargs)
     start_s = time.perf_counter() - started
-    sampling = vllm.SamplingParams(**params)
-    prompts = [{"prompt_token_ids": ids} for ids in token_lists]
-
-    def generate(_):
-        outputs = llm.generate(prompts, sampling, use_tqdm=False)
-        return sum(len(output.outputs[0].token_ids) for output in outputs)
-
-    seconds, tokens = time_generation(generate, None, repeats)
+    seconds, tokens = time_generation(llm_generate(llm, vllm.SamplingParams(**params), token_lists), None, repeats)
     del llm
     gc.collect()
     torch.cuda.empty_cache()

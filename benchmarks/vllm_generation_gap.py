@@ -26,8 +26,8 @@ import time
 import torch
 
 from benchmarks.hybrid_engine import (EOS_ID, PAD_ID, build_actor, build_hybrid, hybrid_config, in_own_process,
-                                      init_single_gpu_process_group, make_qwen05b_model, random_prompts,
-                                      rollout_window, time_generation, train_step)
+                                      init_single_gpu_process_group, llm_generate, make_qwen05b_model,
+                                      random_prompts, rollout_window, time_generation, train_step)
 
 
 def batch_record(generate) -> dict:
@@ -38,16 +38,6 @@ def batch_record(generate) -> dict:
     seconds, tokens = time_generation(generate, None, repeats=1)
     return {"seconds": seconds, "tokens": tokens, "tok_per_s": tokens / seconds,
             "gpu_clock_mhz": torch.cuda.clock_rate(), "cpu_mhz": psutil.cpu_freq().current}
-
-
-def llm_generate(llm, sampling, token_lists):
-    """A generate(_) for time_generation: the engine's own call on `token_lists`, returning the tokens made."""
-    prompts = [{"prompt_token_ids": ids} for ids in token_lists]
-
-    def generate(_):
-        outputs = llm.generate(prompts, sampling, use_tqdm=False)
-        return sum(len(output.outputs[0].token_ids) for output in outputs)
-    return generate
 
 
 def standalone(engine_kwargs: dict, token_lists, params: dict, batches: int, sequence: str) -> list[dict]:

@@ -18,7 +18,6 @@ repository root, after tests/gpu/test_engine_worker.py:
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 
 import pytest
@@ -27,41 +26,26 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("the hybrid engine needs CUDA", allow_module_level=True)
 
-from benchmarks.hybrid_engine import (QWEN25_05B, hybrid_config, init_single_gpu_process_group,  # noqa: E402
-                                      make_qwen05b_model, random_prompts)
+from benchmarks.hybrid_engine import QWEN25_05B, random_prompts  # noqa: E402
+from engine_params import (ENGINE_OVERRIDES, PROMPT_LENGTH, RESPONSE_LENGTH, importable_engine,  # noqa: E402
+                           policy_worker)
 from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, EngineServerError  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
-from hybridrl.models.spec import policy_model_spec  # noqa: E402
-from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker  # noqa: E402
 from hybridrl.data.batch_layout import to_batch_layout  # noqa: E402
 
-PROMPT_LENGTH, RESPONSE_LENGTH = 64, 64
 MEAN_ABS_TOLERANCE = 0.02  # bf16 engine vs bf16 FSDP forward, per response token (as test_engine_worker)
 EOS, PAD = 151643, 151643  # Qwen2.5's <|endoftext|>
-ENGINE_OVERRIDES = {  # the config keys only that engine's param gets (as tests/gpu/test_engine_worker.py)
-    "sglang": ["+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_prefill_cuda_graph=true"],
-    "vllm": ["actor_rollout_ref.rollout.gpu_memory_utilization=0.4"],
-}
 
 
 @pytest.fixture(params=list(ENGINE_OVERRIDES))
 def engine(request) -> str:
-    pytest.importorskip(request.param)
-    return request.param
+    return importable_engine(request)
 
 
 def test_engine_server_answers_concurrent_requests_with_the_trainers_weights(engine, tmp_path_factory):
-    model_dir = make_qwen05b_model(os.environ.get("HYBRIDRL_GPU_MODEL_DIR") or str(tmp_path_factory.mktemp("q05a")))
-    init_single_gpu_process_group()
-    config = hybrid_config(model_dir, [
-        f"data.max_prompt_length={PROMPT_LENGTH}", f"data.max_response_length={RESPONSE_LENGTH}",
+    worker = policy_worker(engine, tmp_path_factory, [
         "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
-        "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.rollout.n=1",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-        *ENGINE_OVERRIDES[engine]], engine=engine)
-    worker = ActorRolloutRefWorker(config.actor_rollout_ref, policy_model_spec(config),
-                                   role="actor_rollout", seed=1, device="cuda")
-    worker.init_model()
+        "actor_rollout_ref.rollout.calculate_log_probs=true"])
     address = worker.start_engine_server([EOS], PAD)
     manager = AsyncLLMServerManager([address])
     prompts = random_prompts(8, PROMPT_LENGTH, QWEN25_05B["vocab_size"], seed=7, ragged=True)

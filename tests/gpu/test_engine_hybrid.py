@@ -42,23 +42,16 @@ from benchmarks.hybrid_engine import (EOS_ID, PAD_ID, QWEN25_05B, actor_log_prob
                                       device_used_gib, disagreement, hybrid_config, init_single_gpu_process_group,
                                       make_qwen05b_model, offloading_switch, random_prompts, rollout_window,
                                       train_step)
+from engine_params import ENGINE_OVERRIDES, PROMPT_LENGTH, RESPONSE_LENGTH, importable_engine
 from hybridrl.algorithms.core_algos import compute_advantage
 from hybridrl.workers.rollout.engine_io import EngineDiedError, EngineMemoryError
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the hybrid engine needs CUDA")
 
-PROMPT_LENGTH, RESPONSE_LENGTH = 64, 64
 VOCAB = QWEN25_05B["vocab_size"]
 MEAN_ABS_TOLERANCE, KL_TOLERANCE = 0.02, 1e-3  # bf16 engine vs bf16 FSDP forward, per response token
 GiB = 1 << 30
 
-# The config keys each engine's half adds to the shared ones (the fixture's). The engine name is also the package
-# that half imports.
-ENGINE_OVERRIDES = {
-    # prefill CUDA graphs only shorten the engine start here; decode graphs stay on
-    "sglang": ["+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_prefill_cuda_graph=true"],
-    "vllm": ["actor_rollout_ref.rollout.gpu_memory_utilization=0.4"],
-}
 
 
 def only(engine: str, why: str):
@@ -75,8 +68,7 @@ def device_used() -> int:
 @pytest.fixture(scope="module", params=list(ENGINE_OVERRIDES))
 def engine(request) -> str:
     """The rollout engine of this half of the module; skips the half when its package is missing."""
-    pytest.importorskip(request.param)
-    return request.param
+    return importable_engine(request)
 
 
 @pytest.fixture(scope="module")

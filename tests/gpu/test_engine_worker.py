@@ -14,42 +14,27 @@ SGLang engine was shut down.
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-from benchmarks.hybrid_engine import (QWEN25_05B, hybrid_config, init_single_gpu_process_group, make_qwen05b_model,
-                                      random_prompts)
+from benchmarks.hybrid_engine import QWEN25_05B, random_prompts
+from engine_params import ENGINE_OVERRIDES, PROMPT_LENGTH, importable_engine, policy_worker
 from hybridrl.models.fsdp_utils import fsdp_root
 from hybridrl.protocol import DataProto
-from hybridrl.models.spec import policy_model_spec
-from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the hybrid engine needs CUDA")
 
-PROMPT_LENGTH, RESPONSE_LENGTH = 64, 64
 MEAN_ABS_TOLERANCE = 0.02  # bf16 engine vs bf16 FSDP forward, per response token (as test_engine_hybrid)
 # With LoRA the actor computes each adapter apart (x·W + (x·A)·B·s, each product rounded to bf16) and the engine
 # multiplies by W + B·A·s rounded once: one more rounding between them. vLLM, H200, 2026-12-01: 0.0180 with the large
 # adapter this test sets, 0.0074 after an update; the base model stays 0.71-0.76 away.
 LORA_MEAN_ABS_TOLERANCE = 0.03
-
-# Per engine (also the package its param imports): the config keys only it gets, and the timing key of the cache
-# reset that ends rollout_mode.
-ENGINES = {
-    # prefill CUDA graphs only shorten the engine start here; decode graphs stay on
-    "sglang": dict(overrides=["+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_prefill_cuda_graph=true"],
-                   cache_reset="timing_s/flush_cache"),
-    "vllm": dict(overrides=["actor_rollout_ref.rollout.gpu_memory_utilization=0.4"],
-                 cache_reset="timing_s/reset_prefix_cache"),
-}
+CACHE_RESET = {"sglang": "timing_s/flush_cache", "vllm": "timing_s/reset_prefix_cache"}  # rollout_mode's last part
 
 
-@pytest.fixture(params=list(ENGINES))
+@pytest.fixture(params=list(ENGINE_OVERRIDES))
 def engine(request) -> str:
-    pytest.importorskip(request.param)
-    return request.param
+    return importable_engine(request)
 
 
 def check_the_engine_gave_its_memory_back(engine: str, rollout, awake: dict, released: dict) -> None:
@@ -66,16 +51,8 @@ def check_the_engine_gave_its_memory_back(engine: str, rollout, awake: dict, rel
 
 
 def test_rollout_mode_pushes_the_weights_and_trainer_mode_releases_the_engine(engine, tmp_path_factory):
-    model_dir = make_qwen05b_model(os.environ.get("HYBRIDRL_GPU_MODEL_DIR") or str(tmp_path_factory.mktemp("q05w")))
-    init_single_gpu_process_group()
-    config = hybrid_config(model_dir, [
-        f"data.max_prompt_length={PROMPT_LENGTH}", f"data.max_response_length={RESPONSE_LENGTH}",
-        "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.rollout.multi_stage_wake_up=true",
-        "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", *ENGINES[engine]["overrides"]], engine=engine)
-    worker = ActorRolloutRefWorker(config.actor_rollout_ref, policy_model_spec(config),
-                                   role="actor_rollout", seed=1, device="cuda")
-    worker.init_model()
+    worker = policy_worker(engine, tmp_path_factory, ["actor_rollout_ref.rollout.calculate_log_probs=true",
+                                                      "actor_rollout_ref.rollout.multi_stage_wake_up=true"])
     try:
         prompts = random_prompts(8, PROMPT_LENGTH, QWEN25_05B["vocab_size"], seed=7, ragged=True)
         with pytest.raises(RuntimeError, match=r"call rollout_mode\(\) first"):
@@ -88,7 +65,7 @@ def test_rollout_mode_pushes_the_weights_and_trainer_mode_releases_the_engine(en
         released = dict(worker.rollout.last_switch)
         print(f"\nrollout_mode {to_rollout}\ntrainer_mode {to_trainer}")
         assert {"timing_s/resume_weights", "timing_s/update_weights", "timing_s/resume_kv_cache",
-                ENGINES[engine]["cache_reset"]} <= set(to_rollout)
+                CACHE_RESET[engine]} <= set(to_rollout)
         assert "timing_s/release_engine" in to_trainer
         check_the_engine_gave_its_memory_back(engine, worker.rollout, awake, released)
 
@@ -145,17 +122,10 @@ def test_a_lora_actor_reaches_the_engine_merged_before_and_after_an_update(engin
     under its base name (fsdp_utils.iter_hf_weights). The engine's log-probs are the adapted actor's (within the bf16
     tolerance) and far from the base model's, after the first push and after a real LoRA update; the base weights
     do not move."""
-    model_dir = make_qwen05b_model(os.environ.get("HYBRIDRL_GPU_MODEL_DIR") or str(tmp_path_factory.mktemp("q05l")))
-    init_single_gpu_process_group()
-    config = hybrid_config(model_dir, [
-        f"data.max_prompt_length={PROMPT_LENGTH}", f"data.max_response_length={RESPONSE_LENGTH}",
+    worker = policy_worker(engine, tmp_path_factory, [
         "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
-        "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.rollout.calculate_log_probs=true",
-        "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", *ENGINES[engine]["overrides"]], engine=engine)
-    worker = ActorRolloutRefWorker(config.actor_rollout_ref, policy_model_spec(config),
-                                   role="actor_rollout_ref", seed=1, device="cuda")
-    worker.init_model()
+        "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.rollout.calculate_log_probs=true"],
+        role="actor_rollout_ref")
     try:
         assert move_lora_b(worker.actor_module, std=0.2, seed=3) == 24 * 7  # q k v o gate up down, 24 layers
         prompts = random_prompts(8, PROMPT_LENGTH, QWEN25_05B["vocab_size"], seed=7, ragged=True)
