@@ -15,10 +15,12 @@
 #   4 carry .stage/vllm-deps                     bash scripts/gpu/install_vllm.sh .stage/vllm-deps
 #   5 carry .stage/gpu .stage/vllm3              source .stage/gpu/gpu_env.sh && bash scripts/gpu/install_vllm.sh .stage/vllm3 \
 #       && export PYTHONPATH=$PWD:/tmp/site-vllm:$PYTHONPATH VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
-#       && python3 -m pytest tests/gpu/test_engine_hybrid.py -q -s -k vllm > $OUT/vllm.txt 2>&1; tail -40 $OUT/vllm.txt
-#   6 (same env)  python3 -m pytest tests/gpu/test_engine_worker.py -q -s -k vllm > $OUT/vllm_worker.txt 2>&1   (own process)
+#       && python3 -m pytest -o addopts=-ra -p no:xdist -q -s tests/gpu/test_engine_hybrid.py -k vllm > $OUT/vllm.txt 2>&1
+#   6 carry .stage/gpu .stage/ray   bash .stage/gpu/gpu_install.sh .stage/ray, then (same env, same pytest flags, each
+#       its own process) tests/gpu/test_engine_worker.py -k vllm and tests/gpu/test_engine_async_server.py -k vllm
 #   7 (same env)  python3 benchmarks/hybrid_engine.py --engine vllm --model-dir /tmp/q05 --make-model \
 #                   --out $OUT/bench_vllm.json > $OUT/bench_vllm.txt 2>&1
+# (2026-12-01 on an H200: steps 1-5 took about 2 minutes of device time with the start, step 5's tests 185 s.)
 # (VLLM_USE_FLASHINFER_SAMPLER=0: the slim bundle's flashinfer is 0.6.14, vLLM 0.24 was built against 0.6.12;
 # the PyTorch sampler needs no JIT build.)
 set -euo pipefail
