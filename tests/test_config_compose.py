@@ -104,7 +104,7 @@ def test_verl_grpo_override_list_composes_and_unimplemented_parts_fail_loudly():
     # refused.
     tp_refused = ("actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with actor_rollout_ref.rollout."
                   "name='vllm' (one engine per GPU; tensor parallelism across ranks is not implemented yet, "
-                  "issue #17), got 2")
+                  "issue #29), got 2")
     assert caught.value.problems[-1] == tp_refused
     assert all(problem.startswith("actor_rollout_ref.rollout.name: expected") and "'vllm'" in problem
                for problem in caught.value.problems[:-1])

@@ -245,7 +245,7 @@ def test_sglang_tensor_parallel_engines_run_in_the_synchronous_colocated_trainer
     assert ("actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with actor_rollout_ref.rollout.mode="
             "'async' and actor_rollout_ref.hybrid_engine=True (tensor-parallel sglang engines run in the synchronous "
             "colocated trainer: rollout.mode=sync, hybrid_engine=true; engine servers and separate rollout pools are "
-            "one engine per GPU, issue #17), got 2") in problems_for(*base, "actor_rollout_ref.rollout.mode=async",
+            "one engine per GPU, issue #29), got 2") in problems_for(*base, "actor_rollout_ref.rollout.mode=async",
                                                                      "data.return_raw_chat=true")
     # the hf rollout generates from the FSDP module itself: nothing to split, tp=2 is accepted
     validate_config(compose_config(["actor_rollout_ref.rollout.tensor_model_parallel_size=2"]))
@@ -265,7 +265,7 @@ def test_vllm_says_what_it_needs(tp):
     if tp == 2:
         expected.append("actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with "
                         "actor_rollout_ref.rollout.name='vllm' (one engine per GPU; tensor parallelism across ranks "
-                        "is not implemented yet, issue #17), got 2")
+                        "is not implemented yet, issue #29), got 2")
     assert problems == expected
 
 

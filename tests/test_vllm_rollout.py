@@ -342,7 +342,7 @@ def test_an_engine_failure_is_engine_died_error_now_and_on_every_later_call(engi
 
 
 def test_tensor_parallel_engines_are_refused_naming_the_issue(engine):
-    with pytest.raises(NotImplementedError, match="tensor_model_parallel_size=2.*issue #17"):
+    with pytest.raises(NotImplementedError, match="tensor_model_parallel_size=2.*issue #29"):
         engine(tensor_model_parallel_size=2)
 
 

@@ -19,7 +19,7 @@ its scheduler process; vLLM's, whose engine core runs in this process, by runnin
 step). The engine's
 memory is the device's used memory less what the rest holds (`used_without_engine`: measured before the engine
 started, plus the optimizer state created since, `train_once`), the same measure for SGLang's processes and vLLM's
-in-process engine. Targets from issue #17 (vLLM): switch <= 0.3 s at 0.5B, log-prob agreement with the FSDP
+in-process engine. Targets from issue #29 (vLLM): switch <= 0.3 s at 0.5B, log-prob agreement with the FSDP
 recomputation after a sync mean |Δ| < 0.02, memory left asleep < 5 % of the engine's, generation matching a
 standalone engine.
 """
@@ -281,7 +281,7 @@ def test_release_frees_the_engine_and_offload_round_trips_the_fsdp_state(hybrid)
     assert mean_abs < MEAN_ABS_TOLERANCE and kl < KL_TOLERANCE
 
 
-@only("vllm", "issue #17's targets for the vLLM engine (sleep level 2); SGLang's release is checked by "
+@only("vllm", "issue #29's targets for the vLLM engine (sleep level 2); SGLang's release is checked by "
               "test_release_frees_the_engine_and_offload_round_trips_the_fsdp_state, its switch time by "
               "benchmarks/hybrid_engine.py")
 def test_switch_time_and_memory_left_asleep(hybrid):

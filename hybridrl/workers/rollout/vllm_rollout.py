@@ -137,7 +137,7 @@ class VLLMRollout(BaseRollout):
         if config.tensor_model_parallel_size != 1:
             raise NotImplementedError(f"rollout.tensor_model_parallel_size={config.tensor_model_parallel_size}: the "
                                       f"vllm rollout runs one engine per GPU (tp=1) for now; tensor-parallel engines "
-                                      f"are issue #17's part 2")
+                                      f"are issue #29's part 2")
         self.memory = device_memory or DeviceMemory()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process (see the module docstring)
         self.vllm = load_vllm()
