@@ -282,11 +282,13 @@ def in_own_process(function, *args):
     """function(*args) in a freshly spawned process. vLLM keeps per-process state that a second engine in the hybrid
     one's process trips over: on the H200 its CuMem allocator refused a second sleep-mode engine ("can only be used
     for one instance per process"), and without sleep mode the second engine died in a compiled kernel ("CUDA driver
-    error: invalid argument")."""
+    error: invalid argument"). A ProcessPoolExecutor's worker, unlike a Pool's, is not a daemon: it may start vLLM's
+    engine-core process of its own."""
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_without_rendezvous, (function, *args))
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_without_rendezvous, function, *args).result()
 
 
 def _without_rendezvous(function, *args):

@@ -13,6 +13,8 @@ after it (a card or host that slows under load would show there), in sequences t
   sleep_wake        standalone: 2 batches, sleep(1) + wake_up, 2 batches, sleep(2) + wake_up, 2 batches
   no_prefix_cache   standalone with enable_prefix_caching=False: --batches batches
   distributed_first standalone started after an NCCL torch.distributed world of 1: --batches batches
+  multiprocessing   standalone with vLLM's engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1, vLLM's
+                    default; the rollout runs it in-process to load weights without IPC): --batches batches
 Prints one line per batch and a table of each sequence's first and last batch against `repeated`'s first.
 """
 from __future__ import annotations
@@ -48,6 +50,8 @@ def standalone(engine_kwargs: dict, token_lists, params: dict, batches: int, seq
     if sequence == "distributed_first":
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29531")
         torch.distributed.init_process_group("nccl")
+    if sequence == "multiprocessing":
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     if sequence == "no_prefix_cache":
         engine_kwargs = dict(engine_kwargs, enable_prefix_caching=False)
     llm = vllm.LLM(**engine_kwargs)
@@ -110,7 +114,7 @@ def main() -> None:
     engine_kwargs = dict(rollout.engine_kwargs, load_format="auto")
     rollout.shutdown()
 
-    for sequence in ("repeated", "sleep_wake", "no_prefix_cache", "distributed_first"):
+    for sequence in ("repeated", "sleep_wake", "multiprocessing", "no_prefix_cache", "distributed_first"):
         record(sequence, in_own_process(standalone, engine_kwargs, token_lists, params, args.batches, sequence))
     base = sequences["repeated"][0]["tok_per_s"]
     print("\n| sequence | first batch tok/s | last batch tok/s (after) | last / repeated's first |\n|---|---|---|---|")
