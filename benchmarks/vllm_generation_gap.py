@@ -8,11 +8,14 @@ about 0.72x after: the hybrid one, a standalone one after one sleep/wake cycle, 
 torch.distributed. So every batch is timed on its own now, with the GPU's SM clock and the host CPU's frequency
 after it (a card or host that slows under load would show there), in sequences that tell the suspects apart:
   hybrid            the trainer's process (FSDP2 actor, NCCL world of 1): --batches batches of generate_sequences
-                    in one rollout window, after one sync
+                    in one rollout window, after one sync, then 2 of the engine's own llm.generate (without the
+                    rollout's packing), then 2 more with Python's garbage collector off
   repeated          a standalone engine (own process, checkpoint from disk): --batches batches in a row, nothing else
   sleep_wake        standalone: 2 batches, sleep(1) + wake_up, 2 batches, sleep(2) + wake_up, 2 batches
   no_prefix_cache   standalone with enable_prefix_caching=False: --batches batches
   distributed_first standalone started after an NCCL torch.distributed world of 1: --batches batches
+  trainer_first     standalone started in a process that first built the FSDP actor and took an optimizer step, as
+                    the hybrid one's does (NCCL world of 1 included): --batches batches
   multiprocessing   standalone with vLLM's engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1, vLLM's
                     default; the rollout runs it in-process to load weights without IPC): --batches batches
 Prints one line per batch and a table of each sequence's first and last batch against `repeated`'s first.
@@ -33,20 +36,48 @@ from benchmarks.hybrid_engine import (EOS_ID, PAD_ID, build_actor, build_hybrid,
 
 
 def batch_record(generate) -> dict:
-    """One timed batch: seconds, tokens made, tokens/s, then the GPU's SM clock (MHz, NVML) and the host CPU's mean
-    frequency (MHz) right after it."""
+    """One timed batch: seconds, tokens made, tokens/s, this process's CPU seconds in it (near `seconds`: the engine
+    is bound by its host loop), Python's full (generation-2) garbage collections in it, then the GPU's SM clock (MHz,
+    NVML) and the host CPU's mean frequency (MHz) right after it."""
+    import gc
+
     import psutil
 
+    cpu_started, full_collections = time.process_time(), gc.get_stats()[2]["collections"]
     seconds, tokens = time_generation(generate, None, repeats=1)
     return {"seconds": seconds, "tokens": tokens, "tok_per_s": tokens / seconds,
+            "cpu_s": time.process_time() - cpu_started,
+            "gc_full_collections": gc.get_stats()[2]["collections"] - full_collections,
             "gpu_clock_mhz": torch.cuda.clock_rate(), "cpu_mhz": psutil.cpu_freq().current}
 
 
-def standalone(engine_kwargs: dict, token_lists, params: dict, batches: int, sequence: str) -> list[dict]:
+def without_gc(generate):
+    """generate with Python's garbage collector off (and everything alive frozen out of its reach) for the call."""
+    import gc
+
+    def call(prompts):
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        try:
+            return generate(prompts)
+        finally:
+            gc.enable()
+            gc.unfreeze()
+    return call
+
+
+def standalone(engine_kwargs: dict, token_lists, params: dict, batches: int, sequence: str,
+               trainer_overrides: list[str] = ()) -> list[dict]:
     """Runs in its own spawned process: a vllm.LLM reading the checkpoint, its batches timed as `sequence` says
     (each record names what came before it in `after`)."""
     import vllm
 
+    if sequence == "trainer_first":  # the hybrid process's state, but the engine reads the checkpoint itself
+        os.environ.update(MASTER_PORT="29533")  # the parent's group holds the default port
+        init_single_gpu_process_group()
+        module, optimizer, _ = build_actor(hybrid_config(engine_kwargs["model"], trainer_overrides, engine="vllm"))
+        train_step(module, optimizer)
     if sequence == "distributed_first":
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29531")
         torch.distributed.init_process_group("nccl")
@@ -76,6 +107,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--batches", type=int, default=4, help="batches timed in each sequence but sleep_wake's 6")
     parser.add_argument("--out", help="write every batch here as JSON (after each sequence)")
+    parser.add_argument("--sequences", default="repeated,sleep_wake,trainer_first,multiprocessing,no_prefix_cache,"
+                        "distributed_first", help="the standalone sequences to run, in order (comma-separated)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.manual_seed(0)
@@ -83,17 +116,17 @@ def main() -> None:
 
     make_qwen05b_model(args.model_dir)
     init_single_gpu_process_group()
-    config = hybrid_config(args.model_dir, [
-        f"data.max_prompt_length={args.prompt_length}", f"data.max_response_length={args.new_tokens}",
-        "actor_rollout_ref.rollout.ignore_eos=true", "actor_rollout_ref.rollout.multi_stage_wake_up=true"],
-        engine="vllm")
+    overrides = [f"data.max_prompt_length={args.prompt_length}", f"data.max_response_length={args.new_tokens}",
+                 "actor_rollout_ref.rollout.ignore_eos=true", "actor_rollout_ref.rollout.multi_stage_wake_up=true"]
+    config = hybrid_config(args.model_dir, overrides, engine="vllm")
     sequences: dict[str, list[dict]] = {}
 
     def record(name: str, batches: list[dict]) -> None:
         sequences[name] = batches
         for index, batch in enumerate(batches):
             print(f"{name:<18} batch {index + 1} after {batch['after']:<18} {batch['tok_per_s']:>8,.0f} tok/s "
-                  f"({batch['seconds']:.2f} s, {batch['tokens']} tokens), GPU {batch['gpu_clock_mhz']} MHz, "
+                  f"({batch['seconds']:.2f} s, CPU {batch['cpu_s']:.2f} s, {batch['gc_full_collections']} full gc, "
+                  f"{batch['tokens']} tokens), GPU {batch['gpu_clock_mhz']} MHz, "
                   f"CPU {batch['cpu_mhz']:.0f} MHz", flush=True)
         if args.out:
             with open(args.out, "w") as handle:
@@ -108,14 +141,17 @@ def main() -> None:
     token_lists = [row.tolist() for row in prompts.batch["input_ids"]]
     params = sampling_params(config.actor_rollout_ref.rollout, {}, [EOS_ID])
     with rollout_window(switch):
-        record("hybrid", [dict(batch_record(
-            lambda _: int(rollout.generate_sequences(prompts).batch["response_mask"].sum())), after="one sync")
-            for _ in range(args.batches)])
+        packed = lambda _: int(rollout.generate_sequences(prompts).batch["response_mask"].sum())  # noqa: E731
+        engine_own = llm_generate(rollout.llm, rollout.vllm.SamplingParams(**params), token_lists)
+        record("hybrid", [dict(batch_record(packed), after="one sync") for _ in range(args.batches)]
+               + [dict(batch_record(engine_own), after="llm.generate") for _ in range(2)]
+               + [dict(batch_record(without_gc(engine_own)), after="llm.generate, no gc") for _ in range(2)])
     engine_kwargs = dict(rollout.engine_kwargs, load_format="auto")
     rollout.shutdown()
 
-    for sequence in ("repeated", "sleep_wake", "multiprocessing", "no_prefix_cache", "distributed_first"):
-        record(sequence, in_own_process(standalone, engine_kwargs, token_lists, params, args.batches, sequence))
+    for sequence in args.sequences.split(","):
+        record(sequence, in_own_process(standalone, engine_kwargs, token_lists, params, args.batches, sequence,
+                                        overrides))
     base = sequences["repeated"][0]["tok_per_s"]
     print("\n| sequence | first batch tok/s | last batch tok/s (after) | last / repeated's first |\n|---|---|---|---|")
     for name, batches in sequences.items():
