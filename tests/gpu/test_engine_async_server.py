@@ -9,8 +9,8 @@ with max_tokens stops there; the engine's own batch generate (generate_sequences
 paused; the server's log-probs are the actor's (the pushed weights); a request in trainer mode waits
 and is answered in the next rollout mode; a request the engine cannot serve comes back as the server's HTTP 500.
 One test parametrized by engine (ids end in [sglang] or [vllm]); an engine's param skips when its package is missing.
-Run each engine in its own pytest process (one in-process vLLM engine per process), on the GPU machine from the
-repository root, after tests/gpu/test_engine_worker.py:
+The vLLM param runs in a pytest process of its own (own_process, tests/gpu/conftest.py: one in-process vLLM engine
+per process). On the GPU machine, from the repository root:
 
     PYTHONPATH=.:/tmp/site python -m pytest tests/gpu/test_engine_async_server.py -q -s -k sglang
     PYTHONPATH=.:/tmp/site-vllm:/tmp/site python -m pytest tests/gpu/test_engine_async_server.py -q -s -k vllm
@@ -42,6 +42,7 @@ def engine(request) -> str:
     return importable_engine(request)
 
 
+@pytest.mark.own_process("vllm")
 def test_engine_server_answers_concurrent_requests_with_the_trainers_weights(engine, tmp_path_factory):
     worker = policy_worker(engine, tmp_path_factory, [
         "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",

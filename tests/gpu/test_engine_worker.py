@@ -4,10 +4,9 @@
 
 and the same with a LoRA actor, whose adapters the engine gets merged into its weights. Each test is parametrized by
 engine (ids end in [sglang] or [vllm]); an engine's param skips when its package is
-missing. The model is the random Qwen2.5-0.5B-shaped one of tests/gpu/test_engine_hybrid.py. Run each engine in its
-own pytest process, on the GPU machine from the repository root: one in-process vLLM engine per process is what the
-trainer does (test_engine_hybrid.py's vLLM half starts another), and the SGLang param ran after the hybrid module's
-SGLang engine was shut down.
+missing. The model is the random Qwen2.5-0.5B-shaped one of tests/gpu/test_engine_hybrid.py. vLLM allows one
+in-process engine per process, as the trainer has: each vLLM param runs in a pytest process of its own
+(own_process, tests/gpu/conftest.py). On the GPU machine, from the repository root:
 
     PYTHONPATH=.:/tmp/site python -m pytest tests/gpu/test_engine_worker.py -q -s -k sglang
     PYTHONPATH=.:/tmp/site-vllm:/tmp/site python -m pytest tests/gpu/test_engine_worker.py -q -s -k vllm
@@ -50,6 +49,7 @@ def check_the_engine_gave_its_memory_back(engine: str, rollout, awake: dict, rel
         assert used_awake - used_asleep > 0.95 * engine_bytes  # sleep level 2 gave back what waking took
 
 
+@pytest.mark.own_process("vllm")
 def test_rollout_mode_pushes_the_weights_and_trainer_mode_releases_the_engine(engine, tmp_path_factory):
     worker = policy_worker(engine, tmp_path_factory, ["actor_rollout_ref.rollout.calculate_log_probs=true",
                                                       "actor_rollout_ref.rollout.multi_stage_wake_up=true"])
@@ -117,6 +117,7 @@ def engine_against_actor_and_base(worker, output) -> tuple[float, float]:
             float((base - engine_log_probs)[mask].abs().mean()))
 
 
+@pytest.mark.own_process("vllm")
 def test_a_lora_actor_reaches_the_engine_merged_before_and_after_an_update(engine, tmp_path_factory):
     """With model.lora_rank > 0 the engine knows nothing of LoRA: every adapted layer is pushed as W + B·A·scaling
     under its base name (fsdp_utils.iter_hf_weights). The engine's log-probs are the adapted actor's (within the bf16
