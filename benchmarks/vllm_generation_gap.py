@@ -3,10 +3,13 @@
 
     PYTHONPATH=.:/tmp/site-vllm:/tmp/site python benchmarks/vllm_generation_gap.py --model-dir /tmp/q05 --out gap.json
 
-The first run (2026-12-01, best of 2 per row, benchmarks/README.md) found every engine fast in its first batches and
-about 0.72x after: the hybrid one, a standalone one after one sleep/wake cycle, and one started after
-torch.distributed. So every batch is timed on its own now, with the GPU's SM clock and the host CPU's frequency
-after it (a card or host that slows under load would show there), in sequences that tell the suspects apart:
+What it found on an H200 (2026-12-02, two runs, benchmarks/README.md): the same batch of 512 x 512 tokens takes
+5.5 to 11.4 s on one engine, batch after batch, in every sequence (CPU seconds = wall seconds throughout; the GPU's
+clock stays 1,980 MHz); over all batches the hybrid engine averages 0.79x the standalone ones (10 batches against
+22), with no sequence below explaining it: not sleep/wake, the prefix cache, torch.distributed, the rollout's
+packing or the garbage collector. So every batch is timed on its own, with this process's CPU seconds and the GPU's
+busy share in it (which bounds the loop) and the GPU's SM clock and the host CPU's frequency after it, in sequences
+that tell the suspects apart:
   hybrid            the trainer's process (FSDP2 actor, NCCL world of 1): --batches batches of generate_sequences
                     in one rollout window, after one sync, then 2 of the engine's own llm.generate (without the
                     rollout's packing), then 2 more with Python's garbage collector off
@@ -18,7 +21,8 @@ after it (a card or host that slows under load would show there), in sequences t
                     the hybrid one's does (NCCL world of 1 included): --batches batches
   multiprocessing   standalone with vLLM's engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1, vLLM's
                     default; the rollout runs it in-process to load weights without IPC): --batches batches
-Prints one line per batch and a table of each sequence's first and last batch against `repeated`'s first.
+Prints one line per batch and a table of each sequence's mean, slowest and fastest batch, the mean against all the
+in-process standalone batches' (every sequence but hybrid and multiprocessing).
 """
 from __future__ import annotations
 
@@ -35,18 +39,43 @@ from benchmarks.hybrid_engine import (EOS_ID, PAD_ID, build_actor, build_hybrid,
                                       random_prompts, rollout_window, time_generation, train_step)
 
 
+class GpuBusy:
+    """NVML's GPU utilization (the share of its last sample period in which a kernel ran), sampled every 50 ms while
+    the block runs; mean_pct is their mean. A loop bound by its host keeps this well under 100 % while its CPU seconds
+    match the wall clock; a loop waiting on the GPU spins in a CUDA sync, which counts as CPU time too, at ~100 %."""
+
+    def __enter__(self):
+        import threading
+
+        self.samples: list[int] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.sample, name="gpu-busy", daemon=True)
+        self.thread.start()
+        return self
+
+    def sample(self) -> None:
+        while not self.stop.wait(0.05):
+            self.samples.append(torch.cuda.utilization())
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+        self.mean_pct = sum(self.samples) / len(self.samples) if self.samples else float("nan")
+
+
 def batch_record(generate) -> dict:
-    """One timed batch: seconds, tokens made, tokens/s, this process's CPU seconds in it (near `seconds`: the engine
-    is bound by its host loop), Python's full (generation-2) garbage collections in it, then the GPU's SM clock (MHz,
+    """One timed batch: seconds, tokens made, tokens/s, this process's CPU seconds in it and the GPU's busy share
+    (GpuBusy: which of the two bounds the loop), Python's full (generation-2) garbage collections in it, then the GPU's SM clock (MHz,
     NVML) and the host CPU's mean frequency (MHz) right after it."""
     import gc
 
     import psutil
 
     cpu_started, full_collections = time.process_time(), gc.get_stats()[2]["collections"]
-    seconds, tokens = time_generation(generate, None, repeats=1)
+    with GpuBusy() as busy:
+        seconds, tokens = time_generation(generate, None, repeats=1)
     return {"seconds": seconds, "tokens": tokens, "tok_per_s": tokens / seconds,
-            "cpu_s": time.process_time() - cpu_started,
+            "cpu_s": time.process_time() - cpu_started, "gpu_busy_pct": busy.mean_pct,
             "gc_full_collections": gc.get_stats()[2]["collections"] - full_collections,
             "gpu_clock_mhz": torch.cuda.clock_rate(), "cpu_mhz": psutil.cpu_freq().current}
 
@@ -98,6 +127,20 @@ def standalone(engine_kwargs: dict, token_lists, params: dict, batches: int, seq
     return records
 
 
+def print_summary(sequences: dict[str, list[dict]]) -> None:
+    """Each sequence's mean, slowest and fastest batch (tok/s), and its mean over the in-process standalone batches'."""
+    import statistics
+
+    rate = {name: [batch["tok_per_s"] for batch in batches] for name, batches in sequences.items()}
+    standalone_rates = [r for name, rates in rate.items() if name not in ("hybrid", "multiprocessing") for r in rates]
+    base = statistics.mean(standalone_rates) if standalone_rates else float("nan")
+    print(f"\n| sequence | batches | mean tok/s | slowest | fastest | mean / standalone in-process mean "
+          f"({base:,.0f}) |\n|---|---|---|---|---|---|")
+    for name, rates in rate.items():
+        print(f"| {name} | {len(rates)} | {statistics.mean(rates):,.0f} | {min(rates):,.0f} | {max(rates):,.0f} | "
+              f"{statistics.mean(rates) / base:.3f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", required=True, help="the random Qwen2.5-0.5B-shaped model (made if absent)")
@@ -125,7 +168,7 @@ def main() -> None:
         sequences[name] = batches
         for index, batch in enumerate(batches):
             print(f"{name:<18} batch {index + 1} after {batch['after']:<18} {batch['tok_per_s']:>8,.0f} tok/s "
-                  f"({batch['seconds']:.2f} s, CPU {batch['cpu_s']:.2f} s, {batch['gc_full_collections']} full gc, "
+                  f"({batch['seconds']:.2f} s, CPU {batch['cpu_s']:.2f} s, GPU busy {batch['gpu_busy_pct']:.0f} %, {batch['gc_full_collections']} full gc, "
                   f"{batch['tokens']} tokens), GPU {batch['gpu_clock_mhz']} MHz, "
                   f"CPU {batch['cpu_mhz']:.0f} MHz", flush=True)
         if args.out:
@@ -152,13 +195,7 @@ def main() -> None:
     for sequence in args.sequences.split(","):
         record(sequence, in_own_process(standalone, engine_kwargs, token_lists, params, args.batches, sequence,
                                         overrides))
-    base = sequences["repeated"][0]["tok_per_s"]
-    print("\n| sequence | first batch tok/s | last batch tok/s (after) | last / repeated's first |\n|---|---|---|---|")
-    for name, batches in sequences.items():
-        first, last = batches[0], batches[-1]
-        print(f"| {name} | {first['tok_per_s']:,.0f} | {last['tok_per_s']:,.0f} ({last['after']}) | "
-              f"{last['tok_per_s'] / base:.3f} |")
-
+    print_summary(sequences)
 
 if __name__ == "__main__":
     main()
