@@ -2,17 +2,20 @@
 0.72x on an H200, 2026-12-01), all in one invocation on one GPU:
 
     PYTHONPATH=.:/tmp/site-vllm:/tmp/site python benchmarks/vllm_generation_gap.py --model-dir /tmp/q05 --out gap.json
+    (add --pyspy /tmp/pyspy/bin/py-spy --sequences repeated,trainer_first --batches 3 to profile: see below)
 
 What it found on an H200 (2026-12-02, two runs, benchmarks/README.md): the same batch of 512 x 512 tokens takes
 5.5 to 11.4 s on one engine, batch after batch, in every sequence (CPU seconds = wall seconds throughout; the GPU's
 clock stays 1,980 MHz); over all batches the hybrid engine averages 0.79x the standalone ones (10 batches against
-22), with no sequence below explaining it: not sleep/wake, the prefix cache, torch.distributed, the rollout's
-packing or the garbage collector. So every batch is timed on its own, with this process's CPU seconds and the GPU's
-busy share in it (which bounds the loop) and the GPU's SM clock and the host CPU's frequency after it, in sequences
-that tell the suspects apart:
+22), with no sequence below explaining it: not sleep/wake, the prefix cache or torch.distributed, and in the hybrid
+process neither the rollout's packing (the engine's own llm.generate was no faster) nor Python's garbage collector
+(off, frozen heap: no faster). So every batch is timed on its own, with this process's CPU seconds and the GPU's
+busy share in it (which of the two bounds the loop) and the GPU's SM clock and the host CPU's frequency after it,
+and with --pyspy the last batch of each sequence is sampled by py-spy with native frames (host_profile.py: the
+share of samples waiting on the GPU, and the functions the rest is spent in, printed after that batch; the raw
+stacks, <sequence>.raw, go next to --out). The sequences:
   hybrid            the trainer's process (FSDP2 actor, NCCL world of 1): --batches batches of generate_sequences
-                    in one rollout window, after one sync, then 2 of the engine's own llm.generate (without the
-                    rollout's packing), then 2 more with Python's garbage collector off
+                    in one rollout window, after one sync
   repeated          a standalone engine (own process, checkpoint from disk): --batches batches in a row, nothing else
   sleep_wake        standalone: 2 batches, sleep(1) + wake_up, 2 batches, sleep(2) + wake_up, 2 batches
   no_prefix_cache   standalone with enable_prefix_caching=False: --batches batches
@@ -27,6 +30,7 @@ in-process standalone batches' (every sequence but hybrid and multiprocessing).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -34,6 +38,8 @@ import time
 
 import torch
 
+from benchmarks.host_profile import PySpy
+from benchmarks.host_profile import print_summary as print_profile
 from benchmarks.hybrid_engine import (EOS_ID, PAD_ID, build_actor, build_hybrid, hybrid_config, in_own_process,
                                       init_single_gpu_process_group, llm_generate, make_qwen05b_model,
                                       random_prompts, rollout_window, time_generation, train_step)
@@ -63,43 +69,41 @@ class GpuBusy:
         self.mean_pct = sum(self.samples) / len(self.samples) if self.samples else float("nan")
 
 
-def batch_record(generate) -> dict:
+def batch_record(generate, profile_to: tuple[str, str] | None = None) -> dict:
     """One timed batch: seconds, tokens made, tokens/s, this process's CPU seconds in it and the GPU's busy share
-    (GpuBusy: which of the two bounds the loop), Python's full (generation-2) garbage collections in it, then the GPU's SM clock (MHz,
-    NVML) and the host CPU's mean frequency (MHz) right after it."""
+    (GpuBusy: which of the two bounds the loop), Python's full (generation-2) garbage collections in it, then the
+    GPU's SM clock (MHz, NVML) and the host CPU's mean frequency (MHz) right after it. profile_to=(py-spy binary, raw
+    file): py-spy samples the batch too (host_profile.py), and the record gets the summary of its stacks."""
     import gc
 
     import psutil
 
+    profiler = PySpy(*profile_to) if profile_to else contextlib.nullcontext()
     cpu_started, full_collections = time.process_time(), gc.get_stats()[2]["collections"]
-    with GpuBusy() as busy:
+    with profiler, GpuBusy() as busy:
         seconds, tokens = time_generation(generate, None, repeats=1)
-    return {"seconds": seconds, "tokens": tokens, "tok_per_s": tokens / seconds,
-            "cpu_s": time.process_time() - cpu_started, "gpu_busy_pct": busy.mean_pct,
-            "gc_full_collections": gc.get_stats()[2]["collections"] - full_collections,
-            "gpu_clock_mhz": torch.cuda.clock_rate(), "cpu_mhz": psutil.cpu_freq().current}
+    record = {"seconds": seconds, "tokens": tokens, "tok_per_s": tokens / seconds,
+              "cpu_s": time.process_time() - cpu_started, "gpu_busy_pct": busy.mean_pct,
+              "gc_full_collections": gc.get_stats()[2]["collections"] - full_collections,
+              "gpu_clock_mhz": torch.cuda.clock_rate(), "cpu_mhz": psutil.cpu_freq().current}
+    if profile_to:
+        record["profile"] = profiler.summary()
+    return record
 
 
-def without_gc(generate):
-    """generate with Python's garbage collector off (and everything alive frozen out of its reach) for the call."""
-    import gc
-
-    def call(prompts):
-        gc.collect()
-        gc.freeze()
-        gc.disable()
-        try:
-            return generate(prompts)
-        finally:
-            gc.enable()
-            gc.unfreeze()
-    return call
+def timed_batches(generate, count: int, after: str, profile: tuple[str, str] | None, name: str) -> list[dict]:
+    """`count` batch records, each naming what came before it (`after`); with profile=(py-spy binary, folder) the last
+    batch is profiled into folder/<name>.raw."""
+    records = []
+    for index in range(count):
+        profile_to = (profile[0], os.path.join(profile[1], f"{name}.raw")) if profile and index == count - 1 else None
+        records.append(dict(batch_record(generate, profile_to), after=after))
+    return records
 
 
 def standalone(engine_kwargs: dict, token_lists, params: dict, batches: int, sequence: str,
-               trainer_overrides: list[str] = ()) -> list[dict]:
-    """Runs in its own spawned process: a vllm.LLM reading the checkpoint, its batches timed as `sequence` says
-    (each record names what came before it in `after`)."""
+               trainer_overrides: list[str], profile: tuple[str, str] | None) -> list[dict]:
+    """Runs in its own spawned process: a vllm.LLM reading the checkpoint, its batches timed as `sequence` says."""
     import vllm
 
     if sequence == "trainer_first":  # the hybrid process's state, but the engine reads the checkpoint itself
@@ -117,13 +121,13 @@ def standalone(engine_kwargs: dict, token_lists, params: dict, batches: int, seq
     llm = vllm.LLM(**engine_kwargs)
     generate = llm_generate(llm, vllm.SamplingParams(**params), token_lists)
     if sequence != "sleep_wake":
-        return [dict(batch_record(generate), after="start") for _ in range(batches)]
-    records = [dict(batch_record(generate), after="start") for _ in range(2)]
+        return timed_batches(generate, batches, "start", profile, sequence)
+    records = timed_batches(generate, 2, "start", None, sequence)
     for level in (1, 2):  # level 2 discards the weights: the tokens are garbage, the work per token the same
         llm.sleep(level=level)
         llm.wake_up()
         llm.reset_prefix_cache()
-        records += [dict(batch_record(generate), after=f"sleep({level}) + wake_up") for _ in range(2)]
+        records += timed_batches(generate, 2, f"sleep({level}) + wake_up", profile if level == 2 else None, sequence)
     return records
 
 
@@ -150,6 +154,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--batches", type=int, default=4, help="batches timed in each sequence but sleep_wake's 6")
     parser.add_argument("--out", help="write every batch here as JSON (after each sequence)")
+    parser.add_argument("--pyspy", help="py-spy binary (scripts/gpu/stage_pyspy.sh): profile each sequence's last "
+                        "batch, raw stacks next to --out")
     parser.add_argument("--sequences", default="repeated,sleep_wake,trainer_first,multiprocessing,no_prefix_cache,"
                         "distributed_first", help="the standalone sequences to run, in order (comma-separated)")
     args = parser.parse_args()
@@ -163,6 +169,7 @@ def main() -> None:
                  "actor_rollout_ref.rollout.ignore_eos=true", "actor_rollout_ref.rollout.multi_stage_wake_up=true"]
     config = hybrid_config(args.model_dir, overrides, engine="vllm")
     sequences: dict[str, list[dict]] = {}
+    profile = (args.pyspy, os.path.dirname(os.path.abspath(args.out or "gap.json"))) if args.pyspy else None
 
     def record(name: str, batches: list[dict]) -> None:
         sequences[name] = batches
@@ -171,6 +178,8 @@ def main() -> None:
                   f"({batch['seconds']:.2f} s, CPU {batch['cpu_s']:.2f} s, GPU busy {batch['gpu_busy_pct']:.0f} %, {batch['gc_full_collections']} full gc, "
                   f"{batch['tokens']} tokens), GPU {batch['gpu_clock_mhz']} MHz, "
                   f"CPU {batch['cpu_mhz']:.0f} MHz", flush=True)
+            if "profile" in batch:
+                print_profile(f"{name} batch {index + 1}, py-spy", batch["profile"])
         if args.out:
             with open(args.out, "w") as handle:
                 json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
@@ -185,16 +194,13 @@ def main() -> None:
     params = sampling_params(config.actor_rollout_ref.rollout, {}, [EOS_ID])
     with rollout_window(switch):
         packed = lambda _: int(rollout.generate_sequences(prompts).batch["response_mask"].sum())  # noqa: E731
-        engine_own = llm_generate(rollout.llm, rollout.vllm.SamplingParams(**params), token_lists)
-        record("hybrid", [dict(batch_record(packed), after="one sync") for _ in range(args.batches)]
-               + [dict(batch_record(engine_own), after="llm.generate") for _ in range(2)]
-               + [dict(batch_record(without_gc(engine_own)), after="llm.generate, no gc") for _ in range(2)])
+        record("hybrid", timed_batches(packed, args.batches, "one sync", profile, "hybrid"))
     engine_kwargs = dict(rollout.engine_kwargs, load_format="auto")
     rollout.shutdown()
 
     for sequence in args.sequences.split(","):
         record(sequence, in_own_process(standalone, engine_kwargs, token_lists, params, args.batches, sequence,
-                                        overrides))
+                                        overrides, profile))
     print_summary(sequences)
 
 if __name__ == "__main__":
