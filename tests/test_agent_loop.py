@@ -7,12 +7,11 @@ import time
 import pytest
 import torch
 
-from hybridrl.agent_loop.base import AgentLoopBase, load_agent_loop_config
+from hybridrl.agent_loop.base import load_agent_loop_config
 from hybridrl.agent_loop.manager import (AGENT_SCORES_KEY, agent_loop_metrics, apply_agent_scores,
                                          check_agent_names, check_output, output_columns, scores_on_trained_tokens)
 from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, EngineServerError
 from hybridrl.agent_loop import AgentLoopOutput
-from hybridrl.protocol import DataProto
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.workers.rollout.async_server import EngineServer, HFGenerateEngine
 from hybridrl.data.batch_layout import to_batch_layout
@@ -72,8 +71,9 @@ def test_outputs_that_do_not_fit_are_the_loops_fault():
 
 
 def test_every_verl_output_field_and_metric_reaches_the_batch_or_the_metrics():
-    """routed_experts and extra_fields become columns; verl's metrics (a dict, as verl's loops pass them) and a
-    loop's own numeric ones become agent_loop/<name>/mean; num_preempted -1 (unknown) stays out of its mean."""
+    """routed_experts and extra_fields become columns; verl's metrics (a dict, as verl's loops pass them) become
+    verl's timing_s/agent_loop/* and a loop's own numeric ones agent_loop/<name>/mean; num_preempted -1 (unknown)
+    stays out of its mean."""
     base = dict(prompt_ids=[1], response_ids=[2, 3], response_mask=[1, 1], num_turns=2)
     outputs = [AgentLoopOutput(**base, routed_experts=[[0, 1]] * 3, extra_fields={"turn_scores": [1.0]},
                                metrics={"generate_sequences": 0.5, "num_preempted": 2, "compute_score": 0.25,
@@ -82,14 +82,36 @@ def test_every_verl_output_field_and_metric_reaches_the_batch_or_the_metrics():
     columns = output_columns(outputs)
     assert columns["routed_experts"][0] == [[0, 1]] * 3 and columns["routed_experts"][1] is None
     assert list(columns["turn_scores"]) == [[1.0], None] and list(columns["__num_turns__"]) == [2, 2]
-    metrics = agent_loop_metrics([output.num_turns for output in outputs], [output.metrics for output in outputs])
-    assert (metrics["agent_loop/generate_sequences/mean"], metrics["agent_loop/num_preempted/mean"],
-            metrics["agent_loop/compute_score/mean"], metrics["agent_loop/queue_s/mean"]) == (1.0, 2.0, 0.125, 3.0)
+    metrics = agent_loop_metrics([output.num_turns for output in outputs], [output.metrics for output in outputs],
+                                 [(1, 2), (1, 2)])
+    assert (metrics["timing_s/agent_loop/generate_sequences/mean"], metrics["agent_loop/num_preempted/mean"],
+            metrics["timing_s/agent_loop/compute_score/mean"], metrics["agent_loop/queue_s/mean"]) == (1.0, 2.0, 0.125, 3.0)
     assert "agent_loop/note/mean" not in metrics
     assert "routed_experts" not in output_columns(outputs[1:])
 
 
 # ---------------------------------------------------------------------- the loop's reward
+
+
+def test_verls_timing_metrics_and_the_slowest_sample_by_hand():
+    """timing_s/agent_loop/{generate_sequences,tool_calls,compute_score}/{min,max,mean} per sample and slowest/*: the
+    sample with the most seconds of the three (here the second: 1.0 + 2.0 + 0.5 = 3.5 against 3.1 and 0.2), verl's
+    num_turns/*."""
+    from hybridrl.agent_loop.base import AgentLoopMetrics
+
+    metrics = [AgentLoopMetrics(generate_sequences=3.0, tool_calls=0.0, compute_score=0.1, num_preempted=0),
+               AgentLoopMetrics(generate_sequences=1.0, tool_calls=2.0, compute_score=0.5, num_preempted=3),
+               AgentLoopMetrics(generate_sequences=0.2, num_preempted=-1)]
+    got = agent_loop_metrics([2, 6, 2], metrics, [(10, 40), (12, 300), (9, 5)])
+    assert (got["num_turns/min"], got["num_turns/max"], got["num_turns/mean"]) == (2.0, 6.0, pytest.approx(10 / 3))
+    assert (got["timing_s/agent_loop/generate_sequences/min"], got["timing_s/agent_loop/generate_sequences/max"],
+            got["timing_s/agent_loop/generate_sequences/mean"]) == (0.2, 3.0, pytest.approx(4.2 / 3))
+    assert (got["timing_s/agent_loop/tool_calls/max"], got["timing_s/agent_loop/tool_calls/mean"]) == (
+        2.0, pytest.approx(2 / 3))
+    slowest = {key.rsplit("/", 1)[1]: value for key, value in got.items() if "/slowest/" in key}
+    assert slowest == {"generate_sequences": 1.0, "tool_calls": 2.0, "compute_score": 0.5, "num_preempted": 3.0,
+                       "prompt_length": 12.0, "response_length": 300.0}
+    assert got["agent_loop/num_preempted/mean"] == 1.5  # -1 (unknown) left out
 
 
 def test_loop_reward_replaces_the_managers_on_the_last_response_token():

@@ -164,7 +164,7 @@ def test_yaml_loop_with_a_masked_span_trains_only_on_model_tokens(ray_local, toy
         assert torch.equal(batch.batch["token_level_scores"].sum(-1), expected)
     for step in read_metrics(str(tmp_path)):
         assert step["agent_loop/num_failed"] == 0
-        assert step["agent_loop/num_turns/mean"] == 4
+        assert step["num_turns/mean"] == 4
         # the servers generated with the trainer's own weights: their log-probs match the actor's
         assert step["training/rollout_probs_diff_max"] < 1e-3
         assert step["timing_s/gen"] > 0

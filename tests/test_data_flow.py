@@ -588,7 +588,7 @@ def test_the_data_flow_logs_agent_loop_metrics_of_the_samples_a_loop_made():
     failed = sample(3, error="Traceback ...: boom")
     metrics = _agent_loop_metrics([[tool, failed]], failed=3)
     assert metrics["agent_loop/num_failed"] == 3  # the step's, dropped groups included
-    assert (metrics["agent_loop/num_turns/mean"], metrics["agent_loop/num_turns/min"]) == (2.0, 0.0)
+    assert (metrics["num_turns/mean"], metrics["num_turns/min"]) == (2.0, 0.0)
     assert metrics["agent_loop/num_tool_calls/mean"] == 1.0 and metrics["agent_loop/used_tools/mean"] == 0.5
     assert metrics["agent_loop/tool_latency_s/mean"] == 0.25  # 0.5 s over 2 calls
 

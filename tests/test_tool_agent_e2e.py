@@ -80,7 +80,7 @@ def check_tool_rows(batch, tokenizer) -> int:
 def check_tool_metrics(step, batch_rows: int, rows_with_tool: int) -> None:
     assert step["agent_loop/num_failed"] == 0
     assert step["agent_loop/tokenization_mismatch/sum"] <= batch_rows // 4
-    assert step["agent_loop/num_turns/max"] >= 4 and step["agent_loop/num_turns/min"] >= 2
+    assert step["num_turns/max"] >= 4 and step["num_turns/min"] >= 2
     assert step["agent_loop/num_tool_calls/mean"] >= 0.5
     assert step["agent_loop/used_tools/mean"] == rows_with_tool / batch_rows
     for key in ("agent_loop/num_tool_errors/sum", "agent_loop/tool_latency_s/mean",

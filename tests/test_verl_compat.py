@@ -390,4 +390,4 @@ def test_the_builtin_tool_task_trains_two_steps_driven_by_a_verl_loop(ray_local,
             assert batch.non_tensor_batch["tool_rewards"][row] == [float(value == product) for value in answered]
             tool_calls += len(answered)
     assert tool_calls > 0 and sum(step["critic/score/mean"] for step in steps) > 0
-    assert sum(step["agent_loop/generate_sequences/mean"] for step in steps) > 0
+    assert sum(step["timing_s/agent_loop/generate_sequences/mean"] for step in steps) > 0

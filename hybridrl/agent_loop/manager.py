@@ -371,7 +371,8 @@ class AgentLoopManager:
             [float("nan") if output.reward_score is None else float(output.reward_score) for output in outputs],
             dtype=torch.float32)
         batch.meta_info["metrics"] = {"agent_loop/num_failed": float(len(errors)), **agent_loop_metrics(
-            [output.num_turns for output in outputs], [output.metrics for output in outputs])}
+            [output.num_turns for output in outputs], [output.metrics for output in outputs],
+            [(len(output.prompt_ids), len(output.response_ids)) for output in outputs])}
         return batch
 
     def report_failures(self, errors: list[str], rows: int) -> None:
@@ -412,22 +413,34 @@ def object_column(values: list[Any]) -> np.ndarray:
     return column
 
 
-def agent_loop_metrics(turns: list[int], metrics: list[AgentLoopMetrics]) -> dict[str, float]:
-    """The batch's agent_loop/* metrics from each sample's turns and AgentLoopMetrics: turns (verl's
-    num_turns/{mean,min,max}), engine, tool and scoring seconds per sample, the engine's preemptions (mean over the
-    samples that report them), the tool loop's counts (tool_agent.py), and the mean of every numeric metric a loop
-    added of its own."""
+def agent_loop_metrics(turns: list[int], metrics: list[AgentLoopMetrics],
+                       lengths: list[tuple[int, int]]) -> dict[str, float]:
+    """The batch's agent-loop metrics from each sample's turns, AgentLoopMetrics and (prompt, response) token
+    lengths, under verl's names where verl has them:
+    - num_turns/{min,max,mean};
+    - timing_s/agent_loop/{generate_sequences,tool_calls,compute_score}/{min,max,mean}: seconds per sample;
+    - timing_s/agent_loop/slowest/*: the sample with the most of those seconds, which bounds the batch (its seconds
+      of each, its preemptions, its prompt and response lengths). timing_s/agent_loop (the whole call) less its
+      generate_sequences is how long the slowest sample waited before and after its requests;
+    and agent_loop/* of ours: the engine's preemptions (mean over the samples that report them), the tool loop's
+    counts (tool_agent.py), and the mean of every numeric metric a loop added of its own."""
     calls = sum(m.num_tool_calls for m in metrics)
     preempted = [m.num_preempted for m in metrics if m.num_preempted >= 0]
+    seconds = {name: np.array([getattr(m, name) for m in metrics], dtype=float)
+               for name in ("generate_sequences", "tool_calls", "compute_score")}
+    slowest = int(np.argmax(sum(seconds.values())))
     return {
         **({"agent_loop/num_preempted/mean": float(np.mean(preempted))} if preempted else {}),
         **loop_defined_metrics(metrics),
-        "agent_loop/compute_score/mean": float(np.mean([m.compute_score for m in metrics])),
-        "agent_loop/num_turns/mean": float(np.mean(turns)),
-        "agent_loop/num_turns/min": float(np.min(turns)),
-        "agent_loop/num_turns/max": float(np.max(turns)),
-        "agent_loop/generate_sequences/mean": float(np.mean([m.generate_sequences for m in metrics])),
-        "agent_loop/tool_calls/mean": float(np.mean([m.tool_calls for m in metrics])),
+        "num_turns/mean": float(np.mean(turns)),
+        "num_turns/min": float(np.min(turns)),
+        "num_turns/max": float(np.max(turns)),
+        **{f"timing_s/agent_loop/{name}/{stat}": float(getattr(np, stat)(values))
+           for name, values in seconds.items() for stat in ("min", "max", "mean")},
+        **{f"timing_s/agent_loop/slowest/{name}": float(values[slowest]) for name, values in seconds.items()},
+        "timing_s/agent_loop/slowest/num_preempted": float(metrics[slowest].num_preempted),
+        "timing_s/agent_loop/slowest/prompt_length": float(lengths[slowest][0]),
+        "timing_s/agent_loop/slowest/response_length": float(lengths[slowest][1]),
         "agent_loop/num_tool_calls/mean": float(np.mean([m.num_tool_calls for m in metrics])),
         "agent_loop/used_tools/mean": float(np.mean([m.num_tool_calls > 0 for m in metrics])),  # share of samples
         "agent_loop/num_tool_errors/sum": float(sum(m.num_tool_errors for m in metrics)),

@@ -44,7 +44,7 @@ def test_tool_agent_on_sglang_takes_several_turns_and_reports_throughput(tmp_pat
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, f"exit code {result.returncode}; stderr ends:\n{result.stderr[-4000:]}"
     with open(run_dir / "metrics.jsonl") as f:
-        steps = [json.loads(line) for line in f if "agent_loop/num_turns/mean" in line]
+        steps = [json.loads(line) for line in f if "num_turns/mean" in line]
     assert len(steps) == STEPS
     rows = PROMPTS * SAMPLES
     for step in steps:
@@ -52,11 +52,11 @@ def test_tool_agent_on_sglang_takes_several_turns_and_reports_throughput(tmp_pat
         seconds = step["timing_s/agent_loop"]
         tokens = step["response_length/mean"] * rows  # response tokens, tool tokens included (what was decoded
         # or prefilled as the conversation grew); the model's own share is response_mask's
-        turns = step["agent_loop/num_turns/mean"] * rows
+        turns = step["num_turns/mean"] * rows
         print(f"step {int(step['training/global_step'])}: {rows} conversations in {seconds:.2f} s, "
               f"{tokens / seconds:.0f} response tokens/s, {turns / seconds:.0f} turns/s, "
-              f"turns/sample {step['agent_loop/num_turns/mean']:.2f} (max {step['agent_loop/num_turns/max']:.0f}), "
+              f"turns/sample {step['num_turns/mean']:.2f} (max {step['num_turns/max']:.0f}), "
               f"tool calls/sample {step['agent_loop/num_tool_calls/mean']:.2f}, "
               f"tool latency {step['agent_loop/tool_latency_s/mean'] * 1e3:.2f} ms", flush=True)
-    assert max(step["agent_loop/num_turns/mean"] for step in steps) > 2
-    assert max(step["agent_loop/num_turns/max"] for step in steps) >= 4
+    assert max(step["num_turns/mean"] for step in steps) > 2
+    assert max(step["num_turns/max"] for step in steps) >= 4

@@ -441,15 +441,17 @@ def _reward_extra_means(groups: list[list[Sample]]) -> dict[str, float]:
 
 
 def _agent_loop_metrics(groups: list[list[Sample]], failed: int) -> dict[str, float]:
-    """agent_loop/* of the trained samples that an agent loop generated (the async rollout's metrics; a failed loop
-    counts with empty metrics, as there), and agent_loop/num_failed over the step; none when no loop ran."""
+    """The agent-loop metrics of the trained samples that an agent loop generated (the async rollout's, manager.py's
+    agent_loop_metrics; a failed loop counts with empty metrics, as there), and agent_loop/num_failed over the step;
+    none when no loop ran."""
     ran = [sample for group in groups for sample in sampled(group) if sample.agent_metrics is not None or sample.error]
     if not ran and not failed:
         return {}
     metrics = {"agent_loop/num_failed": float(failed)}
     if ran:
         metrics.update(agent_loop_metrics([sample.num_turns for sample in ran],
-                                          [AgentLoopMetrics(**(sample.agent_metrics or {})) for sample in ran]))
+                                          [AgentLoopMetrics(**(sample.agent_metrics or {})) for sample in ran],
+                                          [(len(sample.prompt_ids), len(sample.response_ids)) for sample in ran]))
     return metrics
 
 
