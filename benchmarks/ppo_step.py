@@ -212,7 +212,12 @@ def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
     rows = [("response length (mean tokens)", "response_length/mean", "{:.0f}")]
     rows += [(f"{phase} (s)", f"timing_s/{phase}", "{:.2f}") for phase in PHASES]
     rows += [(f"  switch: {part} (s)", f"timing_s/{part}", "{:.3f}") for part in SWITCH]
-    rows += [("  engine_generate (s)", "timing_s/engine_generate", "{:.2f}"),
+    # rollout.mode=async: the manager's whole call against its slowest sample's generate (their difference: how late
+    # that sample's request went out, and what came after) and the mean sample's
+    rows += [("  agent loops: whole call (s)", "timing_s/agent_loop", "{:.2f}"),
+             ("  agent loops: slowest generate (s)", "timing_s/agent_loop/slowest/generate_sequences", "{:.2f}"),
+             ("  agent loops: mean generate (s)", "timing_s/agent_loop/generate_sequences/mean", "{:.2f}"),
+             ("  engine_generate (s)", "timing_s/engine_generate", "{:.2f}"),
              ("  engine CUDA graph share (decode lines)", "engine/cuda_graph_share", "{:.2f}"),
              ("  engine running requests (median)", "engine/running_req_median", "{:.0f}"),
              ("  engine gen tok/s (median)", "engine/gen_tok_per_s_median", "{:,.0f}"),
