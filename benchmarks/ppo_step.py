@@ -212,9 +212,11 @@ def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
     rows = [("response length (mean tokens)", "response_length/mean", "{:.0f}")]
     rows += [(f"{phase} (s)", f"timing_s/{phase}", "{:.2f}") for phase in PHASES]
     rows += [(f"  switch: {part} (s)", f"timing_s/{part}", "{:.3f}") for part in SWITCH]
-    # rollout.mode=async: the manager's whole call against its slowest sample's generate (their difference: how late
-    # that sample's request went out, and what came after) and the mean sample's
-    rows += [("  agent loops: whole call (s)", "timing_s/agent_loop", "{:.2f}"),
+    # rollout.mode=async: when the engine server's first and last request came (the engine has its full batch only
+    # after the last), the manager's whole call against its slowest sample's generate, and the mean sample's
+    rows += [("  server: first request after serve (s)", "timing_s/server_first_request", "{:.2f}"),
+             ("  server: last request after serve (s)", "timing_s/server_last_request", "{:.2f}"),
+             ("  agent loops: whole call (s)", "timing_s/agent_loop", "{:.2f}"),
              ("  agent loops: slowest generate (s)", "timing_s/agent_loop/slowest/generate_sequences", "{:.2f}"),
              ("  agent loops: mean generate (s)", "timing_s/agent_loop/generate_sequences/mean", "{:.2f}"),
              ("  engine_generate (s)", "timing_s/engine_generate", "{:.2f}"),

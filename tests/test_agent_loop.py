@@ -189,6 +189,32 @@ def test_least_in_flight_balancing_and_sticky_request_ids():
     assert manager.choose_server("r0") == where["r0"]
 
 
+def test_the_server_reports_its_window_requests_and_when_the_first_and_last_came():
+    """pause() returns what the serving window saw: 3 requests; the last admitted at least the client's 0.3 s pause
+    after the first (a lower bound the clock cannot break); a window without requests reports 0 of them."""
+    server = served(SlowEcho(delay=0))
+    manager = AsyncLLMServerManager([server.address])
+
+    async def scenario():
+        await asyncio.gather(*(manager.generate(f"r{i}", prompt_ids=[i], sampling_params={}) for i in range(2)))
+        await asyncio.sleep(0.3)
+        await manager.generate("late", prompt_ids=[9], sampling_params={})
+        await manager.close()
+
+    try:
+        asyncio.run(scenario())
+        window = server.pause()
+        server.serve()
+        empty = server.pause()
+    finally:
+        server.shutdown()
+    assert window["rollout/server_requests"] == 3
+    assert 0 <= window["timing_s/server_first_request"]
+    assert window["timing_s/server_last_request"] - window["timing_s/server_first_request"] >= 0.3
+    assert empty == {"rollout/server_requests": 0.0}
+    assert server.pause() == {}  # not serving: no window
+
+
 class Gate:
     """An engine that answers nobody until `expected` requests are inside it at once, or `patience` seconds passed
     (so that a client which holds requests back fails the test instead of hanging it)."""

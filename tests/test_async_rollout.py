@@ -165,6 +165,9 @@ def test_yaml_loop_with_a_masked_span_trains_only_on_model_tokens(ray_local, toy
     for step in read_metrics(str(tmp_path)):
         assert step["agent_loop/num_failed"] == 0
         assert step["num_turns/mean"] == 4
+        # the rank's server reports its rollout window at trainer_mode: its requests, when the first and last came
+        assert step["rollout/server_requests"] > 0
+        assert step["timing_s/server_last_request"] >= step["timing_s/server_first_request"] >= 0
         # the servers generated with the trainer's own weights: their log-probs match the actor's
         assert step["training/rollout_probs_diff_max"] < 1e-3
         assert step["timing_s/gen"] > 0

@@ -195,12 +195,12 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
     def trainer_mode(self) -> dict[str, float]:
         """Rollout mode -> trainer mode: in rollout.mode=async the engine server first stops answering (requests
         wait for the next rollout mode); the engine releases its memory. Returns this rank's timing_s/<part>
-        metrics (release_engine, the engine's own, offload_actor)."""
+        metrics (release_engine, the engine's own, offload_actor) and, in rollout.mode=async, what its server saw in
+        the rollout window (async_server.window_metrics)."""
         self._require(self._is_rollout, "trainer_mode", "rollout")
-        if self.engine_server is not None:
-            self.engine_server.pause()
+        served = self.engine_server.pause() if self.engine_server is not None else {}
         metrics = self.mode_switch.trainer_mode()
-        return {**metrics, **self.actor_offload.take_timing("actor")}
+        return {**served, **metrics, **self.actor_offload.take_timing("actor")}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def start_engine_server(self, eos_token_ids: list[int], pad_token_id: int) -> str:

@@ -89,12 +89,12 @@ class WeightTransferMixin:
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)  # the other side joins at the same time
     def receive_weights(self, version: int) -> dict[str, float]:
-        """Pause serving, load every bucket the trainer broadcasts, serve again holding `version`."""
+        """Pause serving, load every bucket the trainer broadcasts, serve again holding `version`. Returns the timings
+        and what the server saw while it held the previous version (async_server.window_metrics)."""
         self._require(self._is_rollout and not self._is_actor, "receive_weights", "rollout (alone)")
         started = time.perf_counter()
         switch = self.mode_switch
-        if self.engine_server is not None:
-            self.engine_server.pause()
+        served = self.engine_server.pause() if self.engine_server is not None else {}
         paused = time.perf_counter()
         if switch.shares_trainer_weights and switch.in_rollout_mode:
             switch.trainer_mode()  # the hf engine generates from this worker's module: load into it sharded
@@ -116,7 +116,8 @@ class WeightTransferMixin:
             switch.engine_weights_version = version
         if self.engine_server is not None:
             self.engine_server.serve(version)
-        return {"timing_s/receive_weights": time.perf_counter() - started, "timing_s/pause_engine": paused - started}
+        return {**served, "timing_s/receive_weights": time.perf_counter() - started,
+                "timing_s/pause_engine": paused - started}
 
     def _transfer_backend(self) -> str:
         return "nccl" if self.device == "cuda" else "gloo"

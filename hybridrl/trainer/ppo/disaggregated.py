@@ -22,7 +22,9 @@ import ray
 from hybridrl.agent_loop.manager import AgentLoopManager
 from hybridrl.single_controller.heartbeat import WorkerWatch
 from hybridrl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
+from hybridrl.trainer.ppo.metric_utils import mean_of_rank_metrics
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
+from hybridrl.workers.rollout.async_server import WINDOW_METRICS
 
 
 class DisaggregatedPPOTrainer(RayPPOTrainer):
@@ -71,7 +73,9 @@ class DisaggregatedPPOTrainer(RayPPOTrainer):
     # ------------------------------------------------------------------ weights: trainer pool -> rollout pool
     def sync_weights(self) -> dict[str, float]:
         """Give every engine the actor's current weights unless it holds them already; timing_s/sync_weights and
-        the parts' timings. The engines pause (finishing the requests under way) and resume around it."""
+        the parts' timings, and what the servers saw while they held the previous weights (async_server.
+        window_metrics, the mean over the servers). The engines pause (finishing the requests under way) and resume
+        around it."""
         version = self.weights_version()
         if version == self.rollout_version:
             return {}
@@ -83,7 +87,9 @@ class DisaggregatedPPOTrainer(RayPPOTrainer):
                    "timing_s/send_weights": sent[0]["timing_s/send_weights"],
                    "weight_sync/megabytes": sent[0]["weight_sync/megabytes"],
                    "timing_s/receive_weights": max(rank["timing_s/receive_weights"] for rank in received),
-                   "timing_s/pause_engine": max(rank["timing_s/pause_engine"] for rank in received)}
+                   "timing_s/pause_engine": max(rank["timing_s/pause_engine"] for rank in received),
+                   **mean_of_rank_metrics([{key: rank[key] for key in WINDOW_METRICS if key in rank}
+                                           for rank in received])}
         return metrics
 
     def _rollout_mode(self) -> dict[str, float]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -59,9 +60,11 @@ class EngineServer:
 
     def __init__(self, engine: AsyncEngine, host: str, loop: Optional[asyncio.AbstractEventLoop] = None):
         self.engine = engine
+        self._own_loop = loop is None  # closed at shutdown (SGLang's loop stays its engine's)
         self.loop = loop or asyncio.new_event_loop()
         self._thread: Optional[threading.Thread] = None
         self._in_flight = 0
+        self._served_at, self._admitted = 0.0, []  # this serving window's start and request admission times
         self.weight_version: Optional[int] = None  # the policy version the engine holds while serving
         # Set only in rollout mode. SGLang's loop also runs in trainer mode, whenever the worker drives the engine
         # (run_until_complete of a release, a resume): a request accepted then waits here, not at the engine.
@@ -84,18 +87,21 @@ class EngineServer:
         if reset_abort is not None:  # an abort lasts until the next rollout mode
             reset_abort()
         self.weight_version = weight_version
+        self._served_at, self._admitted = time.monotonic(), []
         self._open.set()  # the loop is not running: no other thread touches it now
         self._thread = threading.Thread(target=self.loop.run_forever, name="engine-server", daemon=True)
         self._thread.start()
 
-    def pause(self) -> None:
-        """Stop answering (trainer mode): requests wait in the backlog; ones being generated finish first."""
+    def pause(self) -> dict[str, float]:
+        """Stop answering (trainer mode): requests wait in the backlog; ones being generated finish first. Returns the
+        serving window's metrics (window_metrics; {} when it was not serving)."""
         if self._thread is None:
-            return
+            return {}
         asyncio.run_coroutine_threadsafe(self._close_and_drain(), self.loop).result()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self._thread = None
+        return window_metrics(self._served_at, self._admitted)
 
     def shutdown(self) -> None:
         self.pause()
@@ -103,6 +109,8 @@ class EngineServer:
         if close is not None:
             self.loop.run_until_complete(close())
         self.loop.run_until_complete(self._runner.cleanup())
+        if self._own_loop:
+            self.loop.close()
 
     async def _close_and_drain(self) -> None:
         self._open.clear()
@@ -132,6 +140,7 @@ class EngineServer:
     async def _generate(self, request: web.Request) -> web.Response:
         payload = await request.json()
         await self._open.wait()
+        self._admitted.append(time.monotonic())
         self._in_flight += 1
         try:
             unknown = set(payload.get("sampling_params", {})) - SAMPLING_KEYS
@@ -144,6 +153,19 @@ class EngineServer:
         finally:
             self._in_flight -= 1
         return web.json_response(result)
+
+
+WINDOW_METRICS = ("rollout/server_requests", "timing_s/server_first_request", "timing_s/server_last_request")
+
+
+def window_metrics(served_at: float, admitted: list[float]) -> dict[str, float]:
+    """What one serving window (serve() to pause()) saw: rollout/server_requests, the requests it admitted, and
+    timing_s/server_first_request / timing_s/server_last_request, the seconds from serve() to the first and the last
+    of them. Their difference is how long the clients took to send all their requests: an engine reaches its full
+    batch only then (agent loops that send slowly leave it decoding small batches, issue 26)."""
+    if not admitted:
+        return {WINDOW_METRICS[0]: 0.0}
+    return dict(zip(WINDOW_METRICS, (float(len(admitted)), min(admitted) - served_at, max(admitted) - served_at)))
 
 
 # ---------------------------------------------------------------------- HF generate, batched
