@@ -262,11 +262,14 @@ def test_vllm_says_what_it_needs(tp):
                         "scripts/gpu/install_vllm.sh)")
     expected.append("actor_rollout_ref.rollout.name: expected 'hf' without a GPU (trainer.device='cpu', "
                     f"CUDA available: {torch.cuda.is_available()}), got 'vllm' (vllm needs a CUDA GPU)")
+    assert problems == expected  # tp=2: each rank holds its shard (vllm_rollout.py), accepted in sync mode
     if tp == 2:
-        expected.append("actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with "
-                        "actor_rollout_ref.rollout.name='vllm' (one engine per GPU; tensor parallelism across ranks "
-                        "is not implemented yet, issue #29), got 2")
-    assert problems == expected
+        assert ("actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with actor_rollout_ref.rollout.mode="
+                "'async' and actor_rollout_ref.hybrid_engine=True (tensor-parallel vllm engines run in the synchronous "
+                "colocated trainer") in " ".join(problems_for(
+                    "actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu",
+                    "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.mode=async",
+                    "data.return_raw_chat=true"))
 
 
 @pytest.mark.parametrize("engine, key, instead", [

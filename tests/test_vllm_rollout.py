@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -341,9 +342,93 @@ def test_an_engine_failure_is_engine_died_error_now_and_on_every_later_call(engi
     assert rollout.llm.calls == []  # refused before the failed engine is touched again
 
 
-def test_tensor_parallel_engines_are_refused_naming_the_issue(engine):
-    with pytest.raises(NotImplementedError, match="tensor_model_parallel_size=2.*issue #29"):
-        engine(tensor_model_parallel_size=2)
+# ---------------------------------------------------------------------- tensor parallelism: each rank its shard
+
+TP_WORLD = 4  # two TP groups of 2 gloo ranks: 0-1 and 2-3
+
+
+class RecordingTPLLM(FakeLLM):
+    """FakeLLM that also records what the external launcher reads at the engine's start (LOCAL_RANK, RANK) and the
+    prompts of each generate call."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.started_with = {key: vllm_rollout.os.environ.get(key) for key in ("LOCAL_RANK", "RANK")}
+        self.generated: list[list[list[int]]] = []
+
+    def generate(self, prompts, params, use_tqdm=True):
+        self.generated.append([prompt["prompt_token_ids"] for prompt in prompts])
+        return super().generate(prompts, params, use_tqdm)
+
+
+def _tp_rank_main(rank: int, work_dir: str, config) -> None:
+    """One rank of the trainer's world: its node-local LOCAL_RANK (as Ray sets it), its own torch seed, rank + 1
+    prompts of its own, and a VLLMRollout with tensor_model_parallel_size=2 over the fake."""
+    import json
+
+    import torch.distributed as dist
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", init_method=f"file://{work_dir}/pg", rank=rank, world_size=TP_WORLD)
+    torch.manual_seed(100 + rank)
+    device = FakeDevice()
+    llm_class = type("LLM", (RecordingTPLLM,), {"device": device})
+    vllm_rollout.load_vllm = lambda: SimpleNamespace(LLM=llm_class, SamplingParams=dict)
+    rollout = VLLMRollout(replace(config, tensor_model_parallel_size=2, calculate_log_probs=True),
+                          model_config=ModelSpec(key="actor_rollout_ref.model", path="/no/such/model"),
+                          device_memory=device)
+    rollout.resume(("weights",))
+    rollout.update_weights(weights(1, mib=0.1))
+    rollout.resume(("kv_cache",))
+    output = rollout.generate_sequences(prompts([[10 * rank + i] for i in range(rank + 1)]))
+    report = {"kwargs": {key: rollout.llm.kwargs[key] for key in ("tensor_parallel_size", "disable_custom_all_reduce",
+                                                                  "distributed_executor_backend", "seed")},
+              "started_with": rollout.llm.started_with, "local_rank_after": os.environ["LOCAL_RANK"],
+              "initial_seed": torch.initial_seed() % (2**31), "generated": rollout.llm.generated,
+              "responses": output.batch["responses"][:, 0].tolist(), "rows": len(output),
+              "log_probs": output.batch["rollout_log_probs"][:, 0].tolist()}
+    with open(os.path.join(work_dir, f"rank{rank}.json"), "w") as handle:
+        json.dump(report, handle)
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def tp_reports(tmp_path_factory, engine_rollout_config) -> list[dict]:
+    import json
+
+    import torch.multiprocessing as mp
+
+    work_dir = tmp_path_factory.mktemp("vllm_tp")
+    mp.spawn(_tp_rank_main, args=(str(work_dir), engine_rollout_config), nprocs=TP_WORLD, join=True)
+    return [json.loads((work_dir / f"rank{rank}.json").read_text()) for rank in range(TP_WORLD)]
+
+
+def test_each_rank_starts_its_shard_through_the_external_launcher_on_its_own_device(tp_reports):
+    """vLLM's external launcher takes cuda:LOCAL_RANK: a Ray worker's only device is its index 0, whatever its
+    node-local rank; LOCAL_RANK is the worker's again after the start."""
+    for rank, report in enumerate(tp_reports):
+        assert report["kwargs"]["tensor_parallel_size"] == 2
+        assert report["kwargs"]["distributed_executor_backend"] == "external_launcher"
+        assert report["kwargs"]["disable_custom_all_reduce"] is True
+        assert report["started_with"] == {"LOCAL_RANK": "0", "RANK": str(rank)}
+        assert report["local_rank_after"] == str(rank)
+
+
+def test_a_groups_engines_share_the_leaders_seed(tp_reports):
+    seeds = [report["kwargs"]["seed"] for report in tp_reports]
+    assert seeds == [tp_reports[0]["initial_seed"]] * 2 + [tp_reports[2]["initial_seed"]] * 2
+    assert tp_reports[0]["initial_seed"] != tp_reports[1]["initial_seed"]  # the ranks' own seeds differed
+
+
+def test_every_rank_of_a_group_generates_the_groups_prompts_and_keeps_its_own_rows(tp_reports):
+    """Group 0-1: rank 0's prompt [0] then rank 1's [10], [11], on both ranks; group 2-3 the same with its own. The
+    fake answers the prompt's last token + 1."""
+    group_prompts = [[[0], [10], [11]], [[20], [21], [22], [30], [31], [32], [33]]]
+    for rank, report in enumerate(tp_reports):
+        assert report["generated"] == [group_prompts[rank // 2]]
+        assert report["rows"] == rank + 1
+        assert report["responses"] == [10 * rank + i + 1 for i in range(rank + 1)]
+        assert report["log_probs"] == [-0.5] * (rank + 1)
 
 
 # ---------------------------------------------------------------------- async engine (rollout.mode=async)

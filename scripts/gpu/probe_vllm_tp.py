@@ -1,7 +1,8 @@
 """Probe for issue 29 item 2, on a host of 2 or more GPUs: can every trainer rank hold its own vLLM tensor-parallel
 shard in its own process (vLLM's external launcher, as verl runs it) while torch.distributed is already set up by the
-trainer, and take the trainer's full weights in place after a level-2 sleep? Not a test: what it prints decides how
-`vllm_rollout.py` spans GPUs (the rollout refuses tensor_model_parallel_size > 1 until then).
+trainer, and take the trainer's full weights in place after a level-2 sleep? Not a test: the first minute of a 2-GPU
+lease, before tests/gpu/test_engine_tp.py runs the design vllm_rollout.py builds on it through the whole trainer;
+a failure here names the vLLM step that breaks without a trainer around it.
 
     python3 -m torch.distributed.run --nproc-per-node 2 scripts/gpu/probe_vllm_tp.py --model-dir /tmp/q05 \
         --out $OUT/probe_vllm_tp.json

@@ -50,7 +50,7 @@ def generate(worker, batch: DataProto) -> DataProto:
     return output
 
 
-# ---- whole-trainer GPU tests (test_async_training_gpu.py, test_sglang_tp.py): the toy task of test_e2e_training.py
+# ---- whole-trainer GPU tests (test_async_training_gpu.py, test_engine_tp.py): the toy task of test_e2e_training.py
 WORDS = ["apple", "banana", "cherry", "dog", "egg", "fig", "grape", "hat", "ink", "jam"]
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

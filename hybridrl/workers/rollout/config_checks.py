@@ -63,22 +63,19 @@ def _tensor_parallel_divides(values: Values, problems: list[str]) -> None:
 
 @register_check()
 def _tensor_parallel_engines_built(values: Values, problems: list[str]) -> None:
-    """sglang spans tensor_model_parallel_size GPUs with one engine per group of ranks in the synchronous colocated
-    trainer (rollout/tensor_parallel.py); the vllm rollout, the engine servers of rollout.mode=async and the separate
-    rollout pools of hybrid_engine=false still run one engine per GPU (issue #29)."""
+    """sglang and vllm span tensor_model_parallel_size GPUs in the synchronous colocated trainer (sglang: one engine
+    per group of ranks, rollout/tensor_parallel.py; vllm: each rank its shard, vllm_rollout.py); the engine servers
+    of rollout.mode=async and the separate rollout pools of hybrid_engine=false still run one engine per GPU
+    (issue #29)."""
     tp = values("actor_rollout_ref.rollout.tensor_model_parallel_size")
     rollout = values("actor_rollout_ref.rollout.name")
     if rollout not in GPU_ENGINES or tp == 1:
         return
-    if rollout != "sglang":
-        problems.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with "
-                        f"actor_rollout_ref.rollout.name={rollout!r} (one engine per GPU; tensor parallelism across "
-                        f"ranks is not implemented yet, issue #29), got {tp}")
-    elif values("actor_rollout_ref.rollout.mode") != "sync" or not values("actor_rollout_ref.hybrid_engine"):
+    if values("actor_rollout_ref.rollout.mode") != "sync" or not values("actor_rollout_ref.hybrid_engine"):
         problems.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with "
                         f"actor_rollout_ref.rollout.mode={values('actor_rollout_ref.rollout.mode')!r} and "
                         f"actor_rollout_ref.hybrid_engine={values('actor_rollout_ref.hybrid_engine')} (tensor-parallel "
-                        f"sglang engines run in the synchronous colocated trainer: rollout.mode=sync, "
+                        f"{rollout} engines run in the synchronous colocated trainer: rollout.mode=sync, "
                         f"hybrid_engine=true; engine servers and separate rollout pools are one engine per GPU, "
                         f"issue #29), got {tp}")
 

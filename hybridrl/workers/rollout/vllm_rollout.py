@@ -17,6 +17,14 @@ actor, and the two take turns through the lifecycle contract of rollout/base.py:
 After a level-2 sleep the weights' memory holds garbage until the next push: generating before it is
 refused. With `rollout.free_cache_engine=false` the engine never sleeps and its weights survive.
 
+Tensor parallelism (rollout.tensor_model_parallel_size k > 1, the synchronous colocated trainer): every rank holds
+its own TP shard in its own process, verl's design, through vLLM's external launcher. vLLM then builds its TP groups
+on the trainer's torch.distributed world, k consecutive ranks each (the outer data-parallel dimension is the rest of
+the world), which is the group rollout/tensor_parallel.py gives SGLang. A TP group's engines must see the same
+requests in the same order: each rank's prompts are gathered within the group (gloo), every rank generates all of
+them with the same seed, and keeps its own rows. Each rank takes the full weights and its model's load_weights keeps
+its shard, so a push moves no tensor between GPUs. Each rank sleeps and wakes its own memory.
+
 The engine core runs in THIS process (VLLM_ENABLE_V1_MULTIPROCESSING=0): `apply_model` then calls
 `load_weights` on the very model the engine runs, with the trainer's CUDA tensors, no IPC. For the
 same reason a failing engine raises in the caller at once; `EngineDiedError` wraps it (and every
@@ -32,6 +40,7 @@ Everything vLLM-specific goes through `load_vllm()` (the `LLM` and `SamplingPara
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -45,6 +54,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import BaseRollout, register_rollout
 from hybridrl.workers.rollout.sampling import max_new_tokens, sampling_source
 from hybridrl.workers.rollout.engine_load import EngineLoad, cuda_graph_size
+from hybridrl.workers.rollout.tensor_parallel import TensorParallelGroup
 from hybridrl.workers.rollout.engine_io import (RESUME_HEADROOM, EngineDiedError, GiB,
                                                 engine_output, generation_config_ids, prompt_token_lists,
                                                 resume_memory_error, token_ids)
@@ -65,6 +75,8 @@ CONFIG_OWNED_ENGINE_KWARGS = {
     "max_num_seqs": "rollout.max_num_seqs",
     "max_num_batched_tokens": "rollout.max_num_batched_tokens",
     "enforce_eager": "rollout.enforce_eager",
+    "distributed_executor_backend": "(external_launcher with tensor_model_parallel_size > 1: each rank holds its "
+                                    "shard in process; vLLM's default with one GPU)",
     "enable_sleep_mode": "(always on: the hybrid engine releases memory)",
     "skip_tokenizer_init": "(always on: token ids in and out)",
     "logprobs_mode": "(always processed_logprobs: log-probs under logits / temperature, as the actor scores)",
@@ -75,6 +87,12 @@ CONFIG_OWNED_ENGINE_KWARGS = {
 # graphs: one of them in engine_kwargs.vllm.compilation_config is the user's choice, which wins.
 GRAPH_SIZE_KEY = "max_cudagraph_capture_size"
 GRAPH_SIZE_KEYS = ("max_cudagraph_capture_size", "cudagraph_capture_sizes")
+
+
+# With tensor_model_parallel_size > 1: every rank's own shard, in process (the external launcher), and NCCL's
+# all-reduce: vLLM's custom all-reduce maps its peers' buffers by device id, and a Ray worker sees only its own GPU
+# (verl turns it off for the same launcher). engine_kwargs.vllm may turn it back on; the launcher is the design.
+TENSOR_PARALLEL_KWARGS = {"distributed_executor_backend": "external_launcher", "disable_custom_all_reduce": True}
 
 
 def load_vllm():
@@ -134,18 +152,19 @@ class VLLMRollout(BaseRollout):
         if model_config is None:
             raise ValueError("the vllm rollout needs model_config=the policy's ModelSpec (models/spec.py) for the "
                              "model path")
-        if config.tensor_model_parallel_size != 1:
-            raise NotImplementedError(f"rollout.tensor_model_parallel_size={config.tensor_model_parallel_size}: the "
-                                      f"vllm rollout runs one engine per GPU (tp=1) for now; tensor-parallel engines "
-                                      f"are issue #29's part 2")
         self.memory = device_memory or DeviceMemory()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process (see the module docstring)
         self.vllm = load_vllm()
-        self.engine_kwargs = engine_kwargs(config, model_config.path, seed=torch.initial_seed() % (2**31),
-                                           load=engine_load)
+        self.tp = TensorParallelGroup(config.tensor_model_parallel_size) if config.tensor_model_parallel_size > 1 \
+            else None
+        seed = torch.initial_seed() % (2**31)
+        if self.tp is not None:  # the group's engines sample alike: the leader's seed on every rank
+            seed = self.tp.broadcast(seed)
+        self.engine_kwargs = engine_kwargs(config, model_config.path, seed=seed, load=engine_load)
         allocated_before = self.memory.allocated()
         started = time.perf_counter()
-        self.llm = self.vllm.LLM(**self.engine_kwargs)
+        with local_rank_of(self.memory.device):
+            self.llm = self.vllm.LLM(**self.engine_kwargs)
         self.engine_start_s = time.perf_counter() - started
         self.allocator_bytes = self.memory.allocated() - allocated_before  # kept allocated while it sleeps
         self.dead_cause: str | None = None
@@ -172,6 +191,19 @@ class VLLMRollout(BaseRollout):
         eos_ids = token_ids(prompts.meta_info, "eos_token_id", self.generation_config)
         pad_id = token_ids(prompts.meta_info, "pad_token_id", self.generation_config)[0]
         params = self.vllm.SamplingParams(**sampling_params(self.config, prompts.meta_info, eos_ids))
+        if self.tp is not None:
+            return self._generate_in_group(prompts, params, pad_id)
+        return self._generate(prompts, params, pad_id)
+
+    def _generate_in_group(self, prompts: DataProto, params, pad_id: int) -> DataProto:
+        """Every rank of the TP group generates the group's prompts (its engines run one model between them and
+        must see the same requests); each keeps its own rows."""
+        parts = self.tp.all_gather(prompts)
+        output = self._generate(DataProto.concat(parts), params, pad_id)
+        start = sum(len(part) for part in parts[:self.tp.rank])
+        return output[start:start + len(prompts)]
+
+    def _generate(self, prompts: DataProto, params, pad_id: int) -> DataProto:
         token_lists = prompt_token_lists(prompts)
         started = time.perf_counter()
         outputs = self._call("generate", self.llm.generate, [{"prompt_token_ids": ids} for ids in token_lists],
@@ -344,6 +376,21 @@ def _load_weights(bucket: list[tuple[str, torch.Tensor]], model) -> None:
     model.load_weights(weights=bucket)
 
 
+@contextlib.contextmanager
+def local_rank_of(device: torch.device):
+    """LOCAL_RANK = this process's device index while the engine starts. vLLM's external launcher picks its GPU as
+    cuda:LOCAL_RANK, but a Ray worker sees only its own GPU (cuda:0) while LOCAL_RANK counts the node's ranks."""
+    before = os.environ.get("LOCAL_RANK")
+    os.environ["LOCAL_RANK"] = str(device.index or 0)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("LOCAL_RANK", None)
+        else:
+            os.environ["LOCAL_RANK"] = before
+
+
 # ---------------------------------------------------------------------- configuration mapping
 
 def engine_kwargs(config, model_path: str, seed: int, load: EngineLoad | None = None) -> dict[str, Any]:
@@ -368,7 +415,8 @@ def engine_kwargs(config, model_path: str, seed: int, load: EngineLoad | None = 
         "dtype": config.dtype,
         "gpu_memory_utilization": config.gpu_memory_utilization,
         "load_format": config.load_format,
-        "tensor_parallel_size": 1,
+        "tensor_parallel_size": config.tensor_model_parallel_size,
+        **(TENSOR_PARALLEL_KWARGS if config.tensor_model_parallel_size > 1 else {}),
         "max_model_len": config.max_model_len or config.prompt_length + config.response_length,
         "max_num_seqs": config.max_num_seqs,
         "max_num_batched_tokens": config.max_num_batched_tokens,
