@@ -13,6 +13,7 @@ it (reserve_port listens on it at once) and its store takes that very socket ove
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import os
@@ -22,6 +23,21 @@ import torch
 import torch.distributed as dist
 
 RENDEZVOUS_ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@contextlib.contextmanager
+def environment_variable(name: str, value: str):
+    """os.environ[name] = value inside (what a process started there, or a library reading it at start, sees),
+    restored afterwards (removed when it was unset)."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def device_name() -> str:

@@ -22,7 +22,6 @@ is refused at validation: those combinations are not built yet.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import traceback
 from typing import Any, Callable
@@ -31,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from hybridrl.protocol import DataProto
+from hybridrl.utils.distributed import environment_variable
 from hybridrl.workers.rollout.engine_io import RESUME_HEADROOM, resume_memory_error
 from hybridrl.workers.rollout.sglang_weights import DTYPES, FlatBucket, bucket_capacity
 
@@ -104,19 +104,10 @@ def physical_gpu_id() -> str:
     return visible.split(",")[device].strip() if visible else str(device)
 
 
-@contextlib.contextmanager
 def visible_devices(gpu_ids: list[str]):
     """CUDA_VISIBLE_DEVICES for the processes started inside (an engine's TP workers), restored afterwards; this
     process keeps the CUDA context it has."""
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = before
+    return environment_variable("CUDA_VISIBLE_DEVICES", ",".join(gpu_ids))
 
 
 class TensorParallelRollout:

@@ -40,7 +40,6 @@ Everything vLLM-specific goes through `load_vllm()` (the `LLM` and `SamplingPara
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
@@ -51,6 +50,7 @@ from typing import Any
 import torch
 
 from hybridrl.protocol import DataProto
+from hybridrl.utils.distributed import environment_variable
 from hybridrl.workers.rollout.base import BaseRollout, register_rollout
 from hybridrl.workers.rollout.sampling import max_new_tokens, sampling_source
 from hybridrl.workers.rollout.engine_load import EngineLoad, cuda_graph_size
@@ -376,19 +376,10 @@ def _load_weights(bucket: list[tuple[str, torch.Tensor]], model) -> None:
     model.load_weights(weights=bucket)
 
 
-@contextlib.contextmanager
 def local_rank_of(device: torch.device):
     """LOCAL_RANK = this process's device index while the engine starts. vLLM's external launcher picks its GPU as
     cuda:LOCAL_RANK, but a Ray worker sees only its own GPU (cuda:0) while LOCAL_RANK counts the node's ranks."""
-    before = os.environ.get("LOCAL_RANK")
-    os.environ["LOCAL_RANK"] = str(device.index or 0)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("LOCAL_RANK", None)
-        else:
-            os.environ["LOCAL_RANK"] = before
+    return environment_variable("LOCAL_RANK", str(device.index or 0))
 
 
 # ---------------------------------------------------------------------- configuration mapping
