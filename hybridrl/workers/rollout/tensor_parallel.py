@@ -17,8 +17,9 @@ call (rollout/base.py), so the trainer loop and the mode switch do not change:
 A call that fails on the leader fails on every rank of the group with the leader's error (never a rank waiting
 forever for a collective the leader left).
 
-Where the engine is not sglang (`vllm`, `hf`), or the rollout is async (engine servers) or disaggregated, the config
-is refused at validation: those combinations are not built yet.
+vllm spans GPUs its own way, each rank holding its shard in process (vllm_rollout.py), with this module's
+TensorParallelGroup for its prompts; hf generates from the FSDP module itself. The async rollout (engine servers)
+and the disaggregated one are refused at validation with tensor parallelism: those combinations are not built yet.
 """
 from __future__ import annotations
 

@@ -91,7 +91,8 @@ GRAPH_SIZE_KEYS = ("max_cudagraph_capture_size", "cudagraph_capture_sizes")
 
 # With tensor_model_parallel_size > 1: every rank's own shard, in process (the external launcher), and NCCL's
 # all-reduce: vLLM's custom all-reduce maps its peers' buffers by device id, and a Ray worker sees only its own GPU
-# (verl turns it off for the same launcher). engine_kwargs.vllm may turn it back on; the launcher is the design.
+# (whether it works that way is for the first 2-GPU run to show). engine_kwargs.vllm may turn it back on; the
+# launcher is the design.
 TENSOR_PARALLEL_KWARGS = {"distributed_executor_backend": "external_launcher", "disable_custom_all_reduce": True}
 
 
