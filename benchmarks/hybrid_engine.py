@@ -2,8 +2,10 @@
 
     PYTHONPATH=. python benchmarks/hybrid_engine.py --model-dir /tmp/q05 --make-model --out bench.json
     PYTHONPATH=. python benchmarks/hybrid_engine.py --model-dir /tmp/q05tok --tokenizer DIR --out bench.json
-    PYTHONPATH=.:/tmp/site-vllm:/tmp/site python benchmarks/hybrid_engine.py --engine vllm ...   (the same for vLLM:
-        the standalone vllm.LLM runs in a spawned process of its own, see in_own_process)
+    PYTHONPATH=.:/tmp/site-vllm:/tmp/site python benchmarks/hybrid_engine.py --engine vllm \
+        --override +actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=8589934592 ...
+        (the same for vLLM: the standalone vllm.LLM runs in a spawned process of its own, up beside the hybrid engine,
+        and the two take turns generating, A B B A: see StandaloneBeside; both must fit, hence the sized KV cache)
 
 Model: the Qwen2.5-0.5B architecture (hidden 896, 24 layers, 14 heads, 2 KV heads, real vocabulary
 of 151,936, tied embeddings) with random weights, saved in bf16. With --tokenizer DIR the model (made in
@@ -262,10 +264,14 @@ def time_generation(generate, prompts, repeats: int) -> tuple[float, int]:
 
 
 def time_runs(generate, prompts, repeats: int) -> dict:
-    """`repeats` timed runs of generate(prompts): the mean tokens/s, each run's, and the tokens of one run. The mean, not
-    the best: vLLM's loop at this shape is bound by the host and one batch takes 5.5 to 11.4 s run after run (H200,
-    2026-12-02, benchmarks/vllm_generation_gap.py), so a best-of-2 on each side compares two draws of that spread."""
-    runs = [time_generation(generate, prompts, repeats=1) for _ in range(repeats)]
+    """`repeats` timed runs of generate(prompts), summarized by summarize_runs."""
+    return summarize_runs([time_generation(generate, prompts, repeats=1) for _ in range(repeats)])
+
+
+def summarize_runs(runs: list[tuple[float, int]]) -> dict:
+    """(seconds, tokens) runs: the mean tokens/s, each run's, and the tokens of one run. The mean, not the best: vLLM's
+    loop at this shape is bound by the host and one batch takes 5.5 to 11.4 s run after run (H200, 2026-12-02,
+    benchmarks/vllm_generation_gap.py), so a best-of-2 on each side compares two draws of that spread."""
     rates = [tokens / seconds for seconds, tokens in runs]
     return {"seconds": statistics.mean(seconds for seconds, _ in runs), "tokens": runs[-1][1],
             "tok_per_s": statistics.mean(rates), "tok_per_s_runs": rates}
@@ -318,21 +324,86 @@ def llm_generate(llm, sampling, token_lists: list[list[int]]):
     return generate
 
 
-def time_standalone_vllm(engine_kwargs: dict, token_lists: list[list[int]], params: dict, repeats: int) -> dict:
-    """Start a standalone vllm.LLM with `engine_kwargs` (in its own process: see in_own_process), time generating
-    `token_lists`, drop it."""
-    import gc
-
+def serve_standalone_vllm(connection, engine_kwargs: dict, token_lists: list[list[int]], params: dict) -> None:
+    """The standalone vllm.LLM's process (StandaloneBeside): start the engine, send its start seconds, then generate
+    `token_lists` once per True received, sending back the tokens made, until False."""
     import vllm
 
     started = time.perf_counter()
     llm = vllm.LLM(**engine_kwargs)
-    start_s = time.perf_counter() - started
-    runs = time_runs(llm_generate(llm, vllm.SamplingParams(**params), token_lists), None, repeats)
-    del llm
-    gc.collect()
-    torch.cuda.empty_cache()
-    return {"engine_start_s": start_s, **runs}
+    connection.send(time.perf_counter() - started)
+    generate = llm_generate(llm, vllm.SamplingParams(**params), token_lists)
+    while connection.recv():
+        connection.send(generate(None))
+
+
+def _serve_beside(serve, connection, *args) -> None:
+    """StandaloneBeside's process: serve(connection, *args) without the parent's rendezvous; an error is sent to the
+    parent, then raised."""
+    try:
+        _without_rendezvous(serve, connection, *args)
+    except BaseException as error:
+        connection.send(RuntimeError(f"the standalone engine's process: {error!r}"))
+        raise
+
+
+class StandaloneBeside:
+    """A standalone engine in a spawned process of its own (see in_own_process), up beside the hybrid one, generating
+    one batch when asked, so that time_interleaved can alternate the two. vLLM's loop at the 0.5B shape is bound by the
+    host, and one batch of identical work took 5.5 to 11.4 s (H200, 2026-12-02): engines timed one after the other
+    meet different stretches of that, engines taking turns meet the same ones."""
+
+    def __init__(self, serve, *args, poll_s: float = 5.0):
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        self.connection, child_end = context.Pipe()
+        self.process = context.Process(target=_serve_beside, args=(serve, child_end, *args), name="standalone")
+        self.process.start()
+        child_end.close()  # the child's end lives in the child alone, so its death reads as EOF here
+        self.poll_s = poll_s
+        self.engine_start_s = self._receive()
+
+    def _receive(self):
+        """The process's next reply; its error raised here, or its death (no reply) named with its exit code."""
+        while not self.connection.poll(self.poll_s):
+            if not self.process.is_alive():
+                break
+        try:
+            reply = self.connection.recv()
+        except EOFError:
+            self.process.join(self.poll_s)
+            raise RuntimeError(f"the standalone engine's process died (exit code {self.process.exitcode})") from None
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    def generate(self, _) -> int:
+        self.connection.send(True)
+        return self._receive()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):  # a dead process's pipe is broken
+            self.connection.send(False)
+        self.process.join(60)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+def time_interleaved(generators: dict, prompts, repeats: int) -> dict[str, dict]:
+    """time_runs' numbers for each of two generate(prompts) callables taking turns, in the order A B B A A B ..., so
+    that neither side gets the earlier or later runs; each side's dict adds pair_ratios (first / second, pair by
+    pair) to the first side's."""
+    (first, generate_first), (second, generate_second) = generators.items()
+    runs: dict[str, list] = {first: [], second: []}
+    for index in range(repeats):
+        order = ((first, generate_first), (second, generate_second))
+        for name, generate in order if index % 2 == 0 else order[::-1]:
+            runs[name].append(time_generation(generate, prompts, repeats=1))
+    summaries = {name: summarize_runs(name_runs) for name, name_runs in runs.items()}
+    summaries[first]["pair_ratios"] = [a / b for a, b in zip(summaries[first]["tok_per_s_runs"],
+                                                              summaries[second]["tok_per_s_runs"])]
+    return summaries
 
 
 def prepare_model(args) -> Vocabulary:
@@ -383,6 +454,8 @@ def main() -> None:
         f"data.max_prompt_length={args.prompt_length}", f"data.max_response_length={args.new_tokens}",
         "actor_rollout_ref.rollout.ignore_eos=true", "actor_rollout_ref.rollout.multi_stage_wake_up=true",
         *engine_overrides, *args.override], engine=args.engine)
+    if args.engine == "vllm":
+        check_two_engines_fit(config.actor_rollout_ref.rollout)
     module, optimizer, actor = build_actor(config)
     train_step(module, optimizer)
     used_without_engine = device_used_gib()  # the trainer's state (Adam included), before the engine starts
@@ -405,19 +478,28 @@ def main() -> None:
     def hybrid_generate(batch):
         return int(rollout.generate_sequences(batch).batch["response_mask"].sum())
 
-    with rollout_window(switch):  # generation alone is timed; the switch is timed above
-        results["hybrid_generate"] = time_runs(hybrid_generate, prompts, args.gen_repeats)
-    rollout.shutdown()
-    write_results(results, args.out)  # kept if the standalone engine below fails
-
     token_lists = [row.tolist() for row in prompts.batch["input_ids"]]
-    if args.engine == "vllm":
+    if args.engine == "vllm":  # the standalone engine takes turns with the hybrid one (StandaloneBeside)
         from hybridrl.workers.rollout.vllm_rollout import sampling_params as vllm_sampling_params
 
+        standalone_kwargs = dict(rollout.engine_kwargs, load_format="auto")
         params = vllm_sampling_params(config.actor_rollout_ref.rollout, {}, [eos_id])
-        results["standalone"] = in_own_process(time_standalone_vllm, dict(rollout.engine_kwargs, load_format="auto"),
-                                               token_lists, params, args.gen_repeats)
+        write_results(results, args.out)  # kept if the standalone engine fails
+        beside = StandaloneBeside(serve_standalone_vllm, standalone_kwargs, token_lists, params)
+        try:
+            with rollout_window(switch):
+                runs = time_interleaved({"hybrid_generate": hybrid_generate, "standalone": beside.generate}, prompts,
+                                        args.gen_repeats)
+        finally:
+            beside.close()
+        results.update(runs)
+        results["standalone"]["engine_start_s"] = beside.engine_start_s
+        rollout.shutdown()
     else:
+        with rollout_window(switch):  # generation alone is timed; the switch is timed above
+            results["hybrid_generate"] = time_runs(hybrid_generate, prompts, args.gen_repeats)
+        rollout.shutdown()
+        write_results(results, args.out)  # kept if the standalone engine below fails
         params = sampling_params(config.actor_rollout_ref.rollout, {}, [eos_id])
         standalone = {"standalone": dict(rollout.engine_kwargs, load_format="auto")}
         if args.standalone_without_memory_saver:
@@ -427,6 +509,18 @@ def main() -> None:
     results["generation_ratio"] = results["hybrid_generate"]["tok_per_s"] / results["standalone"]["tok_per_s"]
     print_table(results, args, vocabulary)
     write_results(results, args.out)
+
+
+def check_two_engines_fit(rollout_config) -> None:
+    """Refuse, before any GPU work, a vLLM setting under which the standalone engine and the hybrid one cannot both be
+    awake (StandaloneBeside): without kv_cache_memory_bytes each takes gpu_memory_utilization of the device."""
+    fraction = rollout_config.gpu_memory_utilization
+    if "kv_cache_memory_bytes" not in (rollout_config.get("engine_kwargs", {}).get("vllm") or {}) and fraction > 0.45:
+        raise SystemExit(f"--engine vllm runs the standalone engine beside the hybrid one, and two engines of "
+                         f"actor_rollout_ref.rollout.gpu_memory_utilization={fraction} do not fit one device: size "
+                         f"the KV cache with --override +actor_rollout_ref.rollout.engine_kwargs.vllm."
+                         f"kv_cache_memory_bytes=N (benchmarks/README.md: 8589934592 for the default load) or set "
+                         f"that fraction to 0.45 or less")
 
 
 def engine_memory(switch: dict, used_without_engine: float) -> dict[str, float]:
@@ -449,6 +543,12 @@ def runs_cell(runs: dict) -> str:
     rates = runs["tok_per_s_runs"]
     return (f"{runs['tok_per_s']:,.0f} (mean of {len(rates)}: {min(rates):,.0f}-{max(rates):,.0f}, "
             f"{runs['seconds']:.2f} s)")
+
+
+def pair_ratios_cell(results: dict) -> str:
+    """' (turn by turn: lowest-highest)' where the two engines took turns (time_interleaved), else ''."""
+    ratios = results["hybrid_generate"].get("pair_ratios")
+    return f" (turn by turn: {min(ratios):.3f}-{max(ratios):.3f})" if ratios else ""
 
 
 def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
@@ -477,7 +577,7 @@ def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
                                                                     f"{agreement['tokens']} tokens)"),
         (f"hybrid generate {args.prompts}x{args.n}x{args.new_tokens} (tok/s)", runs_cell(results["hybrid_generate"])),
         (f"standalone {results['engine']} engine, same settings (tok/s)", runs_cell(results["standalone"])),
-        ("hybrid / standalone (means)", f"{results['generation_ratio']:.3f}"),
+        ("hybrid / standalone (means)", f"{results['generation_ratio']:.3f}" + pair_ratios_cell(results)),
     ]
     if "standalone_no_saver" in results:
         rows.append(("standalone without memory saver (tok/s)", runs_cell(results["standalone_no_saver"])))

@@ -69,6 +69,17 @@ class GpuBusy:
         self.mean_pct = sum(self.samples) / len(self.samples) if self.samples else float("nan")
 
 
+def host_cpu(before, after, seconds: float) -> dict[str, float]:
+    """What the whole host's CPUs did between two psutil.cpu_times(): busy cores on average (every process's), and
+    the share of all CPU time the hypervisor gave to other guests (steal). A loop bound by one host core that meets
+    a slow stretch shows either other work beside it (busy cores well above this process's CPU seconds / wall) or
+    steal; neither means the host itself runs slower."""
+    delta = {field: getattr(after, field) - getattr(before, field) for field in after._fields}
+    busy = sum(delta.get(field, 0.0) for field in ("user", "nice", "system", "irq", "softirq"))
+    total = sum(delta.values()) - delta.get("guest", 0.0) - delta.get("guest_nice", 0.0)  # guest is inside user
+    return {"host_busy_cores": busy / seconds, "host_steal_pct": 100 * delta.get("steal", 0.0) / total if total else 0.0}
+
+
 def batch_record(generate, profile_to: tuple[str, str] | None = None) -> dict:
     """One timed batch: seconds, tokens made, tokens/s, this process's CPU seconds in it and the GPU's busy share
     (GpuBusy: which of the two bounds the loop), Python's full (generation-2) garbage collections in it, then the
@@ -80,10 +91,12 @@ def batch_record(generate, profile_to: tuple[str, str] | None = None) -> dict:
 
     profiler = PySpy(*profile_to) if profile_to else contextlib.nullcontext()
     cpu_started, full_collections = time.process_time(), gc.get_stats()[2]["collections"]
+    host_started = psutil.cpu_times()
     with profiler, GpuBusy() as busy:
         seconds, tokens = time_generation(generate, None, repeats=1)
     record = {"seconds": seconds, "tokens": tokens, "tok_per_s": tokens / seconds,
-              "cpu_s": time.process_time() - cpu_started, "gpu_busy_pct": busy.mean_pct,
+              "cpu_s": time.process_time() - cpu_started, **host_cpu(host_started, psutil.cpu_times(), seconds),
+              "gpu_busy_pct": busy.mean_pct,
               "gc_full_collections": gc.get_stats()[2]["collections"] - full_collections,
               "gpu_clock_mhz": torch.cuda.clock_rate(), "cpu_mhz": psutil.cpu_freq().current}
     if profile_to:
@@ -175,7 +188,8 @@ def main() -> None:
         sequences[name] = batches
         for index, batch in enumerate(batches):
             print(f"{name:<18} batch {index + 1} after {batch['after']:<18} {batch['tok_per_s']:>8,.0f} tok/s "
-                  f"({batch['seconds']:.2f} s, CPU {batch['cpu_s']:.2f} s, GPU busy {batch['gpu_busy_pct']:.0f} %, {batch['gc_full_collections']} full gc, "
+                  f"({batch['seconds']:.2f} s, CPU {batch['cpu_s']:.2f} s, host {batch['host_busy_cores']:.1f} cores busy, "
+                  f"steal {batch['host_steal_pct']:.1f} %, GPU busy {batch['gpu_busy_pct']:.0f} %, {batch['gc_full_collections']} full gc, "
                   f"{batch['tokens']} tokens), GPU {batch['gpu_clock_mhz']} MHz, "
                   f"CPU {batch['cpu_mhz']:.0f} MHz", flush=True)
             if "profile" in batch:
