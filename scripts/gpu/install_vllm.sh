@@ -18,8 +18,11 @@
 #       && python3 -m pytest -o addopts=-ra -p no:xdist -q -s tests/gpu/test_engine_hybrid.py -k vllm > $OUT/vllm.txt 2>&1
 #   6 carry .stage/gpu .stage/ray   bash .stage/gpu/gpu_install.sh .stage/ray, then (same env, same pytest flags, each
 #       its own process) tests/gpu/test_engine_worker.py -k vllm and tests/gpu/test_engine_async_server.py -k vllm
-#   7 (same env)  python3 benchmarks/hybrid_engine.py --engine vllm --model-dir /tmp/q05 --make-model \
-#                   --out $OUT/bench_vllm.json > $OUT/bench_vllm.txt 2>&1
+#   7 (same env)  python3 benchmarks/hybrid_engine.py --engine vllm --model-dir /tmp/q05 --make-model --override \
+#                   +actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=8589934592 \
+#                   --out $OUT/bench_vllm.json > $OUT/bench_vllm.txt 2>&1   (the standalone engine runs beside the
+#                   hybrid one, so the KV cache is sized; about 5 minutes with --gen-repeats 6)
+#   (2026-12-02: step 6 as one command, the own_process hook giving each vLLM param its own process: 127 s)
 # (2026-12-01 on an H200: steps 1-5 took about 2 minutes of device time with the start, step 5's tests 185 s.)
 # (VLLM_USE_FLASHINFER_SAMPLER=0: the slim bundle's flashinfer is 0.6.14, vLLM 0.24 was built against 0.6.12;
 # the PyTorch sampler needs no JIT build.)
