@@ -238,15 +238,18 @@ def test_sglang_says_what_it_needs():
         assert problems == [needs_gpu]
 
 
-def test_sglang_tensor_parallel_engines_run_in_the_synchronous_colocated_trainer():
+def test_sglang_tensor_parallel_engines_run_colocated_in_either_rollout_mode_and_not_on_a_separate_pool():
     base = ("actor_rollout_ref.rollout.name=sglang", "trainer.device=cpu",
             "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
     assert not any("tensor_model_parallel_size" in problem for problem in problems_for(*base))
-    assert ("actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with actor_rollout_ref.rollout.mode="
-            "'async' and actor_rollout_ref.hybrid_engine=True (tensor-parallel sglang engines run in the synchronous "
-            "colocated trainer: rollout.mode=sync, hybrid_engine=true; engine servers and separate rollout pools are "
-            "one engine per GPU, issue #29), got 2") in problems_for(*base, "actor_rollout_ref.rollout.mode=async",
-                                                                     "data.return_raw_chat=true")
+    # rollout.mode=async: the group's leader serves its engine (async_server.build_engine_server)
+    assert not any("tensor_model_parallel_size" in problem for problem in problems_for(
+        *base, "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true"))
+    assert ("actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with actor_rollout_ref.hybrid_engine="
+            "False (the separate rollout pool runs one sglang engine per GPU; tensor-parallel engines run colocated, "
+            "hybrid_engine=true; issue #29), got 2") in problems_for(
+                *base, "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.mode=async",
+                "data.return_raw_chat=true", "trainer.n_gpus_per_node=2", "rollout.n_gpus_per_node=2")
     # the hf rollout generates from the FSDP module itself: nothing to split, tp=2 is accepted
     validate_config(compose_config(["actor_rollout_ref.rollout.tensor_model_parallel_size=2"]))
 
@@ -264,9 +267,9 @@ def test_vllm_says_what_it_needs(tp):
                     f"CUDA available: {torch.cuda.is_available()}), got 'vllm' (vllm needs a CUDA GPU)")
     assert problems == expected  # tp=2: each rank holds its shard (vllm_rollout.py), accepted in sync mode
     if tp == 2:
-        assert ("actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with actor_rollout_ref.rollout.mode="
-                "'async' and actor_rollout_ref.hybrid_engine=True (tensor-parallel vllm engines run in the synchronous "
-                "colocated trainer") in " ".join(problems_for(
+        assert ("actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with actor_rollout_ref.rollout.name="
+                "vllm and actor_rollout_ref.rollout.mode='async' (each rank holds a shard of vLLM's engine and all of "
+                "them step together on the same prompts") in " ".join(problems_for(
                     "actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu",
                     "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.mode=async",
                     "data.return_raw_chat=true"))

@@ -5,11 +5,14 @@ stand-in (SGLang and CUDA IPC cannot run here); what is real is the
 choreography the trainer depends on: which rank builds the engine and with which GPUs, every rank's prompts
 generated in one engine call and each rank's rows coming back to it, one payload per TP rank per weight bucket in
 TP order with identical bucket boundaries, the leader's error reaching every rank of its group (never a rank left
-waiting), and a resume refused on every rank when any GPU of the group lacks room. GPU proof: tests/gpu/ (issue 17).
+waiting), a resume refused on every rank when any GPU of the group lacks room, and in rollout.mode=async one engine
+server per group, on its leader, answering over HTTP from the group's engine. GPU proof: tests/gpu/ (issue 17).
 """
+import asyncio
 import json
 import os
 import types
+import urllib.request
 
 import pytest
 import torch
@@ -17,6 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hybridrl.protocol import DataProto
+from hybridrl.workers.rollout.async_server import build_engine_server
 from hybridrl.workers.rollout.engine_io import EngineMemoryError
 from hybridrl.workers.rollout.tensor_parallel import EngineGroupError, TensorParallelRollout
 
@@ -27,11 +31,27 @@ FAULTS = {2: "FAIL_RESUME", 3: "FAIL_RESUME", 5: "SHORT_GPU"}  # group 1: its en
 ALL_RESPONSES = [[10 * rank + 100 + i for i in range(rank + 1)] for rank in range(WORLD)]
 
 
+class StandInSGLangEngine:
+    """What SGLangAsyncEngine calls on sglang.Engine: its event loop and async_generate (prompt + 100, log-prob -0.5
+    a token)."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+
+    async def async_generate(self, input_ids, sampling_params, return_logprob):
+        output = [token + 100 for token in input_ids]
+        return {"output_ids": output, "meta_info": {"finish_reason": {"type": "stop"},
+                                                    "output_token_logprobs": [(-0.5, token, None) for token in output]}}
+
+
 class RecordingEngine:
     """Stands in for SGLangRollout on the leader: records its calls, 'generates' prompt + 100 as the response."""
 
     def __init__(self, gpu_ids):
         self.gpu_ids, self.calls, self.payloads = gpu_ids, [], []
+        self.engine, self.monitor = StandInSGLangEngine(), types.SimpleNamespace(cause=None)
+        self.config = types.SimpleNamespace(response_length=8, ignore_eos=False)
+        self.awake_tags: set[str] = set()
 
     def resume_need(self, tags):
         return (3 << 30) * ("weights" in tags) + (5 << 30) * ("kv_cache" in tags)
@@ -40,9 +60,11 @@ class RecordingEngine:
         self.calls.append(("resume", tags))
         if tags == ("kv_cache",) and os.environ.get("FAIL_RESUME"):
             raise RuntimeError("engine process scheduler_1 (pid 4242) died with exit code -9")
+        self.awake_tags |= set(tags) | ({"cuda_graph"} if "kv_cache" in tags else set())  # SGLang's wake together
 
     def release(self, tags):
         self.calls.append(("release", tags))
+        self.awake_tags -= set(tags) | ({"cuda_graph"} if "kv_cache" in tags else set())
 
     def update_weights_payloads(self, payloads):
         self.payloads.append(payloads)
@@ -108,12 +130,31 @@ def _rank_main(rank: int, work_dir: str) -> None:
     output = rollout.generate_sequences(prompts)
     report["responses"] = output.batch["responses"].flatten().tolist()
     report["metrics"] = rollout.take_metrics()
+    report.update(serve(rollout))
     rollout.release(("kv_cache", "weights"))
     if rollout.engine is not None:
         report.update(gpu_ids=rollout.engine.gpu_ids, calls=rollout.engine.calls, payloads=rollout.engine.payloads)
     with open(os.path.join(work_dir, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
     dist.destroy_process_group()
+
+
+def serve(rollout) -> dict:
+    """rollout.mode=async: this rank's engine server, if any; the leader of group 0 (awake) answers one request."""
+    server = build_engine_server(rollout, types.SimpleNamespace(name="sglang"), None, [7], 0, host="127.0.0.1")
+    if server is None:
+        return {"server": None}
+    seen = {"server": server.address}
+    if dist.get_rank() == 0:
+        server.serve(weight_version=3)
+        body = json.dumps({"request_id": "r0", "prompt_ids": [5, 6], "sampling_params": {"logprobs": True}})
+        request = urllib.request.Request(f"http://{server.address}/generate", data=body.encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            seen["answer"] = json.loads(answer.read())
+        seen["window_requests"] = server.pause()["rollout/server_requests"]
+    server.shutdown()
+    return seen
 
 
 @pytest.fixture(scope="module")
@@ -166,3 +207,10 @@ def test_a_resume_that_does_not_fit_one_gpu_of_the_group_is_refused_on_every_ran
             "actor_rollout_ref.rollout.gpu_memory_utilization (now 0.5)")
     assert ["resume", ["weights"]] not in reports[4]["calls"]  # refused before the engine was asked
     assert reports[4]["payloads"] == []  # nor were any weights sent
+
+
+def test_in_async_mode_each_group_has_one_engine_server_on_its_leader_answering_from_the_groups_engine(reports):
+    assert [report["server"] is not None for report in reports] == [True, False] * 3
+    assert reports[0]["answer"] == {"token_ids": [105, 106], "stop_reason": "completed", "log_probs": [-0.5, -0.5],
+                                    "weight_version": 3}
+    assert reports[0]["window_requests"] == 1.0

@@ -203,9 +203,10 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
         return {**served, **metrics, **self.actor_offload.take_timing("actor")}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def start_engine_server(self, eos_token_ids: list[int], pad_token_id: int) -> str:
+    def start_engine_server(self, eos_token_ids: list[int], pad_token_id: int) -> str | None:
         """rollout.mode=async: start this rank's engine server (rollout/async_server.py), answering only between
-        rollout_mode and trainer_mode; returns its "host:port"."""
+        rollout_mode and trainer_mode; returns its "host:port", or None on a rank of a tensor-parallel group whose
+        engine another rank serves."""
         self._require(self._is_rollout, "start_engine_server", "rollout")
         import ray
 
@@ -215,7 +216,7 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
         self.engine_server = build_engine_server(self.rollout, self.config.rollout, module,
                                                  list(eos_token_ids), int(pad_token_id),
                                                  host=ray.util.get_node_ip_address())
-        return self.engine_server.address
+        return None if self.engine_server is None else self.engine_server.address
 
     # ------------------------------------------------------------------ data methods
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

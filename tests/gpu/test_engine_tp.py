@@ -2,7 +2,8 @@
 trainer, for each engine (ids end in [sglang] or [vllm]; a param skips when its package is missing):
 - sglang: one engine spanning both GPUs, driven by both ranks (rollout/tensor_parallel.py);
 - vllm: each rank holds its own shard in its process through vLLM's external launcher, the two engines forming
-  one TP group on the trainer's torch.distributed world (vllm_rollout.py).
+  one TP group on the trainer's torch.distributed world (vllm_rollout.py);
+- sglang in rollout.mode=async: the group's first rank serves its engine to the agent loops, one server per group.
 
     python -m pytest tests/gpu/test_engine_tp.py -q -s          # needs 2 CUDA GPUs
 
@@ -45,4 +46,24 @@ def test_a_tensor_parallel_rollout_gets_the_trainers_weights_on_both_gpus(engine
               f"update_weights {step.get('timing_s/update_weights', float('nan')):.3f} s, gen "
               f"{step['timing_s/gen']:.2f} s", flush=True)
         assert step["training/rollout_probs_diff_mean"] < BF16_NOISE
+        assert step["response_length/mean"] > 0
+
+
+def test_a_tensor_parallel_sglang_engine_served_by_its_group_leader_to_the_agent_loops(tmp_path):
+    """rollout.mode=async: one engine server per TP group, on its first rank (async_server.build_engine_server); the
+    agent loops' requests all reach the engine spanning both GPUs, with the trainer's weights after every push, and
+    every step trains on all 16 x 4 responses."""
+    pytest.importorskip("sglang")
+    task = write_toy_task(str(tmp_path), num_heads=4, num_kv_heads=2)
+    steps = run_toy_task(task, tmp_path / "run", "trainer.n_gpus_per_node=2",
+                         "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                         "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
+                         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32", steps=STEPS)
+    assert len(steps) == STEPS
+    for step in steps:
+        print(f"sglang async step {int(step['training/global_step'])}: probs diff mean "
+              f"{step['training/rollout_probs_diff_mean']:.4f}; server requests "
+              f"{step.get('rollout/server_requests', float('nan')):.0f}, gen {step['timing_s/gen']:.2f} s", flush=True)
+        assert step["training/rollout_probs_diff_mean"] < BF16_NOISE
+        assert step["rollout/server_requests"] == 16 * 4  # the one server (the leader's) took every request
         assert step["response_length/mean"] > 0

@@ -167,9 +167,9 @@ class RayPPOTrainer:
         (actor_rollout_ref.hybrid_engine=false: trainer/ppo/disaggregated.py.)"""
         self.resource_pool = self._create_resource_pools()
         self._spawn_trainer_pool("actor_rollout_ref" if self.use_reference else "actor_rollout")
-        if self.async_rollout:  # one engine server per rank; agent-loop workers on the controller's node
-            addresses = self.actor_rollout_wg.start_engine_server([self.tokenizer.eos_token_id],
-                                                                  self.tokenizer.pad_token_id)
+        if self.async_rollout:  # one engine server per engine; agent-loop workers on the controller's node
+            addresses = [address for address in self.actor_rollout_wg.start_engine_server(
+                [self.tokenizer.eos_token_id], self.tokenizer.pad_token_id) if address is not None]  # TP: leaders'
             self.agent_loop_manager = AgentLoopManager(self.config, self.tokenizer, addresses)
             self._start_group_rollout()
 

@@ -332,8 +332,16 @@ def _sampling_key(params: dict[str, Any]) -> tuple:
 
 
 def build_engine_server(rollout, rollout_config, module, eos_token_ids: list[int], pad_token_id: int,
-                        host: str) -> EngineServer:
-    """The engine server for the worker's rollout engine (paused: serving starts in rollout mode)."""
+                        host: str) -> EngineServer | None:
+    """The engine server for the worker's rollout engine (paused: serving starts in rollout mode). A tensor-parallel
+    sglang engine spans its group's GPUs and lives in the group's first rank (tensor_parallel.py): that rank serves
+    it, the others serve nothing (None). Their part in the lifecycle (resume, weight buckets, release) is unchanged."""
+    from hybridrl.workers.rollout.tensor_parallel import TensorParallelRollout
+
+    if isinstance(rollout, TensorParallelRollout):
+        if not rollout.tp.is_leader:
+            return None
+        rollout = rollout.engine  # the leader's SGLangRollout
     if rollout_config.name == "sglang":
         from hybridrl.workers.rollout.sglang_async import SGLangAsyncEngine
 

@@ -63,21 +63,27 @@ def _tensor_parallel_divides(values: Values, problems: list[str]) -> None:
 
 @register_check()
 def _tensor_parallel_engines_built(values: Values, problems: list[str]) -> None:
-    """sglang and vllm span tensor_model_parallel_size GPUs in the synchronous colocated trainer (sglang: one engine
-    per group of ranks, rollout/tensor_parallel.py; vllm: each rank its shard, vllm_rollout.py); the engine servers
-    of rollout.mode=async and the separate rollout pools of hybrid_engine=false still run one engine per GPU
-    (issue #29)."""
+    """Where an engine spans tensor_model_parallel_size GPUs: colocated (hybrid_engine=true), sglang in both rollout
+    modes (one engine per group of ranks, rollout/tensor_parallel.py; in rollout.mode=async the group's leader
+    serves it, async_server.build_engine_server) and vllm in rollout.mode=sync (each rank its shard, stepping
+    together on the same prompts, vllm_rollout.py: an engine server answers requests as they arrive on one rank, so
+    its followers would have nothing to step with). The separate rollout pools of hybrid_engine=false still run one
+    engine per GPU (issue #29)."""
     tp = values("actor_rollout_ref.rollout.tensor_model_parallel_size")
     rollout = values("actor_rollout_ref.rollout.name")
     if rollout not in GPU_ENGINES or tp == 1:
         return
-    if values("actor_rollout_ref.rollout.mode") != "sync" or not values("actor_rollout_ref.hybrid_engine"):
+    mode, colocated = values("actor_rollout_ref.rollout.mode"), values("actor_rollout_ref.hybrid_engine")
+    if not colocated:
         problems.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with "
-                        f"actor_rollout_ref.rollout.mode={values('actor_rollout_ref.rollout.mode')!r} and "
-                        f"actor_rollout_ref.hybrid_engine={values('actor_rollout_ref.hybrid_engine')} (tensor-parallel "
-                        f"{rollout} engines run in the synchronous colocated trainer: rollout.mode=sync, "
-                        f"hybrid_engine=true; engine servers and separate rollout pools are one engine per GPU, "
-                        f"issue #29), got {tp}")
+                        f"actor_rollout_ref.hybrid_engine=False (the separate rollout pool runs one {rollout} engine "
+                        f"per GPU; tensor-parallel engines run colocated, hybrid_engine=true; issue #29), got {tp}")
+    elif rollout == "vllm" and mode != "sync":
+        problems.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with "
+                        f"actor_rollout_ref.rollout.name=vllm and actor_rollout_ref.rollout.mode={mode!r} (each rank "
+                        f"holds a shard of vLLM's engine and all of them step together on the same prompts; an engine "
+                        f"server takes requests on one rank as they arrive: use rollout.mode=sync, or rollout.name="
+                        f"sglang, whose tensor-parallel engine one rank serves), got {tp}")
 
 
 @register_check()

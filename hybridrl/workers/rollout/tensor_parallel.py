@@ -18,8 +18,13 @@ A call that fails on the leader fails on every rank of the group with the leader
 forever for a collective the leader left).
 
 vllm spans GPUs its own way, each rank holding its shard in process (vllm_rollout.py), with this module's
-TensorParallelGroup for its prompts; hf generates from the FSDP module itself. The async rollout (engine servers)
-and the disaggregated one are refused at validation with tensor parallelism: those combinations are not built yet.
+TensorParallelGroup for its prompts; hf generates from the FSDP module itself.
+
+rollout.mode=async: the leader's engine server answers the group's requests (async_server.build_engine_server; the
+other ranks serve none), and the agent loops spread requests over the leaders' servers. The lifecycle calls above
+stay the group's. Refused at validation (rollout/config_checks.py): vllm's tensor parallelism in rollout.mode=async
+(its ranks step together on the same prompts) and tensor parallelism on the separate rollout pool of
+hybrid_engine=false.
 """
 from __future__ import annotations
 
