@@ -238,18 +238,19 @@ def test_sglang_says_what_it_needs():
         assert problems == [needs_gpu]
 
 
-def test_sglang_tensor_parallel_engines_run_colocated_in_either_rollout_mode_and_not_on_a_separate_pool():
+def test_sglang_tensor_parallel_engines_run_in_either_rollout_mode_colocated_or_on_the_rollout_pool():
     base = ("actor_rollout_ref.rollout.name=sglang", "trainer.device=cpu",
             "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
     assert not any("tensor_model_parallel_size" in problem for problem in problems_for(*base))
     # rollout.mode=async: the group's leader serves its engine (async_server.build_engine_server)
-    assert not any("tensor_model_parallel_size" in problem for problem in problems_for(
-        *base, "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true"))
-    assert ("actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with actor_rollout_ref.hybrid_engine="
-            "False (the separate rollout pool runs one sglang engine per GPU; tensor-parallel engines run colocated, "
-            "hybrid_engine=true; issue #29), got 2") in problems_for(
-                *base, "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.mode=async",
-                "data.return_raw_chat=true", "trainer.n_gpus_per_node=2", "rollout.n_gpus_per_node=2")
+    async_mode = ("actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true")
+    assert not any("tensor_model_parallel_size" in problem for problem in problems_for(*base, *async_mode))
+    # the rollout pool's own ranks form the groups: tp divides that pool, not the trainer's
+    separate = (*base, *async_mode, "actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1")
+    assert not any("tensor_model_parallel_size" in problem for problem in problems_for(*separate,
+                                                                                       "rollout.n_gpus_per_node=2"))
+    assert ("actor_rollout_ref.rollout.tensor_model_parallel_size: expected a divisor of the world size "
+            "rollout.nnodes * rollout.n_gpus_per_node = 1, got 2") in problems_for(*separate)
     # the hf rollout generates from the FSDP module itself: nothing to split, tp=2 is accepted
     validate_config(compose_config(["actor_rollout_ref.rollout.tensor_model_parallel_size=2"]))
 

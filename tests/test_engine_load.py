@@ -44,6 +44,13 @@ def test_one_step_off_puts_one_batch_on_the_rollout_pool(pool_gpus, peak):
     assert load.why.endswith(f"= 64 prompts x 8 samples on {pool_gpus} engine{'s' if pool_gpus > 1 else ''}")
 
 
+def test_a_tensor_parallel_engine_on_the_rollout_pool_takes_its_group_s_share():
+    # a rollout pool of 4 GPUs in TP groups of 2: 2 engines (sglang's, served by each group's first rank)
+    load = engine_load(config(*SPLIT, "async_training.mode=one_step_off", "rollout.n_gpus_per_node=4",
+                              "actor_rollout_ref.rollout.tensor_model_parallel_size=2"))
+    assert (load.peak, load.why) == (256, "peak in-flight 256 = 64 prompts x 8 samples on 2 engines")
+
+
 def test_fully_async_keeps_max_staleness_plus_one_batches_in_flight():
     load = engine_load(config(*SPLIT, "async_training.mode=fully_async", "async_training.max_staleness=2",
                               "rollout.n_gpus_per_node=2"))

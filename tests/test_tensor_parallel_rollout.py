@@ -52,6 +52,7 @@ class RecordingEngine:
         self.engine, self.monitor = StandInSGLangEngine(), types.SimpleNamespace(cause=None)
         self.config = types.SimpleNamespace(response_length=8, ignore_eos=False)
         self.awake_tags: set[str] = set()
+        self.distributed = []  # the rollout pool's weight-transfer calls (hybrid_engine=false)
 
     def resume_need(self, tags):
         return (3 << 30) * ("weights" in tags) + (5 << 30) * ("kv_cache" in tags)
@@ -68,6 +69,12 @@ class RecordingEngine:
 
     def update_weights_payloads(self, payloads):
         self.payloads.append(payloads)
+
+    def init_weights_update_group(self, master_address, master_port, rank, world_size, group_name):
+        self.distributed.append(["join", rank, world_size, group_name])
+
+    def update_weights_from_distributed(self, bucket, group_name):
+        self.distributed.append(["receive", bucket, group_name])
 
     def generate_sequences(self, prompts):
         self.calls.append(("generate", len(prompts)))
@@ -131,9 +138,12 @@ def _rank_main(rank: int, work_dir: str) -> None:
     report["responses"] = output.batch["responses"].flatten().tolist()
     report["metrics"] = rollout.take_metrics()
     report.update(serve(rollout))
+    rollout.init_weights_update_group("127.0.0.1", 29999, 1 + rank, 1 + WORLD, "weights")  # as the rollout pool
+    rollout.update_weights_from_distributed(["w0", "w1"], "weights")
     rollout.release(("kv_cache", "weights"))
     if rollout.engine is not None:
-        report.update(gpu_ids=rollout.engine.gpu_ids, calls=rollout.engine.calls, payloads=rollout.engine.payloads)
+        report.update(gpu_ids=rollout.engine.gpu_ids, calls=rollout.engine.calls, payloads=rollout.engine.payloads,
+                      distributed=rollout.engine.distributed)
     with open(os.path.join(work_dir, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
     dist.destroy_process_group()
@@ -214,3 +224,11 @@ def test_in_async_mode_each_group_has_one_engine_server_on_its_leader_answering_
     assert reports[0]["answer"] == {"token_ids": [105, 106], "stop_reason": "completed", "log_probs": [-0.5, -0.5],
                                     "weight_version": 3}
     assert reports[0]["window_requests"] == 1.0
+
+
+def test_on_the_rollout_pool_each_groups_engine_joins_the_weight_transfer_group_once_for_its_ranks(reports):
+    """SGLang's TP worker i joins as rank_offset + i: the leader's offset (1 + its rank) covers both members."""
+    for leader in (0, 2, 4):
+        assert reports[leader]["distributed"] == [["join", 1 + leader, 1 + WORLD, "weights"],
+                                                  ["receive", ["w0", "w1"], "weights"]]
+    assert all("distributed" not in reports[rank] for rank in (1, 3, 5))  # the other ranks join nothing

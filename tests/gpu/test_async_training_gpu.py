@@ -54,3 +54,21 @@ def test_one_step_off_on_two_gpus(task, tmp_path):
     for step in steps:
         print(f"step {int(step['training/global_step'])}: step {step['timing_s/step']:.2f} s, wait_gen "
               f"{step['timing_s/wait_gen']:.2f} s, sync {step['timing_s/sync_weights']:.3f} s", flush=True)
+
+
+def test_a_tensor_parallel_engine_on_the_rollout_pool_gets_the_trainers_weights_over_nccl(tmp_path):
+    """1 trainer GPU + a rollout pool of 2 GPUs holding one SGLang engine at tensor_model_parallel_size=2: its two TP
+    workers join the weight-transfer group as members 1 and 2 (tensor_parallel.init_weights_update_group), the
+    group's first rank serves it, and after every sync the engine's probabilities are the trainer's."""
+    if torch.cuda.device_count() < 3:
+        pytest.skip("needs 3 CUDA GPUs: 1 trainer + a rollout pool of 2")
+    task = write_toy_task(str(tmp_path), num_heads=4, num_kv_heads=2)  # heads split over 2 TP ranks
+    pools = [override for override in SEPARATE_POOLS if not override.startswith("rollout.n_gpus_per_node")]
+    steps = run_toy_task(task, tmp_path / "run", *pools, "rollout.n_gpus_per_node=2",
+                         "actor_rollout_ref.rollout.tensor_model_parallel_size=2", steps=STEPS)
+    assert len(steps) == STEPS
+    for step in steps:
+        print(f"TP=2 rollout pool, step {int(step['training/global_step'])}: probs diff mean "
+              f"{step['training/rollout_probs_diff_mean']:.4f}, sync {step.get('timing_s/sync_weights', 0):.3f} s",
+              flush=True)
+        assert step["training/rollout_probs_diff_mean"] < BF16_NOISE

@@ -1,7 +1,8 @@
 """DisaggregatedPPOTrainer: actor_rollout_ref.hybrid_engine=false — training and rollout on their own pools.
 
     trainer_pool  (trainer.nnodes x trainer.n_gpus_per_node)  actor (+ ref), critic, reward model, colocated
-    rollout_pool  (rollout.nnodes x rollout.n_gpus_per_node)  rollout-only workers, one engine server each,
+    rollout_pool  (rollout.nnodes x rollout.n_gpus_per_node)  rollout-only workers, one engine server per engine
+                                                              (a tensor-parallel group's on its first rank),
                                                               called by the agent loops (rollout.mode=async)
 
 The loop is RayPPOTrainer's. Its two mode switches change meaning: "rollout mode" is `sync_weights()` (the trainer
@@ -52,7 +53,8 @@ class DisaggregatedPPOTrainer(RayPPOTrainer):
                                                    engine_load=self.rollout_engine_load(), **self.worker_init_args()),
             watch=WorkerWatch.from_trainer_config(self.config.trainer))
         self.rollout_wg.init_model()
-        addresses = self.rollout_wg.start_engine_server([self.tokenizer.eos_token_id], self.tokenizer.pad_token_id)
+        addresses = [address for address in self.rollout_wg.start_engine_server(  # TP: the groups' leaders serve
+            [self.tokenizer.eos_token_id], self.tokenizer.pad_token_id) if address is not None]
         self.agent_loop_manager = AgentLoopManager(self.config, self.tokenizer, addresses)
         self._start_group_rollout()
         self._init_weight_transfer()

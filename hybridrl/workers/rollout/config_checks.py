@@ -54,31 +54,25 @@ def _engine_available(values: Values, problems: list[str]) -> None:
 
 @register_check()
 def _tensor_parallel_divides(values: Values, problems: list[str]) -> None:
-    world = values("trainer.nnodes") * values("trainer.n_gpus_per_node")
+    """The engines' groups split the pool that holds the rollout: the trainer's (colocated) or its own."""
+    pool = "trainer" if values("actor_rollout_ref.hybrid_engine") else "rollout"
+    world = values(f"{pool}.nnodes") * values(f"{pool}.n_gpus_per_node")
     tp = values("actor_rollout_ref.rollout.tensor_model_parallel_size")
     if world % tp:
         problems.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected a divisor of the world "
-                        f"size trainer.nnodes * trainer.n_gpus_per_node = {world}, got {tp}")
+                        f"size {pool}.nnodes * {pool}.n_gpus_per_node = {world}, got {tp}")
 
 
 @register_check()
 def _tensor_parallel_engines_built(values: Values, problems: list[str]) -> None:
-    """Where an engine spans tensor_model_parallel_size GPUs: colocated (hybrid_engine=true), sglang in both rollout
-    modes (one engine per group of ranks, rollout/tensor_parallel.py; in rollout.mode=async the group's leader
-    serves it, async_server.build_engine_server) and vllm in rollout.mode=sync (each rank its shard, stepping
-    together on the same prompts, vllm_rollout.py: an engine server answers requests as they arrive on one rank, so
-    its followers would have nothing to step with). The separate rollout pools of hybrid_engine=false still run one
-    engine per GPU (issue #29)."""
+    """Where an engine spans tensor_model_parallel_size GPUs: sglang everywhere (one engine per group of ranks,
+    rollout/tensor_parallel.py; in rollout.mode=async the group's leader serves it, async_server.build_engine_server,
+    colocated or on the rollout pool), vllm in rollout.mode=sync (each rank its shard, stepping together on the same
+    prompts, vllm_rollout.py: an engine server answers requests as they arrive on one rank, so its followers would
+    have nothing to step with)."""
     tp = values("actor_rollout_ref.rollout.tensor_model_parallel_size")
-    rollout = values("actor_rollout_ref.rollout.name")
-    if rollout not in GPU_ENGINES or tp == 1:
-        return
-    mode, colocated = values("actor_rollout_ref.rollout.mode"), values("actor_rollout_ref.hybrid_engine")
-    if not colocated:
-        problems.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with "
-                        f"actor_rollout_ref.hybrid_engine=False (the separate rollout pool runs one {rollout} engine "
-                        f"per GPU; tensor-parallel engines run colocated, hybrid_engine=true; issue #29), got {tp}")
-    elif rollout == "vllm" and mode != "sync":
+    mode = values("actor_rollout_ref.rollout.mode")
+    if values("actor_rollout_ref.rollout.name") == "vllm" and tp > 1 and mode != "sync":
         problems.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with "
                         f"actor_rollout_ref.rollout.name=vllm and actor_rollout_ref.rollout.mode={mode!r} (each rank "
                         f"holds a shard of vLLM's engine and all of them step together on the same prompts; an engine "

@@ -33,9 +33,9 @@ def engine_load(config, val_batches: list[tuple[int, int]] = ()) -> EngineLoad:
 
         peak = ceil(prompts in flight x samples per prompt / engines)
 
-    - engines: colocated (hybrid_engine=true) trainer.nnodes x trainer.n_gpus_per_node / rollout.tensor_model_
-      parallel_size; disaggregated, one_step_off, fully_async: the rollout pool's rollout.nnodes x
-      rollout.n_gpus_per_node (one engine per GPU).
+    - engines: the GPUs of the pool that holds the rollout / rollout.tensor_model_parallel_size: colocated
+      (hybrid_engine=true) trainer.nnodes x trainer.n_gpus_per_node; disaggregated, one_step_off, fully_async: the
+      rollout pool's rollout.nnodes x rollout.n_gpus_per_node.
     - prompts in flight: data.train_batch_size, or data_flow.over_sampling_batch_size when larger (the data flow
       requests that many groups at a time); one_step_off generates one batch ahead at a time, so the same;
       fully_async keeps (async_training.max_staleness + 1) x data.train_batch_size groups generating or waiting
@@ -44,10 +44,8 @@ def engine_load(config, val_batches: list[tuple[int, int]] = ()) -> EngineLoad:
       instead when it is larger.
     """
     data, rollout = config.data, config.actor_rollout_ref.rollout
-    if config.actor_rollout_ref.hybrid_engine:
-        engines = config.trainer.nnodes * config.trainer.n_gpus_per_node // rollout.tensor_model_parallel_size
-    else:
-        engines = config.rollout.nnodes * config.rollout.n_gpus_per_node
+    pool = config.trainer if config.actor_rollout_ref.hybrid_engine else config.rollout
+    engines = pool.nnodes * pool.n_gpus_per_node // rollout.tensor_model_parallel_size
     if config.async_training.mode == "fully_async":
         prompts = (config.async_training.max_staleness + 1) * data.train_batch_size
     else:

@@ -327,8 +327,9 @@ class SGLangRollout(BaseRollout):
     # ------------------------------------------------------------------ disaggregated: weights over NCCL
     def init_weights_update_group(self, master_address: str, master_port: int, rank: int, world_size: int,
                                   group_name: str) -> None:
-        """Join the trainer's weight-transfer group (rollout/weight_transfer.py) as `rank` (tp=1: one engine rank).
-        Blocks until every member joined; the trainer's rank 0 joins through the same SGLang helper."""
+        """Join the trainer's weight-transfer group (rollout/weight_transfer.py): the engine's TP worker i as
+        `rank` + i (one worker at tp=1; a tensor-parallel engine's k, tensor_parallel.py). Blocks until every member
+        joined; the trainer's rank 0 joins through the same SGLang helper."""
         success, message = self.monitor.call("init_weights_update_group", self.engine.init_weights_update_group,
                                              master_address=master_address, master_port=master_port,
                                              rank_offset=rank, world_size=world_size, group_name=group_name,

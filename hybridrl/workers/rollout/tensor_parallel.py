@@ -22,9 +22,10 @@ TensorParallelGroup for its prompts; hf generates from the FSDP module itself.
 
 rollout.mode=async: the leader's engine server answers the group's requests (async_server.build_engine_server; the
 other ranks serve none), and the agent loops spread requests over the leaders' servers. The lifecycle calls above
-stay the group's. Refused at validation (rollout/config_checks.py): vllm's tensor parallelism in rollout.mode=async
-(its ranks step together on the same prompts) and tensor parallelism on the separate rollout pool of
-hybrid_engine=false.
+stay the group's. On the separate rollout pool (hybrid_engine=false) the groups are the pool's ranks and the weights
+come from the trainer pool over NCCL, straight into the leader's engine (init_weights_update_group). Refused at
+validation (rollout/config_checks.py): vllm's tensor parallelism outside rollout.mode=sync (its ranks step together
+on the same prompts).
 """
 from __future__ import annotations
 
@@ -168,6 +169,21 @@ class TensorParallelRollout:
 
     def take_metrics(self) -> dict[str, float]:
         return self.tp.broadcast(self.engine.take_metrics() if self.tp.is_leader else None)
+
+    # ------------------------------------------------------------------ weights from the trainer pool (NCCL)
+    def init_weights_update_group(self, master_address: str, master_port: int, rank: int, world_size: int,
+                                  group_name: str) -> None:
+        """hybrid_engine=false: join the trainer's weight-transfer group (workers/weight_transfer_worker.py), where
+        rollout rank r is member 1 + r. The engine's TP workers join it themselves, TP worker i as rank_offset + i
+        (SGLang's rule), so the leader's engine joins with the leader's own member rank as offset and covers the
+        group's k members; the other ranks have nothing to join."""
+        self.tp.on_leader(self.engine.init_weights_update_group if self.tp.is_leader else None,
+                          master_address, master_port, rank, world_size, group_name)
+
+    def update_weights_from_distributed(self, bucket: list, group_name: str) -> None:
+        """One broadcast bucket, received by the engine's TP workers straight from the trainer's rank 0."""
+        self.tp.on_leader(self.engine.update_weights_from_distributed if self.tp.is_leader else None, bucket,
+                          group_name)
 
     # ------------------------------------------------------------------ parts
     def _check_room(self, tags: tuple[str, ...]) -> None:
