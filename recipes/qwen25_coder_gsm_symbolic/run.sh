@@ -9,7 +9,10 @@
 #   SEED         1 (default): the data order and the sampling (data.seed, trainer.seed)
 #   WORK_DIR     data, converted model and runs (default /tmp/qwen25_coder_gsm_symbolic)
 #   RUN_DIR      logs: metrics.jsonl, val_generations/, summary.json (default $WORK_DIR/run_$MODEL_seed$SEED);
-#                must not hold a run
+#                must not hold a run, unless RESUME=1
+#   RESUME       1: continue the run in RUN_DIR from its latest checkpoint (the first part ran with
+#                trainer.save_freq=N), without validating again first; metrics.jsonl goes on where it stopped. For a
+#                run longer than one sitting: the 1.5B model on the offline host's 10-minute calls (README.md)
 #   GGUF_WHEELS  the model's chunk wheels in this folder (default: the installed chunk packages, see README.md)
 #   GGUF_PIECES  or the pieces and manifest.json that scripts/gpu/stage_gguf.sh staged for an offline host
 #   GGUF_FILE    or the reassembled .gguf file
@@ -30,7 +33,9 @@ MODEL_DIR=$WORK_DIR/$SOURCE
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 cd "$REPO"
 # 1. Data and 2. model: recipes/gsm_symbolic_prepare.sh (GGUF_WHEELS / GGUF_PIECES / GGUF_FILE above).
-bash recipes/gsm_symbolic_prepare.sh "$SOURCE" "$MODEL_DIR" "$DATA_DIR" "$RUN_DIR"
+RESUME=${RESUME:-0} bash recipes/gsm_symbolic_prepare.sh "$SOURCE" "$MODEL_DIR" "$DATA_DIR" "$RUN_DIR"
+START=(trainer.resume_mode=disable trainer.val_before_train=true)
+if [ "${RESUME:-0}" = 1 ]; then START=(trainer.resume_mode=auto trainer.val_before_train=false); fi
 
 # 3. GRPO: 64 prompts x 8 samples a step, two optimizer steps of 32 prompts each, no KL, no critic, no reference;
 #    greedy validation on all test questions before training, every 5 steps and at the end; no checkpoint.
@@ -55,8 +60,7 @@ python -m hybridrl.main_ppo \
     custom_reward_function.path="$REPO/recipes/gsm_symbolic_reward.py" \
     custom_reward_function.name=compute_score \
     trainer.nnodes=1 trainer.n_gpus_per_node=1 trainer.seed="$SEED" \
-    trainer.total_training_steps=25 trainer.test_freq=5 trainer.val_before_train=true \
-    trainer.save_freq=-1 trainer.resume_mode=disable \
+    trainer.total_training_steps=25 trainer.test_freq=5 trainer.save_freq=-1 "${START[@]}" \
     trainer.logger='[console,jsonl]' trainer.default_local_dir="$RUN_DIR" \
     trainer.validation_data_dir="$RUN_DIR/val_generations" \
     trainer.project_name=qwen25_coder_gsm_symbolic trainer.experiment_name="grpo_${MODEL}_seed$SEED" \
