@@ -252,20 +252,17 @@ def device_used_gib() -> float:
     return (total - free) / (1 << 30)
 
 
-def time_generation(generate, prompts, repeats: int) -> tuple[float, int]:
-    """Best seconds over `repeats` runs of generate(prompts) and the number of generated tokens."""
-    best, tokens = float("inf"), 0
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        tokens = generate(prompts)
-        best = min(best, time.perf_counter() - started)
-    return best, tokens
+def time_generation(generate, prompts) -> tuple[float, int]:
+    """The seconds of one generate(prompts), from a synchronized device, and the number of tokens it generated."""
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    tokens = generate(prompts)
+    return time.perf_counter() - started, tokens
 
 
 def time_runs(generate, prompts, repeats: int) -> dict:
     """`repeats` timed runs of generate(prompts), summarized by summarize_runs."""
-    return summarize_runs([time_generation(generate, prompts, repeats=1) for _ in range(repeats)])
+    return summarize_runs([time_generation(generate, prompts) for _ in range(repeats)])
 
 
 def summarize_runs(runs: list[tuple[float, int]]) -> dict:
@@ -392,14 +389,14 @@ class StandaloneBeside:
 
 def time_interleaved(generators: dict, prompts, repeats: int) -> dict[str, dict]:
     """time_runs' numbers for each of two generate(prompts) callables taking turns, in the order A B B A A B ..., so
-    that neither side gets the earlier or later runs; each side's dict adds pair_ratios (first / second, pair by
-    pair) to the first side's."""
+    that neither side gets all the earlier or all the later runs. The first side's dict also holds pair_ratios: its
+    tokens/s over the second's, turn by turn."""
     (first, generate_first), (second, generate_second) = generators.items()
     runs: dict[str, list] = {first: [], second: []}
     for index in range(repeats):
         order = ((first, generate_first), (second, generate_second))
         for name, generate in order if index % 2 == 0 else order[::-1]:
-            runs[name].append(time_generation(generate, prompts, repeats=1))
+            runs[name].append(time_generation(generate, prompts))
     summaries = {name: summarize_runs(name_runs) for name, name_runs in runs.items()}
     summaries[first]["pair_ratios"] = [a / b for a, b in zip(summaries[first]["tok_per_s_runs"],
                                                               summaries[second]["tok_per_s_runs"])]

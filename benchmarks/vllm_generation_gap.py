@@ -71,9 +71,9 @@ class GpuBusy:
 
 def host_cpu(before, after, seconds: float) -> dict[str, float]:
     """What the whole host's CPUs did between two psutil.cpu_times(): busy cores on average (every process's), and
-    the share of all CPU time the hypervisor gave to other guests (steal). A loop bound by one host core that meets
-    a slow stretch shows either other work beside it (busy cores well above this process's CPU seconds / wall) or
-    steal; neither means the host itself runs slower."""
+    the share of all CPU time the hypervisor gave to other guests (steal). They tell whether a slow batch of a loop
+    bound by one host core had other work beside it (busy cores well above this process's CPU seconds / wall) or
+    lost its core to another guest (steal)."""
     delta = {field: getattr(after, field) - getattr(before, field) for field in after._fields}
     busy = sum(delta.get(field, 0.0) for field in ("user", "nice", "system", "irq", "softirq"))
     total = sum(delta.values()) - delta.get("guest", 0.0) - delta.get("guest_nice", 0.0)  # guest is inside user
@@ -93,7 +93,7 @@ def batch_record(generate, profile_to: tuple[str, str] | None = None) -> dict:
     cpu_started, full_collections = time.process_time(), gc.get_stats()[2]["collections"]
     host_started = psutil.cpu_times()
     with profiler, GpuBusy() as busy:
-        seconds, tokens = time_generation(generate, None, repeats=1)
+        seconds, tokens = time_generation(generate, None)
     record = {"seconds": seconds, "tokens": tokens, "tok_per_s": tokens / seconds,
               "cpu_s": time.process_time() - cpu_started, **host_cpu(host_started, psutil.cpu_times(), seconds),
               "gpu_busy_pct": busy.mean_pct,
