@@ -31,72 +31,64 @@ job (or `mask_through_first_eos`), done before calling this.
 """
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import torch
 
 from hybridrl.protocol import DataProto
 
 WEIGHT_VERSIONS_KEY = "response_weight_versions"  # [B, response_length] int64, see the module docstring
+NUMPY_DTYPES = {torch.long: np.int64, torch.float32: np.float32}
 
 
 def to_batch_layout(prompt_ids: list[list[int]], response_ids: list[list[int]], *, prompt_length: int,
                     response_length: int, pad_token_id: int, response_mask: list[list[int]] | None = None,
                     response_logprobs: list[list[float]] | None = None,
                     weight_versions: list[list[int]] | None = None) -> DataProto:
-    """Pad ragged prompt/response token lists into the trainer's batch layout (see the module docstring)."""
+    """Pad ragged prompt/response token lists into the trainer's batch layout (see the module docstring).
+
+    Each column is filled by one masked assignment of all its rows' values flattened, not row by row: a batch of 512
+    responses of 512 tokens took 0.1 s in per-row torch.tensor calls on a 2-core CPU, on the critical path of every
+    rollout (the agent-loop path pads on the controller, after the slowest sample)."""
     rows = len(prompt_ids)
     _check_rows("response_ids", response_ids, rows)
-    if response_mask is not None:
-        _check_rows("response_mask", response_mask, rows)
-    if response_logprobs is not None:
-        _check_rows("response_logprobs", response_logprobs, rows)
-    if weight_versions is not None:
-        _check_rows("weight_versions", weight_versions, rows)
+    prompt_lengths = _lengths(prompt_ids)
+    response_lengths = _lengths(response_ids)
+    empty = np.flatnonzero(prompt_lengths == 0)
+    if empty.size:
+        raise ValueError(f"to_batch_layout: prompt of row {empty[0]} is empty")
+    _check_lengths("prompt", prompt_lengths, prompt_length)
+    _check_lengths("response", response_lengths, response_length)
 
-    prompts = torch.full((rows, prompt_length), pad_token_id, dtype=torch.long)
-    prompt_mask = torch.zeros((rows, prompt_length), dtype=torch.long)
-    responses = torch.full((rows, response_length), pad_token_id, dtype=torch.long)
-    response_attention = torch.zeros((rows, response_length), dtype=torch.long)
-    loss_mask = torch.zeros((rows, response_length), dtype=torch.long)
-    log_probs = torch.zeros((rows, response_length), dtype=torch.float32)
-    versions = torch.full((rows, response_length), -1, dtype=torch.long)
-    for row in range(rows):
-        prompt, response = prompt_ids[row], response_ids[row]
-        if not prompt:
-            raise ValueError(f"to_batch_layout: prompt of row {row} is empty")
-        if len(prompt) > prompt_length:
-            raise ValueError(f"to_batch_layout: prompt of row {row} has {len(prompt)} tokens, more than "
-                             f"prompt_length={prompt_length}")
-        if len(response) > response_length:
-            raise ValueError(f"to_batch_layout: response of row {row} has {len(response)} tokens, more than "
-                             f"response_length={response_length}")
-        prompts[row, prompt_length - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-        prompt_mask[row, prompt_length - len(prompt):] = 1
-        width = len(response)
-        if width:
-            responses[row, :width] = torch.tensor(response, dtype=torch.long)
-        response_attention[row, :width] = 1
-        loss_mask[row, :width] = 1 if response_mask is None else _row_values(
-            "response_mask", response_mask[row], row, width, torch.long)
-        if response_logprobs is not None:
-            log_probs[row, :width] = _row_values("response_logprobs", response_logprobs[row], row, width,
-                                                 torch.float32)
-        if weight_versions is not None:
-            versions[row, :width] = _row_values("weight_versions", weight_versions[row], row, width, torch.long)
+    prompt_mask = torch.arange(prompt_length) >= torch.from_numpy(prompt_length - prompt_lengths)[:, None]
+    response_attention = torch.arange(response_length) < torch.from_numpy(response_lengths)[:, None]
+    prompts = _scatter(prompt_mask, prompt_ids, pad_token_id, torch.long)
+    responses = _scatter(response_attention, response_ids, pad_token_id, torch.long)
+    if response_mask is None:
+        loss_mask = response_attention.long()
+    else:
+        loss_mask = _scatter(response_attention, _per_token("response_mask", response_mask, response_lengths), 0,
+                             torch.long)
 
+    prompt_mask = prompt_mask.long()
     prompt_positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
     response_positions = prompt_positions[:, -1:] + torch.arange(1, response_length + 1, dtype=torch.long)
     tensors = {
         "prompts": prompts,
         "responses": responses,
         "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": torch.cat([prompt_mask, response_attention], dim=1),
+        "attention_mask": torch.cat([prompt_mask, response_attention.long()], dim=1),
         "position_ids": torch.cat([prompt_positions, response_positions], dim=1),
         "response_mask": loss_mask,
     }
     if response_logprobs is not None:
-        tensors["rollout_log_probs"] = log_probs
+        tensors["rollout_log_probs"] = _scatter(
+            response_attention, _per_token("response_logprobs", response_logprobs, response_lengths), 0.0,
+            torch.float32)
     if weight_versions is not None:
-        tensors[WEIGHT_VERSIONS_KEY] = versions
+        tensors[WEIGHT_VERSIONS_KEY] = _scatter(
+            response_attention, _per_token("weight_versions", weight_versions, response_lengths), -1, torch.long)
     return DataProto.from_dict(tensors)
 
 
@@ -123,9 +115,34 @@ def _check_rows(name: str, values: list, rows: int) -> None:
         raise ValueError(f"to_batch_layout: {name} has {len(values)} rows, prompt_ids has {rows}")
 
 
-def _row_values(name: str, values: list, row: int, width: int, dtype: torch.dtype) -> torch.Tensor:
-    """One row of a per-token list, which must be as long as that row's response."""
-    if len(values) != width:
-        raise ValueError(f"to_batch_layout: {name} of row {row} has {len(values)} entries, its response has {width} "
-                         f"tokens")
-    return torch.tensor(values, dtype=dtype)
+def _lengths(values: list[list]) -> np.ndarray:
+    return np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+
+
+def _check_lengths(name: str, lengths: np.ndarray, limit: int) -> None:
+    """A row longer than its length is an error naming the first such row."""
+    too_long = np.flatnonzero(lengths > limit)
+    if too_long.size:
+        row = too_long[0]
+        raise ValueError(f"to_batch_layout: {name} of row {row} has {lengths[row]} tokens, more than "
+                         f"{name}_length={limit}")
+
+
+def _per_token(name: str, values: list[list], response_lengths: np.ndarray) -> list[list]:
+    """A per-token column's rows, each of which must be as long as that row's response."""
+    _check_rows(name, values, len(response_lengths))
+    wrong = np.flatnonzero(_lengths(values) != response_lengths)
+    if wrong.size:
+        row = wrong[0]
+        raise ValueError(f"to_batch_layout: {name} of row {row} has {len(values[row])} entries, its response has "
+                         f"{response_lengths[row]} tokens")
+    return values
+
+
+def _scatter(mask: torch.Tensor, rows: list[list], fill, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of mask's shape holding `fill`, with the rows' values in order at each row's True positions (row-major
+    order: a row's positions left to right take its values in order)."""
+    out = torch.full(mask.shape, fill, dtype=dtype)
+    values = np.fromiter(itertools.chain.from_iterable(rows), dtype=NUMPY_DTYPES[dtype], count=int(mask.sum()))
+    out[mask] = torch.from_numpy(values)
+    return out
