@@ -1,15 +1,18 @@
 """Agent loops without a trainer: the registry and its YAML, the engine server (real HTTP on 127.0.0.1) with the
 batching HF engine on a tiny real model, the server manager's balancing, and the loop reward's placement."""
 import asyncio
+import math
 import textwrap
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from hybridrl.agent_loop.base import load_agent_loop_config
 from hybridrl.agent_loop.manager import (AGENT_SCORES_KEY, agent_loop_metrics, apply_agent_scores,
-                                         check_agent_names, check_output, output_columns, scores_on_trained_tokens)
+                                         check_agent_names, check_output, join_shares, output_columns, rollout_share,
+                                         scores_on_trained_tokens)
 from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, EngineServerError
 from hybridrl.agent_loop import AgentLoopOutput
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
@@ -88,6 +91,41 @@ def test_every_verl_output_field_and_metric_reaches_the_batch_or_the_metrics():
             metrics["timing_s/agent_loop/compute_score/mean"], metrics["agent_loop/queue_s/mean"]) == (1.0, 2.0, 0.125, 3.0)
     assert "agent_loop/note/mean" not in metrics
     assert "routed_experts" not in output_columns(outputs[1:])
+
+
+def test_each_worker_pads_its_share_and_the_shares_join_in_row_order_with_every_column():
+    """Worker 0's loops set an extra field and routed experts, worker 1's do not and one of its loops failed: the joined
+    batch has both columns (None where a loop gave none), the failed row is one EOS token with no loss and score 0,
+    and the tensors are the rows padded in order, by hand."""
+    rollout = SimpleNamespace(prompt_length=2, response_length=3, calculate_log_probs=True)
+    EOS, PAD = 9, 0
+    done = AgentLoopOutput(prompt_ids=[5], response_ids=[6, 7], response_mask=[1, 0], response_logprobs=[-0.5, 0.0],
+                           num_turns=4, extra_fields={"turn_scores": [1.0]}, routed_experts=[[1]],
+                           metrics={"generate_sequences": 2.0, "tool_calls": 0.5})
+    plain = AgentLoopOutput(prompt_ids=[3, 4], response_ids=[8], response_mask=[1], response_logprobs=[-0.25],
+                            reward_score=1.0, num_turns=2)
+    first = rollout_share([{"raw_prompt_ids": [5]}], [{"output": done.model_dump(), "token_versions": [2, -1]}],
+                          rollout, EOS, PAD)
+    second = rollout_share([{"raw_prompt_ids": [3, 4]}, {"raw_prompt_ids": [1]}],
+                           [{"output": plain.model_dump(), "token_versions": [3]}, {"error": "Traceback: boom"}],
+                           rollout, EOS, PAD)
+    assert (first["errors"], second["errors"]) == ([], ["Traceback: boom"])
+    assert [summary["num_turns"] for summary in first["summaries"] + second["summaries"]] == [4, 2, 0]
+    assert first["summaries"][0]["metrics"]["tool_calls"] == 0.5
+    assert [(summary["prompt_length"], summary["response_length"]) for summary in second["summaries"]] == [(2, 1), (1, 1)]
+
+    batch = join_shares([first["batch"], second["batch"]])
+    assert batch.batch["prompts"].tolist() == [[PAD, 5], [3, 4], [PAD, 1]]
+    assert batch.batch["responses"].tolist() == [[6, 7, PAD], [8, PAD, PAD], [EOS, PAD, PAD]]
+    assert batch.batch["response_mask"].tolist() == [[1, 0, 0], [1, 0, 0], [0, 0, 0]]
+    assert batch.batch["attention_mask"].tolist() == [[0, 1, 1, 1, 0], [1, 1, 1, 0, 0], [0, 1, 1, 0, 0]]
+    assert batch.batch["rollout_log_probs"].tolist() == [[-0.5, 0.0, 0.0], [-0.25, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    assert batch.batch["response_weight_versions"].tolist() == [[2, -1, -1], [3, -1, -1], [-1, -1, -1]]
+    scores = batch.batch[AGENT_SCORES_KEY].tolist()
+    assert math.isnan(scores[0]) and scores[1:] == [1.0, 0.0]
+    assert list(batch.non_tensor_batch["turn_scores"]) == [[1.0], None, None]
+    assert list(batch.non_tensor_batch["routed_experts"]) == [[[1]], None, None]
+    assert list(batch.non_tensor_batch["__num_turns__"]) == [4, 2, 0]
 
 
 # ---------------------------------------------------------------------- the loop's reward

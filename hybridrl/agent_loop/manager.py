@@ -187,9 +187,17 @@ class AgentLoopWorker:
                                       server_manager=server_manager, tokenizer=self.tokenizer, processor=None,
                                       dataset_cls=self.dataset_cls, data_config=DictConfigWrap(self.config.data))
 
-    async def run(self, rows: list[dict[str, Any]], sampling_params: dict[str, Any]) -> list[dict[str, Any]]:
-        """One result per row: {"output": AgentLoopOutput as dict} or {"error": traceback}."""
-        return list(await asyncio.gather(*(self._run_row(row, sampling_params) for row in rows)))
+    async def run(self, rows: list[dict[str, Any]], sampling_params: dict[str, Any]) -> dict[str, Any]:
+        """The rows' loops run concurrently, their outputs padded here into the rows' share of the batch (RolloutShare
+        as a dict): each worker pads its own share, in parallel with the others, and the controller only joins the
+        shares' tensors. Padded on the controller after the last sample, 512 rows of 512 tokens took 0.33 s of a
+        4 s rollout (H200 host, py-spy, 2026-12-02, benchmarks/agent_loop_gap.py)."""
+        results = list(await asyncio.gather(*(self._run_row(row, sampling_params) for row in rows)))
+        share = rollout_share(rows, results, self.config.actor_rollout_ref.rollout, self.tokenizer.eos_token_id,
+                              self.tokenizer.pad_token_id)
+        share["last_first_request"] = max((result["first_sent"] for result in results if result.get("first_sent")),
+                                          default=None)  # None: no loop sent a request
+        return share
 
     async def _run_row(self, row: dict[str, Any], sampling_params: dict[str, Any],
                        resume: Optional["ResumePoint"] = None) -> dict[str, Any]:
@@ -205,7 +213,8 @@ class AgentLoopWorker:
             check_output(output, self.config.actor_rollout_ref.rollout, agent_name)
             versions = recorder.token_versions(output.response_mask) if resume is None else \
                 resume.token_versions(output, recorder)
-            return {"output": output.model_dump(), "token_versions": versions, "aborted": recorder.aborted}
+            return {"output": output.model_dump(), "token_versions": versions, "aborted": recorder.aborted,
+                    "first_sent": recorder.first_sent}
         except Exception as error:
             server_error = _caused_by_server(error)
             if server_error is not None:
@@ -240,8 +249,11 @@ class VersionRecorder:
         self.server_manager = server_manager
         self.calls: list[tuple[int, Optional[int]]] = []  # (tokens generated, weight_version) per generate call
         self.aborted = False  # an engine server answered a call as aborted (the data flow stopped the stragglers)
+        self.first_sent: Optional[float] = None  # wall-clock time of the loop's first request
 
     async def generate(self, request_id: str, **kwargs):
+        if self.first_sent is None:
+            self.first_sent = time.time()
         output = await self.server_manager.generate(request_id, **kwargs)
         self.calls.append((len(output.token_ids), output.weight_version))
         self.aborted = self.aborted or output.stop_reason == "aborted"
@@ -319,18 +331,31 @@ class AgentLoopManager:
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """The rollout of every row of `prompts` (its tensors and all its non-tensor columns), in the layout of
         the sync rollouts plus AGENT_SCORES_KEY; meta_info["metrics"]: agent_loop/* for this batch."""
-        started = time.perf_counter()
+        started, started_wall = time.perf_counter(), time.time()
         rows = self._rows(prompts)
         check_agent_names([row["agent_name"] for row in rows], self.registry, "dataset column agent_name")
         params = rollout_sampling_params(self.rollout_config, validate=prompts.meta_info.get("validate", False),
                                          do_sample=prompts.meta_info.get("do_sample", self.rollout_config.do_sample),
                                          overrides=prompts.meta_info.get(SAMPLING_OVERRIDES))
-        shares = np.array_split(np.arange(len(rows)), len(self.workers))
-        pending = [worker.run.remote([rows[i] for i in share], params)
-                   for worker, share in zip(self.workers, shares) if len(share)]
-        results = [result for share in ray.get(pending) for result in share]
-        output = self._to_batch(rows, results)
-        output.meta_info["metrics"]["timing_s/agent_loop"] = time.perf_counter() - started
+        splits = np.array_split(np.arange(len(rows)), len(self.workers))
+        pending = [worker.run.remote([rows[i] for i in split], params)
+                   for worker, split in zip(self.workers, splits) if len(split)]
+        shares = ray.get(pending)
+        output = join_shares([share["batch"] for share in shares])
+        errors = [error for share in shares for error in share["errors"]]
+        self.report_failures(errors, len(rows))
+        summaries = [summary for share in shares for summary in share["summaries"]]
+        sent = [share["last_first_request"] for share in shares if share["last_first_request"] is not None]
+        output.meta_info["metrics"] = {
+            "agent_loop/num_failed": float(len(errors)),
+            **agent_loop_metrics([summary["num_turns"] for summary in summaries],
+                                 [AgentLoopMetrics(**summary["metrics"]) for summary in summaries],
+                                 [(summary["prompt_length"], summary["response_length"]) for summary in summaries]),
+            # when the last loop sent its first request (the workers' clocks: one host, or a cluster's synchronised
+            # ones): with the server's timing_s/server_last_request it tells a slow start of the loops from a slow
+            # admission at the engine
+            **({"timing_s/agent_loop/all_loops_sent": max(sent) - started_wall} if sent else {}),
+            "timing_s/agent_loop": time.perf_counter() - started}
         return output
 
     def _rows(self, prompts: DataProto) -> list[dict[str, Any]]:
@@ -345,35 +370,6 @@ class AgentLoopManager:
             for row, ids, mask in zip(rows, prompts.batch["input_ids"], prompts.batch["attention_mask"]):
                 row["raw_prompt_ids"] = ids[mask.bool()].tolist()
         return rows
-
-    def _to_batch(self, rows: list[dict[str, Any]], results: list[dict[str, Any]]) -> DataProto:
-        outputs, errors, token_versions = [], [], []
-        for row, result in zip(rows, results):
-            if "error" in result:
-                errors.append(result["error"])
-                outputs.append(AgentLoopOutput(prompt_ids=list(row["raw_prompt_ids"]), response_ids=[self.eos_token_id],
-                                               response_mask=[0], reward_score=0.0))
-                token_versions.append([-1])
-            else:
-                outputs.append(AgentLoopOutput(**result["output"]))
-                token_versions.append(result["token_versions"])
-        self.report_failures(errors, len(rows))
-        batch = to_batch_layout(
-            [output.prompt_ids for output in outputs], [output.response_ids for output in outputs],
-            prompt_length=self.rollout_config.prompt_length, response_length=self.rollout_config.response_length,
-            pad_token_id=self.pad_token_id, response_mask=[output.response_mask for output in outputs],
-            # failed rows have none: zeros, under their all-zero response_mask
-            response_logprobs=([output.response_logprobs or [0.0] * len(output.response_ids) for output in outputs]
-                               if self.rollout_config.calculate_log_probs else None),
-            weight_versions=token_versions)
-        batch.non_tensor_batch.update(output_columns(outputs))
-        batch.batch[AGENT_SCORES_KEY] = torch.tensor(
-            [float("nan") if output.reward_score is None else float(output.reward_score) for output in outputs],
-            dtype=torch.float32)
-        batch.meta_info["metrics"] = {"agent_loop/num_failed": float(len(errors)), **agent_loop_metrics(
-            [output.num_turns for output in outputs], [output.metrics for output in outputs],
-            [(len(output.prompt_ids), len(output.response_ids)) for output in outputs])}
-        return batch
 
     def report_failures(self, errors: list[str], rows: int) -> None:
         """Print each failed loop's traceback once per place it fails at; fail the step when more than
@@ -392,6 +388,54 @@ class AgentLoopManager:
     def shutdown(self) -> None:
         for worker in self.workers:
             ray.kill(worker)
+
+
+def rollout_share(rows: list[dict[str, Any]], results: list[dict[str, Any]], rollout_config, eos_token_id: int,
+                  pad_token_id: int) -> dict[str, Any]:
+    """One worker's rows as the controller joins them (join_shares), a dict of
+    - batch: the rows in the trainer's batch layout (batch_layout.to_batch_layout) with every generated token's
+      weight version, each loop's extra_fields as columns (output_columns) and AGENT_SCORES_KEY;
+    - errors: the traceback of each row whose loop failed (its row: a one-token EOS response with response_mask 0,
+      no loss, score 0);
+    - summaries: per row its num_turns, AgentLoopMetrics (as a dict) and prompt and response lengths, for
+      agent_loop_metrics over the whole batch."""
+    outputs, errors, token_versions = [], [], []
+    for row, result in zip(rows, results):
+        if "error" in result:
+            errors.append(result["error"])
+            outputs.append(AgentLoopOutput(prompt_ids=list(row["raw_prompt_ids"]), response_ids=[eos_token_id],
+                                           response_mask=[0], reward_score=0.0))
+            token_versions.append([-1])
+        else:
+            outputs.append(AgentLoopOutput(**result["output"]))
+            token_versions.append(result["token_versions"])
+    batch = to_batch_layout(
+        [output.prompt_ids for output in outputs], [output.response_ids for output in outputs],
+        prompt_length=rollout_config.prompt_length, response_length=rollout_config.response_length,
+        pad_token_id=pad_token_id, response_mask=[output.response_mask for output in outputs],
+        # failed rows have none: zeros, under their all-zero response_mask
+        response_logprobs=([output.response_logprobs or [0.0] * len(output.response_ids) for output in outputs]
+                           if rollout_config.calculate_log_probs else None),
+        weight_versions=token_versions)
+    batch.non_tensor_batch.update(output_columns(outputs))
+    batch.batch[AGENT_SCORES_KEY] = torch.tensor(
+        [float("nan") if output.reward_score is None else float(output.reward_score) for output in outputs],
+        dtype=torch.float32)
+    summaries = [{"num_turns": output.num_turns, "metrics": output.metrics.model_dump(),
+                  "prompt_length": len(output.prompt_ids), "response_length": len(output.response_ids)}
+                 for output in outputs]
+    return {"batch": batch, "errors": errors, "summaries": summaries}
+
+
+def join_shares(batches: list[DataProto]) -> DataProto:
+    """The workers' shares as one batch, in row order. A column that only some shares' loops set (an extra_fields key)
+    is None in the rows of the others, as output_columns makes it within a share."""
+    columns = sorted({key for batch in batches for key in batch.non_tensor_batch})
+    for batch in batches:
+        for key in columns:
+            if key not in batch.non_tensor_batch:
+                batch.non_tensor_batch[key] = object_column([None] * len(batch))
+    return DataProto.concat(batches)
 
 
 def output_columns(outputs: list[AgentLoopOutput]) -> dict[str, np.ndarray]:
