@@ -1,0 +1,208 @@
+"""Agent-loop generation against the batch path on the same SGLang engine, the two taking turns (issue 26's first
+target: agent loops at >= 0.95x the batch path with 512 requests in flight, 1 GPU, 0.5B shape).
+
+    PYTHONPATH=.:/tmp/site python benchmarks/agent_loop_gap.py --model-dir /tmp/q05tok --tokenizer .stage/qwen_tok \
+        --out $OUT/agent_loop_gap.json
+
+One process holds the trainer's rollout worker (ActorRolloutRefWorker: FSDP2 actor + colocated SGLang engine, decode
+CUDA graphs captured up to the 512 sequences in flight, as the trainer sizes them) and its engine server; local Ray
+runs the AgentLoopManager's workers. Each turn is one rollout window, rollout_mode to trainer_mode, as in a
+training step; only the generation call inside it is timed:
+  batch        the worker's generate_sequences: one engine.generate call for all rows (rollout.mode=sync)
+  agent_loops  AgentLoopManager.generate_sequences: one single_turn_agent loop per row on the manager's workers,
+               each sending its own request to the worker's engine server (rollout.mode=async), padded into the
+               batch on the controller
+The two take turns A B B A (hybrid_engine.time_interleaved) for --turns runs each, so that neither gets all the
+early or all the late ones: one engine's rate drifts from batch to batch at this shape (its step loop is bound by
+one host core), and runs timed one after the other in separate trainer runs (ppo_step.py) met different stretches
+of that drift. Responses run to the full length (rollout.ignore_eos), so both make the same tokens. For the agent
+loops each turn also records where the time went (the manager's and the server's metrics): when the server saw its
+first and last request (the engine has its whole batch only after the last), the slowest sample's generate, and the
+whole call (what is left of it beyond the slowest generate is dispatch, results and padding). The JSON record
+(--out) is rewritten after every turn, so a run cut off keeps the turns it made.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+
+import torch
+
+from benchmarks.hybrid_engine import (hybrid_config, init_single_gpu_process_group, prepare_model, random_prompts,
+                                      time_interleaved)
+from benchmarks.vocab import Vocabulary
+
+AGENT_METRICS = {  # the agent-loop turn's breakdown: (label, metric key)
+    "every loop sent its first request (s)": "timing_s/agent_loop/all_loops_sent",
+    "server: first request (s)": "timing_s/server_first_request",
+    "server: last request (s)": "timing_s/server_last_request",
+    "slowest sample's generate (s)": "timing_s/agent_loop/slowest/generate_sequences",
+    "whole call (s)": "timing_s/agent_loop",
+}
+
+
+def build_worker(model_dir: str, args):
+    """The trainer's rollout worker on this GPU with rollout.mode=async (its engine server started), sized for
+    --prompts x --n sequences in flight."""
+    from hybridrl.models.spec import policy_model_spec
+    from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
+    from hybridrl.workers.rollout.engine_load import EngineLoad
+
+    init_single_gpu_process_group()
+    config = hybrid_config(model_dir, [
+        f"data.max_prompt_length={args.prompt_length}", f"data.max_response_length={args.new_tokens}",
+        f"data.train_batch_size={args.prompts}", f"actor_rollout_ref.rollout.n={args.n}",
+        "actor_rollout_ref.rollout.ignore_eos=true", "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
+        f"actor_rollout_ref.rollout.agent.num_workers={args.agent_workers}", *args.override])
+    load = EngineLoad(args.prompts * args.n, f"{args.prompts} prompts x {args.n} samples on 1 engine")
+    worker = ActorRolloutRefWorker(config.actor_rollout_ref, policy_model_spec(config), role="actor_rollout", seed=1,
+                                   device="cuda", engine_load=load)
+    worker.init_model()
+    return config, worker
+
+
+def agent_requests(prompts):
+    """The prompts as the agent loops get them: the trainer's rows plus each row's prompt ids (raw_prompt_ids, what
+    single_turn_agent sends), so that both paths generate from the same tokens."""
+    from hybridrl.protocol import DataProto
+
+    ids = [row[mask.bool()].tolist() for row, mask in zip(prompts.batch["input_ids"], prompts.batch["attention_mask"])]
+    return DataProto.from_dict(dict(prompts.batch), {"raw_prompt_ids": ids}, dict(prompts.meta_info))
+
+
+def run_turns(args, vocabulary: Vocabulary, record: dict) -> None:
+    import ray
+
+    from hybridrl.agent_loop.manager import AgentLoopManager
+
+    tokenizer = vocabulary.tokenizer
+    config, worker = build_worker(args.model_dir, args)
+    record["engine"] = config.actor_rollout_ref.rollout.name
+    address = worker.start_engine_server([tokenizer.eos_token_id], tokenizer.pad_token_id)
+    ray.init(num_cpus=args.agent_workers + 2, include_dashboard=False, log_to_driver=True)
+    manager = AgentLoopManager(config, tokenizer, [address])
+    prompts = random_prompts(args.prompts, args.prompt_length, vocabulary.embeddings).repeat(args.n, interleave=True)
+    prompts.meta_info.update(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    requests = agent_requests(prompts)
+    record["turns"] = []
+
+    def in_window(path: str, generate) -> tuple[float, int]:
+        """One rollout window around generate(): the seconds of generate alone and the response tokens it made; the
+        turn is recorded."""
+        worker.rollout_mode()
+        if path == "batch":  # the batch path drives the engine's event loop from this thread: the server lets go of it
+            worker.engine_server.pause()
+        try:
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            output = generate()
+            seconds = time.perf_counter() - started
+        finally:
+            served = worker.trainer_mode()
+        metrics = {**output.meta_info.get("metrics", {}), **served}
+        turn = {"path": path, "seconds": seconds, "tokens": int(output.batch["response_mask"].sum()),
+                **{key: float(value) for key, value in metrics.items() if key in AGENT_METRICS.values() or
+                   key == "timing_s/engine_generate"}}
+        record["turns"].append(turn)
+        write_record(record, args.out)
+        return seconds, turn["tokens"]
+
+    turns = {"agent_loops": lambda: in_window("agent_loops", lambda: manager.generate_sequences(requests)),
+             "batch": lambda: in_window("batch", lambda: worker.generate_sequences(prompts))}
+    try:
+        for _ in range(args.warmup):  # the first agent call starts the loops' sessions; graphs and caches warm up
+            turns["agent_loops"](), turns["batch"]()
+        record["warmup_turns"], record["turns"] = record["turns"], []
+        record.update(time_interleaved(turns, None, args.turns, time_run=lambda turn, _: turn()))
+        if args.pyspy:
+            record["profiled_agent_turn"] = profiled_turn(args, turns["agent_loops"])
+            record["profiled_agent_turn"]["turn"] = record["turns"].pop()  # not one of the timed turns
+    finally:
+        manager.shutdown()
+        ray.shutdown()
+        worker.engine_server.shutdown()
+
+
+def profiled_turn(args, agent_turn) -> dict:
+    """One more agent-loop turn (not among the timed ones) with py-spy sampling this process's busy threads: the
+    engine server's, whose loop admits every request and answers it (host_profile.py)."""
+    from benchmarks.host_profile import PySpy, print_summary
+
+    raw = f"{args.out or 'agent_loop_gap'}.agent_turn.raw"
+    with PySpy(args.pyspy, raw) as profiler:
+        seconds, tokens = agent_turn()
+    summary = {"seconds": seconds, "tokens": tokens, **profiler.summary()}
+    print_summary(f"agent-loop turn under py-spy ({seconds:.2f} s)", summary)
+    return summary
+
+
+def summary(record: dict) -> dict:
+    """The ratio of the two paths' mean rates, the turn-by-turn ratios (their median, lowest and highest), and the
+    agent turns' mean breakdown."""
+    agent, batch = record["agent_loops"], record["batch"]
+    pairs = agent["pair_ratios"]
+    agent_turns = [turn for turn in record["turns"] if turn["path"] == "agent_loops"]
+    breakdown = {label: statistics.mean(turn[key] for turn in agent_turns) for label, key in AGENT_METRICS.items()
+                 if all(key in turn for turn in agent_turns)}
+    return {"ratio_of_means": agent["tok_per_s"] / batch["tok_per_s"], "pair_ratio_median": statistics.median(pairs),
+            "pair_ratio_min": min(pairs), "pair_ratio_max": max(pairs), "agent_breakdown_mean": breakdown}
+
+
+def print_table(record: dict, args) -> None:
+    result = record["summary"]
+    print(f"\n{record['device']}, {args.prompts} prompts x {args.n} x {args.new_tokens} tokens, one {record['engine']} engine, "
+          f"{args.turns} turns each, A B B A\nvocab: {record['vocab']['describe']}")
+    for path in ("batch", "agent_loops"):
+        rates = record[path]["tok_per_s_runs"]
+        print(f"{path:<12} {record[path]['tok_per_s']:>9,.0f} tok/s (mean of {len(rates)}: {min(rates):,.0f}-"
+              f"{max(rates):,.0f}; {record[path]['seconds']:.2f} s a turn)")
+    print(f"agent_loops / batch: {result['ratio_of_means']:.3f} (ratio of means); turn by turn median "
+          f"{result['pair_ratio_median']:.3f}, {result['pair_ratio_min']:.3f}-{result['pair_ratio_max']:.3f}")
+    for label, value in result["agent_breakdown_mean"].items():
+        print(f"  agent loops, {label}: {value:.3f} (mean)")
+    sys.stdout.flush()
+
+
+def write_record(record: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as handle:
+            json.dump(record, handle, indent=1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", required=True, help="the random 0.5B-shape model (made here if absent)")
+    parser.add_argument("--tokenizer", required=True, help="tokenizer directory: the model gets its vocabulary")
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--prompt-length", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--turns", type=int, default=8, help="timed turns of each path")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed turns of each path first")
+    parser.add_argument("--agent-workers", type=int, default=8, help="rollout.agent.num_workers")
+    parser.add_argument("--override", action="append", default=[], help="extra config override (repeatable)")
+    parser.add_argument("--pyspy", help="py-spy binary (scripts/gpu/stage_pyspy.sh): one more agent turn, profiled")
+    parser.add_argument("--out", help="write all numbers here as JSON (rewritten after every turn)")
+    args = parser.parse_args()
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # One CPU thread, as the trainer's processes have: its worker and its controller are Ray actors, whose
+    # OMP_NUM_THREADS is their CPU share (single_controller/worker.py). With a thread per core this process spent
+    # 0.2 s a turn in small CPU tensor ops (padding, concatenation) on the H200 host (py-spy, 2026-12-02), in both paths.
+    torch.set_num_threads(1)
+    torch.manual_seed(0)  # the engine's sampling seed is the process's torch seed
+    vocabulary = prepare_model(args)
+    record = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "args": vars(args),
+              "vocab": {**vocabulary.record(), "describe": vocabulary.describe()}}
+    run_turns(args, vocabulary, record)
+    record["summary"] = summary(record)
+    write_record(record, args.out)
+    print_table(record, args)
+
+
+if __name__ == "__main__":
+    main()
