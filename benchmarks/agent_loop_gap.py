@@ -3,6 +3,8 @@ target: agent loops at >= 0.95x the batch path with 512 requests in flight, 1 GP
 
     PYTHONPATH=.:/tmp/site python benchmarks/agent_loop_gap.py --model-dir /tmp/q05tok --tokenizer .stage/qwen_tok \
         --out $OUT/agent_loop_gap.json
+    PYTHONPATH=. python benchmarks/agent_loop_gap.py --device cpu --model-dir /tmp/tiny   # the CPU check: a tiny
+        model, the hf engine (which stops at EOS: the paths' token counts differ), small batches; says nothing of GPUs
 
 One process holds the trainer's rollout worker (ActorRolloutRefWorker: FSDP2 actor + colocated SGLang engine, decode
 CUDA graphs captured up to the 512 sequences in flight, as the trainer sizes them) and its engine server; local Ray
@@ -34,8 +36,10 @@ import torch
 
 from benchmarks.hybrid_engine import (hybrid_config, init_single_gpu_process_group, prepare_model, random_prompts,
                                       time_interleaved)
-from benchmarks.vocab import Vocabulary
+from benchmarks.vocab import Vocabulary, tiny_model
 
+CPU_DEFAULTS = {  # argument: (cuda default, cpu default)
+    "prompts": (64, 4), "n": (8, 2), "prompt_length": (128, 8), "new_tokens": (512, 8), "agent_workers": (8, 2)}
 AGENT_METRICS = {  # the agent-loop turn's breakdown: (label, metric key)
     "every loop sent its first request (s)": "timing_s/agent_loop/all_loops_sent",
     "server: first request (s)": "timing_s/server_first_request",
@@ -52,15 +56,19 @@ def build_worker(model_dir: str, args):
     from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
     from hybridrl.workers.rollout.engine_load import EngineLoad
 
-    init_single_gpu_process_group()
+    on_gpu = args.device == "cuda"
+    init_single_gpu_process_group("nccl" if on_gpu else "gloo")
     config = hybrid_config(model_dir, [
         f"data.max_prompt_length={args.prompt_length}", f"data.max_response_length={args.new_tokens}",
         f"data.train_batch_size={args.prompts}", f"actor_rollout_ref.rollout.n={args.n}",
-        "actor_rollout_ref.rollout.ignore_eos=true", "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
-        f"actor_rollout_ref.rollout.agent.num_workers={args.agent_workers}", *args.override])
+        *(["actor_rollout_ref.rollout.ignore_eos=true"] if on_gpu else []),  # hf generate always stops at EOS
+        "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
+        f"actor_rollout_ref.rollout.agent.num_workers={args.agent_workers}", *args.override],
+        engine="sglang" if on_gpu else "hf", device=args.device)
     load = EngineLoad(args.prompts * args.n, f"{args.prompts} prompts x {args.n} samples on 1 engine")
     worker = ActorRolloutRefWorker(config.actor_rollout_ref, policy_model_spec(config), role="actor_rollout", seed=1,
-                                   device="cuda", engine_load=load)
+                                   device=args.device, engine_load=load)
     worker.init_model()
     return config, worker
 
@@ -97,7 +105,8 @@ def run_turns(args, vocabulary: Vocabulary, record: dict) -> None:
         if path == "batch":  # the batch path drives the engine's event loop from this thread: the server lets go of it
             worker.engine_server.pause()
         try:
-            torch.cuda.synchronize()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             started = time.perf_counter()
             output = generate()
             seconds = time.perf_counter() - started
@@ -175,19 +184,27 @@ def write_record(record: dict, path: str | None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", required=True, help="the random 0.5B-shape model (made here if absent)")
-    parser.add_argument("--tokenizer", required=True, help="tokenizer directory: the model gets its vocabulary")
-    parser.add_argument("--prompts", type=int, default=64)
-    parser.add_argument("--n", type=int, default=8)
-    parser.add_argument("--prompt-length", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--model-dir", required=True, help="the random 0.5B-shape model (made here if absent; on the "
+                                                            "CPU a tiny one, made here)")
+    parser.add_argument("--tokenizer", help="tokenizer directory: the model gets its vocabulary (needed on cuda)")
+    parser.add_argument("--prompts", type=int, default=None, help="default 64 (cuda), 4 (cpu)")
+    parser.add_argument("--n", type=int, default=None, help="default 8 (cuda), 2 (cpu)")
+    parser.add_argument("--prompt-length", type=int, default=None, help="default 128 (cuda), 8 (cpu)")
+    parser.add_argument("--new-tokens", type=int, default=None, help="default 512 (cuda), 8 (cpu)")
     parser.add_argument("--turns", type=int, default=8, help="timed turns of each path")
     parser.add_argument("--warmup", type=int, default=1, help="untimed turns of each path first")
-    parser.add_argument("--agent-workers", type=int, default=8, help="rollout.agent.num_workers")
+    parser.add_argument("--agent-workers", type=int, default=None, help="rollout.agent.num_workers: default 8 (cuda), "
+                                                                         "2 (cpu)")
     parser.add_argument("--override", action="append", default=[], help="extra config override (repeatable)")
     parser.add_argument("--pyspy", help="py-spy binary (scripts/gpu/stage_pyspy.sh): one more agent turn, profiled")
     parser.add_argument("--out", help="write all numbers here as JSON (rewritten after every turn)")
     args = parser.parse_args()
+    for name, (on_gpu, on_cpu) in CPU_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, on_gpu if args.device == "cuda" else on_cpu)
+    if args.device == "cuda" and not args.tokenizer:
+        parser.error("--tokenizer is needed on cuda (the model's vocabulary: Qwen's, .stage/qwen_tok)")
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     # One CPU thread, as the trainer's processes have: its worker and its controller are Ray actors, whose
@@ -195,8 +212,13 @@ def main() -> None:
     # 0.2 s a turn in small CPU tensor ops (padding, concatenation) on the H200 host (py-spy, 2026-12-02), in both paths.
     torch.set_num_threads(1)
     torch.manual_seed(0)  # the engine's sampling seed is the process's torch seed
-    vocabulary = prepare_model(args)
-    record = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "args": vars(args),
+    if args.device == "cuda":
+        vocabulary = prepare_model(args)
+    else:
+        _, vocabulary = tiny_model(args.model_dir, ["the answer is 12 plus 30", "what is 7 times 6"] * 20,
+                                   hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    record = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+              "date": time.strftime("%Y-%m-%d"), "args": vars(args),
               "vocab": {**vocabulary.record(), "describe": vocabulary.describe()}}
     run_turns(args, vocabulary, record)
     record["summary"] = summary(record)

@@ -77,24 +77,24 @@ def make_qwen05b_model(model_dir: str, seed: int = 0) -> str:
     return model_dir
 
 
-def init_single_gpu_process_group() -> None:
-    """World size 1 over NCCL, as a RayWorkerGroup would set it up for one worker."""
+def init_single_gpu_process_group(backend: str = "nccl") -> None:
+    """World size 1 over NCCL (gloo for a CPU check), as a RayWorkerGroup would set it up for one worker."""
     from hybridrl.utils.distributed import init_process_group_once
 
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": "29517"}.items():
         os.environ.setdefault(key, value)
-    init_process_group_once("nccl")
+    init_process_group_once(backend)
 
 
-def hybrid_config(model_dir: str, overrides: list[str] = (), engine: str = "sglang"):
-    """The validated PPOConfig for one GPU with rollout.name=`engine` (plus `overrides`)."""
+def hybrid_config(model_dir: str, overrides: list[str] = (), engine: str = "sglang", device: str = "cuda"):
+    """The validated PPOConfig for one GPU (or the CPU) with rollout.name=`engine` (plus `overrides`)."""
     import hybridrl.checks  # noqa: F401  registers the subsystems' config checks
     from hybridrl.config import compose_config, validate_config
 
     return validate_config(compose_config([
         f"actor_rollout_ref.model.path={model_dir}", f"actor_rollout_ref.rollout.name={engine}",
-        "trainer.device=cuda", "trainer.n_gpus_per_node=1", *overrides]))
+        f"trainer.device={device}", "trainer.n_gpus_per_node=1", *overrides]))
 
 
 def build_actor(config):
@@ -155,7 +155,8 @@ def random_prompts(num_prompts: int, prompt_length: int, vocab_size: int, seed: 
     from hybridrl.protocol import DataProto
 
     generator = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(ID_MARGIN, vocab_size - ID_MARGIN, (num_prompts, prompt_length), generator=generator)
+    margin = min(ID_MARGIN, vocab_size // 4)  # a CPU check's tiny vocabulary keeps a quarter at each end clear
+    input_ids = torch.randint(margin, vocab_size - margin, (num_prompts, prompt_length), generator=generator)
     attention_mask = torch.ones_like(input_ids)
     if ragged:
         lengths = torch.randint(prompt_length // 2, prompt_length + 1, (num_prompts,), generator=generator)

@@ -144,3 +144,37 @@ def test_ppo_step_runs_name_their_engine_and_a_misspelt_one_is_refused_by_name()
     assert "+actor_rollout_ref.rollout.engine_kwargs.sglang.log_level=info" in sglang
     assert set(sglang) - set(vllm) == {*ENGINES["sglang"], "actor_rollout_ref.rollout.name=sglang",
                                        "+actor_rollout_ref.rollout.engine_kwargs.sglang.log_level=info"}
+
+
+def test_agent_loop_gap_takes_turns_on_one_engine_and_its_summary_is_its_turns_by_hand(tmp_path):
+    """benchmarks/agent_loop_gap.py --device cpu, a real run (tiny model, the hf engine, local Ray, the engine server
+    on 127.0.0.1): the timed turns go A B B A after the untimed warm-up pair, each one rollout window that made
+    tokens, and the summary is those turns' own numbers: each path's mean rate, their ratio, the turn-by-turn
+    ratios and the agent turns' mean breakdown."""
+    import statistics
+    import subprocess
+
+    out = tmp_path / "gap.json"
+    run = subprocess.run([sys.executable, "benchmarks/agent_loop_gap.py", "--device", "cpu", "--model-dir",
+                          str(tmp_path / "model"), "--turns", "2", "--out", str(out)], cwd=REPO, capture_output=True,
+                         text=True, timeout=600, env={**os.environ, "PYTHONPATH": REPO})
+    assert run.returncode == 0, run.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert [turn["path"] for turn in record["warmup_turns"]] == ["agent_loops", "batch"]
+    turns = record["turns"]
+    assert [turn["path"] for turn in turns] == ["agent_loops", "batch", "batch", "agent_loops"]
+    assert all(0 < turn["tokens"] <= 4 * 2 * 8 and turn["seconds"] > 0 for turn in turns)
+    rates = {path: [turn["tokens"] / turn["seconds"] for turn in turns if turn["path"] == path]
+             for path in ("agent_loops", "batch")}
+    summary = record["summary"]
+    assert summary["ratio_of_means"] == pytest.approx(statistics.mean(rates["agent_loops"]) /
+                                                      statistics.mean(rates["batch"]))
+    pairs = [agent / batch for agent, batch in zip(rates["agent_loops"], rates["batch"])]
+    assert (summary["pair_ratio_min"], summary["pair_ratio_max"]) == pytest.approx((min(pairs), max(pairs)))
+    agent_turns = [turn for turn in turns if turn["path"] == "agent_loops"]
+    assert all(turn["timing_s/server_first_request"] <= turn["timing_s/server_last_request"] for turn in agent_turns)
+    assert all(turn["timing_s/agent_loop/slowest/generate_sequences"] <= turn["timing_s/agent_loop"]
+               for turn in agent_turns)
+    assert summary["agent_breakdown_mean"]["whole call (s)"] == pytest.approx(
+        statistics.mean(turn["timing_s/agent_loop"] for turn in agent_turns))
+    assert "agent_loops / batch" in run.stdout

@@ -72,7 +72,7 @@ class EngineServer:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.add_routes([web.post("/generate", self._generate), web.post("/abort", self._abort),
                         web.post("/reset_abort", self._reset_abort), web.get("/health", self._health)])
-        self._runner = web.AppRunner(app, handle_signals=False)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)  # no log line per request
         self.loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, host, 0)
         self.loop.run_until_complete(site.start())
