@@ -191,7 +191,7 @@ class AgentLoopWorker:
         """The rows' loops run concurrently, their outputs padded here into the rows' share of the batch (RolloutShare
         as a dict): each worker pads its own share, in parallel with the others, and the controller only joins the
         shares' tensors. Padded on the controller after the last sample, 512 rows of 512 tokens took 0.33 s of a
-        4 s rollout (H200 host, py-spy, 2026-12-02, benchmarks/agent_loop_gap.py)."""
+        3.9 s rollout (H200 host, py-spy on benchmarks/agent_loop_gap.py's process, 2026-12-02)."""
         results = list(await asyncio.gather(*(self._run_row(row, sampling_params) for row in rows)))
         share = rollout_share(rows, results, self.config.actor_rollout_ref.rollout, self.tokenizer.eos_token_id,
                               self.tokenizer.pad_token_id)

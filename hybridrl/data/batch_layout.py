@@ -49,8 +49,8 @@ def to_batch_layout(prompt_ids: list[list[int]], response_ids: list[list[int]], 
     """Pad ragged prompt/response token lists into the trainer's batch layout (see the module docstring).
 
     Each column is filled by one masked assignment of all its rows' values flattened, not row by row: a batch of 512
-    responses of 512 tokens took 0.1 s in per-row torch.tensor calls on a 2-core CPU, on the critical path of every
-    rollout (the agent-loop path pads on the controller, after the slowest sample)."""
+    responses of 512 tokens took 0.1 s in per-row torch.tensor calls on a 2-core CPU, after the slowest sample of
+    every rollout (each engine's batch, each agent-loop worker's share)."""
     rows = len(prompt_ids)
     _check_rows("response_ids", response_ids, rows)
     prompt_lengths = _lengths(prompt_ids)

@@ -21,10 +21,9 @@ import torch
 if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
     pytest.skip("needs 2 CUDA GPUs", allow_module_level=True)
 
-from tiny_gpu import run_toy_task, write_toy_task  # noqa: E402
+from tiny_gpu import check_engine_follows_trainer, run_toy_task, write_toy_task  # noqa: E402
 
 STEPS = 4
-BF16_NOISE = 0.02  # mean |p_engine - p_trainer| per token
 # head_dim 32: the Triton attention kernels of both engines take it
 ENGINE_OVERRIDES = {"sglang": [],
                     "vllm": ["actor_rollout_ref.rollout.name=vllm",
@@ -40,13 +39,8 @@ def test_a_tensor_parallel_rollout_gets_the_trainers_weights_on_both_gpus(engine
                          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32", *ENGINE_OVERRIDES[engine],
                          steps=STEPS)
     assert len(steps) == STEPS
-    for step in steps:
-        print(f"{engine} step {int(step['training/global_step'])}: probs diff mean "
-              f"{step['training/rollout_probs_diff_mean']:.4f} max {step['training/rollout_probs_diff_max']:.4f}; "
-              f"update_weights {step.get('timing_s/update_weights', float('nan')):.3f} s, gen "
-              f"{step['timing_s/gen']:.2f} s", flush=True)
-        assert step["training/rollout_probs_diff_mean"] < BF16_NOISE
-        assert step["response_length/mean"] > 0
+    check_engine_follows_trainer(steps, engine, shown=("timing_s/update_weights", "timing_s/gen"))
+    assert all(step["response_length/mean"] > 0 for step in steps)
 
 
 def test_a_tensor_parallel_sglang_engine_served_by_its_group_leader_to_the_agent_loops(tmp_path):
@@ -60,10 +54,7 @@ def test_a_tensor_parallel_sglang_engine_served_by_its_group_leader_to_the_agent
                          "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
                          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32", steps=STEPS)
     assert len(steps) == STEPS
-    for step in steps:
-        print(f"sglang async step {int(step['training/global_step'])}: probs diff mean "
-              f"{step['training/rollout_probs_diff_mean']:.4f}; server requests "
-              f"{step.get('rollout/server_requests', float('nan')):.0f}, gen {step['timing_s/gen']:.2f} s", flush=True)
-        assert step["training/rollout_probs_diff_mean"] < BF16_NOISE
-        assert step["rollout/server_requests"] == 16 * 4  # the one server (the leader's) took every request
-        assert step["response_length/mean"] > 0
+    check_engine_follows_trainer(steps, "sglang async", shown=("rollout/server_requests", "timing_s/gen"))
+    # the one server (the leader's) took every request
+    assert all(step["rollout/server_requests"] == 16 * 4 for step in steps)
+    assert all(step["response_length/mean"] > 0 for step in steps)

@@ -103,3 +103,17 @@ def run_toy_task(task: dict[str, str], run_dir, *overrides, steps: int = 4) -> l
     assert result.returncode == 0, f"exit code {result.returncode}; stderr ends:\n{result.stderr[-4000:]}"
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f if "training/global_step" in line]
+
+
+BF16_NOISE = 0.02  # mean |p_engine - p_trainer| per token, bf16 engine vs fp32-master/bf16-compute trainer
+
+
+def check_engine_follows_trainer(steps: list[dict], label: str, shown: tuple[str, ...] = ()) -> None:
+    """Every step's engine probabilities are the trainer's to bf16 noise (training/rollout_probs_diff_mean: the engine
+    held the pushed weights when it generated); each step is printed with its diff and the `shown` metrics."""
+    for step in steps:
+        extra = ", ".join(f"{key} {step.get(key, float('nan')):.3f}" for key in shown)
+        print(f"{label} step {int(step['training/global_step'])}: probs diff mean "
+              f"{step['training/rollout_probs_diff_mean']:.4f} max "
+              f"{step.get('training/rollout_probs_diff_max', float('nan')):.4f}; {extra}", flush=True)
+        assert step["training/rollout_probs_diff_mean"] < BF16_NOISE, f"{label} step {step['training/global_step']}"
