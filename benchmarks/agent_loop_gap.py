@@ -40,6 +40,7 @@ from benchmarks.vocab import Vocabulary, tiny_model
 
 CPU_DEFAULTS = {  # argument: (cuda default, cpu default)
     "prompts": (64, 4), "n": (8, 2), "prompt_length": (128, 8), "new_tokens": (512, 8), "agent_workers": (8, 2)}
+TURN_MARKER = "=== turn: "
 AGENT_METRICS = {  # the agent-loop turn's breakdown: (label, metric key)
     "every loop sent its first request (s)": "timing_s/agent_loop/all_loops_sent",
     "server: first request (s)": "timing_s/server_first_request",
@@ -101,6 +102,7 @@ def run_turns(args, vocabulary: Vocabulary, record: dict) -> None:
     def in_window(path: str, generate) -> tuple[float, int]:
         """One rollout window around generate(): the seconds of generate alone and the response tokens it made; the
         turn is recorded."""
+        print(f"{TURN_MARKER}{path} {len(record['turns'])}", flush=True)  # decode_lines_by_turn's marker
         worker.rollout_mode()
         if path == "batch":  # the batch path drives the engine's event loop from this thread: the server lets go of it
             worker.engine_server.pause()
@@ -128,25 +130,77 @@ def run_turns(args, vocabulary: Vocabulary, record: dict) -> None:
         record["warmup_turns"], record["turns"] = record["turns"], []
         record.update(time_interleaved(turns, None, args.turns, time_run=lambda turn, _: turn()))
         if args.pyspy:
-            record["profiled_agent_turn"] = profiled_turn(args, turns["agent_loops"])
-            record["profiled_agent_turn"]["turn"] = record["turns"].pop()  # not one of the timed turns
+            record["profiled_turns"] = profiled_turns(args, turns)
+            record["profiled_turns"]["turns"] = record["turns"][-2:]  # not among the timed turns
+            del record["turns"][-2:]
     finally:
         manager.shutdown()
         ray.shutdown()
         worker.engine_server.shutdown()
 
 
-def profiled_turn(args, agent_turn) -> dict:
-    """One more agent-loop turn (not among the timed ones) with py-spy sampling this process's busy threads: the
-    engine server's, whose loop admits every request and answers it (host_profile.py)."""
+def profiled_turns(args, turns) -> dict:
+    """One more turn of each path (not among the timed ones) with py-spy sampling this process's busy threads (the
+    engine server's, whose loop admits every request and answers it; host_profile.py) and, beside it, the engine's
+    scheduler process, whose step loop is bound by one host core: the same work in both paths, so what the agent
+    turn's scheduler does more shows there."""
     from benchmarks.host_profile import PySpy, print_summary
 
-    raw = f"{args.out or 'agent_loop_gap'}.agent_turn.raw"
-    with PySpy(args.pyspy, raw) as profiler:
-        seconds, tokens = agent_turn()
-    summary = {"seconds": seconds, "tokens": tokens, **profiler.summary()}
-    print_summary(f"agent-loop turn under py-spy ({seconds:.2f} s)", summary)
-    return summary
+    profiled = {}
+    for path in ("agent_loops", "batch"):
+        targets = {"this_process": None, **{"scheduler": pid for pid in scheduler_pids()[:1]}}
+        profilers = {name: PySpy(args.pyspy, f"{args.out or 'agent_loop_gap'}.{path}.{name}.raw", pid=pid)
+                     for name, pid in targets.items()}
+        for profiler in profilers.values():
+            profiler.__enter__()
+        try:
+            seconds, tokens = turns[path]()
+        finally:
+            for profiler in profilers.values():
+                profiler.__exit__(None, None, None)
+        profiled[path] = {"seconds": seconds, "tokens": tokens,
+                          **{name: profiler.summary() for name, profiler in profilers.items()}}
+        for name in profilers:
+            print_summary(f"{path} turn under py-spy ({seconds:.2f} s), {name}", profiled[path][name])
+    return profiled
+
+
+def scheduler_pids() -> list[int]:
+    """The pids of SGLang's scheduler processes under this one (their title says so: setproctitle); none for an
+    engine without one (hf)."""
+    import psutil
+
+    return [child.pid for child in psutil.Process().children(recursive=True)
+            if "scheduler" in " ".join(child.cmdline())]
+
+
+def decode_lines_by_turn(log_path: str) -> dict:
+    """SGLang's 'Decode batch' lines (log_level=info: every 40 decode steps, the running requests and the scheduler's
+    rate over those steps) of each turn, found between the turn markers this run printed into the same log. The
+    scheduler's rate at a full batch tells whether the engine itself stepped slower in the agent turns, or the
+    turn lost its time around the decoding (admission, the tail)."""
+    import re
+
+    pattern = re.compile(r"Decode batch.*?#running-req: (\d+).*?gen throughput \(token/s\): ([\d.]+)")
+    turns, current = [], None
+    with open(log_path, errors="replace") as handle:
+        for line in handle:
+            if line.startswith(TURN_MARKER):
+                current = {"turn": line[len(TURN_MARKER):].strip(), "running": [], "tok_per_s": []}
+                turns.append(current)
+            elif current is not None and (match := pattern.search(line)):
+                current["running"].append(int(match.group(1)))
+                current["tok_per_s"].append(float(match.group(2)))
+    by_path = {}
+    for turn in turns:
+        path = turn["turn"].split()[0]
+        full = [rate for rate, running in zip(turn["tok_per_s"], turn["running"]) if running >= 0.9 * max(turn["running"])] \
+            if turn["running"] else []
+        by_path.setdefault(path, []).append({"lines": len(turn["tok_per_s"]), "full_batch_tok_per_s": full})
+    return {path: {"turns": len(entries), "lines_per_turn": statistics.mean(entry["lines"] for entry in entries),
+                   "full_batch_tok_per_s_median": statistics.median(
+                       [rate for entry in entries for rate in entry["full_batch_tok_per_s"]] or [0.0])}
+            for path, entries in by_path.items()}
 
 
 def summary(record: dict) -> dict:
@@ -197,7 +251,10 @@ def main() -> None:
     parser.add_argument("--agent-workers", type=int, default=None, help="rollout.agent.num_workers: default 8 (cuda), "
                                                                          "2 (cpu)")
     parser.add_argument("--override", action="append", default=[], help="extra config override (repeatable)")
-    parser.add_argument("--pyspy", help="py-spy binary (scripts/gpu/stage_pyspy.sh): one more agent turn, profiled")
+    parser.add_argument("--pyspy", help="py-spy binary (scripts/gpu/stage_pyspy.sh): one more turn of each path, "
+                        "profiled (this process and the engine's scheduler)")
+    parser.add_argument("--engine-log", metavar="PATH", help="SGLang log_level=info; PATH is where this run's output "
+                        "goes (> PATH 2>&1): its decode lines are summarized per path into the record at the end")
     parser.add_argument("--out", help="write all numbers here as JSON (rewritten after every turn)")
     args = parser.parse_args()
     for name, (on_gpu, on_cpu) in CPU_DEFAULTS.items():
@@ -220,8 +277,12 @@ def main() -> None:
     record = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
               "date": time.strftime("%Y-%m-%d"), "args": vars(args),
               "vocab": {**vocabulary.record(), "describe": vocabulary.describe()}}
+    if args.engine_log:
+        args.override.append("+actor_rollout_ref.rollout.engine_kwargs.sglang.log_level=info")
     run_turns(args, vocabulary, record)
     record["summary"] = summary(record)
+    if args.engine_log:
+        record["engine_decode_lines"] = decode_lines_by_turn(args.engine_log)
     write_record(record, args.out)
     print_table(record, args)
 

@@ -34,14 +34,14 @@ def allow_tracing_by_children() -> None:
 
 
 class PySpy:
-    """`with PySpy(binary, path):` samples this process (all its threads, native frames too) into `path` in py-spy's
-    raw format (one "frame;frame;...;leaf count" line per distinct stack) while the block runs. By default py-spy
+    """`with PySpy(binary, path):` samples this process (or the process `pid`: an engine's scheduler, say), all its
+    threads, native frames too, into `path` in py-spy's raw format (one "frame;frame;...;leaf count" line per distinct stack) while the block runs. By default py-spy
     reads the Python stacks without pausing the process (--nonblocking: a paused loop would run slower than the
     batches it is compared with; a rare torn stack is the price). native=True adds the C/CUDA frames, for which
     py-spy must pause the process at every sample (on CPU, 2026-12-02: a busy loop lost 15 % of its time)."""
 
-    def __init__(self, binary: str, path: str, rate: int = 100, native: bool = False):
-        self.command = [binary, "record", "--pid", str(os.getpid()), "--format", "raw", "--rate", str(rate),
+    def __init__(self, binary: str, path: str, rate: int = 100, native: bool = False, pid: int | None = None):
+        self.command = [binary, "record", "--pid", str(pid or os.getpid()), "--format", "raw", "--rate", str(rate),
                         "--output", path, *(["--native"] if native else ["--nonblocking"])]
         self.path = path
 
