@@ -8,8 +8,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from hybridrl.workers.rollout.sglang_rollout import (NO_PARTIAL_OUTPUTS, engine_kwargs, force_stream_interval,
-                                                     sampling_params)
+from hybridrl.workers.rollout.sglang_rollout import engine_kwargs, sampling_params
 from hybridrl.workers.rollout.weight_sync import tied_parameter_names
 
 
@@ -33,15 +32,6 @@ def test_engine_kwargs_sglang_overrides_defaults_but_not_config_owned_keys(engin
     assert kwargs["attention_backend"] == "flashinfer" and kwargs["cuda_graph_max_bs"] == 64
     with pytest.raises(ValueError, match=r"sets \['mem_fraction_static'\].*rollout.gpu_memory_utilization"):
         engine_kwargs(with_engine_kwargs(engine_rollout_config, mem_fraction_static=0.9), "/models/q", gpu_id=0, seed=0)
-
-
-def test_the_engine_sends_no_partial_outputs_unless_the_user_sets_the_interval(monkeypatch):
-    """SGLANG_FORCE_STREAM_INTERVAL for the engine's processes: past any response length by default (2**30 decode
-    steps), the user's own value when the variable is set."""
-    monkeypatch.delenv("SGLANG_FORCE_STREAM_INTERVAL", raising=False)
-    assert force_stream_interval() == NO_PARTIAL_OUTPUTS == str(2**30)
-    monkeypatch.setenv("SGLANG_FORCE_STREAM_INTERVAL", "50")
-    assert force_stream_interval() == "50"
 
 
 def test_sampling_params_for_training_validation_and_forced_greedy(engine_rollout_config):

@@ -33,7 +33,6 @@ The engine is started with
 - attention_backend "triton" and sampling_backend "pytorch" unless `rollout.engine_kwargs.sglang`
   says otherwise: SGLang's Hopper default (fa3) needs kernels the offline GPU bundle does not carry,
   and flashinfer sampling compiles kernels on first use.
-- SGLANG_FORCE_STREAM_INTERVAL=force_stream_interval(): no partial outputs of unfinished requests.
 
 One response per prompt row, like every rollout (the trainer repeats prompts `rollout.n` times).
 Sampling comes from the config (val_kwargs with meta_info["validate"]), every parameter sent
@@ -53,7 +52,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import threading
 import time
@@ -62,7 +60,6 @@ from typing import Any
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.utils.distributed import environment_variable
 from hybridrl.workers.rollout.base import BaseRollout, register_rollout
 from hybridrl.workers.rollout.engine_load import EngineLoad, cuda_graph_size
 from hybridrl.workers.rollout.engine_io import (RESUME_HEADROOM, EngineDiedError, GiB,
@@ -92,20 +89,6 @@ CONFIG_OWNED_ENGINE_KWARGS = {
     "base_gpu_id": "(this process's CUDA device)",
     "random_seed": "(this process's torch seed)",
 }
-# SGLang's scheduler sends an unfinished, non-streamed request's tokens so far to this process every
-# SGLANG_FORCE_STREAM_INTERVAL decode steps (default 50). Nothing reads them here: token ids only, no detokenizing, and
-# SGLang hands over the whole response when the request finishes or is aborted. With requests admitted at different
-# steps (the engine server's, one per agent loop) they make a message at nearly every decode step, handled on the event
-# loop that also admits the requests. Without them the agent loops generated at 0.96 of the batch path's rate on one
-# H200, against 0.86 with them (benchmarks/README.md, issue 26).
-FORCE_STREAM_INTERVAL, NO_PARTIAL_OUTPUTS = "SGLANG_FORCE_STREAM_INTERVAL", str(1 << 30)
-
-
-def force_stream_interval() -> str:
-    """SGLANG_FORCE_STREAM_INTERVAL for the engine's processes: the user's own value, else NO_PARTIAL_OUTPUTS."""
-    return os.environ.get(FORCE_STREAM_INTERVAL, NO_PARTIAL_OUTPUTS)
-
-
 DEFAULT_ENGINE_KWARGS = {"attention_backend": "triton", "sampling_backend": "pytorch", "log_level": "error"}
 # The decode CUDA graphs' largest batch (sglang 0.5.16's ServerArgs; benchmarks/hybrid_engine.py sets it), and every
 # engine argument that sizes the graphs: one of them in engine_kwargs.sglang is the user's choice, which wins.
@@ -140,10 +123,8 @@ class SGLangRollout(BaseRollout):
         self.engine_kwargs = engine_kwargs(config, model_config.path, gpu_id=first_gpu,
                                            seed=torch.initial_seed() % (2**31), tp_size=tp,
                                            load=engine_load)
-        interval = force_stream_interval()
         started = time.perf_counter()
-        with visible_devices(engine_gpus) if engine_gpus else contextlib.nullcontext(), \
-                environment_variable(FORCE_STREAM_INTERVAL, interval):
+        with visible_devices(engine_gpus) if engine_gpus else contextlib.nullcontext():
             self.engine = sglang.Engine(**self.engine_kwargs)
         self.engine_start_s = time.perf_counter() - started
         self.monitor = EngineMonitor(self.engine)
@@ -154,8 +135,7 @@ class SGLangRollout(BaseRollout):
         self.generation_config = generation_config_ids(model_config.path)
         self.bucket_bytes = bucket_capacity(config.update_weights_bucket_megabytes, DTYPES[config.dtype],
                                             model_config.path)
-        logger.info("sglang engine started in %.1f s with %s and %s=%s", self.engine_start_s, self.engine_kwargs,
-                    FORCE_STREAM_INTERVAL, interval)
+        logger.info("sglang engine started in %.1f s with %s", self.engine_start_s, self.engine_kwargs)
         self.resume_bytes: dict[str, int] = {}  # what resuming each tag takes from the device (measured below)
         if config.free_cache_engine:
             self.resume_bytes = self._measure_resume_bytes()
