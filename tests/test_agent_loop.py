@@ -325,6 +325,39 @@ def test_engine_error_and_dead_server_are_engine_server_errors():
         broken.shutdown()
 
 
+class Exact:
+    """An engine whose answer has floats that a lossy codec would change (the shortest repr round-trips them)."""
+    log_probs = [-0.1, -1e-300, -12.345678901234567, -0.0, -2.5e-8]
+
+    async def generate(self, prompt_ids, sampling_params):
+        return {"token_ids": [151_935, 0, *prompt_ids], "log_probs": self.log_probs, "stop_reason": "length"}
+
+
+def test_answers_cross_the_wire_exactly_and_a_body_that_is_not_json_is_refused_by_name():
+    """The server's msgspec JSON and the client's: every token id and log-prob arrives bit for bit; a request body
+    that is not JSON answers HTTP 400 naming the server, before any engine work."""
+    import aiohttp
+
+    server = served(Exact())
+    manager = AsyncLLMServerManager([server.address])
+
+    async def scenario():
+        answer = await manager.generate("r", prompt_ids=[7, 8], sampling_params={"logprobs": True})
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"http://{server.address}/generate", data=b"{not json") as response:
+                refused = response.status, await response.text()
+        await manager.close()
+        return answer, refused
+
+    try:
+        answer, (status, text) = asyncio.run(scenario())
+    finally:
+        server.shutdown()
+    assert answer.token_ids == [151_935, 0, 7, 8] and answer.stop_reason == "length"
+    assert [value.hex() for value in answer.log_probs] == [value.hex() for value in Exact.log_probs]
+    assert status == 400 and f"engine server {server.address}: the request is not JSON" in text
+
+
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     from transformers import AutoModelForCausalLM

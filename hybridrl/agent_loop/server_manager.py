@@ -17,8 +17,16 @@ from collections import OrderedDict
 from typing import Any, Optional
 
 import aiohttp
+import msgspec
 
 from hybridrl.agent_loop.base import TokenOutput
+
+
+JSON_HEADERS = {"Content-Type": "application/json"}
+# An idle connection is kept this long for the next step's requests (aiohttp's default, 15 s, is shorter than a step
+# of a larger model: all of them connected again every step). Below the servers' own KEEPALIVE_S (async_server.py),
+# so the client never sends on a connection the server is closing.
+KEEPALIVE_S = 60.0
 
 
 class EngineServerError(RuntimeError):
@@ -70,13 +78,15 @@ class AsyncLLMServerManager:
             # limit=0: no cap on connections. How many requests are in flight is the schedule's decision (the
             # engines are sized for it, rollout/engine_load.py); aiohttp's default of 100 per session would hold
             # the rest back without a word, and the engine would decode smaller batches than it was sized for.
-            self._session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
+            self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
         try:
-            async with self._session.post(f"http://{server}/generate", json=payload) as response:
+            async with self._session.post(f"http://{server}/generate", data=msgspec.json.encode(payload),
+                                          headers=JSON_HEADERS) as response:
                 if response.status != 200:
                     raise EngineServerError(f"engine server {server} (rank {self.server_addresses.index(server)}) "
                                             f"answered HTTP {response.status}: {await response.text()}")
-                return await response.json()
+                return msgspec.json.decode(await response.read())  # the server's codec (async_server.py)
         except aiohttp.ClientError as err:
             raise EngineServerError(f"engine server {server} (rank {self.server_addresses.index(server)}) is "
                                     f"unreachable or died mid-request: {type(err).__name__}: {err}") from err
@@ -102,7 +112,7 @@ def reset_abort_servers(server_addresses: list[str], timeout_s: float = 30.0) ->
 def _post_to_all(server_addresses: list[str], path: str, timeout_s: float) -> None:
     for rank, server in enumerate(server_addresses):
         request = urllib.request.Request(f"http://{server}/{path}", data=json.dumps({}).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
+                                         headers=JSON_HEADERS)
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as response:
                 response.read()
