@@ -178,3 +178,28 @@ def test_agent_loop_gap_takes_turns_on_one_engine_and_its_summary_is_its_turns_b
     assert summary["agent_breakdown_mean"]["whole call (s)"] == pytest.approx(
         statistics.mean(turn["timing_s/agent_loop"] for turn in agent_turns))
     assert "agent_loops / batch" in run.stdout
+
+
+def test_engine_server_requests_measures_both_codecs_and_every_request_of_a_real_server(tmp_path):
+    """benchmarks/engine_server_requests.py, a real run (an EngineServer on 127.0.0.1, two client processes through
+    AsyncLLMServerManager): both codecs are timed on the same payloads (each round-trips them, checked inside), and
+    each server run saw every request and answered every token, first request before last, last before the last
+    answer; the median is the runs' own."""
+    import statistics
+    import subprocess
+
+    out = tmp_path / "server.json"
+    run = subprocess.run([sys.executable, "benchmarks/engine_server_requests.py", "--requests", "40", "--clients", "2",
+                          "--tokens", "16", "--prompt-tokens", "8", "--runs", "3", "--out", str(out)], cwd=REPO,
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
+    assert run.returncode == 0, run.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert set(record["codec"]) == {"json", "msgspec"}
+    assert all(set(row) == {"encode_answers_s", "decode_answers_s", "encode_requests_s", "decode_requests_s"} and
+               all(value > 0 for value in row.values()) for row in record["codec"].values())
+    servers = record["server_runs"]
+    assert len(servers) == 3 and all(one["requests"] == 40 and one["clients"] == 2 for one in servers)
+    assert all(0 <= one["first_request_s"] <= one["last_request_s"] <= one["last_answer_s"] for one in servers)
+    assert record["server_median"]["last_answer_s"] == pytest.approx(
+        statistics.median(one["last_answer_s"] for one in servers))
+    assert "last_answer_s" in run.stdout and "listen_overflows" in run.stdout
