@@ -18,7 +18,7 @@ Engines (`AsyncEngine`: `async generate(prompt_ids, sampling_params) -> dict`):
 - HFGenerateEngine: HF `generate` on the FSDP-held module (CPU and GPU), batching the requests
   that arrive together (sglang_async.py has SGLang's, vllm_async.py vLLM's).
 
-Request (POST /generate, JSON, encoded and decoded with msgspec: its JSON codec took 0.008 s for 512 answers of 512
+Request (POST /generate, JSON, encoded and decoded with msgspec: its JSON codec took 0.015 s for 512 answers of 512
 tokens and log-probs where the standard library's took 0.13 s on a 2-core CPU, time the engine's event loop spends
 between answers; benchmarks/engine_server_requests.py): {"request_id", "prompt_ids": [int], "sampling_params": {temperature,
 top_p, top_k, logprobs, max_tokens (default rollout.response_length)}}. Temperature 0 = greedy.
@@ -54,8 +54,8 @@ from hybridrl.workers.rollout.engine_io import requested_max_tokens
 # Up to rollout.n x the batch of agent loops connect at once: at the start of a run, and at every step whose gap since
 # the last one outlasted the clients' keep-alive (server_manager.py). A connection beyond the listen queue is dropped
 # and the client's kernel tries again only after a second: with aiohttp's default queue of 128, 512 requests from 8
-# clients lost 59 connections that way and their last request arrived 1.05 s late instead of 0.13 s (2-core CPU,
-# benchmarks/engine_server_requests.py). The kernel caps it at net.core.somaxconn.
+# clients lost 36-147 connections a run that way, and their last answer came 1.14 s after the start instead of 0.24 s
+# (2-core CPU, medians of 7 runs, benchmarks/engine_server_requests.py). The kernel caps it at net.core.somaxconn.
 LISTEN_BACKLOG = 4096
 KEEPALIVE_S = 75.0  # how long an idle connection stays open here (aiohttp's default); clients close theirs sooner
 
