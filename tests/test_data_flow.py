@@ -233,7 +233,8 @@ def test_good_hooks_load_and_data_flow_keys_are_refused_while_it_is_off(tmp_path
         "data_flow.buffer_filter: expected null path and name with data_flow.enable=false (set data_flow.enable=true), "
         "got {'path': None, 'name': 'pop_first'}"]
     with pytest.raises(ConfigError, match=r"actor_rollout_ref\.rollout\.mode: expected 'async' with "
-                                          r"algorithm\.filter_groups\.enable=true"):
+                                          r"algorithm\.filter_groups\.enable=true .*got 'sync' \(hybridrl's default "
+                                          r"is sync, verl's async"):
         validate_config(flow_config(tmp_path, "data_flow.enable=false", "algorithm.filter_groups.enable=true",
                                     "actor_rollout_ref.rollout.mode=sync"))
 

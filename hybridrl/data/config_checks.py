@@ -62,7 +62,8 @@ def _data_flow_settings(values: Values, problems: list[str]) -> None:
     if values("actor_rollout_ref.rollout.mode") != "async":
         problems.append(f"actor_rollout_ref.rollout.mode: expected 'async' with {switch} (groups run as "
                         f"agent-loop requests on the engine servers, which can abort them), got "
-                        f"{values('actor_rollout_ref.rollout.mode')!r}")
+                        f"{values('actor_rollout_ref.rollout.mode')!r} (hybridrl's default is sync, verl's async: a "
+                        f"verl script that leaves the key unset needs actor_rollout_ref.rollout.mode=async here)")
     if schedule == "fully_async":
         _fully_async_stream_settings(flow, problems)
     if schedule == "one_step_off" and values("reward_model.enable") and flow["reward_function"].get("name") is None:

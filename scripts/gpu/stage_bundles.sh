@@ -3,6 +3,7 @@
 # Copies ../shared/gpu (the SGLang recipe) to .stage/gpu, downloads the wheels and builds:
 #   .stage/slim  SGLang 0.5.16 without xgrammar (48.3 MiB)      .stage/ray   Ray 2.60.0 (43.0 MiB)
 #   .stage/deps  hybridrl's own deps the host lacks (hydra-core, omegaconf, antlr4 runtime, aiohttp, liger-kernel; 4.3 MiB)
+#                (msgspec, which the engine servers need, comes with .stage/slim: sglang needs it too)
 # reasoning-gym (the default task's verifier) is staged apart: scripts/gpu/stage_reasoning_gym.sh (.stage/rg).
 # One transfer to the host holds 64 MiB in all: slim + deps + the JIT cache + the repo fit together; Ray
 # travels in a separate call while the host is still held (see ../shared/gpu/README.md).
