@@ -171,6 +171,8 @@ def test_agent_loop_gap_takes_turns_on_one_engine_and_its_summary_is_its_turns_b
                                                       statistics.mean(rates["batch"]))
     pairs = [agent / batch for agent, batch in zip(rates["agent_loops"], rates["batch"])]
     assert (summary["pair_ratio_min"], summary["pair_ratio_max"]) == pytest.approx((min(pairs), max(pairs)))
+    low, high = summary["ratio_of_means_90"]
+    assert min(pairs) <= low <= high <= max(pairs)  # a mean of pair ratios' parts lies within their range
     agent_turns = [turn for turn in turns if turn["path"] == "agent_loops"]
     assert all(turn["timing_s/server_first_request"] <= turn["timing_s/server_last_request"] for turn in agent_turns)
     assert all(turn["timing_s/agent_loop/slowest/generate_sequences"] <= turn["timing_s/agent_loop"]
@@ -203,3 +205,13 @@ def test_engine_server_requests_measures_both_codecs_and_every_request_of_a_real
     assert record["server_median"]["last_answer_s"] == pytest.approx(
         statistics.median(one["last_answer_s"] for one in servers))
     assert "last_answer_s" in run.stdout and "listen_overflows" in run.stdout
+
+
+def test_the_ratio_interval_resamples_turn_pairs():
+    """agent_loop_gap.ratio_interval by hand: pairs of one ratio give exactly it; pairs (1, 1) and (2, 1) resample to
+    a mean ratio of 1 (both draws the first, a quarter of the time), 1.5 or 2 (both the second, a quarter), so the 5th
+    percentile is 1 and the 95th 2."""
+    from benchmarks.agent_loop_gap import ratio_interval
+
+    assert ratio_interval([3.0, 6.0, 9.0], [2.0, 4.0, 6.0]) == [1.5, 1.5]
+    assert ratio_interval([1.0, 2.0], [1.0, 1.0]) == [1.0, 2.0]
