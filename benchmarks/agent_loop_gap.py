@@ -26,6 +26,7 @@ whole call (what is left of it beyond the slowest generate is dispatch, results 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import statistics
@@ -148,16 +149,14 @@ def profiled_turns(args, turns) -> dict:
 
     profiled = {}
     for path in ("agent_loops", "batch"):
-        targets = {"this_process": None, **{"scheduler": pid for pid in scheduler_pids()[:1]}}
-        profilers = {name: PySpy(args.pyspy, f"{args.out or 'agent_loop_gap'}.{path}.{name}.raw", pid=pid)
-                     for name, pid in targets.items()}
-        for profiler in profilers.values():
-            profiler.__enter__()
-        try:
+        pids = {"this_process": None}
+        schedulers = scheduler_pids()
+        if schedulers:
+            pids["scheduler"] = schedulers[0]
+        with contextlib.ExitStack() as stack:
+            profilers = {name: stack.enter_context(PySpy(args.pyspy, f"{args.out or 'agent_loop_gap'}.{path}.{name}.raw",
+                                                         pid=pid)) for name, pid in pids.items()}
             seconds, tokens = turns[path]()
-        finally:
-            for profiler in profilers.values():
-                profiler.__exit__(None, None, None)
         profiled[path] = {"seconds": seconds, "tokens": tokens,
                           **{name: profiler.summary() for name, profiler in profilers.items()}}
         for name in profilers:
@@ -176,9 +175,10 @@ def scheduler_pids() -> list[int]:
 
 def decode_lines_by_turn(log_path: str) -> dict:
     """SGLang's 'Decode batch' lines (log_level=info: every 40 decode steps, the running requests and the scheduler's
-    rate over those steps) of each turn, found between the turn markers this run printed into the same log. The
-    scheduler's rate at a full batch tells whether the engine itself stepped slower in the agent turns, or the
-    turn lost its time around the decoding (admission, the tail)."""
+    rate over those steps) of each turn, found between the turn markers this run printed into the same log, the
+    warm-up and profiled turns included; per path, the median rate over the lines of 90 % of a turn's largest batch
+    or more. That rate tells whether the engine itself stepped slower in the agent turns, or the turn lost its time
+    around the decoding (admission, the tail)."""
     import re
 
     pattern = re.compile(r"Decode batch.*?#running-req: (\d+).*?gen throughput \(token/s\): ([\d.]+)")
@@ -193,10 +193,10 @@ def decode_lines_by_turn(log_path: str) -> dict:
                 current["tok_per_s"].append(float(match.group(2)))
     by_path = {}
     for turn in turns:
-        path = turn["turn"].split()[0]
-        full = [rate for rate, running in zip(turn["tok_per_s"], turn["running"]) if running >= 0.9 * max(turn["running"])] \
-            if turn["running"] else []
-        by_path.setdefault(path, []).append({"lines": len(turn["tok_per_s"]), "full_batch_tok_per_s": full})
+        peak = max(turn["running"], default=0)
+        full = [rate for rate, running in zip(turn["tok_per_s"], turn["running"]) if running >= 0.9 * peak]
+        by_path.setdefault(turn["turn"].split()[0], []).append({"lines": len(turn["tok_per_s"]),
+                                                                "full_batch_tok_per_s": full})
     return {path: {"turns": len(entries), "lines_per_turn": statistics.mean(entry["lines"] for entry in entries),
                    "full_batch_tok_per_s_median": statistics.median(
                        [rate for entry in entries for rate in entry["full_batch_tok_per_s"]] or [0.0])}

@@ -215,3 +215,23 @@ def test_the_ratio_interval_resamples_turn_pairs():
 
     assert ratio_interval([3.0, 6.0, 9.0], [2.0, 4.0, 6.0]) == [1.5, 1.5]
     assert ratio_interval([1.0, 2.0], [1.0, 1.0]) == [1.0, 2.0]
+
+
+def test_decode_lines_are_read_per_turn_and_summarized_per_path(tmp_path):
+    """agent_loop_gap.decode_lines_by_turn on a log laid out as a run writes it (turn markers on stdout, SGLang's
+    decode lines between them, other lines anywhere): each path's turns and lines, and the median of the rates of the
+    lines at 90 % of the turn's largest batch or more (the batch turn's 100-request line and the last agent turn's
+    400-request line are left out; the line before the first marker belongs to no turn)."""
+    from benchmarks.agent_loop_gap import TURN_MARKER, decode_lines_by_turn
+
+    def line(running, rate):
+        return (f"[2026-12-02 06:45:01] Decode batch, #running-req: {running}, #token: 9, token usage: 0.01, "
+                f"cuda graph: True, gen throughput (token/s): {rate}, #queue-req: 0")
+
+    log = tmp_path / "run.log"
+    log.write_text("\n".join([line(512, 1.0), f"{TURN_MARKER}agent_loops 0", line(500, 80.0), "other output",
+                              line(512, 90.0), f"{TURN_MARKER}batch 1", line(512, 95.0), line(100, 10.0),
+                              f"{TURN_MARKER}agent_loops 2", line(400, 70.0), line(512, 85.0)]) + "\n")
+    assert decode_lines_by_turn(str(log)) == {
+        "agent_loops": {"turns": 2, "lines_per_turn": 2, "full_batch_tok_per_s_median": 85.0},  # of 80, 90, 85
+        "batch": {"turns": 1, "lines_per_turn": 2, "full_batch_tok_per_s_median": 95.0}}
