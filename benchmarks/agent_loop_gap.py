@@ -153,9 +153,10 @@ def profiled_turns(args, turns) -> dict:
         schedulers = scheduler_pids()
         if schedulers:
             pids["scheduler"] = schedulers[0]
+        raw = f"{args.out or 'agent_loop_gap'}.{path}"
         with contextlib.ExitStack() as stack:
-            profilers = {name: stack.enter_context(PySpy(args.pyspy, f"{args.out or 'agent_loop_gap'}.{path}.{name}.raw",
-                                                         pid=pid)) for name, pid in pids.items()}
+            profilers = {name: stack.enter_context(PySpy(args.pyspy, f"{raw}.{name}.raw", pid=pid))
+                         for name, pid in pids.items()}
             seconds, tokens = turns[path]()
         profiled[path] = {"seconds": seconds, "tokens": tokens,
                           **{name: profiler.summary() for name, profiler in profilers.items()}}
