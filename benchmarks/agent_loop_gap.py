@@ -166,12 +166,12 @@ def profiled_turns(args, turns) -> dict:
 
 
 def scheduler_pids() -> list[int]:
-    """The pids of SGLang's scheduler processes under this one (their title says so: setproctitle); none for an
-    engine without one (hf)."""
+    """The pids of SGLang's scheduler processes under this one (SGLang titles them "sglang::scheduler...":
+    setproctitle; Ray's processes, also under this one, are not); none for an engine without one (hf)."""
     import psutil
 
     return [child.pid for child in psutil.Process().children(recursive=True)
-            if "scheduler" in " ".join(child.cmdline())]
+            if " ".join(child.cmdline()).startswith("sglang::scheduler")]
 
 
 def decode_lines_by_turn(log_path: str) -> dict:

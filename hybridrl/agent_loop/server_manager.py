@@ -11,7 +11,6 @@ dead worker) raises EngineServerError, which fails the step, never only the samp
 """
 from __future__ import annotations
 
-import json
 import urllib.request
 from collections import OrderedDict
 from typing import Any, Optional
@@ -111,7 +110,7 @@ def reset_abort_servers(server_addresses: list[str], timeout_s: float = 30.0) ->
 
 def _post_to_all(server_addresses: list[str], path: str, timeout_s: float) -> None:
     for rank, server in enumerate(server_addresses):
-        request = urllib.request.Request(f"http://{server}/{path}", data=json.dumps({}).encode(), method="POST",
+        request = urllib.request.Request(f"http://{server}/{path}", data=msgspec.json.encode({}), method="POST",
                                          headers=JSON_HEADERS)
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as response:
