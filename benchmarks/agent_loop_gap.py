@@ -13,8 +13,11 @@ training step; only the generation call inside it is timed:
   batch        the worker's generate_sequences: one engine.generate call for all rows (rollout.mode=sync)
   agent_loops  AgentLoopManager.generate_sequences: one single_turn_agent loop per row on the manager's workers,
                each sending its own request to the worker's engine server (rollout.mode=async), padded into the
-               batch on the controller
-The two take turns A B B A (hybrid_engine.time_interleaved) for --turns runs each, so that neither gets all the
+               batch on the controller; SGLang's engine server admits the requests that arrive together in batches
+               (workers/rollout/admission.py)
+  agent_loops_per_request  (--per-request-admission) the same, with the server handing SGLang each request on its
+               own (Engine.async_generate), as before admission in batches
+The paths take turns A B B A (A B C C B A with three; hybrid_engine.time_interleaved) (hybrid_engine.time_interleaved) for --turns runs each, so that neither gets all the
 early or all the late ones: one engine's rate drifts from batch to batch at this shape (its step loop is bound by
 one host core), and runs timed one after the other in separate trainer runs (ppo_step.py) met different stretches
 of that drift. Responses run to the full length (rollout.ignore_eos), so both make the same tokens. For the agent
@@ -104,6 +107,11 @@ def run_turns(args, vocabulary: Vocabulary, record: dict) -> None:
         """One rollout window around generate(): the seconds of generate alone and the response tokens it made; the
         turn is recorded."""
         print(f"{TURN_MARKER}{path} {len(record['turns'])}", flush=True)  # decode_lines_by_turn's marker
+        engine = worker.engine_server.engine
+        batcher = getattr(engine, "batcher", None)  # SGLang's admission in batches (hf batches in its engine)
+        if batcher is not None:
+            engine.batch_admission = path != "agent_loops_per_request"
+            batcher.batch_sizes.clear()
         worker.rollout_mode()
         if path == "batch":  # the batch path drives the engine's event loop from this thread: the server lets go of it
             worker.engine_server.pause()
@@ -119,21 +127,29 @@ def run_turns(args, vocabulary: Vocabulary, record: dict) -> None:
         turn = {"path": path, "seconds": seconds, "tokens": int(output.batch["response_mask"].sum()),
                 **{key: float(value) for key, value in metrics.items() if key in AGENT_METRICS.values() or
                    key == "timing_s/engine_generate"}}
+        if batcher is not None and path != "batch":
+            turn["admission_batches"] = list(batcher.batch_sizes)
         record["turns"].append(turn)
         write_record(record, args.out)
         return seconds, turn["tokens"]
 
-    turns = {"agent_loops": lambda: in_window("agent_loops", lambda: manager.generate_sequences(requests)),
-             "batch": lambda: in_window("batch", lambda: worker.generate_sequences(prompts))}
+    agent_loops = lambda path: in_window(path, lambda: manager.generate_sequences(requests))  # noqa: E731
+    turns = {"agent_loops": lambda: agent_loops("agent_loops")}
+    if args.per_request_admission:
+        if record["engine"] != "sglang":
+            raise SystemExit("--per-request-admission: only the sglang engine server admits requests in batches")
+        turns["agent_loops_per_request"] = lambda: agent_loops("agent_loops_per_request")
+    turns["batch"] = lambda: in_window("batch", lambda: worker.generate_sequences(prompts))  # the reference: last
     try:
         for _ in range(args.warmup):  # the first agent call starts the loops' sessions; graphs and caches warm up
-            turns["agent_loops"](), turns["batch"]()
+            for turn in turns.values():
+                turn()
         record["warmup_turns"], record["turns"] = record["turns"], []
         record.update(time_interleaved(turns, None, args.turns, time_run=lambda turn, _: turn()))
         if args.pyspy:
             record["profiled_turns"] = profiled_turns(args, turns)
-            record["profiled_turns"]["turns"] = record["turns"][-2:]  # not among the timed turns
-            del record["turns"][-2:]
+            record["profiled_turns"]["turns"] = record["turns"][-len(turns):]  # not among the timed turns
+            del record["turns"][-len(turns):]
     finally:
         manager.shutdown()
         ray.shutdown()
@@ -148,7 +164,7 @@ def profiled_turns(args, turns) -> dict:
     from benchmarks.host_profile import PySpy, print_summary
 
     profiled = {}
-    for path in ("agent_loops", "batch"):
+    for path in turns:
         pids = {"this_process": None}
         schedulers = scheduler_pids()
         if schedulers:
@@ -204,14 +220,16 @@ def decode_lines_by_turn(log_path: str) -> dict:
             for path, entries in by_path.items()}
 
 
-def summary(record: dict) -> dict:
-    """The ratio of the two paths' mean rates with its bootstrap interval, the turn-by-turn ratios (their median,
-    lowest and highest), and the agent turns' mean breakdown."""
-    agent, batch = record["agent_loops"], record["batch"]
+def summary(record: dict, path: str = "agent_loops") -> dict:
+    """An agent path's rate over the batch path's: the ratio of the mean rates with its bootstrap interval, the
+    turn-by-turn ratios (their median, lowest and highest), and the path's mean breakdown."""
+    agent, batch = record[path], record["batch"]
     pairs = agent["pair_ratios"]
-    agent_turns = [turn for turn in record["turns"] if turn["path"] == "agent_loops"]
+    agent_turns = [turn for turn in record["turns"] if turn["path"] == path]
     breakdown = {label: statistics.mean(turn[key] for turn in agent_turns) for label, key in AGENT_METRICS.items()
                  if all(key in turn for turn in agent_turns)}
+    if all("admission_batches" in turn for turn in agent_turns):
+        breakdown["admission batches a turn"] = statistics.mean(len(turn["admission_batches"]) for turn in agent_turns)
     return {"ratio_of_means": agent["tok_per_s"] / batch["tok_per_s"],
             "ratio_of_means_90": ratio_interval(agent["tok_per_s_runs"], batch["tok_per_s_runs"]),
             "pair_ratio_median": statistics.median(pairs), "pair_ratio_min": min(pairs), "pair_ratio_max": max(pairs),
@@ -235,20 +253,25 @@ def ratio_interval(agent_rates: list[float], batch_rates: list[float], draws: in
     return [ratios[int(0.05 * draws)], ratios[int(0.95 * draws) - 1]]
 
 
+def agent_paths(record: dict) -> list[str]:
+    return [path for path in ("agent_loops", "agent_loops_per_request") if path in record]
+
+
 def print_table(record: dict, args) -> None:
-    result = record["summary"]
-    print(f"\n{record['device']}, {args.prompts} prompts x {args.n} x {args.new_tokens} tokens, one {record['engine']} engine, "
-          f"{args.turns} turns each, A B B A\nvocab: {record['vocab']['describe']}")
-    for path in ("batch", "agent_loops"):
+    print(f"\n{record['device']}, {args.prompts} prompts x {args.n} x {args.new_tokens} tokens, one {record['engine']} "
+          f"engine, {args.turns} turns each, taking turns A B .. B A\nvocab: {record['vocab']['describe']}")
+    for path in ("batch", *agent_paths(record)):
         rates = record[path]["tok_per_s_runs"]
-        print(f"{path:<12} {record[path]['tok_per_s']:>9,.0f} tok/s (mean of {len(rates)}: {min(rates):,.0f}-"
+        print(f"{path:<24} {record[path]['tok_per_s']:>9,.0f} tok/s (mean of {len(rates)}: {min(rates):,.0f}-"
               f"{max(rates):,.0f}; {record[path]['seconds']:.2f} s a turn)")
-    low, high = result["ratio_of_means_90"]
-    print(f"agent_loops / batch: {result['ratio_of_means']:.3f} (ratio of means; 90 % bootstrap interval "
-          f"{low:.3f}-{high:.3f}); turn by turn median "
-          f"{result['pair_ratio_median']:.3f}, {result['pair_ratio_min']:.3f}-{result['pair_ratio_max']:.3f}")
-    for label, value in result["agent_breakdown_mean"].items():
-        print(f"  agent loops, {label}: {value:.3f} (mean)")
+    for path in agent_paths(record):
+        result = record["summary"] if path == "agent_loops" else record[f"summary_{path}"]
+        low, high = result["ratio_of_means_90"]
+        print(f"{path} / batch: {result['ratio_of_means']:.3f} (ratio of means; 90 % bootstrap interval "
+              f"{low:.3f}-{high:.3f}); turn by turn median "
+              f"{result['pair_ratio_median']:.3f}, {result['pair_ratio_min']:.3f}-{result['pair_ratio_max']:.3f}")
+        for label, value in result["agent_breakdown_mean"].items():
+            print(f"  {path}, {label}: {value:.3f} (mean)")
     sys.stdout.flush()
 
 
@@ -272,6 +295,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed turns of each path first")
     parser.add_argument("--agent-workers", type=int, default=None, help="rollout.agent.num_workers: default 8 (cuda), "
                                                                          "2 (cpu)")
+    parser.add_argument("--per-request-admission", action="store_true",
+                        help="a third path: the agent loops with the sglang server admitting each request on its own "
+                             "(Engine.async_generate per request) instead of in batches (admission.py)")
     parser.add_argument("--override", action="append", default=[], help="extra config override (repeatable)")
     parser.add_argument("--pyspy", help="py-spy binary (scripts/gpu/stage_pyspy.sh): one more turn of each path, "
                         "profiled (this process and the engine's scheduler)")
@@ -303,6 +329,8 @@ def main() -> None:
         args.override.append("+actor_rollout_ref.rollout.engine_kwargs.sglang.log_level=info")
     run_turns(args, vocabulary, record)
     record["summary"] = summary(record)
+    if "agent_loops_per_request" in record:
+        record["summary_agent_loops_per_request"] = summary(record, "agent_loops_per_request")
     if args.engine_log:
         record["engine_decode_lines"] = decode_lines_by_turn(args.engine_log)
     write_record(record, args.out)

@@ -389,19 +389,20 @@ class StandaloneBeside:
 
 
 def time_interleaved(generators: dict, prompts, repeats: int, time_run=time_generation) -> dict[str, dict]:
-    """time_runs' numbers for each of two generate(prompts) callables taking turns, in the order A B B A A B ..., so
-    that neither side gets all the earlier or all the later runs. The first side's dict also holds pair_ratios: its
-    tokens/s over the second's, turn by turn. time_run(generate, prompts) -> (seconds, tokens) times one run
-    (time_generation: the whole call; agent_loop_gap.py times only the generation inside a rollout window)."""
-    (first, generate_first), (second, generate_second) = generators.items()
-    runs: dict[str, list] = {first: [], second: []}
+    """time_runs' numbers for each of two or more generate(prompts) callables taking turns, in the order A B B A A B
+    ... (with three: A B C C B A ...), so that no side gets all the earlier or all the later runs. Every side but the
+    last also holds pair_ratios: its tokens/s over the last side's (the reference), turn by turn. time_run(generate,
+    prompts) -> (seconds, tokens) times one run (time_generation: the whole call; agent_loop_gap.py times only the
+    generation inside a rollout window)."""
+    order = list(generators.items())
+    runs: dict[str, list] = {name: [] for name, _ in order}
     for index in range(repeats):
-        order = ((first, generate_first), (second, generate_second))
         for name, generate in order if index % 2 == 0 else order[::-1]:
             runs[name].append(time_run(generate, prompts))
     summaries = {name: summarize_runs(name_runs) for name, name_runs in runs.items()}
-    summaries[first]["pair_ratios"] = [a / b for a, b in zip(summaries[first]["tok_per_s_runs"],
-                                                              summaries[second]["tok_per_s_runs"])]
+    reference = summaries[order[-1][0]]["tok_per_s_runs"]
+    for name, _ in order[:-1]:
+        summaries[name]["pair_ratios"] = [a / b for a, b in zip(summaries[name]["tok_per_s_runs"], reference)]
     return summaries
 
 

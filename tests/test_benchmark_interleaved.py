@@ -86,6 +86,25 @@ def test_two_engines_take_turns_a_b_b_a_and_each_run_is_timed_on_its_side(monkey
     assert "pair_ratios" not in runs["standalone"]
 
 
+def test_three_sides_take_turns_a_b_c_c_b_a_each_against_the_last(monkeypatch):
+    calls = []
+    clock = iter(range(1000))
+    monkeypatch.setattr(time, "perf_counter", lambda: float(next(clock)))
+    monkeypatch.setattr("torch.cuda.synchronize", lambda: None)
+
+    def engine(name, tokens):
+        def generate(prompts):
+            calls.append(name)
+            return tokens
+        return generate
+
+    runs = time_interleaved({"a": engine("a", 80), "b": engine("b", 120), "c": engine("c", 100)}, None, 2)
+    assert calls == ["a", "b", "c", "c", "b", "a"]
+    assert runs["a"]["pair_ratios"] == [0.8, 0.8]
+    assert runs["b"]["pair_ratios"] == [1.2, 1.2]
+    assert "pair_ratios" not in runs["c"]
+
+
 def test_host_cpu_counts_every_process_busy_cores_and_the_steal_share_by_hand():
     from collections import namedtuple
 

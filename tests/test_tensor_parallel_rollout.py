@@ -154,6 +154,9 @@ def serve(rollout) -> dict:
     server = build_engine_server(rollout, types.SimpleNamespace(name="sglang"), None, [7], 0, host="127.0.0.1")
     if server is None:
         return {"server": None}
+    # The stand-in has SGLang's Engine.async_generate, not its tokenizer manager: each request on its own (admission
+    # in batches runs on SGLang itself, tests/gpu/test_engine_async_server.py).
+    server.engine.batch_admission = False
     seen = {"server": server.address}
     if dist.get_rank() == 0:
         server.serve(weight_version=3)

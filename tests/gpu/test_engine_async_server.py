@@ -67,6 +67,10 @@ def test_engine_server_answers_concurrent_requests_with_the_trainers_weights(eng
         with pytest.raises(EngineServerError, match="(?s)HTTP 500.*max_tokens=1000"):
             loop.run_until_complete(manager.generate("x", prompt_ids=prompt_lists[0],
                                                      sampling_params={**greedy, "max_tokens": 1000}))
+        batcher = getattr(worker.engine_server.engine, "batcher", None)  # SGLang admits in batches (admission.py)
+        if batcher is not None:
+            print(f"sglang admission batches: {list(batcher.batch_sizes)}")
+            assert sum(batcher.batch_sizes) == len(prompt_lists) + 1  # each once; the refused one never reached it
         worker.engine_server.pause()  # the worker's thread drives the engine's loop for its own batch path
         batch_answers = worker.generate_sequences(prompts)  # the engine's own batch generate, same weights
         worker.engine_server.serve()

@@ -49,7 +49,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from hybridrl.models.fsdp_utils import hf_module
 from hybridrl.algorithms.torch_functional import logprobs_from_logits
-from hybridrl.workers.rollout.engine_io import requested_max_tokens
+from hybridrl.workers.rollout.engine_io import aborted_answer, requested_max_tokens
 
 # Up to rollout.n x the batch of agent loops connect at once: at the start of a run, and at every step whose gap since
 # the last one outlasted the clients' keep-alive (server_manager.py). A connection beyond the listen queue is dropped
@@ -193,10 +193,6 @@ class _Request:
     logprobs: bool = False
 
 
-def _aborted_result(logprobs: bool) -> dict[str, Any]:
-    return {"token_ids": [], "stop_reason": "aborted", "log_probs": [] if logprobs else None}
-
-
 class HFGenerateEngine:
     """HF `generate` on the rollout's FSDP-held module, batching the requests that wait together.
 
@@ -231,7 +227,7 @@ class HFGenerateEngine:
         self._queues.clear()
         for request in queued:
             if not request.future.done():
-                request.future.set_result(_aborted_result(request.logprobs))
+                request.future.set_result(aborted_answer(request.logprobs))
         return len(queued)
 
     def reset_abort(self) -> None:
@@ -243,7 +239,7 @@ class HFGenerateEngine:
         max_tokens = requested_max_tokens(sampling_params, self.response_length, "hf")
         key = _sampling_key(sampling_params)
         if self._aborting.is_set():
-            return _aborted_result(bool(sampling_params.get("logprobs", False)))
+            return aborted_answer(bool(sampling_params.get("logprobs", False)))
         if self._batcher is None or self._batcher.done():
             self._wake = asyncio.Event()
             self._batcher = asyncio.get_running_loop().create_task(self._run_batches())

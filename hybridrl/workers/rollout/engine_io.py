@@ -45,6 +45,11 @@ def requested_max_tokens(params: dict, response_length: int, engine: str) -> int
     return max_tokens
 
 
+def aborted_answer(logprobs: bool) -> dict:
+    """An engine server's answer to a request aborted before it generated anything (partial rollout)."""
+    return {"token_ids": [], "stop_reason": "aborted", "log_probs": [] if logprobs else None}
+
+
 def generation_config_ids(model_path: str) -> dict:
     """eos/pad ids of the model directory's generation_config (empty when it has none)."""
     from transformers import GenerationConfig

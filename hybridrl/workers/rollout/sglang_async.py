@@ -24,7 +24,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hybridrl.workers.rollout.engine_io import EngineDiedError, requested_max_tokens
+from hybridrl.workers.rollout.admission import AdmissionBatcher, answer
+from hybridrl.workers.rollout.engine_io import EngineDiedError, aborted_answer, requested_max_tokens
 from hybridrl.workers.rollout.sglang_rollout import ALL_MEMORY_TAGS
 
 
@@ -34,6 +35,10 @@ class SGLangAsyncEngine:
         self.rollout = rollout
         self.eos_token_ids = list(eos_token_ids)
         self.aborting = False
+        # Requests that reach the server together go to SGLang as one batch (admission.py); False sends each one
+        # through Engine.async_generate on its own (agent_loop_gap.py measures the two).
+        self.batch_admission = True
+        self.batcher = AdmissionBatcher(self._admit)
 
     async def abort(self) -> int:
         self.aborting = True
@@ -63,15 +68,20 @@ class SGLangAsyncEngine:
                                f"{sorted(self.rollout.awake_tags)}); the server answers only in rollout mode")
         logprobs = bool(sampling_params.get("logprobs", False))
         if self.aborting:
-            return {"token_ids": [], "stop_reason": "aborted", "log_probs": [] if logprobs else None}
+            return aborted_answer(logprobs)
+        request = (list(prompt_ids), self.sampling_params(sampling_params), logprobs)
         try:
-            output = await self.rollout.engine.async_generate(input_ids=list(prompt_ids),
-                                                              sampling_params=self.sampling_params(sampling_params),
-                                                              return_logprob=logprobs)
+            if self.batch_admission:
+                output = await self.batcher.submit(request)
+            else:
+                output = await self.rollout.engine.async_generate(input_ids=request[0], sampling_params=request[1],
+                                                                  return_logprob=logprobs)
         except asyncio.CancelledError as cancelled:  # EngineMonitor cancels the loop's tasks when a child dies
             if monitor.cause is not None:
                 raise EngineDiedError(f"sglang engine: {monitor.cause}") from cancelled
             raise
+        if output is None:  # admitted after an abort: never sent to the engine
+            return aborted_answer(logprobs)
         meta = output["meta_info"]
         finish = meta.get("finish_reason") or {}
         if finish.get("type") == "abort" and not self.aborting:
@@ -83,3 +93,41 @@ class SGLangAsyncEngine:
             raise RuntimeError(f"sglang returned {len(token_ids)} tokens but {len(log_probs)} log-probs "
                                f"(finish_reason {finish})")
         return {"token_ids": token_ids, "stop_reason": stop_reason, "log_probs": log_probs}
+
+    async def _admit(self, requests: list[tuple], futures: list[asyncio.Future]) -> None:
+        """The requests of one admission batch to SGLang's scheduler as one message, each answered as its own
+        generation ends: what SGLang's TokenizerManager.generate_request does for a batch of token ids
+        (_handle_batch_request), except that it answers a non-streamed batch only once all of it has finished.
+        Requests admitted after an abort are answered None (aborted) without reaching the engine."""
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        if self.aborting:
+            for future in futures:
+                answer(future, None)
+            return
+        manager = self.rollout.engine.tokenizer_manager
+        batch = GenerateReqInput(input_ids=[prompt for prompt, _, _ in requests],
+                                 sampling_params=[params for _, params, _ in requests],
+                                 return_logprob=[logprobs for _, _, logprobs in requests])
+        manager.auto_create_handle_loop()
+        batch.normalize_batch_and_arguments()
+        manager._init_req_state(batch)
+        try:
+            async with manager.is_pause_cond:
+                await manager.is_pause_cond.wait_for(lambda: not manager.is_pause)
+            async with manager.model_update_lock.reader_lock:  # a weight update waits for these generations
+                members = [batch[index] for index in range(len(requests))]
+                manager._send_batch_request([await manager._tokenize_one_request(member) for member in members])
+                await asyncio.gather(*(self._answer_one(manager._wait_one_response(member), future)
+                                       for member, future in zip(members, futures)))
+        except BaseException:
+            manager._discard_pending_req_states(batch)  # the ones never answered; SGLang does the same
+            raise
+
+    @staticmethod
+    async def _answer_one(responses, future: asyncio.Future) -> None:
+        try:
+            answer(future, await anext(responses))
+        except Exception as err:  # this request's error is its own; the batch's others still get their answers
+            if not future.done():
+                future.set_exception(err)

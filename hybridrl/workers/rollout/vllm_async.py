@@ -27,7 +27,7 @@ import asyncio
 import itertools
 from typing import Any
 
-from hybridrl.workers.rollout.engine_io import EngineDiedError, requested_max_tokens
+from hybridrl.workers.rollout.engine_io import EngineDiedError, aborted_answer, requested_max_tokens
 from hybridrl.workers.rollout.vllm_rollout import ALL_MEMORY_TAGS, sampled_log_probs, stop_token_ids
 
 STOP_REASONS = {"length": "length", "abort": "aborted"}  # vLLM finish_reason -> verl's stop_reason ("completed" else)
@@ -72,7 +72,7 @@ class VLLMAsyncEngine:
                                f"server answers only in rollout mode")
         logprobs = bool(sampling_params.get("logprobs", False))
         if self.aborting:
-            return {"token_ids": [], "stop_reason": "aborted", "log_probs": [] if logprobs else None}
+            return aborted_answer(logprobs)
         params = rollout.vllm.SamplingParams(**self.sampling_params(sampling_params))
         request_id = f"hybridrl-{next(self._request_ids)}"
         future = asyncio.get_running_loop().create_future()
