@@ -17,9 +17,9 @@ training step; only the generation call inside it is timed:
                (workers/rollout/admission.py)
   agent_loops_per_request  (--per-request-admission) the same, with the server handing SGLang each request on its
                own (Engine.async_generate), as before admission in batches
-The paths take turns A B B A (A B C C B A with three; hybrid_engine.time_interleaved) (hybrid_engine.time_interleaved) for --turns runs each, so that neither gets all the
-early or all the late ones: one engine's rate drifts from batch to batch at this shape (its step loop is bound by
-one host core), and runs timed one after the other in separate trainer runs (ppo_step.py) met different stretches
+The paths take turns A B B A (A B C C B A with three; hybrid_engine.time_interleaved) for --turns runs each, so
+that none gets all the early or all the late ones: one engine's rate drifts from batch to batch at this shape (its
+step loop is bound by one host core), and runs timed one after the other in separate trainer runs (ppo_step.py) met different stretches
 of that drift. Responses run to the full length (rollout.ignore_eos), so both make the same tokens. For the agent
 loops each turn also records where the time went (the manager's and the server's metrics): when the server saw its
 first and last request (the engine has its whole batch only after the last), the slowest sample's generate, and the

@@ -87,7 +87,8 @@ def test_a_cancelled_admit_cancels_its_requests_and_a_gone_request_does_not_brea
         answer(gate["futures"][0], "late")
         for task in batcher._running:
             task.cancel()
-        return await asyncio.gather(*requests, return_exceptions=True)
+        # a future the cancelled admit left unset would hang here: the timeout makes that a failure
+        return await asyncio.wait_for(asyncio.gather(*requests, return_exceptions=True), timeout=30)
 
     results = run(main())
     assert all(isinstance(result, asyncio.CancelledError) for result in results)

@@ -3,8 +3,10 @@
 Why: agent loops send their requests one by one, but at the start of a step hundreds of them arrive within a fraction
 of a second. Handed to SGLang one at a time, each costs the server's event loop its own trip through the tokenizer
 manager and its own message to the scheduler, while the requests behind it wait on the same loop; the last of 512
-reached the engine 0.27-0.38 s after the first (H200, benchmarks/README.md, issue 26), and the turn cannot end
-before that request's last decode step. The batch path hands SGLang all its requests in one message.
+reached the server 0.258 s after the call began, 0.053 s with admission in batches (H200, 512 requests,
+benchmarks/README.md "Session 27", issue 26). The batch path hands SGLang all its requests in one message too. The
+agent loops' rate did not move with it (0.955 against 0.958 of the batch path's, within the turns' noise): what is
+left of that gap is not admission.
 
 How: the first request of an event-loop iteration schedules a flush for the next iteration (`call_soon`); every
 request whose handler runs before that flush joins it. Nothing waits on a timer, so a lone request is admitted at
@@ -59,17 +61,21 @@ class AdmissionBatcher:
             raise
         except Exception as err:
             for future in futures:
-                if not future.done():
-                    future.set_exception(err)
+                fail(future, err)
             return
         unanswered = sum(not future.done() for future in futures)
         for future in futures:
-            if not future.done():
-                future.set_exception(RuntimeError(f"admission: the engine's admit returned with {unanswered} of "
-                                                  f"{len(futures)} requests of its batch unanswered"))
+            fail(future, RuntimeError(f"admission: the engine's admit returned with {unanswered} of {len(futures)} "
+                                      f"requests of its batch unanswered"))
 
 
 def answer(future: asyncio.Future, result: Any) -> None:
     """Set a request's answer unless the request is gone (its handler cancelled: the future is done already)."""
     if not future.done():
         future.set_result(result)
+
+
+def fail(future: asyncio.Future, error: BaseException) -> None:
+    """Set a request's error unless it is answered or gone already."""
+    if not future.done():
+        future.set_exception(error)

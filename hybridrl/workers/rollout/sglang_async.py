@@ -10,6 +10,10 @@ Between rollout_mode and trainer_mode the server's thread runs the loop and requ
 outside it the worker's thread owns the loop again. The two never run the loop at once because
 rollout_mode starts serving only after its lifecycle calls and trainer_mode stops serving before its.
 
+Admission: the requests that reach the server in one event-loop iteration go to SGLang's scheduler as one batch
+(admission.py, _admit), each still answered when its own generation ends; `batch_admission = False` sends each through
+Engine.async_generate on its own, the baseline benchmarks/agent_loop_gap.py measures beside it.
+
 Sampling mirrors sglang_rollout.sampling_params: every parameter explicit, greedy at temperature 0,
 stop at the trainer's EOS ids (stop token kept), `rollout.ignore_eos`; log-probs are SGLang's
 output_token_logprobs (under logits / temperature, as the actor scores them).
@@ -24,7 +28,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hybridrl.workers.rollout.admission import AdmissionBatcher, answer
+from hybridrl.workers.rollout.admission import AdmissionBatcher, answer, fail
 from hybridrl.workers.rollout.engine_io import EngineDiedError, aborted_answer, requested_max_tokens
 from hybridrl.workers.rollout.sglang_rollout import ALL_MEMORY_TAGS
 
@@ -129,5 +133,4 @@ class SGLangAsyncEngine:
         try:
             answer(future, await anext(responses))
         except Exception as err:  # this request's error is its own; the batch's others still get their answers
-            if not future.done():
-                future.set_exception(err)
+            fail(future, err)
