@@ -388,6 +388,20 @@ class StandaloneBeside:
             self.process.kill()
 
 
+def with_threads(generate, threads: int):
+    """generate(batch) run with `threads` torch CPU threads, the process's count restored afterwards. Set around every
+    call rather than once at start, so that nothing the engine sets up in between (vLLM runs in this process) can
+    change what a timed run gets."""
+    def run(batch):
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return generate(batch)
+        finally:
+            torch.set_num_threads(previous)
+    return run
+
+
 def time_interleaved(generators: dict, prompts, repeats: int, time_run=time_generation) -> dict[str, dict]:
     """time_runs' numbers for each of two or more generate(prompts) callables taking turns, in the order A B B A A B
     ... (with three: A B C C B A ...), so that no side gets all the earlier or all the later runs. Every side but the
@@ -437,9 +451,17 @@ def main() -> None:
     parser.add_argument("--gen-repeats", type=int, default=4, help="timed generations on each side (their mean counts)")
     parser.add_argument("--standalone-without-memory-saver", action="store_true",
                         help="also time a standalone engine without torch_memory_saver")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads while the hybrid engine generates: 1 (default), as in the trainer, "
+                             "whose workers are Ray actors with OMP_NUM_THREADS at their CPU share of 1; 0: torch's "
+                             "default, one a core. The standalone engine keeps torch's default, as a user runs it")
+    parser.add_argument("--compare-default-threads", action="store_true",
+                        help="vllm: a third side taking turns, the hybrid engine at torch's default thread count")
     parser.add_argument("--override", action="append", default=[], help="extra config override (repeatable)")
     parser.add_argument("--out", help="write all numbers here as JSON")
     args = parser.parse_args()
+    if args.compare_default_threads and args.engine != "vllm":
+        parser.error("--compare-default-threads: only with --engine vllm (its engine loop runs in this process)")
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.manual_seed(0)  # the engine's sampling seed is the process's torch seed
@@ -461,7 +483,10 @@ def main() -> None:
     used_without_engine = device_used_gib()  # the trainer's state (Adam included), before the engine starts
     rollout, switch = build_hybrid(config, module)
     offload_switch = offloading_switch(module, optimizer, rollout)
+    default_threads = torch.get_num_threads()
+    threads = args.threads or default_threads
     results = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "engine": args.engine,
+               "threads": {"hybrid": threads, "torch_default": default_threads},
                "engine_kwargs": {k: v for k, v in rollout.engine_kwargs.items() if k not in ("model_path", "model")},
                "engine_start_s": rollout.engine_start_s, "vocab": vocabulary.record()}
     results["switch"] = time_switches(switch, args.switch_repeats)
@@ -475,8 +500,10 @@ def main() -> None:
     prompts = random_prompts(args.prompts, args.prompt_length, vocabulary.embeddings).repeat(args.n, interleave=True)
     prompts.meta_info.update(eos_token_id=eos_id, pad_token_id=pad_id)
 
-    def hybrid_generate(batch):
+    def generate_tokens(batch):
         return int(rollout.generate_sequences(batch).batch["response_mask"].sum())
+
+    hybrid_generate = with_threads(generate_tokens, threads)
 
     token_lists = [row.tolist() for row in prompts.batch["input_ids"]]
     if args.engine == "vllm":  # the standalone engine takes turns with the hybrid one (StandaloneBeside)
@@ -488,8 +515,10 @@ def main() -> None:
         beside = StandaloneBeside(serve_standalone_vllm, standalone_kwargs, token_lists, params)
         try:
             with rollout_window(switch):
-                runs = time_interleaved({"hybrid_generate": hybrid_generate, "standalone": beside.generate}, prompts,
-                                        args.gen_repeats)
+                sides = {"hybrid_generate": hybrid_generate}
+                if args.compare_default_threads:
+                    sides["hybrid_default_threads"] = with_threads(generate_tokens, default_threads)
+                runs = time_interleaved({**sides, "standalone": beside.generate}, prompts, args.gen_repeats)
         finally:
             beside.close()
         results.update(runs)
@@ -575,10 +604,15 @@ def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
         ("engine log-probs vs FSDP after a sync, mean |Δ| (KL k3)", f"{agreement['mean_abs']:.4f} "
                                                                     f"({agreement['kl_k3']:.1e}, "
                                                                     f"{agreement['tokens']} tokens)"),
-        (f"hybrid generate {args.prompts}x{args.n}x{args.new_tokens} (tok/s)", runs_cell(results["hybrid_generate"])),
+        (f"hybrid generate {args.prompts}x{args.n}x{args.new_tokens}, {results['threads']['hybrid']} torch threads "
+         f"(tok/s)", runs_cell(results["hybrid_generate"])),
         (f"standalone {results['engine']} engine, same settings (tok/s)", runs_cell(results["standalone"])),
         ("hybrid / standalone (means)", f"{results['generation_ratio']:.3f}" + pair_ratios_cell(results)),
     ]
+    if "hybrid_default_threads" in results:
+        side = results["hybrid_default_threads"]
+        rows.append((f"hybrid at torch's default {results['threads']['torch_default']} threads, taking turns (tok/s)",
+                     runs_cell(side) + f"; / standalone {side['tok_per_s'] / results['standalone']['tok_per_s']:.3f}"))
     if "standalone_no_saver" in results:
         rows.append(("standalone without memory saver (tok/s)", runs_cell(results["standalone_no_saver"])))
     width = max(len(name) for name, _ in rows)

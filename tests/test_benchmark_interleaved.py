@@ -114,3 +114,24 @@ def test_host_cpu_counts_every_process_busy_cores_and_the_steal_share_by_hand():
     before = Times(100, 0, 10, 1000, 0, 0, 0, 0, 0, 0)
     after = Times(118, 0, 12, 1016, 2, 0, 0, 2, 5, 0)  # 10 s: 20 busy core-seconds, 2 of steal, guest inside user
     assert host_cpu(before, after, 10.0) == {"host_busy_cores": 2.0, "host_steal_pct": 100 * 2 / 40}
+
+
+def test_the_hybrid_side_generates_at_its_thread_count_and_the_process_keeps_its_own():
+    import torch
+
+    from benchmarks.hybrid_engine import with_threads
+
+    before = torch.get_num_threads()
+    seen = []
+
+    def generate(batch):
+        seen.append(torch.get_num_threads())
+        if batch == "fail":
+            raise RuntimeError("engine died")
+        return 7
+
+    assert with_threads(generate, 1)("ok") == 7
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError, match="engine died"):
+        with_threads(generate, 2)("fail")
+    assert seen == [1, 2] and torch.get_num_threads() == before
