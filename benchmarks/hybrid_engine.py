@@ -407,12 +407,16 @@ def time_interleaved(generators: dict, prompts, repeats: int, time_run=time_gene
     ... (with three: A B C C B A ...), so that no side gets all the earlier or all the later runs. Every side but the
     last also holds pair_ratios: its tokens/s over the last side's (the reference), turn by turn. time_run(generate,
     prompts) -> (seconds, tokens) times one run (time_generation: the whole call; agent_loop_gap.py times only the
-    generation inside a rollout window)."""
+    generation inside a rollout window). Each run is printed as it ends, so a run cut off at a time limit still
+    leaves the turns it made in its output."""
     order = list(generators.items())
     runs: dict[str, list] = {name: [] for name, _ in order}
     for index in range(repeats):
         for name, generate in order if index % 2 == 0 else order[::-1]:
-            runs[name].append(time_run(generate, prompts))
+            seconds, tokens = time_run(generate, prompts)
+            runs[name].append((seconds, tokens))
+            print(f"turn {index + 1}/{repeats} {name}: {seconds:.3f} s, {tokens} tokens, {tokens / seconds:,.0f} tok/s",
+                  flush=True)
     summaries = {name: summarize_runs(name_runs) for name, name_runs in runs.items()}
     reference = summaries[order[-1][0]]["tok_per_s_runs"]
     for name, _ in order[:-1]:
