@@ -13,8 +13,11 @@ A group that watches its ranks also names its heartbeat monitor (HYBRIDRL_HEARTB
 worker then starts the process's heartbeat thread first thing, so it beats while its roles load (heartbeat.py).
 
 CPU threads follow Ray's default: OMP_NUM_THREADS is the actor's CPU share (1 per bundle, so a
-2-core machine is not oversubscribed). Set OMP_NUM_THREADS in ``ray_init.runtime_env.env_vars``
-to give workers more threads.
+2-core machine is not oversubscribed). To give workers more threads, export OMP_NUM_THREADS before the
+run starts: Ray then leaves it as it is (a local cluster's workers inherit the driver's environment, a
+running cluster's the environment its `ray start` had). vLLM's engine loop runs in the rollout worker's
+process and was faster at 16 threads than at 1 (benchmarks/README.md, "vLLM's generation at the
+trainer's thread count").
 """
 from __future__ import annotations
 
