@@ -121,7 +121,8 @@ def test_the_hybrid_side_generates_at_its_thread_count_and_the_process_keeps_its
 
     from benchmarks.hybrid_engine import with_threads
 
-    before = torch.get_num_threads()
+    original = torch.get_num_threads()
+    torch.set_num_threads(3)  # a count neither side asks for, so a restore that did nothing would show
     seen = []
 
     def generate(batch):
@@ -130,8 +131,11 @@ def test_the_hybrid_side_generates_at_its_thread_count_and_the_process_keeps_its
             raise RuntimeError("engine died")
         return 7
 
-    assert with_threads(generate, 1)("ok") == 7
-    assert torch.get_num_threads() == before
-    with pytest.raises(RuntimeError, match="engine died"):
-        with_threads(generate, 2)("fail")
-    assert seen == [1, 2] and torch.get_num_threads() == before
+    try:
+        assert with_threads(generate, 1)("ok") == 7
+        assert torch.get_num_threads() == 3
+        with pytest.raises(RuntimeError, match="engine died"):
+            with_threads(generate, 2)("fail")
+        assert seen == [1, 2] and torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(original)
