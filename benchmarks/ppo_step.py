@@ -7,7 +7,8 @@ remove padding; and generation against a standalone SGLang engine on the same pr
 Each layout is one real run of `python -m hybridrl.main_ppo` (Ray, FSDP2 actor, colocated SGLang rollout,
 GRPO, no validation) for --steps steps; LAYOUT@vllm runs the same with the colocated vLLM rollout (one table,
 both engines: `--layouts rmpad32k,rmpad32k@vllm`; the standalone engine is SGLang's); the table reports the mean of the steps after the first (the first
-carries the kernels' warm-up). The model is random bf16 weights of the Qwen2.5 layer shapes with the
+carries the kernels' warm-up). `--vary KEY=A,B` runs each layout four times, at A, B, B and A, and prints each
+value's steps and the ratio of their means. The model is random bf16 weights of the Qwen2.5 layer shapes with the
 vocabulary of --tokenizer: its tokenizer tokenizes the prompts, and its embedding count (benchmarks/vocab.py: the
 directory's config.json vocab_size, else the tokenizer's length rounded up to 128) sizes the embedding and the
 logits. For Qwen2.5's real 151,936, give the directory `python -m hybridrl.models.gguf_source` writes (or its
@@ -101,6 +102,42 @@ def run_name(run: str) -> tuple[str, str]:
     return layout, engine
 
 
+def planned_runs(layouts: list[str], vary: str | None) -> list[tuple[str, str, list[str]]]:
+    """(name, layout, overrides) of each trainer run, in order. `vary` (KEY=A,B) runs each layout at KEY=A, B, B, A:
+    a drift of the host over the invocation then falls on both values alike. Runs are named LAYOUT or
+    LAYOUT|KEY=V#k (the k-th run at V)."""
+    if vary is None:
+        return [(layout, layout, []) for layout in layouts]
+    key, _, values = vary.partition("=")
+    values = values.split(",")
+    if not key or len(values) != 2 or not all(values):
+        raise SystemExit(f"--vary: expected KEY=A,B (two values of one Hydra key), got {vary!r}")
+    runs = []
+    for layout in layouts:
+        for index, value in enumerate(values + values[::-1]):
+            runs.append((f"{layout}|{key.rsplit('.', 1)[-1]}={value}#{1 + index // 2}", layout, [f"{key}={value}"]))
+    return runs
+
+
+def vary_summary(results: dict, vary: str) -> dict:
+    """Per value of the varied key: the runs' steps' generation and step seconds (each run's steps after its first),
+    their means, and the second value's means over the first's."""
+    key, _, values = vary.partition("=")
+    short = key.rsplit(".", 1)[-1]
+    sides = {}
+    for value in values.split(","):
+        runs = [result for name, result in results.items() if f"|{short}={value}#" in name]
+        sides[value] = {phase: [seconds for run in runs for seconds in run.get(f"steps/timing_s/{phase}", [])]
+                        for phase in ("gen", "step")}
+    first, second = values.split(",")
+    summary = {"key": key, "values": sides}
+    for phase in ("gen", "step"):
+        if sides[first][phase] and sides[second][phase]:
+            summary[f"{phase}_ratio_{second}_over_{first}"] = (statistics.mean(sides[second][phase])
+                                                               / statistics.mean(sides[first][phase]))
+    return summary
+
+
 def trainer_overrides(args, model_dir: str, run_dir: str, engine: str = "sglang") -> list[str]:
     # 7B on 80 GB cards: the sharded fp32 weights stay on the GPU beside the engine; the AdamW state (2x the
     # weights) waits in CPU memory while the engine generates; activations are recomputed in the backward.
@@ -124,20 +161,24 @@ def trainer_overrides(args, model_dir: str, run_dir: str, engine: str = "sglang"
 STANDALONE_RESERVE_S = 120  # two standalone engines, each started (~25 s at 0.5B on an H200) and timed 3 times
 
 
-def run_trainer(args, model_dir: str, run: str, timeout: float | None) -> dict:
-    """One main_ppo run (`run`: LAYOUT or LAYOUT@ENGINE) of at most `timeout` seconds; the mean of each metric over
-    the steps after the first. A run that failed or was cut off keeps the means of the steps it logged, beside its
-    error."""
+def run_trainer(args, model_dir: str, run: str, timeout: float | None, extra: list[str] = (),
+                name: str | None = None) -> dict:
+    """One main_ppo run (`run`: LAYOUT or LAYOUT@ENGINE, with the `extra` overrides) of at most `timeout` seconds; the
+    mean of each metric over the steps after the first, and those steps' generation and step seconds one by one. A
+    run that failed or was cut off keeps what the steps it logged measured, beside its error."""
     layout, engine = run_name(run)
-    label = f"{layout}_{engine}"
+    label = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{layout}_{engine}" if name is None else f"{name}_{engine}")
     run_dir = fresh_dir(os.path.join(args.work_dir, f"run_{args.shape}_{args.gpus}gpu_{label}"))
     command = [sys.executable, "-m", "hybridrl.main_ppo", *trainer_overrides(args, model_dir, run_dir, engine),
-               *LAYOUTS[layout], *args.overrides]
+               *LAYOUTS[layout], *args.overrides, *extra]
     log_path = os.path.join(args.work_dir, f"{label}.log")  # written as the run goes: a cut-off run leaves it
     run = run_logged(command, log_path, os.path.join(run_dir, "metrics.jsonl"), timeout=timeout)
     with open(log_path, errors="replace") as log:
         output = log.read()
-    result = {"wall_s": run.wall_s, "steps_logged": len(run.steps), **mean_metrics(run.steps[1:] or run.steps),
+    timed = run.steps[1:] or run.steps
+    result = {"wall_s": run.wall_s, "steps_logged": len(run.steps), **mean_metrics(timed),
+              **{f"steps/timing_s/{phase}": [step[f"timing_s/{phase}"] for step in timed if f"timing_s/{phase}" in step]
+                 for phase in ("gen", "step")},
               **decode_log_summary(output)}
     return {**result, "error": run.error} if run.error else result
 
@@ -205,7 +246,7 @@ def standalone_generation(args, model_dir: str) -> dict:
 
 
 def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
-    layouts = [layout for layout in args.layouts.split(",") if layout in results]
+    layouts = [name for name, _, _ in planned_runs(args.layouts.split(","), args.vary) if name in results]
     print(f"\n{args.shape} shape, {args.gpus} GPU(s), {torch.cuda.get_device_name()}, {args.prompts} prompts x "
           f"{args.n}, responses <= {args.response_length} tokens, steps 2..{args.steps} averaged\n"
           f"vocab: {vocabulary.describe()}")
@@ -247,11 +288,19 @@ def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
             print(f"  with SGLang's default CUDA-graph sizes instead: {standalone['default_graphs']['tok_per_s']:,.0f} tok/s")
         for layout in layouts:
             layout_result = results[layout]
-            if "timing_s/gen" in layout_result and run_name(layout)[1] == "sglang":  # the standalone is SGLang's
+            if "timing_s/gen" in layout_result and run_name(layout.split("|")[0])[1] == "sglang":  # SGLang's
                 generated = layout_result["response_length/mean"] * args.prompts * args.n / args.gpus
                 trainer_rate = generated / layout_result["timing_s/gen"]
                 print(f"  trainer generation ({layout}), per GPU: {trainer_rate:,.0f} tok/s = "
                       f"{trainer_rate / standalone['tok_per_s']:.2f} of standalone (timing_s/gen includes the switch)")
+    if "vary" in results:
+        summary = results["vary"]
+        for value, side in summary["values"].items():
+            print(f"{summary['key']}={value}: gen s " + ", ".join(f"{x:.2f}" for x in side["gen"]) + "; step s "
+                  + ", ".join(f"{x:.2f}" for x in side["step"]))
+        for key, ratio in summary.items():
+            if "_ratio_" in key:
+                print(f"  {key}: {ratio:.3f}")
     sys.stdout.flush()
 
 
@@ -279,19 +328,25 @@ def main() -> None:
                         help="seconds for the whole invocation (0: none), so it fits the GPU host's 10-minute command: "
                              "each layout's run gets an equal share of what is left, less %d s kept for the "
                              "standalone engine, and keeps the steps it logged when cut off" % STANDALONE_RESERVE_S)
+    parser.add_argument("--vary", default=None, metavar="KEY=A,B",
+                        help="run each layout at KEY=A, B, B, A (e.g. actor_rollout_ref.rollout.torch_threads=1,null) "
+                             "and compare the two values' generation and step seconds")
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides for every trainer run")
     args = parser.parse_args()
     for run in args.layouts.split(","):
         run_name(run)  # a misspelt run stops here, before any model is made
+    runs = planned_runs(args.layouts.split(","), args.vary)
     deadline = Deadline(args.deadline or None)  # counted from here: making the model spends it too
     os.makedirs(args.work_dir, exist_ok=True)
     vocabulary = load_vocabulary(args.tokenizer)
     model_dir = make_model(args.shape, vocabulary, os.path.join(args.work_dir, f"model_{args.shape}"))
     results = {}
-    layouts = args.layouts.split(",")
     reserve = 0 if args.no_standalone else STANDALONE_RESERVE_S  # the standalone engines run after the layouts
-    for index, layout in enumerate(layouts):
-        results[layout] = run_trainer(args, model_dir, layout, deadline.share(len(layouts) - index, reserve=reserve))
+    for index, (name, layout, extra) in enumerate(runs):
+        results[name] = run_trainer(args, model_dir, layout, deadline.share(len(runs) - index, reserve=reserve),
+                                    extra, name)
+        if args.vary:
+            results["vary"] = vary_summary({key: value for key, value in results.items() if key != "vary"}, args.vary)
         write_record(args, vocabulary, results)  # after each part: a run cut off at its limit keeps what it measured
     if not args.no_standalone:
         results["standalone"] = standalone_generation(args, model_dir)

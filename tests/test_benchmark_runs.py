@@ -235,3 +235,28 @@ def test_decode_lines_are_read_per_turn_and_summarized_per_path(tmp_path):
     assert decode_lines_by_turn(str(log)) == {
         "agent_loops": {"turns": 2, "lines_per_turn": 2, "full_batch_tok_per_s_median": 85.0},  # of 80, 90, 85
         "batch": {"turns": 1, "lines_per_turn": 2, "full_batch_tok_per_s_median": 95.0}}
+
+
+def test_ppo_step_vary_takes_turns_a_b_b_a_and_sums_each_values_steps_by_hand():
+    """ppo_step.py --vary KEY=A,B: each layout at A, B, B, A (the override last, so it wins), the runs named by value
+    and turn, and the summary each value's steps in run order with the ratio of the means, as computed here."""
+    from benchmarks.ppo_step import planned_runs, vary_summary
+
+    key = "actor_rollout_ref.rollout.torch_threads"
+    runs = planned_runs(["rmpad32k@vllm"], f"{key}=1,null")
+    assert runs == [("rmpad32k@vllm|torch_threads=1#1", "rmpad32k@vllm", [f"{key}=1"]),
+                    ("rmpad32k@vllm|torch_threads=null#1", "rmpad32k@vllm", [f"{key}=null"]),
+                    ("rmpad32k@vllm|torch_threads=null#2", "rmpad32k@vllm", [f"{key}=null"]),
+                    ("rmpad32k@vllm|torch_threads=1#2", "rmpad32k@vllm", [f"{key}=1"])]
+    assert planned_runs(["rmpad", "padded"], None) == [("rmpad", "rmpad", []), ("padded", "padded", [])]
+    for wrong in (f"{key}=1", f"{key}=1,2,3", "=1,2", f"{key}=1,"):
+        with pytest.raises(SystemExit, match="--vary: expected KEY=A,B"):
+            planned_runs(["rmpad"], wrong)
+    gen = {"1#1": [8.0, 7.0], "null#1": [6.0], "null#2": [5.0, 7.0], "1#2": [9.0]}  # the last run cut off after 2
+    results = {f"rmpad32k@vllm|torch_threads={turn}": {"steps/timing_s/gen": seconds,
+                                                       "steps/timing_s/step": [s + 10 for s in seconds]}
+               for turn, seconds in gen.items()}
+    summary = vary_summary(results, f"{key}=1,null")
+    assert summary["values"]["1"]["gen"] == [8.0, 7.0, 9.0] and summary["values"]["null"]["gen"] == [6.0, 5.0, 7.0]
+    assert summary["gen_ratio_null_over_1"] == pytest.approx(6.0 / 8.0)
+    assert summary["step_ratio_null_over_1"] == pytest.approx(16.0 / 18.0)
