@@ -329,7 +329,7 @@ def main() -> None:
                              "each layout's run gets an equal share of what is left, less %d s kept for the "
                              "standalone engine, and keeps the steps it logged when cut off" % STANDALONE_RESERVE_S)
     parser.add_argument("--vary", default=None, metavar="KEY=A,B",
-                        help="run each layout at KEY=A, B, B, A (e.g. actor_rollout_ref.rollout.torch_threads=1,null) "
+                        help="run each layout at KEY=A, B, B, A (e.g. actor_rollout_ref.rollout.enforce_eager=false,true) "
                              "and compare the two values' generation and step seconds")
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides for every trainer run")
     args = parser.parse_args()

@@ -242,21 +242,21 @@ def test_ppo_step_vary_takes_turns_a_b_b_a_and_sums_each_values_steps_by_hand():
     and turn, and the summary each value's steps in run order with the ratio of the means, as computed here."""
     from benchmarks.ppo_step import planned_runs, vary_summary
 
-    key = "actor_rollout_ref.rollout.torch_threads"
-    runs = planned_runs(["rmpad32k@vllm"], f"{key}=1,null")
-    assert runs == [("rmpad32k@vllm|torch_threads=1#1", "rmpad32k@vllm", [f"{key}=1"]),
-                    ("rmpad32k@vllm|torch_threads=null#1", "rmpad32k@vllm", [f"{key}=null"]),
-                    ("rmpad32k@vllm|torch_threads=null#2", "rmpad32k@vllm", [f"{key}=null"]),
-                    ("rmpad32k@vllm|torch_threads=1#2", "rmpad32k@vllm", [f"{key}=1"])]
+    key = "actor_rollout_ref.rollout.enforce_eager"
+    runs = planned_runs(["rmpad32k@vllm"], f"{key}=false,true")
+    assert runs == [("rmpad32k@vllm|enforce_eager=false#1", "rmpad32k@vllm", [f"{key}=false"]),
+                    ("rmpad32k@vllm|enforce_eager=true#1", "rmpad32k@vllm", [f"{key}=true"]),
+                    ("rmpad32k@vllm|enforce_eager=true#2", "rmpad32k@vllm", [f"{key}=true"]),
+                    ("rmpad32k@vllm|enforce_eager=false#2", "rmpad32k@vllm", [f"{key}=false"])]
     assert planned_runs(["rmpad", "padded"], None) == [("rmpad", "rmpad", []), ("padded", "padded", [])]
     for wrong in (f"{key}=1", f"{key}=1,2,3", "=1,2", f"{key}=1,"):
         with pytest.raises(SystemExit, match="--vary: expected KEY=A,B"):
             planned_runs(["rmpad"], wrong)
-    gen = {"1#1": [8.0, 7.0], "null#1": [6.0], "null#2": [5.0, 7.0], "1#2": [9.0]}  # the last run cut off after 2
-    results = {f"rmpad32k@vllm|torch_threads={turn}": {"steps/timing_s/gen": seconds,
+    gen = {"false#1": [8.0, 7.0], "true#1": [6.0], "true#2": [5.0, 7.0], "false#2": [9.0]}  # the last run cut short
+    results = {f"rmpad32k@vllm|enforce_eager={turn}": {"steps/timing_s/gen": seconds,
                                                        "steps/timing_s/step": [s + 10 for s in seconds]}
                for turn, seconds in gen.items()}
-    summary = vary_summary(results, f"{key}=1,null")
-    assert summary["values"]["1"]["gen"] == [8.0, 7.0, 9.0] and summary["values"]["null"]["gen"] == [6.0, 5.0, 7.0]
-    assert summary["gen_ratio_null_over_1"] == pytest.approx(6.0 / 8.0)
-    assert summary["step_ratio_null_over_1"] == pytest.approx(16.0 / 18.0)
+    summary = vary_summary(results, f"{key}=false,true")
+    assert summary["values"]["false"]["gen"] == [8.0, 7.0, 9.0] and summary["values"]["true"]["gen"] == [6.0, 5.0, 7.0]
+    assert summary["gen_ratio_true_over_false"] == pytest.approx(6.0 / 8.0)
+    assert summary["step_ratio_true_over_false"] == pytest.approx(16.0 / 18.0)

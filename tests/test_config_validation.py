@@ -288,18 +288,6 @@ def test_engine_kwargs_that_a_rollout_key_sets_are_refused_up_front(engine, key,
     assert not any("enforce_eager_extra" in problem for problem in problems)  # an engine's own argument passes
 
 
-def test_torch_threads_are_read_by_the_vllm_rollout_only():
-    assert problems_for("actor_rollout_ref.rollout.torch_threads=8") == [
-        "actor_rollout_ref.rollout.torch_threads: expected null with rollout.name='hf' (only the vllm rollout reads "
-        "it: its engine loop runs in the worker's process; to give every worker more threads, export OMP_NUM_THREADS "
-        "before the run), got 8"]
-    vllm = problems_for("actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu",
-                        "actor_rollout_ref.rollout.torch_threads=8")
-    assert vllm and not any("torch_threads" in problem for problem in vllm)  # refused for the CPU, not the key
-    assert "actor_rollout_ref.rollout.torch_threads: expected > 0, got 0" in problems_for(
-        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.torch_threads=0")
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_cuda_device_without_cuda():
     assert problems_for("trainer.device=cuda") == [

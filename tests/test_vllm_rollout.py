@@ -511,22 +511,3 @@ def test_async_engine_fails_pending_requests_when_a_step_fails(engine):
         asyncio.run(server_engine.generate([1], {"max_tokens": 2}))
     with pytest.raises(EngineDiedError, match="vllm engine: RuntimeError: CUDA error"):
         asyncio.run(server_engine.generate([1], {"max_tokens": 2}))
-
-
-# ---------------------------------------------------------------------- the engine loop's CPU threads
-
-@pytest.fixture
-def restored_threads():
-    """torch's thread count is the process's: put back what the test found."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(3)  # a count neither case below asks for, so a count left unchanged fails them
-    yield
-    torch.set_num_threads(before)
-
-
-def test_the_engine_starts_on_rollout_torch_threads_or_the_nodes_cpus_per_gpu(engine, monkeypatch, restored_threads):
-    rollout = engine(torch_threads=2)
-    assert rollout.torch_threads == 2 and torch.get_num_threads() == 2
-    monkeypatch.setattr(vllm_rollout, "node_cpus_per_gpu", lambda: 1)  # tests/test_vllm_threads.py: the real one
-    rollout = engine()  # torch_threads null
-    assert rollout.torch_threads == 1 and torch.get_num_threads() == 1

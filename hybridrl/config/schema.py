@@ -276,7 +276,6 @@ class RolloutConfig(ConfigNode):
     calculate_log_probs: bool
     multi_stage_wake_up: bool
     update_weights_bucket_megabytes: int = positive()
-    torch_threads: Optional[int] = positive()         # vllm only; null: the node's CPUs per GPU
     engine_kwargs: EngineKwargsConfig
     val_kwargs: ValKwargsConfig
     custom_cls: CustomClassConfig

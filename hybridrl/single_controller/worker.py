@@ -15,9 +15,10 @@ worker then starts the process's heartbeat thread first thing, so it beats while
 CPU threads follow Ray's default: OMP_NUM_THREADS is the actor's CPU share (1 per bundle, so a
 2-core machine is not oversubscribed). To give workers more threads, export OMP_NUM_THREADS before the
 run starts: Ray then leaves it as it is (a local cluster's workers inherit the driver's environment, a
-running cluster's the environment its `ray start` had). The vllm rollout sets its own process's threads
-(`rollout.torch_threads`, by default the node's CPUs per GPU), because vLLM's engine loop runs there
-(workers/rollout/vllm_rollout.py).
+running cluster's the environment its `ray start` had). vLLM's engine loop runs in the rollout worker's
+process: alone (benchmarks/hybrid_engine.py) it generated 1.19x faster at 16 threads than at 1, but in a
+trainer run 16 threads gave the same generation time as 1 (benchmarks/README.md, "vLLM's generation at the
+trainer's thread count"), so the workers keep Ray's count.
 """
 from __future__ import annotations
 

@@ -95,19 +95,6 @@ def _engine_kwargs_leave_config_keys_alone(values: Values, problems: list[str]) 
                         f"through {owned[key]}), got {extra[key]!r}")
 
 
-@register_check()
-def _torch_threads_only_for_vllm(values: Values, problems: list[str]) -> None:
-    """rollout.torch_threads sets the threads of the process that runs vLLM's engine loop (the worker's own). SGLang's
-    scheduler runs in its own process and hf generates with the trainer's torch, so for them it would do nothing."""
-    threads, rollout = values("actor_rollout_ref.rollout.torch_threads"), values("actor_rollout_ref.rollout.name")
-    custom = values("actor_rollout_ref.rollout.custom_cls.path")
-    if threads is not None and (rollout != "vllm" or custom is not None):
-        engine = f"rollout.custom_cls.path={custom!r}" if custom is not None else f"rollout.name={rollout!r}"
-        problems.append(f"actor_rollout_ref.rollout.torch_threads: expected null with {engine} (only the vllm rollout "
-                        f"reads it: its engine loop runs in the worker's process; to give every worker more threads, "
-                        f"export OMP_NUM_THREADS before the run), got {threads}")
-
-
 @register_check("paths")
 def _custom_rollout_file_exists(config: PPOConfig, problems: list[str]) -> None:
     path = config.actor_rollout_ref.rollout.custom_cls.path

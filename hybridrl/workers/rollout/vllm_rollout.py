@@ -30,11 +30,6 @@ The engine core runs in THIS process (VLLM_ENABLE_V1_MULTIPROCESSING=0): `apply_
 same reason a failing engine raises in the caller at once; `EngineDiedError` wraps it (and every
 later call) with the engine's error, so the step fails with it.
 
-Its CPU threads: vLLM's engine loop (scheduling, input preparation, output processing) runs on this process's
-torch threads, which Ray sets to the worker's CPU share, 1. `rollout.torch_threads` sets them when the engine starts,
-by default to the node's CPUs per GPU: the hybrid engine generated 1.19x faster at 16 threads than at 1 on a 16-core
-one-GPU host (benchmarks/README.md, "vLLM's generation at the trainer's thread count").
-
 Sampling comes from the config like sglang_rollout.sampling_params (every parameter explicit, greedy
 at temperature 0, stop at the trainer's EOS ids). Log-probs of the sampled tokens come from
 `SamplingParams(logprobs=0)` with `logprobs_mode="processed_logprobs"` (log-softmax of logits /
@@ -160,8 +155,6 @@ class VLLMRollout(BaseRollout):
                              "model path")
         self.memory = device_memory or DeviceMemory()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process (see the module docstring)
-        self.torch_threads = config.torch_threads or node_cpus_per_gpu()
-        torch.set_num_threads(self.torch_threads)  # the engine loop's (the module docstring says why)
         self.vllm = load_vllm()
         self.tp = TensorParallelGroup(config.tensor_model_parallel_size) if config.tensor_model_parallel_size > 1 \
             else None
@@ -181,8 +174,7 @@ class VLLMRollout(BaseRollout):
         self.last_switch: dict[str, float] = {}  # timings and sync size of the last switch
         self._metrics: dict[str, float] = {}
         self.generation_config = generation_config_ids(model_config.path)
-        logger.info("vllm engine started in %.1f s with %s, %d torch threads", self.engine_start_s, self.engine_kwargs,
-                    self.torch_threads)
+        logger.info("vllm engine started in %.1f s with %s", self.engine_start_s, self.engine_kwargs)
         self.resume_bytes: dict[str, int] = {}  # what waking each tag takes from the device (measured below)
         if config.free_cache_engine:
             self.resume_bytes = self._measure_resume_bytes()
@@ -383,21 +375,6 @@ class VLLMRollout(BaseRollout):
 def _load_weights(bucket: list[tuple[str, torch.Tensor]], model) -> None:
     """Runs on vLLM's worker (apply_model, in this process): the model's own loader, which takes HF names."""
     model.load_weights(weights=bucket)
-
-
-def node_cpus_per_gpu() -> int:
-    """This node's CPUs divided by its GPUs, as Ray counts them (ray_init.num_cpus, or the CPUs it detects within the
-    process's cgroup quota), at least 1: the threads one GPU's engine loop may take without crowding the node's other
-    GPUs. Outside Ray (a test, a script): the CPUs this process may run on over the GPUs torch sees."""
-    import ray
-
-    if ray.is_initialized():
-        node_id = ray.get_runtime_context().get_node_id()
-        resources = next(node["Resources"] for node in ray.nodes() if node["NodeID"] == node_id)
-        cpus, gpus = resources.get("CPU", 1), resources.get("GPU", 0)
-    else:
-        cpus, gpus = len(os.sched_getaffinity(0)), torch.cuda.device_count()
-    return max(1, int(cpus // max(1, gpus)))
 
 
 def local_rank_of(device: torch.device):
