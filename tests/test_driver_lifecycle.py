@@ -40,9 +40,9 @@ def driver_command(task, run_dir, *changes: str) -> list[str]:
 class Driver:
     """The driver subprocess, its output in a file (a pipe could fill up and block it), its process tree."""
 
-    def __init__(self, command: list[str], log_path, new_session: bool = False):
+    def __init__(self, command: list[str], log_path, new_session: bool = False, env: dict | None = None):
         self.log_path = log_path
-        env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+        env = {**os.environ, "PYTHONPATH": REPO_ROOT, **(env or {})}
         with open(log_path, "w") as log:
             self.process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=new_session)
@@ -207,3 +207,36 @@ def test_a_stopped_worker_fails_the_run_naming_it(toy_task, run_dir, tmp_path):
     assert silent and float(silent.group(1)) >= 10, failure[0]
     assert "(the run fails at trainer.heartbeat_timeout=10 s)" in output  # logged while it waited
     assert_gone_within(processes, timeout=60)  # the stopped worker included
+
+
+def test_a_recipe_under_timeout_returns_only_after_the_trainer_saved_its_step(toy_task, tmp_path):
+    """On the GPU host a long recipe runs in sittings: `timeout N bash recipes/.../run.sh`, then RESUME=1. When its time
+    is up, `timeout` sends SIGTERM to its whole process group (done here by hand, at step 2, so the test does not
+    depend on how fast the machine is) and returns when its child exits; the host then ends whatever is left. So the
+    child must be the trainer itself (run.sh ends in `exec`): a shell in its place dies at once, and its exit would
+    come before the trainer's stop report and the checkpoint of its last step (it did, before the exec)."""
+    work_dir, run_dir = tmp_path / "work", tmp_path / "run"
+    (work_dir / "qwen2.5-coder-0.5b-instruct").mkdir(parents=True)  # a model directory there is taken as converted
+    toy = [f"actor_rollout_ref.model.path={toy_task['model']}", f"data.train_files={toy_task['train']}",
+           f"data.val_files={toy_task['val']}", f"custom_reward_function.path={toy_task['reward']}",
+           "custom_reward_function.name=share_of_a", "data.max_response_length=8", "trainer.total_training_steps=200",
+           "trainer.total_epochs=100", "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=1"]
+    driver = Driver(["bash", "recipes/qwen25_coder_gsm_symbolic/smoke_cpu.sh", *toy], tmp_path / "recipe.log",
+                    new_session=True, env={"WORK_DIR": str(work_dir), "RUN_DIR": str(run_dir),  # run.sh's `python`:
+                                           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]})
+    try:
+        driver.wait_for_output("step 2/200")
+        os.killpg(driver.process.pid, signal.SIGTERM)
+        code = driver.wait(timeout=300)  # a hang guard
+        output = driver.output()  # as it stood when the child exited, as the host would leave it
+    finally:
+        driver.kill()
+    assert code == 143, output[-4000:]
+    # the first sitting runs with trainer.resume_mode=disable; RESUME=1 reruns it with auto
+    last_line = output.rstrip("\n").splitlines()[-1]
+    match = re.fullmatch(r"stopped at step (\d+); last checkpoint (\S+); rerun with trainer.resume_mode=auto to resume",
+                         last_line)
+    assert match, output[-2000:]
+    step, checkpoint = int(match.group(1)), match.group(2)
+    assert step >= 2 and read_steps(run_dir) == list(range(1, step + 1))
+    assert checkpoint == os.path.join(run_dir, f"global_step_{step}") == find_latest_checkpoint(run_dir)

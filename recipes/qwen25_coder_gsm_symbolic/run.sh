@@ -39,7 +39,9 @@ if [ "${RESUME:-0}" = 1 ]; then START=(trainer.resume_mode=auto trainer.val_befo
 
 # 3. GRPO: 64 prompts x 8 samples a step, two optimizer steps of 32 prompts each, no KL, no critic, no reference;
 #    greedy validation on all test questions before training, every 5 steps and at the end; no checkpoint.
-python -m hybridrl.main_ppo \
+#    exec: the trainer takes this shell's place, so `timeout N run.sh` waits while the trainer, stopped by its SIGTERM,
+#    finishes the step and saves it (a shell would die at once, and the host would end the trainer mid-save).
+exec python -m hybridrl.main_ppo \
     algorithm=grpo \
     data.train_files="$DATA_DIR/train.parquet" data.val_files="$DATA_DIR/test.parquet" \
     data.max_prompt_length=256 data.max_response_length=512 \
