@@ -209,7 +209,7 @@ def test_a_stopped_worker_fails_the_run_naming_it(toy_task, run_dir, tmp_path):
     assert_gone_within(processes, timeout=60)  # the stopped worker included
 
 
-def test_a_recipe_under_timeout_returns_only_after_the_trainer_saved_its_step(toy_task, tmp_path):
+def test_a_recipe_under_timeout_returns_only_after_the_trainer_saved_its_step_and_resume_goes_on(toy_task, tmp_path):
     """On the GPU host a long recipe runs in sittings: `timeout N bash recipes/.../run.sh`, then RESUME=1. When its time
     is up, `timeout` sends SIGTERM to its whole process group (done here by hand, at step 2, so the test does not
     depend on how fast the machine is) and returns when its child exits; the host then ends whatever is left. So the
@@ -221,9 +221,10 @@ def test_a_recipe_under_timeout_returns_only_after_the_trainer_saved_its_step(to
            f"data.val_files={toy_task['val']}", f"custom_reward_function.path={toy_task['reward']}",
            "custom_reward_function.name=share_of_a", "data.max_response_length=8", "trainer.total_training_steps=200",
            "trainer.total_epochs=100", "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=1"]
+    environment = {"WORK_DIR": str(work_dir), "RUN_DIR": str(run_dir),  # and run.sh's `python` is this one
+                   "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
     driver = Driver(["bash", "recipes/qwen25_coder_gsm_symbolic/smoke_cpu.sh", *toy], tmp_path / "recipe.log",
-                    new_session=True, env={"WORK_DIR": str(work_dir), "RUN_DIR": str(run_dir),  # run.sh's `python`:
-                                           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]})
+                    new_session=True, env=environment)
     try:
         driver.wait_for_output("step 2/200")
         os.killpg(driver.process.pid, signal.SIGTERM)
@@ -240,3 +241,12 @@ def test_a_recipe_under_timeout_returns_only_after_the_trainer_saved_its_step(to
     step, checkpoint = int(match.group(1)), match.group(2)
     assert step >= 2 and read_steps(run_dir) == list(range(1, step + 1))
     assert checkpoint == os.path.join(run_dir, f"global_step_{step}") == find_latest_checkpoint(run_dir)
+    # the second sitting: RESUME=1 goes on from that step to the end, in the same metrics.jsonl
+    sitting = Driver(["bash", "recipes/qwen25_coder_gsm_symbolic/smoke_cpu.sh", *toy,
+                      f"trainer.total_training_steps={step + 2}"], tmp_path / "resume.log",
+                     env={**environment, "RESUME": "1"})
+    try:
+        assert sitting.wait(timeout=300) == 0, sitting.output()[-4000:]
+    finally:
+        sitting.kill()
+    assert read_steps(run_dir) == list(range(1, step + 3))
