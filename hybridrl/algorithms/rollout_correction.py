@@ -265,7 +265,12 @@ def compute_offpolicy_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torc
     k3_kl = mean of rho - log rho - 1; *_ppl = mean over sequences of exp(-token mean log-prob);
     log_ppl_diff = per sequence (mean log pi_rollout - mean log pi_old), its mean, |mean|, max, min;
     ppl_ratio = mean over sequences of exp(log_ppl_diff); chi2_token = mean rho^2 - 1;
-    chi2_seq = mean over sequences of (prod rho)^2 - 1 (bounded ratios)."""
+    chi2_seq = mean over sequences of (prod rho)^2 - 1 (bounded ratios).
+
+    Reading chi2: the divergence is never negative, but these are sample means over the rollout's own samples, and
+    under a large mismatch the samples where rho is large are rarely drawn: the mean of rho^2 then falls towards 0 and
+    the estimate towards -1 (chi2_seq read -1.0 with kl 0.33 on a GPU, benchmarks/README.md, session 28). A chi2 near
+    -1 says the mismatch is too large to estimate this way, not that there is none; kl and k3_kl say which."""
     has_tokens = mask.any(dim=-1)
     old_log_prob = torch.where(mask, old_log_prob, torch.zeros_like(old_log_prob))
     rollout_log_prob = torch.where(mask, rollout_log_prob, torch.zeros_like(rollout_log_prob))
