@@ -7,7 +7,7 @@ remove padding; and generation against a standalone SGLang engine on the same pr
 Each layout is one real run of `python -m hybridrl.main_ppo` (Ray, FSDP2 actor, colocated SGLang rollout,
 GRPO, no validation) for --steps steps; LAYOUT@vllm runs the same with the colocated vLLM rollout (one table,
 both engines: `--layouts rmpad32k,rmpad32k@vllm`; the standalone engine is SGLang's); the table reports the mean of the steps after the first (the first
-carries the kernels' warm-up). `--vary KEY=A,B` runs each layout four times, at A, B, B and A, and prints each
+carries the kernels' warm-up). `--vary KEY=A,B` runs the one layout four times, at A, B, B and A, and prints each
 value's steps and the ratio of their means. The model is random bf16 weights of the Qwen2.5 layer shapes with the
 vocabulary of --tokenizer: its tokenizer tokenizes the prompts, and its embedding count (benchmarks/vocab.py: the
 directory's config.json vocab_size, else the tokenizer's length rounded up to 128) sizes the embedding and the
@@ -27,6 +27,7 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -104,34 +105,41 @@ def run_name(run: str) -> tuple[str, str]:
     return layout, engine
 
 
-def planned_runs(layouts: list[str], vary: str | None) -> list[tuple[str, str, list[str]]]:
-    """(name, layout, overrides) of each trainer run, in order. `vary` (KEY=A,B) runs each layout at KEY=A, B, B, A:
-    a drift of the host over the invocation then falls on both values alike. Runs are named LAYOUT or
-    LAYOUT|KEY=V#k (the k-th run at V)."""
-    if vary is None:
-        return [(layout, layout, []) for layout in layouts]
-    key, _, values = vary.partition("=")
+def parse_vary(text: str | None) -> tuple[str, list[str]] | None:
+    """--vary KEY=A,B as (KEY, [A, B]); None without it."""
+    if text is None:
+        return None
+    key, _, values = text.partition("=")
     values = values.split(",")
     if not key or len(values) != 2 or not all(values):
-        raise SystemExit(f"--vary: expected KEY=A,B (two values of one Hydra key), got {vary!r}")
-    runs = []
-    for layout in layouts:
-        for index, value in enumerate(values + values[::-1]):
-            runs.append((f"{layout}|{key.rsplit('.', 1)[-1]}={value}#{1 + index // 2}", layout, [f"{key}={value}"]))
-    return runs
+        raise SystemExit(f"--vary: expected KEY=A,B (two values of one Hydra key), got {text!r}")
+    return key, values
 
 
-def vary_summary(results: dict, vary: str) -> dict:
+def planned_runs(layouts: list[str], vary: tuple[str, list[str]] | None) -> list[tuple[str, str, list[str]]]:
+    """(name, layout, overrides) of each trainer run, in order. `vary` (parse_vary's KEY, [A, B]) runs the one layout at
+    KEY=A, B, B, A: a drift of the host over the invocation then falls on both values alike. Runs are named LAYOUT or
+    LAYOUT|KEY=V#k (the k-th run at V, KEY's last part)."""
+    if vary is None:
+        return [(layout, layout, []) for layout in layouts]
+    if len(layouts) != 1:  # vary_summary pools every run at a value: the runs must differ in nothing else
+        raise SystemExit(f"--vary: expected one layout in --layouts, got {len(layouts)}: {','.join(layouts)}")
+    key, values = vary
+    return [(f"{layout}|{key.rsplit('.', 1)[-1]}={value}#{1 + index // 2}", layout, [f"{key}={value}"])
+            for layout in layouts for index, value in enumerate(values + values[::-1])]
+
+
+def vary_summary(results: dict, vary: tuple[str, list[str]]) -> dict:
     """Per value of the varied key: the runs' steps' generation and step seconds (each run's steps after its first),
-    their means, and the second value's means over the first's."""
-    key, _, values = vary.partition("=")
+    and the second value's means over the first's."""
+    key, values = vary
     short = key.rsplit(".", 1)[-1]
     sides = {}
-    for value in values.split(","):
+    for value in values:
         runs = [result for name, result in results.items() if f"|{short}={value}#" in name]
         sides[value] = {phase: [seconds for run in runs for seconds in run.get(f"steps/timing_s/{phase}", [])]
                         for phase in ("gen", "step")}
-    first, second = values.split(",")
+    first, second = values
     summary = {"key": key, "values": sides}
     for phase in ("gen", "step"):
         if sides[first][phase] and sides[second][phase]:
@@ -163,7 +171,7 @@ def trainer_overrides(args, model_dir: str, run_dir: str, engine: str = "sglang"
 STANDALONE_RESERVE_S = 120  # two standalone engines, each started (~25 s at 0.5B on an H200) and timed 3 times
 
 
-def run_trainer(args, model_dir: str, run: str, timeout: float | None, extra: list[str] = (),
+def run_trainer(args, model_dir: str, run: str, timeout: float | None, extra: Sequence[str] = (),
                 name: str | None = None) -> dict:
     """One main_ppo run (`run`: LAYOUT or LAYOUT@ENGINE, with the `extra` overrides) of at most `timeout` seconds; the
     mean of each metric over the steps after the first, and those steps' generation and step seconds one by one. A
@@ -248,7 +256,9 @@ def standalone_generation(args, model_dir: str) -> dict:
 
 
 def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
-    layouts = [name for name, _, _ in planned_runs(args.layouts.split(","), args.vary) if name in results]
+    runs = {name: layout for name, layout, _ in planned_runs(args.layouts.split(","), parse_vary(args.vary))
+            if name in results}
+    layouts = list(runs)
     print(f"\n{args.shape} shape, {args.gpus} GPU(s), {torch.cuda.get_device_name()}, {args.prompts} prompts x "
           f"{args.n}, responses <= {args.response_length} tokens, steps 2..{args.steps} averaged\n"
           f"vocab: {vocabulary.describe()}")
@@ -290,7 +300,7 @@ def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
             print(f"  with SGLang's default CUDA-graph sizes instead: {standalone['default_graphs']['tok_per_s']:,.0f} tok/s")
         for layout in layouts:
             layout_result = results[layout]
-            if "timing_s/gen" in layout_result and run_name(layout.split("|")[0])[1] == "sglang":  # SGLang's
+            if "timing_s/gen" in layout_result and run_name(runs[layout])[1] == "sglang":  # SGLang's
                 generated = layout_result["response_length/mean"] * args.prompts * args.n / args.gpus
                 trainer_rate = generated / layout_result["timing_s/gen"]
                 print(f"  trainer generation ({layout}), per GPU: {trainer_rate:,.0f} tok/s = "
@@ -331,13 +341,14 @@ def main() -> None:
                              "each layout's run gets an equal share of what is left, less %d s kept for the "
                              "standalone engine, and keeps the steps it logged when cut off" % STANDALONE_RESERVE_S)
     parser.add_argument("--vary", default=None, metavar="KEY=A,B",
-                        help="run each layout at KEY=A, B, B, A (e.g. actor_rollout_ref.rollout.enforce_eager=false,true) "
+                        help="run the one layout at KEY=A, B, B, A (e.g. actor_rollout_ref.rollout.enforce_eager=false,true) "
                              "and compare the two values' generation and step seconds")
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides for every trainer run")
     args = parser.parse_args()
     for run in args.layouts.split(","):
         run_name(run)  # a misspelt run stops here, before any model is made
-    runs = planned_runs(args.layouts.split(","), args.vary)
+    vary = parse_vary(args.vary)
+    runs = planned_runs(args.layouts.split(","), vary)
     deadline = Deadline(args.deadline or None)  # counted from here: making the model spends it too
     os.makedirs(args.work_dir, exist_ok=True)
     vocabulary = load_vocabulary(args.tokenizer)
@@ -347,8 +358,8 @@ def main() -> None:
     for index, (name, layout, extra) in enumerate(runs):
         results[name] = run_trainer(args, model_dir, layout, deadline.share(len(runs) - index, reserve=reserve),
                                     extra, name)
-        if args.vary:
-            results["vary"] = vary_summary({key: value for key, value in results.items() if key != "vary"}, args.vary)
+        if vary:
+            results["vary"] = vary_summary({key: value for key, value in results.items() if key != "vary"}, vary)
         write_record(args, vocabulary, results)  # after each part: a run cut off at its limit keeps what it measured
     if not args.no_standalone:
         results["standalone"] = standalone_generation(args, model_dir)

@@ -238,25 +238,29 @@ def test_decode_lines_are_read_per_turn_and_summarized_per_path(tmp_path):
 
 
 def test_ppo_step_vary_takes_turns_a_b_b_a_and_sums_each_values_steps_by_hand():
-    """ppo_step.py --vary KEY=A,B: each layout at A, B, B, A (the override last, so it wins), the runs named by value
+    """ppo_step.py --vary KEY=A,B: the one layout at A, B, B, A (the override last, so it wins), the runs named by value
     and turn, and the summary each value's steps in run order with the ratio of the means, as computed here."""
-    from benchmarks.ppo_step import planned_runs, vary_summary
+    from benchmarks.ppo_step import parse_vary, planned_runs, vary_summary
 
     key = "actor_rollout_ref.rollout.enforce_eager"
-    runs = planned_runs(["rmpad32k@vllm"], f"{key}=false,true")
+    vary = parse_vary(f"{key}=false,true")
+    assert vary == (key, ["false", "true"]) and parse_vary(None) is None
+    runs = planned_runs(["rmpad32k@vllm"], vary)
     assert runs == [("rmpad32k@vllm|enforce_eager=false#1", "rmpad32k@vllm", [f"{key}=false"]),
                     ("rmpad32k@vllm|enforce_eager=true#1", "rmpad32k@vllm", [f"{key}=true"]),
                     ("rmpad32k@vllm|enforce_eager=true#2", "rmpad32k@vllm", [f"{key}=true"]),
                     ("rmpad32k@vllm|enforce_eager=false#2", "rmpad32k@vllm", [f"{key}=false"])]
     assert planned_runs(["rmpad", "padded"], None) == [("rmpad", "rmpad", []), ("padded", "padded", [])]
+    with pytest.raises(SystemExit, match="--vary: expected one layout in --layouts, got 2: rmpad,padded"):
+        planned_runs(["rmpad", "padded"], vary)  # the summary pools a value's runs: they may differ in nothing else
     for wrong in (f"{key}=1", f"{key}=1,2,3", "=1,2", f"{key}=1,"):
         with pytest.raises(SystemExit, match="--vary: expected KEY=A,B"):
-            planned_runs(["rmpad"], wrong)
+            parse_vary(wrong)
     gen = {"false#1": [8.0, 7.0], "true#1": [6.0], "true#2": [5.0, 7.0], "false#2": [9.0]}  # the last run cut short
     results = {f"rmpad32k@vllm|enforce_eager={turn}": {"steps/timing_s/gen": seconds,
                                                        "steps/timing_s/step": [s + 10 for s in seconds]}
                for turn, seconds in gen.items()}
-    summary = vary_summary(results, f"{key}=false,true")
+    summary = vary_summary(results, vary)
     assert summary["values"]["false"]["gen"] == [8.0, 7.0, 9.0] and summary["values"]["true"]["gen"] == [6.0, 5.0, 7.0]
     assert summary["gen_ratio_true_over_false"] == pytest.approx(6.0 / 8.0)
     assert summary["step_ratio_true_over_false"] == pytest.approx(16.0 / 18.0)

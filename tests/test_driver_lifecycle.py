@@ -118,10 +118,10 @@ def signal_at_step_3(driver: Driver, send) -> tuple[int, list[psutil.Process]]:
         driver.kill()
 
 
-def stop_report(output: str) -> tuple[int, str]:
-    """(step, checkpoint) from the driver's last line, which must be the stop report."""
+def stop_report(output: str, rerun: str = "rerun to resume") -> tuple[int, str]:
+    """(step, checkpoint) from the driver's last line, which must be the stop report ending in `rerun`."""
     last_line = output.rstrip("\n").splitlines()[-1]
-    match = re.fullmatch(r"stopped at step (\d+); last checkpoint (\S+); rerun to resume", last_line)
+    match = re.fullmatch(rf"stopped at step (\d+); last checkpoint (\S+); {re.escape(rerun)}", last_line)
     assert match, output[-2000:]
     return int(match.group(1)), match.group(2)
 
@@ -235,11 +235,7 @@ def test_a_recipe_under_timeout_returns_only_after_the_trainer_saved_its_step_an
         driver.kill()
     assert code == 143, output[-4000:]
     # the first sitting runs with trainer.resume_mode=disable; RESUME=1 reruns it with auto
-    last_line = output.rstrip("\n").splitlines()[-1]
-    match = re.fullmatch(r"stopped at step (\d+); last checkpoint (\S+); rerun with trainer.resume_mode=auto to resume",
-                         last_line)
-    assert match, output[-2000:]
-    step, checkpoint = int(match.group(1)), match.group(2)
+    step, checkpoint = stop_report(output, rerun="rerun with trainer.resume_mode=auto to resume")
     assert step >= 2 and read_steps(run_dir) == list(range(1, step + 1))
     assert checkpoint == os.path.join(run_dir, f"global_step_{step}") == find_latest_checkpoint(run_dir)
     # the second sitting: RESUME=1 goes on from that step to the end, in the same metrics.jsonl
