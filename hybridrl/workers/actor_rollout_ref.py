@@ -114,7 +114,8 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
                                            or actor.ppo_micro_batch_size_per_gpu),
                 log_prob_max_token_len=(rollout.log_prob_max_token_len_per_gpu if rollout.log_prob_use_dynamic_bsz
                                         else None),
-                use_remove_padding=model.use_remove_padding, use_fused_kernels=model.use_fused_kernels)
+                use_remove_padding=model.use_remove_padding, use_fused_kernels=model.use_fused_kernels,
+                gradient_checkpointing=model.gradient_checkpointing)
         if self.actor_module is not None:
             self.actor_offload = FSDPOffload(self.actor_module, getattr(self, "actor_optimizer", None),
                                              param_offload=actor.fsdp_config.param_offload,

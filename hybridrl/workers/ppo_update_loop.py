@@ -36,6 +36,7 @@ from torch import nn
 from hybridrl.protocol import DataProto
 from hybridrl.models.fsdp_utils import clip_grad_norm
 from hybridrl.data.seqlen_balancing import get_reverse_idx, rearrange_micro_batches
+from hybridrl.workers.out_of_memory import training_memory_error
 
 Rows = dict[str, torch.Tensor]
 
@@ -64,6 +65,8 @@ class PPOUpdateLoop:
 
     mini_batch_size: rows of one rank's mini-batch (`rows_per_rank`); micro_batch_size: rows per forward;
     max_token_len: the token budget per forward that replaces micro_batch_size (None: fixed-size micro-batches).
+    memory_remedies: the keys that shrink a micro-batch's memory (workers/out_of_memory.py), named by the error a
+    micro-batch that runs out of GPU memory raises.
     """
     role: str
     module: nn.Module
@@ -75,6 +78,7 @@ class PPOUpdateLoop:
     mini_batch_size: int
     micro_batch_size: int
     max_token_len: int | None
+    memory_remedies: tuple[str, ...] = ()
 
     def run(self, rows: Rows, micro_batch_loss: MicroBatchLossFn, method: str,
             fixed_metrics: dict[str, float] | None = None) -> dict[str, list[float]]:
@@ -106,8 +110,12 @@ class PPOUpdateLoop:
         batch_info = mini_batch_global_info(mini_batch["response_mask"], self.device)
         totals: dict[str, float] = defaultdict(float)
         for micro_batch in micro_batches_of(mini_batch, self.micro_batch_size, self.max_token_len)[0]:
-            result = micro_batch_loss(micro_batch, batch_info)
-            result.loss.backward()
+            try:
+                result = micro_batch_loss(micro_batch, batch_info)
+                result.loss.backward()
+            except torch.OutOfMemoryError as error:
+                raise training_memory_error(f"{self.role} update", micro_batch, self.device,
+                                            self.memory_remedies) from error
             token_share = share_of_global_tokens(micro_batch["response_mask"], batch_info)
             for key, value in result.loss_terms.items():  # already shares of the global loss: they add up
                 totals[key] += float(value)

@@ -32,6 +32,7 @@ from hybridrl.utils.distributed import device_name
 from hybridrl.models.fused_logprob import response_log_probs_fused
 from hybridrl.models.padding import response_log_probs_packed
 from hybridrl.algorithms.torch_functional import entropy_from_logits, logprobs_from_logits
+from hybridrl.workers.out_of_memory import memory_remedies, training_memory_error
 from hybridrl.workers.ppo_update_loop import (MicroBatchLoss, PPOUpdateLoop, in_row_order, micro_batches_of,
                                               rows_per_rank, take_keys)
 
@@ -42,7 +43,7 @@ class DataParallelPPOActor:
     def __init__(self, config: Any, actor_module: nn.Module, actor_optimizer: torch.optim.Optimizer | None = None, *,
                  rollout_n: int | None = None, log_prob_micro_batch_size: int | None = None,
                  log_prob_max_token_len: int | None = None, use_remove_padding: bool = False,
-                 use_fused_kernels: bool = False, device: str | None = None):
+                 use_fused_kernels: bool = False, gradient_checkpointing: bool = False, device: str | None = None):
         """`config` is the actor section (or the ref section for a frozen reference, no optimizer).
 
         rollout_n (required with an optimizer): responses per prompt; `ppo_mini_batch_size` counts
@@ -51,6 +52,7 @@ class DataParallelPPOActor:
         (dynamic batch size) replaces it by a token budget per forward. The worker resolves both from
         the rollout/ref config. use_remove_padding: `model.use_remove_padding` (packed forwards).
         use_fused_kernels: `model.use_fused_kernels` (log-probs fused with the output layer).
+        gradient_checkpointing: `model.enable_gradient_checkpointing`, for the out-of-memory error's advice only.
         """
         self.config = config
         self.actor_module = actor_module
@@ -60,6 +62,12 @@ class DataParallelPPOActor:
         self.log_prob_max_token_len = log_prob_max_token_len
         self.use_remove_padding = use_remove_padding
         self.use_fused_kernels = use_fused_kernels
+        # a frozen reference sizes its passes by actor_rollout_ref.ref.*, the actor's log-probs by .rollout.*
+        self.log_prob_remedies = memory_remedies(
+            "actor_rollout_ref." + ("rollout" if actor_optimizer is not None else "ref"), "actor_rollout_ref.model",
+            token_budget=("log_prob_max_token_len_per_gpu", log_prob_max_token_len),
+            row_budget=("log_prob_micro_batch_size_per_gpu", log_prob_micro_batch_size),
+            fused_kernels=use_fused_kernels)
         if actor_optimizer is not None:
             if rollout_n is None:
                 raise ValueError("DataParallelPPOActor with an optimizer needs rollout_n (actor_rollout_ref.rollout.n)")
@@ -69,7 +77,13 @@ class DataParallelPPOActor:
                 ppo_epochs=config.ppo_epochs, shuffle=config.shuffle, grad_clip=config.grad_clip,
                 mini_batch_size=rows_per_rank(config.ppo_mini_batch_size, rollout_n, "actor.ppo_mini_batch_size"),
                 micro_batch_size=config.ppo_micro_batch_size_per_gpu,
-                max_token_len=config.ppo_max_token_len_per_gpu if config.use_dynamic_bsz else None)
+                max_token_len=config.ppo_max_token_len_per_gpu if config.use_dynamic_bsz else None,
+                memory_remedies=memory_remedies(
+                    "actor_rollout_ref.actor", "actor_rollout_ref.model",
+                    token_budget=("ppo_max_token_len_per_gpu",
+                                  config.ppo_max_token_len_per_gpu if config.use_dynamic_bsz else None),
+                    row_budget=("ppo_micro_batch_size_per_gpu", config.ppo_micro_batch_size_per_gpu),
+                    gradient_checkpointing=gradient_checkpointing, fused_kernels=use_fused_kernels))
 
     # ------------------------------------------------------------------ forward
     def _forward_micro_batch(self, micro_batch: dict[str, torch.Tensor], temperature: float,
@@ -114,7 +128,11 @@ class DataParallelPPOActor:
         log_probs, entropies = [], []
         with torch.no_grad():
             for micro_batch in micro_batches:
-                log_prob, entropy = self._forward_micro_batch(micro_batch, temperature, calculate_entropy)
+                try:
+                    log_prob, entropy = self._forward_micro_batch(micro_batch, temperature, calculate_entropy)
+                except torch.OutOfMemoryError as error:
+                    raise training_memory_error("compute_log_prob", micro_batch, self.device,
+                                                self.log_prob_remedies) from error
                 log_probs.append(log_prob.cpu())
                 entropies.append(entropy.cpu() if calculate_entropy else None)
         log_prob = in_row_order(torch.cat(log_probs), order)

@@ -24,6 +24,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.utils.distributed import device_name
 from hybridrl.models.padding import response_values_packed
 from hybridrl.algorithms.torch_functional import masked_mean
+from hybridrl.workers.out_of_memory import memory_remedies, training_memory_error
 from hybridrl.workers.ppo_update_loop import (MicroBatchLoss, PPOUpdateLoop, in_row_order, micro_batches_of,
                                               rows_per_rank, take_keys)
 
@@ -47,7 +48,14 @@ class DataParallelPPOCritic:
             role="critic", module=critic_module, optimizer=critic_optimizer, device=self.device,
             ppo_epochs=config.ppo_epochs, shuffle=config.shuffle, grad_clip=config.grad_clip,
             mini_batch_size=rows_per_rank(config.ppo_mini_batch_size, rollout_n, "critic.ppo_mini_batch_size"),
-            micro_batch_size=config.ppo_micro_batch_size_per_gpu, max_token_len=self.max_token_len)
+            micro_batch_size=config.ppo_micro_batch_size_per_gpu, max_token_len=self.max_token_len,
+            memory_remedies=memory_remedies(
+                "critic", "critic.model", token_budget=("ppo_max_token_len_per_gpu", self.max_token_len),
+                row_budget=("ppo_micro_batch_size_per_gpu", config.ppo_micro_batch_size_per_gpu),
+                gradient_checkpointing=config.model.enable_gradient_checkpointing))
+        self.forward_remedies = memory_remedies(
+            "critic", "critic.model", token_budget=("forward_max_token_len_per_gpu", self.forward_max_token_len),
+            row_budget=("forward_micro_batch_size_per_gpu", config.forward_micro_batch_size_per_gpu))
 
     def _forward_micro_batch(self, micro_batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """V(state before each response token), (rows, response_length) float32.
@@ -75,7 +83,11 @@ class DataParallelPPOCritic:
         with torch.no_grad():
             for micro_batch in micro_batches:
                 mask = micro_batch["response_mask"].to(self.device)
-                values.append((self._forward_micro_batch(micro_batch) * mask).cpu())
+                try:
+                    values.append((self._forward_micro_batch(micro_batch) * mask).cpu())
+                except torch.OutOfMemoryError as error:
+                    raise training_memory_error("compute_values", micro_batch, self.device,
+                                                self.forward_remedies) from error
         return in_row_order(torch.cat(values), order)
 
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:
