@@ -34,9 +34,10 @@ case "$verb" in
         [ $# -eq 1 ] && [[ $1 =~ ^[0-9]+$ ]] || usage
         [ -d "$dir" ] || { echo "no run named $name in $ROOT" >&2; exit 2; }
         end=$(( SECONDS + $1 ))
-        while [ ! -f "$dir/rc" ] && [ $SECONDS -lt $end ]; do sleep 1; done
+        # -s, not -f: the status file exists a moment before the status is in it
+        while [ ! -s "$dir/rc" ] && [ $SECONDS -lt $end ]; do sleep 1; done
         tail -n 20 "$dir/log" 2>/dev/null
-        if [ -f "$dir/rc" ]; then echo "$name ended with status $(cat "$dir/rc")"; exit 0; fi
+        if [ -s "$dir/rc" ]; then echo "$name ended with status $(cat "$dir/rc")"; exit 0; fi
         echo "$name still running"; exit 3 ;;
     *) usage ;;
 esac

@@ -72,16 +72,16 @@ class DataParallelPPOActor:
             if rollout_n is None:
                 raise ValueError("DataParallelPPOActor with an optimizer needs rollout_n (actor_rollout_ref.rollout.n)")
             self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
+            max_token_len = config.ppo_max_token_len_per_gpu if config.use_dynamic_bsz else None
             self.update_loop = PPOUpdateLoop(
                 role="actor", module=actor_module, optimizer=actor_optimizer, device=self.device,
                 ppo_epochs=config.ppo_epochs, shuffle=config.shuffle, grad_clip=config.grad_clip,
                 mini_batch_size=rows_per_rank(config.ppo_mini_batch_size, rollout_n, "actor.ppo_mini_batch_size"),
                 micro_batch_size=config.ppo_micro_batch_size_per_gpu,
-                max_token_len=config.ppo_max_token_len_per_gpu if config.use_dynamic_bsz else None,
+                max_token_len=max_token_len,
                 memory_remedies=memory_remedies(
                     "actor_rollout_ref.actor", "actor_rollout_ref.model",
-                    token_budget=("ppo_max_token_len_per_gpu",
-                                  config.ppo_max_token_len_per_gpu if config.use_dynamic_bsz else None),
+                    token_budget=("ppo_max_token_len_per_gpu", max_token_len),
                     row_budget=("ppo_micro_batch_size_per_gpu", config.ppo_micro_batch_size_per_gpu),
                     gradient_checkpointing=gradient_checkpointing, fused_kernels=use_fused_kernels))
 
