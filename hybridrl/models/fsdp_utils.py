@@ -69,7 +69,12 @@ def load_hf_model(model_path: str, *, value_head: bool = False, trust_remote_cod
         model = model_cls.from_pretrained(model_path, config=config, dtype=dtype, trust_remote_code=trust_remote_code,
                                           attn_implementation=attn_implementation)
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # transformers 5.x renamed it (the old name warns and goes in v6); older releases have only the old name
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
 
 
