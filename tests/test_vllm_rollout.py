@@ -58,7 +58,7 @@ def test_engine_kwargs_vllm_adds_arguments_but_not_config_owned_ones(engine_roll
 def test_sampling_params_for_training_validation_and_forced_greedy(engine_rollout_config):
     common = {"n": 1, "max_tokens": 28, "ignore_eos": False, "stop_token_ids": [5, 9], "min_p": 0.0,
               "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "detokenize": False,
-              "logprobs": None}
+              "logprobs": None, "flat_logprobs": True}
     assert sampling_params(engine_rollout_config, {}, [5, 9]) == {**common, "temperature": 0.7, "top_p": 0.9,
                                                                   "top_k": 50}
     greedy = {**common, "temperature": 0.0, "top_p": 1.0, "top_k": 0}
@@ -73,6 +73,24 @@ def test_sampling_params_for_training_validation_and_forced_greedy(engine_rollou
     assert sampling_params(replace(engine_rollout_config, ignore_eos=True), {}, [5, 9]) == {
         **common, "ignore_eos": True, "stop_token_ids": [], "temperature": 0.7, "top_p": 0.9, "top_k": 50}
 
+
+
+def test_sampled_log_probs_read_vllms_flat_lists_and_refuse_entries_of_other_tokens():
+    """flat_logprobs=True: vLLM's FlatLogprobs (vllm/logprobs.py) holds flat lists, one entry a position with
+    logprobs=0; this stand-in has the attributes read (the real one is read on the GPU, test_engine_hybrid.py)."""
+    class Flat(list):  # a sequence of positions, like FlatLogprobs
+        def __init__(self, token_ids, logprobs):
+            super().__init__([None] * len(token_ids))
+            self.start_indices, self.token_ids, self.logprobs = list(range(len(token_ids))), token_ids, logprobs
+
+    completion = SimpleNamespace(token_ids=[7, 3, 7], logprobs=Flat([7, 3, 7], [-0.25, -1.5, -0.125]))
+    assert vllm_rollout.sampled_log_probs(completion, 0) == [-0.25, -1.5, -0.125]
+    completion.logprobs = Flat([7, 4, 7], [-0.25, -1.5, -0.125])
+    with pytest.raises(RuntimeError, match="flat log-probs of prompt row 2 are not of its sampled tokens"):
+        vllm_rollout.sampled_log_probs(completion, 2)
+    completion.logprobs = Flat([7, 3], [-0.25, -1.5])
+    with pytest.raises(RuntimeError, match="3 tokens but 2 log-prob entries for prompt row 1"):
+        vllm_rollout.sampled_log_probs(completion, 1)
 
 def test_tags_map_to_sleep_levels():
     assert sleep_level(("kv_cache", "weights")) == 2
@@ -469,8 +487,8 @@ def test_async_engine_batches_requests_by_stepping_and_aborts_with_partial_token
     server_engine = VLLMAsyncEngine(rollout, eos_token_ids=[9])
     assert server_engine.sampling_params({"temperature": 1.0, "top_k": -1, "logprobs": True, "max_tokens": 3}) == {
         "n": 1, "max_tokens": 3, "ignore_eos": False, "stop_token_ids": [9], "min_p": 0.0, "repetition_penalty": 1.0,
-        "frequency_penalty": 0.0, "presence_penalty": 0.0, "detokenize": False, "logprobs": 0, "temperature": 1.0,
-        "top_p": 1.0, "top_k": 0}
+        "frequency_penalty": 0.0, "presence_penalty": 0.0, "detokenize": False, "logprobs": 0, "flat_logprobs": True,
+        "temperature": 1.0, "top_p": 1.0, "top_k": 0}
     with pytest.raises(ValueError, match="max_tokens=29, expected 1..rollout.response_length=28"):
         server_engine.sampling_params({"max_tokens": 29})
     rollout.config = replace(rollout.config, ignore_eos=True)  # the server sends no stop tokens then, either

@@ -54,7 +54,7 @@ class VLLMAsyncEngine:
         base = {"n": 1, "max_tokens": max_tokens, "ignore_eos": config.ignore_eos,
                 "stop_token_ids": stop_token_ids(config, self.eos_token_ids), "min_p": 0.0, "repetition_penalty": 1.0,
                 "frequency_penalty": 0.0, "presence_penalty": 0.0, "detokenize": False,
-                "logprobs": 0 if params.get("logprobs", False) else None}
+                "logprobs": 0 if params.get("logprobs", False) else None, "flat_logprobs": True}
         temperature = float(params.get("temperature", 1.0))
         if temperature == 0:
             return {**base, "temperature": 0.0, "top_p": 1.0, "top_k": 0}

@@ -439,7 +439,8 @@ def sampling_params(config, meta_info: dict, eos_ids: list[int]) -> dict[str, An
     params = {"n": 1, "max_tokens": max_new_tokens(config, meta_info), "ignore_eos": config.ignore_eos,
               "stop_token_ids": stop_token_ids(config, eos_ids), "min_p": 0.0, "repetition_penalty": 1.0,
               "frequency_penalty": 0.0, "presence_penalty": 0.0, "detokenize": False,
-              "logprobs": 0 if config.calculate_log_probs else None}  # 0: the sampled token's log-prob only
+              "logprobs": 0 if config.calculate_log_probs else None,  # 0: the sampled token's log-prob only
+              "flat_logprobs": True}  # see sampled_log_probs
     if not do_sample or source.temperature == 0:
         return {**params, "temperature": 0.0, "top_p": 1.0, "top_k": 0}
     top_k = int(source.top_k)
@@ -459,10 +460,19 @@ def _completion(output, row: int, response_length: int):
 
 
 def sampled_log_probs(completion, row: int) -> list[float]:
-    """The log-prob of each sampled token: vLLM's `logprobs` holds one {token_id: Logprob} per position, which
-    with logprobs=0 has the sampled token (and nothing else)."""
-    if completion.logprobs is None or len(completion.logprobs) != len(completion.token_ids):
-        got = None if completion.logprobs is None else len(completion.logprobs)
+    """The log-prob of each sampled token. SamplingParams(flat_logprobs=True) has vLLM keep them as flat lists
+    (FlatLogprobs: with logprobs=0, one entry a position, the sampled token's) instead of one {token_id: Logprob}
+    dict a position: 262,144 such objects a batch of 512 x 512 are made in vLLM's step loop and read back here, on
+    the host core that loop is bound by (benchmarks/README.md, 2026-12-06). The dict layout is still read, for an
+    engine or a caller that returns it."""
+    logprobs = completion.logprobs
+    if logprobs is None or len(logprobs) != len(completion.token_ids):
+        got = None if logprobs is None else len(logprobs)
         raise RuntimeError(f"vllm returned {len(completion.token_ids)} tokens but {got} log-prob entries for prompt "
                            f"row {row} (SamplingParams(logprobs=0) asks for one per token)")
-    return [float(position[token].logprob) for token, position in zip(completion.token_ids, completion.logprobs)]
+    if hasattr(logprobs, "start_indices"):  # FlatLogprobs
+        if list(logprobs.token_ids) != list(completion.token_ids):
+            raise RuntimeError(f"vllm's flat log-probs of prompt row {row} are not of its sampled tokens, one a "
+                               f"position (SamplingParams(logprobs=0) asks for exactly that)")
+        return list(logprobs.logprobs)
+    return [float(position[token].logprob) for token, position in zip(completion.token_ids, logprobs)]
