@@ -504,10 +504,20 @@ def main() -> None:
     prompts = random_prompts(args.prompts, args.prompt_length, vocabulary.embeddings).repeat(args.n, interleave=True)
     prompts.meta_info.update(eos_token_id=eos_id, pad_token_id=pad_id)
 
-    def generate_tokens(batch):
-        return int(rollout.generate_sequences(batch).batch["response_mask"].sum())
+    engine_seconds: dict[str, list[float]] = {}  # each hybrid side's timing_s/engine_generate, run by run
 
-    hybrid_generate = with_threads(generate_tokens, threads)
+    def counting_tokens(side: str):
+        """A generate(batch) for the hybrid side `side`: the tokens it made; the engine's own seconds of each call
+        (its generate alone, not the reading of its outputs into the batch) go to engine_seconds[side]."""
+        seconds = engine_seconds.setdefault(side, [])
+
+        def generate_tokens(batch):
+            output = rollout.generate_sequences(batch)
+            seconds.append(output.meta_info["metrics"]["timing_s/engine_generate"])
+            return int(output.batch["response_mask"].sum())
+        return generate_tokens
+
+    hybrid_generate = with_threads(counting_tokens("hybrid_generate"), threads)
 
     token_lists = [row.tolist() for row in prompts.batch["input_ids"]]
     if args.engine == "vllm":  # the standalone engine takes turns with the hybrid one (StandaloneBeside)
@@ -521,7 +531,8 @@ def main() -> None:
             with rollout_window(switch):
                 sides = {"hybrid_generate": hybrid_generate}
                 if args.compare_default_threads:
-                    sides["hybrid_default_threads"] = with_threads(generate_tokens, default_threads)
+                    sides["hybrid_default_threads"] = with_threads(counting_tokens("hybrid_default_threads"),
+                                                                   default_threads)
                 runs = time_interleaved({**sides, "standalone": beside.generate}, prompts, args.gen_repeats)
         finally:
             beside.close()
@@ -539,6 +550,9 @@ def main() -> None:
             standalone["standalone_no_saver"] = dict(standalone["standalone"], enable_memory_saver=False)
         for name, engine_kwargs in standalone.items():
             results[name] = time_standalone(engine_kwargs, token_lists, params, args.gen_repeats)
+    for side, seconds in engine_seconds.items():
+        results[side]["engine_generate_s_runs"] = seconds
+        results[side]["engine_generate_s"] = statistics.mean(seconds)
     results["generation_ratio"] = results["hybrid_generate"]["tok_per_s"] / results["standalone"]["tok_per_s"]
     print_table(results, args, vocabulary)
     write_results(results, args.out)
@@ -610,6 +624,8 @@ def print_table(results: dict, args, vocabulary: Vocabulary) -> None:
                                                                     f"{agreement['tokens']} tokens)"),
         (f"hybrid generate {args.prompts}x{args.n}x{args.new_tokens}, {results['threads']['hybrid']} torch threads "
          f"(tok/s)", runs_cell(results["hybrid_generate"])),
+        ("  of which the engine's own generate (s, mean)", f"{results['hybrid_generate']['engine_generate_s']:.3f} "
+                                                          f"of {results['hybrid_generate']['seconds']:.3f}"),
         (f"standalone {results['engine']} engine, same settings (tok/s)", runs_cell(results["standalone"])),
         ("hybrid / standalone (means)", f"{results['generation_ratio']:.3f}" + pair_ratios_cell(results)),
     ]
