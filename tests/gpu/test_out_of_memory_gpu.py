@@ -33,7 +33,7 @@ LEFT_FREE = 512 * 1024 ** 2  # bytes the ballast leaves free
 @pytest.fixture(scope="module")
 def wide_model(tmp_path_factory):
     """A tiny Qwen2 with Qwen2.5's vocabulary width (the logits are what runs out), in a world of size 1."""
-    for tiny_dir, tokenizer in single_gpu_tiny_model(str(tmp_path_factory.mktemp("tiny"))):
+    for _, tokenizer in single_gpu_tiny_model(str(tmp_path_factory.mktemp("tiny"))):  # its tokenizer and world
         yield build_tiny_model(str(tmp_path_factory.mktemp("wide")), tokenizer, max_position_embeddings=4096,
                                vocab_size=VOCAB)
 

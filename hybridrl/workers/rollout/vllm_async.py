@@ -28,7 +28,7 @@ import itertools
 from typing import Any
 
 from hybridrl.workers.rollout.engine_io import EngineDiedError, aborted_answer, requested_max_tokens
-from hybridrl.workers.rollout.vllm_rollout import ALL_MEMORY_TAGS, sampled_log_probs, stop_token_ids
+from hybridrl.workers.rollout.vllm_rollout import ALL_MEMORY_TAGS, sampled_log_probs, vllm_sampling
 
 STOP_REASONS = {"length": "length", "abort": "aborted"}  # vLLM finish_reason -> verl's stop_reason ("completed" else)
 
@@ -50,17 +50,10 @@ class VLLMAsyncEngine:
 
     def sampling_params(self, params: dict[str, Any]) -> dict[str, Any]:
         config = self.rollout.config
-        max_tokens = requested_max_tokens(params, config.response_length, "vllm")
-        base = {"n": 1, "max_tokens": max_tokens, "ignore_eos": config.ignore_eos,
-                "stop_token_ids": stop_token_ids(config, self.eos_token_ids), "min_p": 0.0, "repetition_penalty": 1.0,
-                "frequency_penalty": 0.0, "presence_penalty": 0.0, "detokenize": False,
-                "logprobs": 0 if params.get("logprobs", False) else None, "flat_logprobs": True}
-        temperature = float(params.get("temperature", 1.0))
-        if temperature == 0:
-            return {**base, "temperature": 0.0, "top_p": 1.0, "top_k": 0}
-        top_k = int(params.get("top_k", -1))
-        return {**base, "temperature": temperature, "top_p": float(params.get("top_p", 1.0)),
-                "top_k": 0 if top_k < 0 else top_k}
+        return vllm_sampling(config, max_tokens=requested_max_tokens(params, config.response_length, "vllm"),
+                             eos_ids=self.eos_token_ids, log_probs=bool(params.get("logprobs", False)),
+                             temperature=float(params.get("temperature", 1.0)), top_p=params.get("top_p", 1.0),
+                             top_k=params.get("top_k", -1))
 
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
         rollout = self.rollout

@@ -430,22 +430,28 @@ def stop_token_ids(config, eos_ids: list[int]) -> list[int]:
 
 
 def sampling_params(config, meta_info: dict, eos_ids: list[int]) -> dict[str, Any]:
-    """vllm.SamplingParams keyword arguments for one generate call (val_kwargs when meta_info["validate"]).
-
-    Greedy when do_sample is false or the temperature is 0. vLLM's "top_k off" is 0 (the config's is -1).
-    """
+    """vllm.SamplingParams keyword arguments for one generate call (val_kwargs when meta_info["validate"]): greedy
+    when do_sample is false."""
     source = sampling_source(config, meta_info)
     do_sample = meta_info.get("do_sample", source.do_sample)
-    params = {"n": 1, "max_tokens": max_new_tokens(config, meta_info), "ignore_eos": config.ignore_eos,
+    return vllm_sampling(config, max_tokens=max_new_tokens(config, meta_info), eos_ids=eos_ids,
+                         log_probs=config.calculate_log_probs, temperature=source.temperature if do_sample else 0.0,
+                         top_p=source.top_p, top_k=source.top_k)
+
+
+def vllm_sampling(config, *, max_tokens: int, eos_ids: list[int], log_probs: bool, temperature: float, top_p: float,
+                  top_k: int) -> dict[str, Any]:
+    """vllm.SamplingParams keyword arguments with every parameter explicit, for the batch path (sampling_params) and
+    the engine server (vllm_async.py) alike. Greedy at temperature 0; vLLM's "top_k off" is 0 (the config's is -1).
+    log_probs: the sampled token's log-prob only (logprobs=0), kept by vLLM as flat lists (see sampled_log_probs)."""
+    params = {"n": 1, "max_tokens": max_tokens, "ignore_eos": config.ignore_eos,
               "stop_token_ids": stop_token_ids(config, eos_ids), "min_p": 0.0, "repetition_penalty": 1.0,
               "frequency_penalty": 0.0, "presence_penalty": 0.0, "detokenize": False,
-              "logprobs": 0 if config.calculate_log_probs else None,  # 0: the sampled token's log-prob only
-              "flat_logprobs": True}  # see sampled_log_probs
-    if not do_sample or source.temperature == 0:
+              "logprobs": 0 if log_probs else None, "flat_logprobs": True}
+    if temperature == 0:
         return {**params, "temperature": 0.0, "top_p": 1.0, "top_k": 0}
-    top_k = int(source.top_k)
-    return {**params, "temperature": float(source.temperature), "top_p": float(source.top_p),
-            "top_k": 0 if top_k < 0 else top_k}
+    return {**params, "temperature": float(temperature), "top_p": float(top_p),
+            "top_k": 0 if int(top_k) < 0 else int(top_k)}
 
 
 def _completion(output, row: int, response_length: int):
