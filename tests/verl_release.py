@@ -65,9 +65,17 @@ def verl_release(version: str) -> Path:
     return unpacked
 
 
-_IMPORT = re.compile(r"^(\s*)(from|import)(\s+)verl(?=[.\s])", re.MULTILINE)
+_FROM = re.compile(r"^(\s*)from(\s+)verl(?=[.\s])", re.MULTILINE)
+_IMPORT = re.compile(r"^(\s*)import(\s+)verl(\.[\w.]+)?(\s+as\s+\w+)?[ \t]*$", re.MULTILINE)
+
+
+def _import_line(match: re.Match) -> str:
+    """`import verl.a.b` binds the name `verl`, which the file then uses (`verl.a.b.X`): the ported line binds it too."""
+    indent, space, dotted, alias = match.group(1), match.group(2), match.group(3) or "", match.group(4)
+    line = f"{indent}import{space}hybridrl.compat.verl{dotted}"
+    return line + alias if alias else f"{line}; from hybridrl.compat import verl"
 
 
 def port(text: str) -> str:
     """A verl file as a verl user ports it: `verl.` → `hybridrl.compat.verl.` in import lines only."""
-    return _IMPORT.sub(r"\1\2\3hybridrl.compat.verl", text)
+    return _IMPORT.sub(_import_line, _FROM.sub(r"\1from\2hybridrl.compat.verl", text))
