@@ -1,0 +1,1 @@
+"""verl's trainer package path."""
