@@ -1,9 +1,11 @@
 """The algorithm core: advantage estimators (by name), and the one import point for all PPO-family math.
 
 This module holds the advantage estimators, their registry and `compute_advantage`, the controller
-step that runs the configured estimator over a batch. The losses live in `losses.py` and the KL
-pieces in `kl.py`; both are re-exported here so verl users keep writing
-`from hybridrl.algorithms.core_algos import compute_policy_loss_vanilla, kl_penalty, ...`.
+step that runs the configured estimator over a batch. The losses live in `losses.py` and
+`alternative_losses.py`, the KL pieces in `kl.py`; all are re-exported here so verl users keep writing
+`from hybridrl.algorithms.core_algos import compute_policy_loss_vanilla, kl_penalty, ...`. verl's path,
+`hybridrl.compat.verl.trainer.ppo.core_algos`, is this very module object (an alias in sys.modules),
+so rebinding a registry there, as verl's tests do, rebinds it here.
 
 Estimators take (batch, response_length) tensors and return `(advantages, returns)` of that shape,
 zero outside `response_mask`. Outcome estimators (grpo, rloo, ...) use the sequence score
@@ -20,6 +22,10 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
+from hybridrl.algorithms.alternative_losses import (compute_policy_loss_bypass_mode, compute_policy_loss_cispo,
+                                                    compute_policy_loss_dppo_kl, compute_policy_loss_dppo_tv,
+                                                    compute_policy_loss_dro, compute_policy_loss_geo_mean,
+                                                    compute_policy_loss_sapo)
 from hybridrl.algorithms.kl import (AdaptiveKLController, FixedKLController, apply_kl_penalty, get_kl_controller,
                                      kl_penalty)
 from hybridrl.algorithms.losses import (POLICY_LOSS_REGISTRY, agg_loss, compute_entropy_loss,
@@ -45,6 +51,10 @@ __all__ = [
     "agg_loss", "global_batch_info", "POLICY_LOSS_REGISTRY", "register_policy_loss", "get_policy_loss_fn", "compute_policy_loss_vanilla",
     "compute_policy_loss_gspo", "compute_policy_loss_gpg", "compute_policy_loss_clip_cov",
     "compute_policy_loss_kl_cov", "compute_value_loss", "compute_entropy_loss",
+    # losses (alternative_losses.py)
+    "compute_policy_loss_cispo", "compute_policy_loss_dppo_tv", "compute_policy_loss_dppo_kl",
+    "compute_policy_loss_sapo", "compute_policy_loss_geo_mean", "compute_policy_loss_dro",
+    "compute_policy_loss_bypass_mode",
     # KL (kl.py)
     "kl_penalty", "FixedKLController", "AdaptiveKLController", "get_kl_controller", "apply_kl_penalty",
 ]
@@ -230,8 +240,11 @@ def _reward_component(non_tensor_batch: dict, key: str, like: torch.Tensor) -> t
     if key not in non_tensor_batch:
         raise ValueError(f"algorithm.gdpo_reward_keys names {key!r}, which the batch lacks (its non-tensor keys: "
                          f"{sorted(non_tensor_batch)}); the scorer must return a dict holding {key!r}")
-    return torch.as_tensor(np.asarray(non_tensor_batch[key], dtype=np.float64), dtype=like.dtype,
-                           device=like.device)
+    values = list(non_tensor_batch[key])
+    missing = [row for row, value in enumerate(values) if value is None]
+    if missing:
+        raise ValueError(f"reward component {key!r} is None (the scorer gave no value) in rows {missing}")
+    return torch.tensor(values, dtype=like.dtype, device=like.device)
 
 
 @register_adv_est(AdvantageEstimator.GRPO_PASSK)
