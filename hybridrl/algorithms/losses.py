@@ -282,17 +282,20 @@ def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask
 
 def compute_value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values: torch.Tensor,
                        response_mask: torch.Tensor, cliprange_value: float, loss_agg_mode: str = "token-mean",
-                       global_batch_info: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       dp_size: int = 1, batch_num_tokens: float | torch.Tensor | None = None,
+                       global_batch_size: float | torch.Tensor | None = None,
+                       loss_scale_factor: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped value loss 0.5 * max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2), and the clipped fraction.
 
-    global_batch_info: agg_loss's dp_size / batch_num_tokens / global_batch_size for a micro-batch of a
-    data-parallel update (the critic passes them; None aggregates over the rows given).
+    dp_size, batch_num_tokens, global_batch_size, loss_scale_factor: agg_loss's, for a micro-batch of a
+    data-parallel update (the critic passes its global batch info; the defaults aggregate over the rows given).
     """
     vpred_clipped = clip_by_value(vpreds, values - cliprange_value, values + cliprange_value)
     unclipped_error = (vpreds - returns) ** 2
     clipped_error = (vpred_clipped - returns) ** 2
     vf_loss = 0.5 * agg_loss(torch.maximum(unclipped_error, clipped_error), response_mask, loss_agg_mode,
-                             **(global_batch_info or {}))
+                             dp_size=dp_size, batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
+                             loss_scale_factor=loss_scale_factor)
     vf_clipfrac = masked_mean((clipped_error > unclipped_error).float(), response_mask)
     return vf_loss, vf_clipfrac
 
