@@ -210,7 +210,15 @@ def compute_policy_loss_bypass_mode(old_log_prob, log_prob, advantages, response
         pg_loss, metrics = compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, kept_mask, loss_agg_mode,
                                                        config)
     else:
-        pg_losses = -advantages * log_prob
-        pg_loss = _aggregate(pg_losses, kept_mask, loss_agg_mode, config, correction.rollout_is_weights)
-        metrics = {"actor/ppo_kl": _kl_metric(log_prob - old_log_prob, kept_mask)}
+        pg_loss, metrics = compute_policy_loss_reinforce(old_log_prob, log_prob, advantages, kept_mask, loss_agg_mode,
+                                                         config, correction.rollout_is_weights)
     return pg_loss, {**metrics, **correction.metrics}
+
+
+def compute_policy_loss_reinforce(rollout_log_prob, log_prob, advantages, response_mask,
+                                  loss_agg_mode: str = "seq-mean-token-sum", config: Any = None,
+                                  rollout_is_weights: torch.Tensor | None = None):
+    """REINFORCE, -w * A * log pi with detached IS weights w (none: 1), as verl's of the same name; its
+    metric ppo_kl is the mean of log(pi_rollout / pi). Not a registered loss: bypass_mode's "reinforce"."""
+    pg_loss = _aggregate(-advantages * log_prob, response_mask, loss_agg_mode, config, rollout_is_weights)
+    return pg_loss, {"actor/ppo_kl": _kl_metric(log_prob - rollout_log_prob, response_mask)}

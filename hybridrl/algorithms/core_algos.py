@@ -25,9 +25,9 @@ import torch
 from hybridrl.algorithms.alternative_losses import (compute_policy_loss_bypass_mode, compute_policy_loss_cispo,
                                                     compute_policy_loss_dppo_kl, compute_policy_loss_dppo_tv,
                                                     compute_policy_loss_dro, compute_policy_loss_geo_mean,
-                                                    compute_policy_loss_sapo)
+                                                    compute_policy_loss_reinforce, compute_policy_loss_sapo)
 from hybridrl.algorithms.kl import (AdaptiveKLController, FixedKLController, apply_kl_penalty, get_kl_controller,
-                                     kl_penalty)
+                                     kl_penalty, kl_penalty_forward)
 from hybridrl.algorithms.losses import (POLICY_LOSS_REGISTRY, agg_loss, compute_entropy_loss,
                                          compute_policy_loss_clip_cov, compute_policy_loss_gpg,
                                          compute_policy_loss_gspo, compute_policy_loss_kl_cov,
@@ -54,9 +54,9 @@ __all__ = [
     # losses (alternative_losses.py)
     "compute_policy_loss_cispo", "compute_policy_loss_dppo_tv", "compute_policy_loss_dppo_kl",
     "compute_policy_loss_sapo", "compute_policy_loss_geo_mean", "compute_policy_loss_dro",
-    "compute_policy_loss_bypass_mode",
+    "compute_policy_loss_bypass_mode", "compute_policy_loss_reinforce",
     # KL (kl.py)
-    "kl_penalty", "FixedKLController", "AdaptiveKLController", "get_kl_controller", "apply_kl_penalty",
+    "kl_penalty", "kl_penalty_forward", "FixedKLController", "AdaptiveKLController", "get_kl_controller", "apply_kl_penalty",
 ]
 
 

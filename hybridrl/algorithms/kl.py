@@ -34,14 +34,14 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
     full             needs the whole distributions, not two log-probs: not implemented
     """
     if kl_penalty.endswith("+"):
-        value = _kl_estimate(logprob, ref_logprob, kl_penalty[:-1])
+        value = kl_penalty_forward(logprob, ref_logprob, kl_penalty[:-1])
         k2 = 0.5 * (logprob - ref_logprob).square()
         return k2 - k2.detach() + value.detach()
-    return _kl_estimate(logprob, ref_logprob, kl_penalty)
+    return kl_penalty_forward(logprob, ref_logprob, kl_penalty)
 
 
-def _kl_estimate(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
-    """The estimator named `kl_penalty` (no "+"), value and gradient its own."""
+def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
+    """The estimator named `kl_penalty` (no "+"), value and gradient its own (verl's name)."""
     if kl_penalty in ("kl", "k1"):
         return logprob - ref_logprob
     if kl_penalty == "abs":
