@@ -198,7 +198,8 @@ def compute_policy_loss_bypass_mode(old_log_prob, log_prob, advantages, response
         raise ValueError("loss_mode='bypass_mode' needs actor.policy_loss.rollout_correction (verl's bypass settings)")
     loss_type = settings.get("loss_type", "ppo_clip")
     if loss_type not in ("ppo_clip", "reinforce"):
-        raise ValueError(f"policy_loss.rollout_correction.loss_type must be 'ppo_clip' or 'reinforce', got {loss_type!r}")
+        raise ValueError(f"policy_loss.rollout_correction.loss_type must be 'ppo_clip' or 'reinforce', "
+                         f"got {loss_type!r}")
     with torch.no_grad():
         correction = compute_rollout_correction_and_rejection_mask(
             log_prob, old_log_prob, response_mask, rollout_is=settings.get("rollout_is"),

@@ -56,7 +56,8 @@ __all__ = [
     "compute_policy_loss_sapo", "compute_policy_loss_geo_mean", "compute_policy_loss_dro",
     "compute_policy_loss_bypass_mode", "compute_policy_loss_reinforce",
     # KL (kl.py)
-    "kl_penalty", "kl_penalty_forward", "FixedKLController", "AdaptiveKLController", "get_kl_controller", "apply_kl_penalty",
+    "kl_penalty", "kl_penalty_forward", "FixedKLController", "AdaptiveKLController", "get_kl_controller",
+    "apply_kl_penalty",
 ]
 
 
