@@ -179,10 +179,19 @@ def test_verl_call_forms_config_keyword_and_gamma_from_config():
     rewards, mask = _outcome_batch([1.0, 0.0])
     index = np.array(["a", "a"], dtype=object)
     config = SimpleNamespace(gamma=0.5, norm_adv_by_std_in_grpo=True)
+    config.get = lambda key, default=None: getattr(config, key, default)  # verl's configs answer .get
     # verl's wrappers forward config=; the estimators that take **kwargs also accept what they do not use
     for estimator in (core_algos.compute_grpo_outcome_advantage, core_algos.compute_rloo_outcome_advantage,
                       core_algos.compute_opo_outcome_advantage, core_algos.compute_grpo_passk_outcome_advantage):
         estimator(token_level_rewards=rewards, response_mask=mask, index=index, config=config)
+    # grpo_passk in verl reads norm_adv_by_std_in_grpo from the config: scores (1, 0), std 0.7071 -> 1 / 0.7071
+    passk, _ = core_algos.compute_grpo_passk_outcome_advantage(token_level_rewards=rewards, response_mask=mask,
+                                                               index=index, config=config)
+    assert _per_row(passk) == pytest.approx([1 / (math.sqrt(0.5) + EPS), 0.0])
+    config.norm_adv_by_std_in_grpo = False
+    passk, _ = core_algos.compute_grpo_passk_outcome_advantage(token_level_rewards=rewards, response_mask=mask,
+                                                               index=index, config=config)
+    assert _per_row(passk) == pytest.approx([1.0, 0.0])
     # reinforce_plus_plus in verl reads gamma from the config: rewards (0, 1) -> returns (0.5, 1), (0, 0)
     advantages, returns = core_algos.compute_reinforce_plus_plus_outcome_advantage(
         token_level_rewards=rewards, response_mask=mask, config=config)

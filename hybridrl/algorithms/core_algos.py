@@ -255,8 +255,11 @@ def compute_grpo_passk_outcome_advantage(token_level_rewards, response_mask, ind
     """Pass@k GRPO: only the best sample of a group is credited, by its margin over the runner-up.
 
     advantage(best) = (max - second max) [/ (group std + epsilon)]; all others get 0. Needs groups of >= 2.
-    verl reads norm_adv_by_std_in_grpo from `config` here; compute_advantage passes the same value to both.
+    Given a `config`, its norm_adv_by_std_in_grpo decides, as in verl, whose callers pass only the config
+    (compute_advantage passes the same value both ways).
     """
+    if config is not None:
+        norm_adv_by_std_in_grpo = config.get("norm_adv_by_std_in_grpo", True)
     scores = token_level_rewards.sum(dim=-1)
     advantages = torch.zeros_like(scores)
     for rows in _rows_by_group(index, len(scores)):
