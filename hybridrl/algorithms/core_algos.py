@@ -33,6 +33,7 @@ from hybridrl.algorithms.losses import (POLICY_LOSS_REGISTRY, agg_loss, compute_
                                          compute_policy_loss_gspo, compute_policy_loss_kl_cov,
                                          compute_policy_loss_vanilla, compute_value_loss, get_policy_loss_fn,
                                          global_batch_info, register_policy_loss)
+from hybridrl.algorithms.token_baseline import path_variance, token_baselines
 from hybridrl.algorithms.torch_functional import masked_whiten
 
 if TYPE_CHECKING:
@@ -417,9 +418,9 @@ def compute_optimal_token_baseline_advantage(token_level_rewards, response_mask,
     the baseline would be its own return). Returns (advantages, returns-to-go).
     """
     returns = _returns_to_go(token_level_rewards, response_mask)
-    path_weights = _path_variance(old_log_probs, sum_pi_squared, rollout_is_weights, response_mask)
+    path_weights = path_variance(old_log_probs, sum_pi_squared, rollout_is_weights, response_mask)
     groups = _rows_by_group(index, len(returns))
-    baselines = _token_baselines(returns, path_weights, response_mask, groups, handle_zero_tail, epsilon)
+    baselines = token_baselines(returns, path_weights, response_mask, groups, handle_zero_tail, epsilon)
     return (returns - baselines) * response_mask, returns
 
 
@@ -436,13 +437,13 @@ def compute_multi_turn_optimal_token_baseline_advantage(token_level_rewards, res
     token joins no group.
     """
     returns = _returns_to_go(token_level_rewards, response_mask)
-    path_weights = _path_variance(old_log_probs, sum_pi_squared, rollout_is_weights, response_mask)
+    path_weights = path_variance(old_log_probs, sum_pi_squared, rollout_is_weights, response_mask)
     in_response = response_mask.bool()
     packed_order = torch.argsort((~in_response).to(torch.int8), dim=-1, stable=True)  # response tokens first
     packed_mask = response_mask.gather(-1, packed_order)
     groups = [[row for row in rows if in_response[row].any()] for rows in _rows_by_group(index, len(returns))]
-    packed_baselines = _token_baselines(returns.gather(-1, packed_order), path_weights.gather(-1, packed_order),
-                                        packed_mask, groups, handle_zero_tail, epsilon)
+    packed_baselines = token_baselines(returns.gather(-1, packed_order), path_weights.gather(-1, packed_order),
+                                       packed_mask, groups, handle_zero_tail, epsilon)
     baselines = torch.zeros_like(returns).scatter(-1, packed_order, packed_baselines)
     return (returns - baselines) * response_mask, returns
 
@@ -450,32 +451,6 @@ def compute_multi_turn_optimal_token_baseline_advantage(token_level_rewards, res
 def _returns_to_go(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Undiscounted sum of the response tokens' rewards from each position to the end."""
     return (token_level_rewards * response_mask).flip(-1).cumsum(-1).flip(-1)
-
-
-def _path_variance(old_log_probs, sum_pi_squared, rollout_is_weights, response_mask) -> torch.Tensor:
-    """OTB's W: the running sum over the response tokens of w = (1 - 2 pi + sum pi^2) [* IS weight^2]."""
-    per_token = 1.0 - 2.0 * old_log_probs.exp() + sum_pi_squared
-    if rollout_is_weights is not None:
-        per_token = per_token * rollout_is_weights.square()
-    return (per_token * response_mask).cumsum(-1)
-
-
-def _token_baselines(returns, path_weights, response_mask, groups: list[list[int]], handle_zero_tail: bool,
-                     epsilon: float) -> torch.Tensor:
-    """B_t = sum_i G_it W_it / (sum_i W_it + epsilon) per group of >= 2 rows (others: 0); see OTB."""
-    mask = response_mask.to(returns.dtype)
-    lengths = mask.sum(-1)
-    baselines = torch.zeros_like(returns)
-    for rows in groups:
-        if len(rows) < 2:
-            continue
-        weights = path_weights[rows] * mask[rows]
-        baselines[rows] = ((returns[rows] * weights).sum(0) / (weights.sum(0) + epsilon)).to(returns.dtype)
-        if handle_zero_tail:
-            runner_up, longest = torch.sort(lengths[rows]).values[-2:].tolist()
-            if longest > runner_up:  # one sample alone reaches beyond the runner-up
-                baselines[rows[int(lengths[rows].argmax())], int(runner_up):] = 0.0
-    return baselines
 
 
 def compute_advantage(data: DataProto, adv_estimator: str, gamma: float = 1.0, lam: float = 1.0,
