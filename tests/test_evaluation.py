@@ -124,6 +124,9 @@ def test_eval_sets_pool_val_core_by_n_and_add_their_own_keys():
     assert metrics["eval/many"] == pytest.approx(2 / 3)
     assert metrics["eval/many-truncated_ratio"] == pytest.approx(2 / 3)
     assert metrics["eval/many/response_len/mean"] == pytest.approx(5 / 3)
+    # the reward extras of each set under its own name (acc: score > 0), besides val-aux's pool of all sets
+    assert (metrics["eval/short/acc"], metrics["eval/many/acc"]) == (0.0, pytest.approx(2 / 3))
+    assert metrics["val-aux/acc/mean@1"] == pytest.approx(1 / 3)
 
 
 # ---------------------------------------------------------------------------------------------- engines' sampling
