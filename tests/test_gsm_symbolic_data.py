@@ -129,7 +129,7 @@ def test_recipe_reward_keeps_the_score_and_tells_format_from_accuracy(answer_for
     cases = {  # response: (score, no-format-credit score, acc, formatted, last_number_right)
         wrap.format(right): (1.0, 1.0, 1.0, 1.0, 1.0),
         wrap.format(wrong): (0.01, 0.0, 0.0, 1.0, 0.0),
-        f"3 + 4 = 7, so {right:,}.0 apples. " + wrap.format(wrong): (0.01, 0.0, 0.0, 1.0, 0.0),  # the last number counts
+        f"3 + 4 = 7, so {right:,}.0 apples. " + wrap.format(wrong): (0.01, 0.0, 0.0, 1.0, 0.0),  # the last counts
         f"The answer is {right}.": (0.0, 0.0, 0.0, 0.0, 1.0),
         f"So $\\boxed{{{right:,}}}$": (0.0, 0.0, 0.0, 0.0, 1.0),  # any format, thousands separators read as GSM8K's
         f"{right} apples, then 1.2.3": (0.0, 0.0, 0.0, 0.0, 0.0),  # the last run of digits is not a number
@@ -148,8 +148,8 @@ def test_held_out_templates_split_train_and_test_by_template_and_say_how_many_of
     from random import Random
     from reasoning_gym.arithmetic.gsm_symbolic.gsm_symbolic import tasks_ok
 
-    result = run_script("reasoning_gym.py", "--task", "gsm_symbolic", "--size", "40", "--test_size", "12", "--seed", "3",
-                        "--answer_format", "hash", "--drop_ungradeable", "--held_out_templates", "0.2",
+    result = run_script("reasoning_gym.py", "--task", "gsm_symbolic", "--size", "40", "--test_size", "12",
+                        "--seed", "3", "--answer_format", "hash", "--drop_ungradeable", "--held_out_templates", "0.2",
                         "--local_dir", str(tmp_path / "out"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     files = {name: read_rows(tmp_path / "out" / f"{name}.parquet") for name in ("train", "test", "test_in_template")}

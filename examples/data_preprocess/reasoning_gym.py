@@ -22,8 +22,9 @@ problems never trained on, not the same problem with other names and numbers: gs
 from one of its templates (`dataset.task_indices[index]`), and SHARE of them, chosen with --seed, appear only in
 test.parquet. train.parquet holds the first --size questions of the other templates from --seed,
 test_in_template.parquet the first --test_size questions that follow of the templates in train.parquet (without
-those also in train), test.parquet the first --test_size questions of the held-out templates from the same stream. Each row's
-extra_info names its template (`template`), and the script prints how many questions each template has in each file.
+those also in train), test.parquet the first --test_size questions of the held-out templates from the same stream.
+Each row's extra_info names its template (`template`), and the script prints how many questions each template has
+in each file.
 """
 import argparse
 import json
