@@ -65,12 +65,6 @@ def test_summary_metric_must_be_a_metric_that_validation_logs():
         assert error.value.problems == [
             "trainer.summary_metric: expected a validation metric, val-core/..., val-aux/... or eval/<a name of "
             f"data.eval_sets: ['held_out']>[/...], got {metric!r}"]
-    with pytest.raises(ConfigError) as error:
-        validate_config(compose_config(["trainer.summary_metric=val-aux/acc/mean@1", "trainer.val_before_train=false",
-                                        "trainer.test_freq=-1"]))
-    assert error.value.problems == [
-        "trainer.summary_metric: expected a run that validates (trainer.val_before_train or trainer.test_freq > 0) to "
-        "name a validation metric, got 'val-aux/acc/mean@1'"]
 
 
 def test_summary_score_is_the_named_metric_or_the_mean_of_val_core():
