@@ -515,6 +515,7 @@ class TrainerConfig(ConfigNode):
     test_freq: int
     val_before_train: bool
     val_only: bool
+    summary_metric: Optional[str]  # summary.json's score: this validation metric; None: the mean of val-core/*
     critic_warmup: int = at_least(0)
     max_consecutive_nonfinite_steps: int = positive()
     seed: int

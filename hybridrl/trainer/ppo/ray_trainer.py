@@ -263,7 +263,7 @@ class RayPPOTrainer:
         val_before = val_after = None
         if trainer.val_before_train:
             val_metrics = self._validate()
-            val_before = val_after = _mean_val_score(val_metrics)
+            val_before = val_after = _val_score(val_metrics, trainer.summary_metric)
             logger.log(val_metrics, step=self.global_steps)
         if trainer.val_only:
             return self._finish(logger, start, val_before, val_after)
@@ -281,7 +281,7 @@ class RayPPOTrainer:
             is_last = self.global_steps >= self.total_training_steps
             if trainer.test_freq > 0 and (self.global_steps % trainer.test_freq == 0 or is_last):
                 val_metrics = self._validate()
-                val_after = _mean_val_score(val_metrics)
+                val_after = _val_score(val_metrics, trainer.summary_metric)
                 metrics.update(val_metrics)
             if checkpointing.should_save(self, is_last):
                 save_timing: dict[str, float] = {}
@@ -294,7 +294,7 @@ class RayPPOTrainer:
         progress.close()
         if trainer.test_freq <= 0 and trainer.val_before_train:
             val_metrics = self._validate()
-            val_after = _mean_val_score(val_metrics)
+            val_after = _val_score(val_metrics, trainer.summary_metric)
             logger.log(val_metrics, step=self.global_steps)
         return self._finish(logger, start, val_before, val_after)
 
@@ -545,7 +545,8 @@ class RayPPOTrainer:
         """Write `summary.json` in the run directory and return the summary."""
         run_dir = self.config.trainer.default_local_dir
         os.makedirs(run_dir, exist_ok=True)
-        summary = {"val_score_before": val_before, "val_score_after": val_after, "steps": self.global_steps,
+        summary = {"val_score_metric": self.config.trainer.summary_metric,  # null: the mean of val-core/*
+                   "val_score_before": val_before, "val_score_after": val_after, "steps": self.global_steps,
                    "wall_s": round(time.perf_counter() - start, 2), "checkpoint_dir": self.latest_checkpoint_dir,
                    "stopped_early": stopped_early}
         path = os.path.join(run_dir, "summary.json")
@@ -556,7 +557,13 @@ class RayPPOTrainer:
         return summary
 
 
-def _mean_val_score(val_metrics: dict[str, float]) -> float | None:
+def _val_score(val_metrics: dict[str, float], metric: str | None) -> float | None:
+    """summary.json's score of one validation: trainer.summary_metric, or without one the mean of val-core/*."""
+    if metric is not None:
+        if metric not in val_metrics:
+            raise ValueError(f"trainer.summary_metric: expected one of this validation's metrics, got {metric!r}; "
+                             f"it logged {sorted(val_metrics)}")
+        return val_metrics[metric]
     scores = [v for k, v in val_metrics.items() if k.startswith("val-core/")]
     return float(np.mean(scores)) if scores else None
 
