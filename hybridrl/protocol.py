@@ -40,10 +40,16 @@ class DataProtoItem:
 class DataProto:
     def __init__(self, batch: dict[str, torch.Tensor] | None = None,
                  non_tensor_batch: dict[str, np.ndarray] | None = None, meta_info: dict | None = None):
-        self.batch = dict(batch or {})
         self.non_tensor_batch = dict(non_tensor_batch or {})
         self.meta_info = dict(meta_info or {})
+        self.batch = self._as_batch({} if batch is None else batch)
         self.check_consistency()
+
+    def _as_batch(self, tensors) -> dict[str, torch.Tensor]:
+        """The container ``batch`` is held in, from any mapping of tensors (a dict, verl's TensorDict): a dict here.
+        The verl compat DataProto (hybridrl.compat.verl.protocol) holds a TensorDict instead; every method below
+        uses only what both share (``items``, ``keys``, ``[key]``, ``del``, ``in``), never ``len`` or iteration."""
+        return {key: value for key, value in tensors.items()}
 
     # ----------------------------------------------------------------------------------------------
     # construction and checks
@@ -129,14 +135,14 @@ class DataProto:
 
     def _take_rows(self, rows: slice | np.ndarray) -> DataProto:
         tensor_rows = rows if isinstance(rows, slice) else torch.from_numpy(rows)
-        return DataProto({key: value[tensor_rows] for key, value in self.batch.items()},
+        return type(self)({key: value[tensor_rows] for key, value in self.batch.items()},
                          {key: value[rows] for key, value in self.non_tensor_batch.items()},
                          self.meta_info)
 
     def select(self, batch_keys: list[str] | None = None, non_tensor_batch_keys: list[str] | None = None,
                meta_info_keys: list[str] | None = None, deepcopy: bool = False) -> DataProto:
         """A DataProto with only the named keys (None keeps every key of that part); shares tensors unless deepcopy."""
-        selected = DataProto(_pick(self.batch, batch_keys, "batch"),
+        selected = type(self)(_pick(self.batch, batch_keys, "batch"),
                              _pick(self.non_tensor_batch, non_tensor_batch_keys, "non_tensor_batch"),
                              _pick(self.meta_info, meta_info_keys, "meta_info"))
         return copy.deepcopy(selected) if deepcopy else selected
@@ -147,7 +153,7 @@ class DataProto:
         popped = self.select(batch_keys or [], non_tensor_batch_keys or [], meta_info_keys or [])
         for part, keys in ((self.batch, popped.batch), (self.non_tensor_batch, popped.non_tensor_batch),
                            (self.meta_info, popped.meta_info)):
-            for key in keys:
+            for key in list(keys.keys()):
                 del part[key]
         return popped
 
@@ -192,22 +198,57 @@ class DataProto:
             raise ValueError("concat: needs at least one DataProto")
         first = data[0]
         for index, item in enumerate(data[1:], start=1):
-            if item.batch.keys() != first.batch.keys() or item.non_tensor_batch.keys() != first.non_tensor_batch.keys():
-                raise ValueError(f"concat: item {index} has keys {sorted(item.batch)} + {sorted(item.non_tensor_batch)}, "
-                                 f"item 0 has {sorted(first.batch)} + {sorted(first.non_tensor_batch)}")
-        meta_info = dict(first.meta_info)
+            if set(item.batch.keys()) != set(first.batch.keys()) or item.non_tensor_batch.keys() != first.non_tensor_batch.keys():
+                raise ValueError(f"concat: item {index} has keys {sorted(item.batch.keys())} + "
+                                 f"{sorted(item.non_tensor_batch)}, item 0 has {sorted(first.batch.keys())} + "
+                                 f"{sorted(first.non_tensor_batch)}")
+        return type(first)({key: torch.cat([item.batch[key] for item in data]) for key in first.batch.keys()},
+                           {key: np.concatenate([item.non_tensor_batch[key] for item in data])
+                            for key in first.non_tensor_batch},
+                           type(first).concat_meta_info(data))
+
+    @staticmethod
+    def concat_meta_info(data: list[DataProto]) -> dict:
+        """concat's meta_info: the first item's (ranks may differ in per-rank values, such as timings), with
+        ``metrics`` collected from every item (see concat)."""
+        meta_info = dict(data[0].meta_info)
         if any("metrics" in item.meta_info for item in data):
             meta_info["metrics"] = _merge_metrics(data)
-        return DataProto({key: torch.cat([item.batch[key] for item in data]) for key in first.batch},
-                         {key: np.concatenate([item.non_tensor_batch[key] for item in data])
-                          for key in first.non_tensor_batch},
-                         meta_info)
+        return meta_info
 
     def repeat(self, repeat_times: int = 2, interleave: bool = True) -> DataProto:
         """Repeat every row: interleave gives a,a,b,b (one group per prompt, as rollout.n); otherwise a,b,a,b."""
         rows = np.arange(len(self))
         rows = np.repeat(rows, repeat_times) if interleave else np.tile(rows, repeat_times)
         return self._take_rows(rows)
+
+    def sample_level_repeat(self, repeat_times: list[int] | tuple[int, ...] | np.ndarray | torch.Tensor) -> DataProto:
+        """Repeat row i ``repeat_times[i]`` times, in row order (a,a,a,b,c,c for [3, 1, 2])."""
+        counts = np.asarray(repeat_times.cpu() if isinstance(repeat_times, torch.Tensor) else repeat_times)
+        if counts.shape != (len(self),) or not np.issubdtype(counts.dtype, np.integer) or (counts < 0).any():
+            raise ValueError(f"sample_level_repeat: repeat_times must hold one count >= 0 per row ({len(self)} "
+                             f"rows), got {counts.tolist()}")
+        return self._take_rows(np.repeat(np.arange(len(self)), counts))
+
+    def unfold_column_chunks(self, n_split: int, split_keys: list[str] | None = None) -> DataProto:
+        """Each row becomes ``n_split`` rows: the keys in ``split_keys`` are cut along their second dimension into
+        n_split pieces (one per new row), every other key is repeated (verl's unfold_column_chunks)."""
+        split_keys = set(split_keys or [])
+        parts = {"batch": dict(self.batch.items()), "non_tensor_batch": self.non_tensor_batch}
+        unfolded = {}
+        for name, part in parts.items():
+            unfolded[name] = {}
+            for key, value in part.items():
+                if key not in split_keys:
+                    unfolded[name][key] = (value.repeat_interleave(n_split, dim=0) if isinstance(value, torch.Tensor)
+                                           else np.repeat(value, n_split, axis=0))
+                    continue
+                if value.ndim < 2 or value.shape[1] % n_split:
+                    raise ValueError(f"unfold_column_chunks: {name}[{key!r}] has shape {tuple(value.shape)}; its "
+                                     f"second dimension must split into {n_split} equal pieces")
+                unfolded[name][key] = value.reshape(value.shape[0] * n_split, value.shape[1] // n_split,
+                                                    *value.shape[2:])
+        return type(self)(unfolded["batch"], unfolded["non_tensor_batch"], self.meta_info)
 
     def reorder(self, indices: torch.Tensor | np.ndarray | list[int]) -> None:
         """Permute the rows in place: row i becomes old row ``indices[i]``."""
@@ -236,12 +277,12 @@ class DataProto:
 
     def to(self, device: str | torch.device) -> DataProto:
         """Move every tensor to ``device`` in place; returns self so calls chain."""
-        self.batch = {key: value.to(device) for key, value in self.batch.items()}
+        self.batch = self._as_batch({key: value.to(device) for key, value in self.batch.items()})
         return self
 
     def __deepcopy__(self, memo: dict) -> DataProto:
         # Written out because the pickling state moves tensors to the CPU; a deep copy keeps their device.
-        return DataProto({key: value.clone() for key, value in self.batch.items()},
+        return type(self)({key: value.clone() for key, value in self.batch.items()},
                          copy.deepcopy(self.non_tensor_batch, memo), copy.deepcopy(self.meta_info, memo))
 
     def __getstate__(self) -> dict:
@@ -249,9 +290,9 @@ class DataProto:
                 "non_tensor_batch": self.non_tensor_batch, "meta_info": self.meta_info}
 
     def __setstate__(self, state: dict) -> None:
-        self.batch = {key: _unpack_tensor(*packed) for key, packed in state["batch"].items()}
         self.non_tensor_batch = state["non_tensor_batch"]
         self.meta_info = state["meta_info"]
+        self.batch = self._as_batch({key: _unpack_tensor(*packed) for key, packed in state["batch"].items()})
 
     def save_to_disk(self, path: str) -> None:
         """Write with pickle (tensors land on the CPU). Load only files you trust: unpickling runs code."""
@@ -302,15 +343,15 @@ def _as_row_array(key: str, value) -> np.ndarray:
 
 def _pick(part: dict, keys: list[str] | None, name: str) -> dict:
     if keys is None:
-        return dict(part)
+        return dict(part.items())
     missing = [key for key in keys if key not in part]
     if missing:
-        raise KeyError(f"DataProto {name} has no key(s) {missing}; available: {sorted(part)}")
+        raise KeyError(f"DataProto {name} has no key(s) {missing}; available: {sorted(part.keys())}")
     return {key: part[key] for key in keys}
 
 
 def _has_rows(data: DataProto) -> bool:
-    return bool(data.batch or data.non_tensor_batch)
+    return bool(data.batch.keys() or data.non_tensor_batch)
 
 
 def _values_equal(first, second) -> bool:
