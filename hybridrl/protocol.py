@@ -14,6 +14,27 @@ Pickling (Ray, ``save_to_disk``) packs every tensor as a flat numpy byte view of
 ships such arrays out of band: the bytes go straight from the tensor into the object store (one
 copy) and come back as one copy out of the read-only object store into a private, writable tensor.
 Tensors always arrive on the CPU; the receiver moves them with ``.to(device)``.
+
+Why ``batch`` is a dict and not verl's ``tensordict.TensorDict`` (issue 57, decided 2026-12-06). Measured with
+benchmarks/dataproto_tensordict.py on a PPO batch of 1024 rows x 4096 tokens (12 keys, 176 MiB), on the 2-core CPU
+machine shared with other jobs (so each op's median of 5-9 runs, ours and tensordict's in turn; 3 runs of it):
+- the copying operations cost the same, they are memory bound: concat of 8 parts 281 vs 255 ms alone (the
+  benchmark's own runs scattered from 0.28x to 0.90x as the machine's load moved), index by a permutation 82-447
+  vs 154-452 ms (tensordict 1.0-1.9x ours);
+- the per-call operations differ by fractions of a millisecond: chunk into 8 0.22-0.36 vs 0.14-0.16 ms and split into
+  16 0.41-1.07 vs 0.24-0.25 ms (our constructor checks every part's row counts), select 8 vs 5-7 us, to('cpu') 7-15 vs
+  19-35 us;
+- through Ray, to an actor and back: our flat byte views 590 / 1096 ms, verl's default (consolidate + torch.save)
+  1774 / 2217 ms, TensorDict's own pickling 1203 / 2339 ms; adopting TensorDict would keep our pickling;
+- it would delete about 25 lines here (the row-count check, the per-key loops of take/concat/to), not the
+  non-tensor handling, the pickling or the checks with our messages; it adds an 8 MiB package (and pyvers) and about
+  2 s of import to every process that loads this module (Ray workers included; -X importtime, torch's own is 2.3 s);
+- iterating a TensorDict yields rows, not keys: ``for key in data.batch`` and ``sorted(data.batch)`` (3 places in
+  hybridrl, more in tests) would change meaning without an error.
+So hybridrl keeps the dict, and the verl compat layer holds a TensorDict: hybridrl.compat.verl.protocol.DataProto is
+this class with a TensorDict batch (every method here works on either, see _as_batch), which verl's own protocol
+test passes (tests/test_verl_unit_tests.py). What that leaves open: a verl reward manager or filter handed one of
+hybridrl's DataProtos (not one it built) finds a dict, so a TensorDict method on it (``batch.batch_size``) fails.
 """
 from __future__ import annotations
 
