@@ -26,9 +26,10 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (release, file in verl's tests/): for each file, every distinct version of it among verl's 2026 releases, named by
 # the newest release that ships it. Not here: 0.7.0's test_rollout_corr.py, written for the API verl replaced in 0.7.1
 # (rollout_rs "token"/"sequence"/"geometric" with rollout_rs_threshold_lower, the token veto), which verl's current
-# helper refuses too; 0.7.0/0.7.1's test_core_algos_on_cpu.py, not yet run against the estimators it needs.
+# helper refuses too.
 CASES = [
     ("0.9.1", "trainer/ppo/test_core_algos_on_cpu.py"),  # = 0.8.0, 0.9.0
+    ("0.7.1", "trainer/ppo/test_core_algos_on_cpu.py"),  # = 0.7.0
     ("0.9.1", "trainer/ppo/test_rollout_corr.py"),  # = 0.9.0
     ("0.8.0", "trainer/ppo/test_rollout_corr.py"),
     ("0.7.1", "trainer/ppo/test_rollout_corr.py"),
