@@ -1,7 +1,8 @@
 """DataProto's batch as our dict of tensors vs as a `tensordict.TensorDict` (verl's), on a realistic PPO batch.
 
 The question (issue 57): should hybridrl.protocol adopt tensordict for `DataProto.batch`? This times the operations
-the trainer runs on every step, the same work done both ways, median of --repeats runs each, the ways compared run in turn within each repeat:
+the trainer runs on every step, the same work done both ways, median of --repeats runs each (the ways compared run
+in turn within each repeat):
 
 - concat (8 worker outputs into one), chunk (into 8 dispatches), split (into 16 mini-batches), select (5 keys),
   index (a shuffled permutation of the rows, as make_iterator), to("cpu") (a no-op move: the per-call overhead);
@@ -17,7 +18,6 @@ import io
 import statistics
 import time
 
-import numpy as np
 import ray
 import torch
 from tensordict import TensorDict
@@ -129,5 +129,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    np.random.seed(0)
     main()

@@ -157,15 +157,15 @@ class DataProto:
     def _take_rows(self, rows: slice | np.ndarray) -> DataProto:
         tensor_rows = rows if isinstance(rows, slice) else torch.from_numpy(rows)
         return type(self)({key: value[tensor_rows] for key, value in self.batch.items()},
-                         {key: value[rows] for key, value in self.non_tensor_batch.items()},
-                         self.meta_info)
+                          {key: value[rows] for key, value in self.non_tensor_batch.items()},
+                          self.meta_info)
 
     def select(self, batch_keys: list[str] | None = None, non_tensor_batch_keys: list[str] | None = None,
                meta_info_keys: list[str] | None = None, deepcopy: bool = False) -> DataProto:
         """A DataProto with only the named keys (None keeps every key of that part); shares tensors unless deepcopy."""
         selected = type(self)(_pick(self.batch, batch_keys, "batch"),
-                             _pick(self.non_tensor_batch, non_tensor_batch_keys, "non_tensor_batch"),
-                             _pick(self.meta_info, meta_info_keys, "meta_info"))
+                              _pick(self.non_tensor_batch, non_tensor_batch_keys, "non_tensor_batch"),
+                              _pick(self.meta_info, meta_info_keys, "meta_info"))
         return copy.deepcopy(selected) if deepcopy else selected
 
     def pop(self, batch_keys: list[str] | None = None, non_tensor_batch_keys: list[str] | None = None,
@@ -219,7 +219,8 @@ class DataProto:
             raise ValueError("concat: needs at least one DataProto")
         first = data[0]
         for index, item in enumerate(data[1:], start=1):
-            if set(item.batch.keys()) != set(first.batch.keys()) or item.non_tensor_batch.keys() != first.non_tensor_batch.keys():
+            if (set(item.batch.keys()) != set(first.batch.keys())
+                    or item.non_tensor_batch.keys() != first.non_tensor_batch.keys()):
                 raise ValueError(f"concat: item {index} has keys {sorted(item.batch.keys())} + "
                                  f"{sorted(item.non_tensor_batch)}, item 0 has {sorted(first.batch.keys())} + "
                                  f"{sorted(first.non_tensor_batch)}")
@@ -255,21 +256,12 @@ class DataProto:
         """Each row becomes ``n_split`` rows: the keys in ``split_keys`` are cut along their second dimension into
         n_split pieces (one per new row), every other key is repeated (verl's unfold_column_chunks)."""
         split_keys = set(split_keys or [])
-        parts = {"batch": dict(self.batch.items()), "non_tensor_batch": self.non_tensor_batch}
-        unfolded = {}
-        for name, part in parts.items():
-            unfolded[name] = {}
-            for key, value in part.items():
-                if key not in split_keys:
-                    unfolded[name][key] = (value.repeat_interleave(n_split, dim=0) if isinstance(value, torch.Tensor)
-                                           else np.repeat(value, n_split, axis=0))
-                    continue
-                if value.ndim < 2 or value.shape[1] % n_split:
-                    raise ValueError(f"unfold_column_chunks: {name}[{key!r}] has shape {tuple(value.shape)}; its "
-                                     f"second dimension must split into {n_split} equal pieces")
-                unfolded[name][key] = value.reshape(value.shape[0] * n_split, value.shape[1] // n_split,
-                                                    *value.shape[2:])
-        return type(self)(unfolded["batch"], unfolded["non_tensor_batch"], self.meta_info)
+        return type(self)(
+            {key: _unfold_column(f"batch[{key!r}]", value, n_split, key in split_keys)
+             for key, value in self.batch.items()},
+            {key: _unfold_column(f"non_tensor_batch[{key!r}]", value, n_split, key in split_keys)
+             for key, value in self.non_tensor_batch.items()},
+            self.meta_info)
 
     def reorder(self, indices: torch.Tensor | np.ndarray | list[int]) -> None:
         """Permute the rows in place: row i becomes old row ``indices[i]``."""
@@ -360,6 +352,18 @@ def _as_row_array(key: str, value) -> np.ndarray:
     for index, element in enumerate(value):
         rows[index] = element
     return rows
+
+
+def _unfold_column(name: str, value: torch.Tensor | np.ndarray, n_split: int, split: bool) -> torch.Tensor | np.ndarray:
+    """unfold_column_chunks for one entry: rows (rows, k, ...) -> (rows * n_split, k / n_split, ...), or each row
+    repeated n_split times."""
+    if not split:
+        return (value.repeat_interleave(n_split, dim=0) if isinstance(value, torch.Tensor)
+                else np.repeat(value, n_split, axis=0))
+    if value.ndim < 2 or value.shape[1] % n_split:
+        raise ValueError(f"unfold_column_chunks: {name} has shape {tuple(value.shape)}; its second dimension must "
+                         f"split into {n_split} equal pieces")
+    return value.reshape(value.shape[0] * n_split, value.shape[1] // n_split, *value.shape[2:])
 
 
 def _pick(part: dict, keys: list[str] | None, name: str) -> dict:

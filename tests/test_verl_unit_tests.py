@@ -90,7 +90,7 @@ def test_verls_unit_tests_pass_ported_by_import_lines(release, relative_path, tm
     source = verl_release(release) / "tests" / relative_path
     run, cases = run_test_file(port(source.read_text()), os.path.basename(relative_path), tmp_path)
     output = run.stdout[-6000:] + run.stderr[-2000:]
-    assert cases, f"verl {release} tests/{relative_path}: pytest reported no test case (exit {run.returncode}):\n{output}"
+    assert cases, f"verl {release} tests/{relative_path}: pytest reported no test case (exit {run.returncode}):\n" + output
     file_name = os.path.basename(relative_path)
     not_passed = {case["name"]: f'{case["outcome"]}: {case["message"]}' for case in cases
                   if case["outcome"] != "passed"

@@ -372,7 +372,8 @@ def compute_icepop_or_truncated_is_weights(log_ratio: torch.Tensor, mask: torch.
     if lower is None:
         weights = raw_weights.clamp(max=upper)
     else:
-        weights = torch.where((raw_weights >= lower) & (raw_weights <= upper), raw_weights, torch.zeros_like(raw_weights))
+        inside = (raw_weights >= lower) & (raw_weights <= upper)
+        weights = torch.where(inside, raw_weights, torch.zeros_like(raw_weights))
     metrics = compute_is_metrics(weights, raw_weights, level_log_ratio, mask, level, upper, lower)
     if lower is not None:
         out_of_bounds = (raw_weights < lower) | (raw_weights > upper)

@@ -2,8 +2,8 @@
 
 hybridrl's own DataProto (hybridrl/protocol.py) holds its batch in a dict; verl's holds it in a TensorDict, and code
 written against verl calls TensorDict's methods on it (`batch.batch_size`, `batch.select(...)`, `batch.view(...)`).
-This DataProto is hybridrl's with a TensorDict for a batch: every method is hybridrl's, and where verl's contract differs
-it says so here:
+This DataProto is hybridrl's with a TensorDict for a batch: every method is hybridrl's, and where verl's contract
+differs it says so here:
 
 - `from_dict` turns a list into `np.array(list, dtype=object)` as verl does (equal-length nested lists become a 2-d
   array, which `unfold_column_chunks` splits); hybridrl's keeps one object per row;
@@ -101,6 +101,10 @@ class DataProto(_HybridDataProto):
                         for key, value in self.non_tensor_batch.items()})
         return get_tensordict(columns, self.meta_info)
 
+    def to(self, device: str | torch.device) -> DataProto:
+        self.batch = self.batch.to(device)  # keeps an empty batch's batch size
+        return self
+
     def chunk(self, chunks: int) -> list[DataProto]:
         assert chunks > 0 and len(self) % chunks == 0, (
             f"DataProto.chunk: {len(self)} rows do not split into {chunks} equal chunks")
@@ -171,7 +175,8 @@ def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str
 
 
 def _deep_equal(first, second, visiting: set) -> bool:
-    """Equal values: arrays and containers element-wise, NaN == NaN; a pair already being compared (a cycle) is equal."""
+    """Equal values: arrays and containers element-wise, NaN == NaN; a pair already being compared (a cycle) is
+    equal."""
     pair = (id(first), id(second))
     if pair in visiting:
         return True
