@@ -178,6 +178,32 @@ class DataProto:
                 del part[key]
         return popped
 
+    def select_idxs(self, idxs: list | np.ndarray | torch.Tensor) -> DataProto:
+        """verl's name for ``data[idxs]``: the rows at these indices, or where a boolean mask is True."""
+        return self._take_rows(self._row_indices(idxs))
+
+    def slice(self, start: int | None = None, end: int | None = None, step: int | None = None) -> DataProto:
+        """verl's name for ``data[start:end:step]``."""
+        return self._take_rows(slice(start, end, step))
+
+    def rename(self, old_keys: str | list[str], new_keys: str | list[str]) -> DataProto:
+        """Rename batch keys in place (returns self); each old key must exist and no new key may."""
+        old_keys, new_keys = ([old_keys] if isinstance(old_keys, str) else list(old_keys),
+                              [new_keys] if isinstance(new_keys, str) else list(new_keys))
+        if len(old_keys) != len(new_keys):
+            raise ValueError(f"rename: {len(old_keys)} old keys {old_keys} but {len(new_keys)} new keys {new_keys}")
+        missing = [key for key in old_keys if key not in self.batch]
+        taken = [key for key in new_keys if key in self.batch and key not in old_keys]
+        if missing or taken:
+            raise KeyError(f"rename: batch has no key(s) {missing} / already has key(s) {taken}; "
+                           f"it has {sorted(self.batch.keys())}")
+        tensors = {key: self.batch[key] for key in old_keys}
+        for key in old_keys:
+            del self.batch[key]
+        for old_key, new_key in zip(old_keys, new_keys):
+            self.batch[new_key] = tensors[old_key]
+        return self
+
     def union(self, other: DataProto) -> DataProto:
         """Add other's keys to self (in place, returns self). A key present in both must hold equal values, except
         meta_info["metrics"] (each worker call's own report), whose keys are merged, other's winning."""

@@ -119,6 +119,18 @@ def test_pop_removes_the_keys_from_self():
     assert len(data.pop()) == 0 and list(data.batch) == ["x"]  # None pops nothing
 
 
+def test_select_idxs_slice_and_rename_are_verls_names():
+    data = make_data()
+    assert column(data.select_idxs([3, 1])) == [9, 3]
+    assert column(data.select_idxs(np.array([True, False, False, True]))) == [0, 9]
+    assert column(data.slice(1, None, 2)) == [3, 9]
+    renamed = data.rename(["x", "mask"], ["y", "x"])
+    assert renamed is data and sorted(data.batch) == ["x", "y"]
+    assert data.batch["x"].tolist() == [1.0, 0.0, 1.0, 0.0] and data.batch["y"][:, 0].tolist() == [0, 3, 6, 9]
+    with pytest.raises(KeyError, match=r"no key\(s\) \['z'\] / already has key\(s\) \['x'\]"):
+        data.rename(["z", "y"], ["w", "x"])
+
+
 def test_union_adds_keys_and_rejects_conflicts():
     data = make_data()
     other = DataProto.from_dict({"x": torch.arange(12).reshape(4, 3), "y": torch.ones(4)}, {"uid": ["a", "b", "c", "d"]},
