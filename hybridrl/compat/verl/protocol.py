@@ -112,14 +112,16 @@ class DataProto(_HybridDataProto):
 
     @staticmethod
     def concat_meta_info(data: list[DataProto]) -> dict:
+        """Every item's meta_info in one (a key held with two values is refused); ``metrics``, each item's dict or
+        list of dicts, become one dict of lists."""
         merged, metrics = {}, []
         for item in data:
             for key, value in item.meta_info.items():
-                if key == "metrics":
-                    metrics.extend(value if isinstance(value, list) else [] if value is None else [value])
-                    continue
-                assert key not in merged or merged[key] == value, f"Conflicting values for meta_info key '{key}'"
-                merged[key] = value
+                if key != "metrics":
+                    assert key not in merged or merged[key] == value, f"Conflicting values for meta_info key '{key}'"
+                    merged[key] = value
+                elif value is not None:
+                    metrics.extend(value if isinstance(value, list) else [value])
         if metrics:
             merged["metrics"] = {}
             for report in metrics:
