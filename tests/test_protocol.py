@@ -119,6 +119,18 @@ def test_pop_removes_the_keys_from_self():
     assert len(data.pop()) == 0 and list(data.batch) == ["x"]  # None pops nothing
 
 
+def test_select_idxs_slice_and_rename_are_verls_names():
+    data = make_data()
+    assert column(data.select_idxs([3, 1])) == [9, 3]
+    assert column(data.select_idxs(np.array([True, False, False, True]))) == [0, 9]
+    assert column(data.slice(1, None, 2)) == [3, 9]
+    renamed = data.rename(["x", "mask"], ["y", "x"])
+    assert renamed is data and sorted(data.batch) == ["x", "y"]
+    assert data.batch["x"].tolist() == [1.0, 0.0, 1.0, 0.0] and data.batch["y"][:, 0].tolist() == [0, 3, 6, 9]
+    with pytest.raises(KeyError, match=r"no key\(s\) \['z'\] / already has key\(s\) \['x'\]"):
+        data.rename(["z", "y"], ["w", "x"])
+
+
 def test_union_adds_keys_and_rejects_conflicts():
     data = make_data()
     other = DataProto.from_dict({"x": torch.arange(12).reshape(4, 3), "y": torch.ones(4)}, {"uid": ["a", "b", "c", "d"]},
@@ -180,6 +192,44 @@ def test_repeat_interleaved_or_tiled():
     assert column(tiled) == [0, 3, 0, 3]
     assert tiled.non_tensor_batch["uid"].tolist() == ["a", "b", "a", "b"]
     assert tiled.meta_info == {"temperature": 0.7}
+
+
+def test_sample_level_repeat_repeats_each_row_its_own_count():
+    repeated = make_data().sample_level_repeat(torch.tensor([2, 0, 1, 3]))
+    assert column(repeated) == [0, 0, 6, 9, 9, 9]
+    assert repeated.non_tensor_batch["uid"].tolist() == ["a", "a", "c", "d", "d", "d"]
+    with pytest.raises(ValueError, match=r"one count >= 0 per row \(4 rows\), got \[1, 2\]"):
+        make_data().sample_level_repeat([1, 2])
+
+
+def test_unfold_column_chunks_cuts_the_split_keys_and_repeats_the_rest():
+    data = DataProto.from_dict({"x": torch.arange(8).reshape(2, 4), "y": torch.tensor([10, 20])},
+                               {"uid": ["a", "b"]}, {"k": 1})
+    unfolded = data.unfold_column_chunks(2, split_keys=["x"])
+    assert unfolded.batch["x"].tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert unfolded.batch["y"].tolist() == [10, 10, 20, 20]
+    assert unfolded.non_tensor_batch["uid"].tolist() == ["a", "a", "b", "b"]
+    assert unfolded.meta_info == {"k": 1}
+    with pytest.raises(ValueError, match=r"non_tensor_batch\['uid'\] has shape \(2,\); its second dimension"):
+        data.unfold_column_chunks(2, split_keys=["uid"])
+
+
+def test_operations_keep_a_subclass_and_accept_any_mapping_of_tensors():
+    """verl's DataProto (hybridrl.compat.verl.protocol) is a subclass holding a TensorDict: every operation gives back
+    the caller's class, and the constructor takes any mapping with items()."""
+    class Tagged(DataProto):
+        pass
+
+    data = Tagged.from_dict({"x": torch.arange(4)}, {"uid": ["a", "b", "c", "d"]})
+    results = [data[1:3], data[[0, 2]], data.select(["x"]), data.repeat(2), data.chunk(2)[0], copy.deepcopy(data),
+               DataProto.concat([data, data]), data.sample_level_repeat([1, 1, 1, 1]), data.unfold_column_chunks(1)]
+    assert [type(result).__name__ for result in results] == ["Tagged"] * len(results)
+
+    class Mapping:
+        def items(self):
+            return [("x", torch.zeros(2))]
+
+    assert DataProto(Mapping()).batch["x"].tolist() == [0.0, 0.0]
 
 
 def test_reorder_permutes_in_place():

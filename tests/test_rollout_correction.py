@@ -229,3 +229,65 @@ def test_an_invalid_threshold_is_reported_once_without_breaking_the_cross_key_ru
                            "algorithm.rollout_correction.rollout_rs_threshold_lower=0.5")
     assert [p for p in problems if "rollout_correction" in p] == [
         "algorithm.rollout_correction.rollout_rs_threshold: expected > 0, got -1.0"], problems
+
+
+# ---- verl >= 0.8's options (hybridrl.compat.verl.trainer.ppo.rollout_corr_helper): IcePop, divergence rejection
+
+def log_ratio_and_mask():
+    old, rollout, mask = log_probs()
+    return old - rollout, mask  # the padding token's log ratio is 200: it must change nothing
+
+
+def test_icepop_zeroes_the_weights_outside_its_bounds_and_reports_their_share():
+    from hybridrl.algorithms.rollout_correction import compute_icepop_or_truncated_is_weights
+
+    log_ratio, mask = log_ratio_and_mask()
+    weights, m = compute_icepop_or_truncated_is_weights(log_ratio, mask, "token", "0.6_3.5")
+    # ratios [2, 0.5, 4] and [1, 3]: 0.5 and 4 fall outside [0.6, 3.5]
+    torch.testing.assert_close(weights, torch.tensor([[2.0, 0.0, 0.0], [1.0, 3.0, 0.0]]))
+    assert m["rollout_is_oob_ratio"] == pytest.approx(2 / 5)
+    # statistics of the weights as applied: mean 6 / 5, E[w^2] = 14 / 5
+    assert m["rollout_is_mean"] == pytest.approx(1.2)
+    assert m["rollout_is_std"] == pytest.approx(math.sqrt(14 / 5 - 1.2 ** 2))
+    assert m["rollout_is_eff_sample_size"] == pytest.approx(1.2 ** 2 / (14 / 5), rel=1e-6)
+    assert m["rollout_is_seq_fraction_high"] == pytest.approx(0.0)  # raw row means 6.5 / 3 and 2 are inside
+    with pytest.raises(TypeError, match="not a boolean"):
+        compute_icepop_or_truncated_is_weights(log_ratio, mask, "token", True)
+
+
+@pytest.mark.parametrize("options, thresholds, kept, masked_fraction, seq_masked_fraction", [
+    # k2 = (log rho)^2 / 2: [0.24, 0.24, 0.96], [0, 0.60]; at most 0.5 kept
+    ("token_k2", "0.5", [[1, 1, 0], [1, 0, 0]], 2 / 5, 1.0),
+    # k1 = -log rho, row means -log(4) / 3 = -0.46 and -log(3) / 2 = -0.55; kept within [log 0.6, log 1.5]
+    ("seq_mean_k1", "0.6_1.5", [[1, 1, 1], [0, 0, 0]], 2 / 5, 1 / 2),
+    # k3 = rho - 1 - log rho, row maxima 4 - 1 - log 4 = 1.61 and 3 - 1 - log 3 = 0.90; at most 1 kept
+    ("seq_max_k3", "1.0", [[0, 0, 0], [1, 1, 0]], 3 / 5, 1 / 2),
+    # both: a token stays only where both keep it
+    ("token_k2,seq_max_k3", "0.5,1.0", [[0, 0, 0], [1, 0, 0]], 4 / 5, 1.0),
+])
+def test_divergence_rejection_keeps_what_every_option_keeps(options, thresholds, kept, masked_fraction,
+                                                            seq_masked_fraction):
+    from hybridrl.algorithms.rollout_correction import compute_divergence_rejection_mask
+
+    log_ratio, mask = log_ratio_and_mask()
+    keep, m = compute_divergence_rejection_mask(log_ratio, mask, options, thresholds)
+    assert (keep & mask.bool()).int().tolist() == kept
+    assert m["rollout_rs_masked_fraction"] == pytest.approx(masked_fraction)
+    assert m["rollout_rs_seq_masked_fraction"] == pytest.approx(seq_masked_fraction)
+
+
+def test_divergence_rejection_statistics_and_threshold_errors():
+    from hybridrl.algorithms.rollout_correction import compute_divergence_rejection_mask
+
+    log_ratio, mask = log_ratio_and_mask()
+    _, m = compute_divergence_rejection_mask(log_ratio, mask, "seq_mean_k1", "0.6_1.5")
+    # each token carries its row's mean: (3 * -log(4) / 3 + 2 * -log(3) / 2) / 5
+    assert m["rollout_rs_seq_mean_k1_mean"] == pytest.approx(-math.log(12) / 5)
+    assert m["rollout_rs_seq_mean_k1_seq_min"] == pytest.approx(-math.log(3) / 2)
+    assert m["rollout_rs_seq_mean_k1_fraction_low"] == pytest.approx(1 / 2)  # row 1 is below log 0.6
+    with pytest.raises(ValueError, match="only k1 options take 'lower_upper'"):
+        compute_divergence_rejection_mask(log_ratio, mask, "token_k3", "0.5_2")
+    with pytest.raises(ValueError, match=r"one threshold for all of \['token_k1', 'seq_max_k2'\] or one each"):
+        compute_divergence_rejection_mask(log_ratio, mask, "token_k1,seq_max_k2", "1.5,2,3")
+    with pytest.raises(ValueError, match="options must be from"):
+        compute_divergence_rejection_mask(log_ratio, mask, "geometric", "2")
