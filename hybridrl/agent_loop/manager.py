@@ -109,9 +109,10 @@ class AgentLoopWorker:
         self.tokenizer = tokenizer
         self.dataset_cls = get_dataset_class(config.data)
         self.registry = load_agent_loop_config(rollout.agent.agent_loop_config_path)
-        # verl's loops since 0.8 get the worker's tools (built once here) as `tools`, not from the config
-        tool_config_path = rollout.multi_turn.tool_config_path
-        self.tools = ToolListWrap(initialize_tools_from_config(tool_config_path) if tool_config_path else [])
+        # verl's loops since 0.8 get the worker's tools (built once here, for multi-turn runs) as `tools`
+        multi_turn = rollout.multi_turn
+        self.tools = ToolListWrap(initialize_tools_from_config(multi_turn.tool_config_path)
+                                  if multi_turn.enable and multi_turn.tool_config_path else [])
         self.server_manager = AsyncLLMServerManager(server_addresses)
         self.generate_fn = None  # the data flow's generate function, loaded on first use
 
