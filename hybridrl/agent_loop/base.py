@@ -287,7 +287,7 @@ def load_agent_loop_config(path: Optional[str]) -> dict[str, dict[str, Any]]:
     errors name the file and the entry."""
     for module in BUILTIN_AGENT_LOOP_MODULES:
         importlib.import_module(module)
-    for position, entry in enumerate(_read_agent_loop_entries(path)):
+    for position, entry in enumerate(read_agent_loop_entries(path)):
         resolve_target(entry["_target_"], f"{path} entry {position} ({entry['name']!r})")
         _agent_loop_registry[entry["name"]] = {key: value for key, value in entry.items() if key != "name"}
     return dict(_agent_loop_registry)
@@ -295,10 +295,10 @@ def load_agent_loop_config(path: Optional[str]) -> dict[str, dict[str, Any]]:
 
 def yaml_agent_loop_names(path: Optional[str]) -> list[str]:
     """The names the agent-loop YAML at `path` registers, in file order ([] for None)."""
-    return [entry["name"] for entry in _read_agent_loop_entries(path)]
+    return [entry["name"] for entry in read_agent_loop_entries(path)]
 
 
-def _read_agent_loop_entries(path: Optional[str]) -> list[dict[str, Any]]:
+def read_agent_loop_entries(path: Optional[str]) -> list[dict[str, Any]]:
     """The entries of the agent-loop YAML, each checked to be a mapping with string name and _target_."""
     if path is None:
         return []
