@@ -24,6 +24,7 @@ from hybridrl.agent_loop.server_manager import AsyncLLMServerManager
 from hybridrl.config import compose_config, validate_config
 from hybridrl.defaults.tiny_model import build_tokenizer
 from hybridrl.tools import initialize_tools_from_config
+from test_tool_agent_e2e import tool_task  # noqa: F401 - the module-scoped fixture verl_tool_task builds on
 from verl_release import LATEST, RELEASES, port, verl_release
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -273,3 +274,69 @@ def test_a_loop_importing_a_verl_name_hybridrl_lacks_is_refused_before_ray_start
         f"hybridrl.compat.verl provides, got entry 0 ('wants_more') of {loops}: {tmp_path / 'wants_more.py'} line 2 "
         f"imports verl.experimental.agent_loop.no_such_thing, which hybridrl does not provide "
         f"(hybridrl/compat/verl/README.md lists what it does)"]
+
+
+# ---- (b) the built-in tool task trains 2 steps driven by verl's ported ToolAgentLoop (real Ray, 2 gloo ranks)
+
+@pytest.fixture(scope="module")
+def verl_tool_task(tool_task, tmp_path_factory):
+    """tests/test_tool_agent_e2e.py's tool task (a tiny model taught to call the calculator and copy its answer),
+    its rows run by the loop registered as verl_tool_agent."""
+    import pyarrow.parquet as pq
+
+    from hybridrl.data.rl_parquet import write_rl_parquet
+
+    rows = pq.read_table(tool_task["train"]).to_pylist()
+    for row in rows:
+        row["agent_name"] = "verl_tool_agent"
+    train = str(tmp_path_factory.mktemp("verl_tool_task") / "train.parquet")
+    write_rl_parquet(rows, train)
+    return {**tool_task, "train": train, "val": train}
+
+
+def train_two_steps_with_verls_tool_loop(version, task, tmp_path, monkeypatch):
+    from test_async_rollout import fit_keeping_update_batches
+    from test_e2e_training import make_config, read_metrics
+    from test_tool_agent_e2e import tool_overrides
+
+    module = ported_loop(version, "tool_agent_loop", tmp_path, monkeypatch)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")  # Ray workers
+    loops = loop_yaml(tmp_path, {"verl_tool_agent": f"{module}.ToolAgentLoop"})
+    config = make_config(task, str(tmp_path), *tool_overrides(tmp_path, task),
+                         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
+                         "actor_rollout_ref.rollout.agent.default_agent_loop=verl_tool_agent")
+    trainer, batches = fit_keeping_update_batches(config)
+    steps = read_metrics(str(tmp_path))
+    assert len(steps) == 2 and all(step["agent_loop/num_failed"] == 0 for step in steps)
+    tool_turn_start = ("\n" if version.startswith("0.9") else "") + "<|im_start|>user\n<tool_response>\n"
+    rows_with_tool = 0
+    for batch in batches:
+        response_mask = batch.batch["response_mask"]
+        attention = batch.batch["attention_mask"][:, -response_mask.shape[1]:].bool()
+        for row in range(len(batch)):
+            inserted = attention[row] & ~response_mask[row].bool()
+            if inserted.any():  # a tool turn: masked, no advantage, no log-prob, the release's layout
+                rows_with_tool += 1
+                text = trainer.tokenizer.decode(batch.batch["responses"][row][inserted].tolist())
+                assert text.startswith(tool_turn_start) and \
+                    text.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n"), text
+                assert batch.batch["advantages"][row][inserted].abs().sum() == 0
+                assert batch.batch["rollout_log_probs"][row][inserted].abs().sum() == 0
+            assert response_mask[row][attention[row]][-1] == 1  # every conversation ends on the model's turn
+            # the calculator's rewards (0 each: it scores nothing) travel as verl's extra field, one per call
+            assert batch.non_tensor_batch["tool_rewards"][row] == [0.0] * int(inserted.any())
+    assert rows_with_tool > 0
+    assert sum(step["timing_s/agent_loop/generate_sequences/mean"] for step in steps) > 0
+
+
+def test_the_builtin_tool_task_trains_two_steps_driven_by_the_latest_verl_tool_loop(ray_local, verl_tool_task,
+                                                                                  tmp_path, monkeypatch):
+    train_two_steps_with_verls_tool_loop(LATEST, verl_tool_task, tmp_path, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", [version for version in RELEASES if version != LATEST])
+def test_the_builtin_tool_task_trains_two_steps_driven_by_an_earlier_verl_tool_loop(version, ray_local,
+                                                                                   verl_tool_task, tmp_path,
+                                                                                   monkeypatch):
+    train_two_steps_with_verls_tool_loop(version, verl_tool_task, tmp_path, monkeypatch)
