@@ -39,7 +39,8 @@ TEMPLATE = (
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- endif %}")
 PROMPT = "<|im_start|>system\nBe exact.<|im_end|>\n<|im_start|>user\nWhat is 12*34?<|im_end|>\n<|im_start|>assistant\n"
 HERMES_CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*34"}}</tool_call>'
-GPT_OSS_CALL = '<|channel|>commentary to=functions.calculator <|constrain|>json<|message|>{"expression": "12*34"}<|call|>'
+GPT_OSS_CALL = ('<|channel|>commentary to=functions.calculator <|constrain|>json<|message|>{"expression": "12*34"}'
+                '<|call|>')
 TOOL_TURN = "<|im_start|>user\n<tool_response>\n408\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 # 0.9.x put the template's newline after the model's <|im_end|> before the tool turn; earlier releases do not
 TOOL_TURN_BY_RELEASE = {"0.7.0": TOOL_TURN, "0.7.1": TOOL_TURN, "0.8.0": TOOL_TURN, "0.9.0": "\n" + TOOL_TURN,

@@ -17,11 +17,13 @@ sample's dataset row as keyword arguments (raw_prompt, extra_info, tools_kwargs,
 reward_model, data_source, ...). It returns token lists, never padded tensors: padding happens once, when
 the manager turns all outputs into the batch (data/batch_layout.py).
 
-What a loop finds on self (verl's attributes): config (the run config), rollout_config (its
-actor_rollout_ref.rollout), server_manager, tokenizer, processor (None: models here are text-only),
-dataset_cls and data_config (the run's dataset class and `data` config), apply_chat_template_kwargs
+What a loop finds on self (verl's attributes): config (the run config as verl hands it: verl_config.py),
+rollout_config (its actor_rollout_ref.rollout), server_manager, tokenizer, processor (None: models here are
+text-only), dataset_cls and data_config (the run's dataset class and `data` config), apply_chat_template_kwargs
 (data.apply_chat_template_kwargs), system_prompt (the ids the chat template puts before the first message:
-a default system prompt, or nothing) and loop (the event loop).
+a default system prompt, or nothing), turn_separator (the ids it puts after a turn's EOS), verl 0.9's Continuous
+Token methods ct_* (continuous_token.py) and loop (the event loop). The worker's tools come to __init__ as the
+keyword argument `tools` (a ToolListWrap), as verl hands them since 0.8.
 
 A loop that can continue a conversation an abort interrupted (data_flow.partial_rollout) says so with the class
 attribute `can_resume = True` and follows AgentLoopBase.can_resume's contract; loops that do not (verl's own, and
