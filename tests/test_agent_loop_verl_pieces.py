@@ -17,8 +17,6 @@ from hybridrl.tools.schemas import ToolResponse
 
 @pytest.fixture(scope="module")
 def config():
-    import hybridrl.checks  # noqa: F401 - the subsystems' config checks
-
     return validate_config(compose_config([
         "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
         "actor_rollout_ref.rollout.multi_turn.enable=true",

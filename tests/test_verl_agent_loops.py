@@ -15,6 +15,7 @@ the default tier, the others in the slow tier.
 """
 import asyncio
 import os
+import re
 import textwrap
 
 import pytest
@@ -24,7 +25,6 @@ from hybridrl.agent_loop.server_manager import AsyncLLMServerManager
 from hybridrl.config import compose_config, validate_config
 from hybridrl.defaults.tiny_model import build_tokenizer
 from hybridrl.tools import initialize_tools_from_config
-from test_tool_agent_e2e import tool_task  # noqa: F401 - the module-scoped fixture verl_tool_task builds on
 from verl_release import LATEST, RELEASES, port, verl_release
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -104,8 +104,6 @@ def tools_yaml(tmp_path):
 
 
 def run_config(tools_yaml, loops_yaml, *overrides):
-    import hybridrl.checks  # noqa: F401 - the subsystems' config checks
-
     return validate_config(compose_config([
         "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true", "data.max_response_length=200",
         "actor_rollout_ref.rollout.multi_turn.enable=true",
@@ -280,64 +278,83 @@ def test_a_loop_importing_a_verl_name_hybridrl_lacks_is_refused_before_ray_start
 # ---- (b) the built-in tool task trains 2 steps driven by verl's ported ToolAgentLoop (real Ray, 2 gloo ranks)
 
 @pytest.fixture(scope="module")
-def verl_tool_task(tool_task, tmp_path_factory):
-    """tests/test_tool_agent_e2e.py's tool task (a tiny model taught to call the calculator and copy its answer),
-    its rows run by the loop registered as verl_tool_agent."""
+def builtin_tool_task(tmp_path_factory):
+    """The built-in arithmetic tool task (--config-name tool_default), small: 14 questions on operands 10-13, a
+    200-step warm start that mostly calls the calculator and copies its answer. Its rows are run by the loop
+    registered as verl_tool_agent, each with its product as the calculator's ground truth in tools_kwargs."""
     import pyarrow.parquet as pq
 
     from hybridrl.data.rl_parquet import write_rl_parquet
+    from hybridrl.defaults.tool_task import ToolTaskRecipe, prepare_tool_task
 
-    rows = pq.read_table(tool_task["train"]).to_pylist()
+    root = tmp_path_factory.mktemp("builtin_tool_task")
+    recipe = ToolTaskRecipe(train_size=14, test_size=2, low=10, high=13, hidden_size=64, num_heads=2, num_kv_heads=1,
+                            intermediate_size=128, sft_steps=200, sft_batch_size=16, tool_fraction=0.75)
+    paths = prepare_tool_task(str(root / "cache"), recipe)
+    rows = pq.read_table(paths["train_file"]).to_pylist()
     for row in rows:
         row["agent_name"] = "verl_tool_agent"
-    train = str(tmp_path_factory.mktemp("verl_tool_task") / "train.parquet")
-    write_rl_parquet(rows, train)
-    return {**tool_task, "train": train, "val": train}
+        product = str(row["extra_info"]["a"] * row["extra_info"]["b"])
+        row["extra_info"]["tools_kwargs"] = {"calculator": {"create_kwargs": {"ground_truth": product}}}
+    write_rl_parquet(rows, str(root / "train.parquet"))
+    return {"model": paths["model_dir"], "train": str(root / "train.parquet"), "val": str(root / "train.parquet"),
+            "reward": None}
 
 
-def train_two_steps_with_verls_tool_loop(version, task, tmp_path, monkeypatch):
+def train_two_steps_with_verls_tool_loop(version, task, tools_yaml, tmp_path, monkeypatch):
     from test_async_rollout import fit_keeping_update_batches
     from test_e2e_training import make_config, read_metrics
-    from test_tool_agent_e2e import tool_overrides
 
     module = ported_loop(version, "tool_agent_loop", tmp_path, monkeypatch)
-    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")  # Ray workers
+    # the Ray workers import the ported loop (tmp_path) and the calculator (tests/)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), TESTS, os.environ.get("PYTHONPATH", "")]))
     loops = loop_yaml(tmp_path, {"verl_tool_agent": f"{module}.ToolAgentLoop"})
-    config = make_config(task, str(tmp_path), *tool_overrides(tmp_path, task),
-                         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
-                         "actor_rollout_ref.rollout.agent.default_agent_loop=verl_tool_agent")
+    config = make_config(
+        task, str(tmp_path), "custom_reward_function.path=null", "data.max_prompt_length=48",
+        "data.max_response_length=96", "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
+        "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.rollout.agent.num_workers=2",
+        "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.rollout.multi_turn.enable=true",
+        "actor_rollout_ref.rollout.multi_turn.max_user_turns=2",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools_yaml}",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=verl_tool_agent",
+        "actor_rollout_ref.rollout.temperature=0.5")  # mostly the warm start's tool call and copied answer
     trainer, batches = fit_keeping_update_batches(config)
     steps = read_metrics(str(tmp_path))
     assert len(steps) == 2 and all(step["agent_loop/num_failed"] == 0 for step in steps)
     tool_turn_start = ("\n" if version.startswith("0.9") else "") + "<|im_start|>user\n<tool_response>\n"
-    rows_with_tool = 0
+    tool_calls = 0
     for batch in batches:
         response_mask = batch.batch["response_mask"]
         attention = batch.batch["attention_mask"][:, -response_mask.shape[1]:].bool()
         for row in range(len(batch)):
             inserted = attention[row] & ~response_mask[row].bool()
-            if inserted.any():  # a tool turn: masked, no advantage, no log-prob, the release's layout
-                rows_with_tool += 1
-                text = trainer.tokenizer.decode(batch.batch["responses"][row][inserted].tolist())
-                assert text.startswith(tool_turn_start) and \
-                    text.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n"), text
-                assert batch.batch["advantages"][row][inserted].abs().sum() == 0
-                assert batch.batch["rollout_log_probs"][row][inserted].abs().sum() == 0
+            inserted_text = trainer.tokenizer.decode(batch.batch["responses"][row][inserted].tolist())
+            # each tool turn in the release's layout, masked, with no advantage and no log-prob
+            answered = re.findall(re.escape(tool_turn_start) + r"(.*?)\n</tool_response><\|im_end\|>\n"
+                                  r"<\|im_start\|>assistant\n", inserted_text)
+            assert "".join(tool_turn_start + value + "\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+                           for value in answered) == inserted_text
+            assert batch.batch["advantages"][row][inserted].abs().sum() == 0
+            assert batch.batch["rollout_log_probs"][row][inserted].abs().sum() == 0
             assert response_mask[row][attention[row]][-1] == 1  # every conversation ends on the model's turn
-            # the calculator's rewards (0 each: it scores nothing) travel as verl's extra field, one per call
-            assert batch.non_tensor_batch["tool_rewards"][row] == [0.0] * int(inserted.any())
-    assert rows_with_tool > 0
+            # each answer equal to the question's product earned 1: the ground truth came from tools_kwargs
+            product = batch.non_tensor_batch["reward_model"][row]["ground_truth"]
+            assert batch.non_tensor_batch["tool_rewards"][row] == [float(value == product) for value in answered]
+            tool_calls += len(answered)
+    assert tool_calls > 0
     assert sum(step["timing_s/agent_loop/generate_sequences/mean"] for step in steps) > 0
 
 
-def test_the_builtin_tool_task_trains_two_steps_driven_by_the_latest_verl_tool_loop(ray_local, verl_tool_task,
-                                                                                  tmp_path, monkeypatch):
-    train_two_steps_with_verls_tool_loop(LATEST, verl_tool_task, tmp_path, monkeypatch)
+@pytest.mark.timeout(900)  # the task's warm start (200 SFT steps) takes about 2.5 CPU-minutes before the run
+def test_the_builtin_tool_task_trains_two_steps_driven_by_the_latest_verl_tool_loop(ray_local, builtin_tool_task,
+                                                                                  tools_yaml, tmp_path, monkeypatch):
+    train_two_steps_with_verls_tool_loop(LATEST, builtin_tool_task, tools_yaml, tmp_path, monkeypatch)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("version", [version for version in RELEASES if version != LATEST])
 def test_the_builtin_tool_task_trains_two_steps_driven_by_an_earlier_verl_tool_loop(version, ray_local,
-                                                                                   verl_tool_task, tmp_path,
-                                                                                   monkeypatch):
-    train_two_steps_with_verls_tool_loop(version, verl_tool_task, tmp_path, monkeypatch)
+                                                                                   builtin_tool_task, tools_yaml,
+                                                                                   tmp_path, monkeypatch):
+    train_two_steps_with_verls_tool_loop(version, builtin_tool_task, tools_yaml, tmp_path, monkeypatch)
