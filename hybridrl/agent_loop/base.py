@@ -148,7 +148,7 @@ class AgentLoopBase(ABC):
         dataset_cls / data_config: the run's dataset class and `data` config (default: the run config's);
         kwargs: the loop's YAML entry besides name/_target_, also handed to init_class once per class."""
         self.init_class(config=trainer_config.config, tokenizer=tokenizer, processor=processor, **kwargs)
-        self.config = verl_config(trainer_config.config)
+        self.config = trainer_config.config
         self.rollout_config = self.config.actor_rollout_ref.rollout
         self.server_manager = server_manager
         self.tokenizer = tokenizer
