@@ -53,7 +53,7 @@ def test_hermes_malformed_calls_come_back_with_an_error_not_an_exception(body, m
 
 
 def test_unknown_format_is_refused_naming_the_supported_one():
-    with pytest.raises(ValueError, match=r"multi_turn.format: expected one of \['hermes'\], got 'json'"):
+    with pytest.raises(ValueError, match=r"multi_turn.format: expected one of \['gpt-oss', 'hermes'\], got 'json'"):
         get_tool_parser("json")
 
 
@@ -259,7 +259,7 @@ def test_multi_turn_needs_async_mode_and_a_known_format():
                                "actor_rollout_ref.rollout.multi_turn.format=json")
     assert any(p.startswith("actor_rollout_ref.rollout.mode: expected 'async' with actor_rollout_ref.rollout."
                             "multi_turn.enable=true") for p in problems), problems
-    assert any("multi_turn.format: expected one of ['hermes'], got 'json'" in p for p in problems), problems
+    assert any("multi_turn.format: expected one of ['gpt-oss', 'hermes'], got 'json'" in p for p in problems), problems
     bad_side = config_problems("actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=top")
     assert any("tool_response_truncate_side" in p and "middle" in p for p in bad_side), bad_side
     bad_mode = config_problems("actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=loose")

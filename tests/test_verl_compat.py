@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from hybridrl.agent_loop.base import DictConfigWrap, TokenOutput
+from hybridrl.agent_loop.verl_config import unwrap
 from hybridrl.config import ConfigError, compose_config, validate_config
 from hybridrl.defaults.tiny_model import build_tokenizer
 from hybridrl.defaults.tool_chat_template import TOOL_CHAT_TEMPLATE
@@ -54,7 +55,11 @@ def agent_loop_registry_restored():
     ("experimental.agent_loop.agent_loop", "AsyncLLMServerManager", "hybridrl.agent_loop.server_manager"),
     ("experimental.agent_loop.agent_loop", "DictConfigWrap", "hybridrl.agent_loop"),
     ("experimental.agent_loop.agent_loop", "register", "hybridrl.agent_loop"),
+    ("experimental.agent_loop.agent_loop", "ToolListWrap", "hybridrl.agent_loop.base"),
     ("experimental.agent_loop.tool_parser", "ToolParser", "hybridrl.agent_loop.tool_parser"),
+    ("experimental.agent_loop.utils", "build_gpt_oss_tool_response_text", "hybridrl.agent_loop.gpt_oss"),
+    ("tools.function_tool", "FunctionTool", "hybridrl.tools.function_tool"),
+    ("tools.function_tool", "normalize_function_tool_return", "hybridrl.tools.function_tool"),
     ("experimental.agent_loop.tool_agent_loop", "ToolAgentLoop", "hybridrl.agent_loop.tool_agent"),
     ("tools.base_tool", "BaseTool", "hybridrl.tools"),
     ("tools.schemas", "ToolResponse", "hybridrl.tools"),
@@ -157,7 +162,8 @@ def test_a_verl_loop_gets_verls_attributes_tools_kwargs_interaction_and_system_p
     server = ScriptedServer(tokenizer, [CALL, "The answer is 400.", "The answer is 408."])
     loop, output = run_loop(verl_style_agent.ReactAgentLoop, config, tokenizer, server, row)
 
-    assert (loop.dataset_cls, loop.data_config, loop.apply_chat_template_kwargs) == (RLHFDataset, config.data, {})
+    assert (loop.dataset_cls, unwrap(loop.data_config), loop.apply_chat_template_kwargs) == (RLHFDataset, config.data,
+                                                                                             {})
     assert tokenizer.decode(loop.system_prompt) == "<|im_start|>system\nBe exact.<|im_end|>\n"
     assert [(call["image_data"], call["video_data"]) for call in server.calls] == [(None, None)] * 3
     # the ground truth reached the tool (its reward is 1 for the right product); the interaction scored both answers
@@ -318,7 +324,8 @@ def test_loops_are_built_at_start_in_a_worker_whose_tokenizer_has_the_custom_tem
     entries = "- name: probe\n  _target_: start_loops.TemplateProbe\n"
     for loops, failure in ((entries, None), (entries + "- name: traced\n  _target_: start_loops.TracedLoop\n",
                                              r"agent loop 'traced' \(start_loops.TracedLoop\) cannot be built: "
-                                             r"AttributeError: .*'trace'")):
+                                             r"AttributeError: the run config has no key "
+                                             r"'actor_rollout_ref.rollout.trace'")):
         config = loop_config("x.yaml", f"actor_rollout_ref.model.path={model_dir}",
                              "actor_rollout_ref.rollout.multi_turn.enable=false",
                              "actor_rollout_ref.rollout.agent.num_workers=1",

@@ -17,11 +17,13 @@ sample's dataset row as keyword arguments (raw_prompt, extra_info, tools_kwargs,
 reward_model, data_source, ...). It returns token lists, never padded tensors: padding happens once, when
 the manager turns all outputs into the batch (data/batch_layout.py).
 
-What a loop finds on self (verl's attributes): config (the run config), rollout_config (its
-actor_rollout_ref.rollout), server_manager, tokenizer, processor (None: models here are text-only),
-dataset_cls and data_config (the run's dataset class and `data` config), apply_chat_template_kwargs
+What a loop finds on self (verl's attributes): config (the run config as verl hands it: verl_config.py),
+rollout_config (its actor_rollout_ref.rollout), server_manager, tokenizer, processor (None: models here are
+text-only), dataset_cls and data_config (the run's dataset class and `data` config), apply_chat_template_kwargs
 (data.apply_chat_template_kwargs), system_prompt (the ids the chat template puts before the first message:
-a default system prompt, or nothing) and loop (the event loop).
+a default system prompt, or nothing), turn_separator (the ids it puts after a turn's EOS), verl 0.9's Continuous
+Token methods ct_* (continuous_token.py) and loop (the event loop). The worker's tools come to __init__ as the
+keyword argument `tools` (a ToolListWrap), as verl hands them since 0.8.
 
 A loop that can continue a conversation an abort interrupted (data_flow.partial_rollout) says so with the class
 attribute `can_resume = True` and follows AgentLoopBase.can_resume's contract; loops that do not (verl's own, and
@@ -45,6 +47,9 @@ from typing import Any, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict
 
+from hybridrl.agent_loop.chat_render import render_ids, system_prompt_ids, turn_separator_ids
+from hybridrl.agent_loop.continuous_token import ContinuousTokenBuilder, MergeResult
+from hybridrl.agent_loop.verl_config import verl_config
 from hybridrl.data.rl_dataset import get_dataset_class
 
 # name -> {"_target_": "module.Class", **init kwargs}; filled by @register and by the YAML file.
@@ -54,10 +59,19 @@ BUILTIN_AGENT_LOOP_MODULES = ("hybridrl.agent_loop.single_turn", "hybridrl.agent
 
 
 class DictConfigWrap:
-    """How a config travels to an agent loop's __init__ (verl's wrapper): `.config` is the config itself."""
+    """How a config travels to an agent loop's __init__ (verl's wrapper): `.config` is the config as verl hands it,
+    i.e. with verl's keys that hybridrl keeps elsewhere (verl_config.py)."""
 
     def __init__(self, config) -> None:
-        self.config = config
+        self.config = verl_config(config)
+
+
+class ToolListWrap:
+    """How the worker's tools travel to an agent loop's __init__ (verl's wrapper, keyword `tools`): `.tools` is the
+    list built once per worker from multi_turn.tool_config_path."""
+
+    def __init__(self, tools: list) -> None:
+        self.tools = tools
 
 
 class TokenOutput(BaseModel):
@@ -69,6 +83,7 @@ class TokenOutput(BaseModel):
     stop_reason: Optional[str] = None  # "completed" (EOS), "length" (max_tokens) or "aborted"
     num_preempted: Optional[int] = None
     weight_version: Optional[int] = None  # the policy version that generated these tokens (async_server.py)
+    extra_fields: dict[str, Any] = {}  # verl's engines report extras here; hybridrl's servers report none
 
 
 class AgentLoopMetrics(BaseModel):
@@ -95,7 +110,7 @@ class AgentLoopOutput(BaseModel):
     (tool output, observations); response_mask is 1 on the model's tokens (trained on) and 0 on the
     inserted ones. reward_score, when set, is the sample's score and replaces the reward manager's.
     routed_experts (an MoE engine's routing of every token) becomes the batch column of that name.
-    multi_modal_data and mm_processor_kwargs must stay empty: the models here are text-only
+    multi_modal_data, mm_processor_kwargs and mm_processor_output must stay empty: the models here are text-only
     (manager.check_output refuses others).
     """
     prompt_ids: list[int]
@@ -109,6 +124,7 @@ class AgentLoopOutput(BaseModel):
     metrics: AgentLoopMetrics = AgentLoopMetrics()
     extra_fields: dict[str, Any] = {}
     mm_processor_kwargs: Optional[dict[str, Any]] = None
+    mm_processor_output: Optional[list[dict[str, Any]]] = None
     resume_state: Optional[dict[str, Any]] = None  # a resumable loop's state when an abort interrupted it
 
 
@@ -141,6 +157,12 @@ class AgentLoopBase(ABC):
         self.dataset_config = self.data_config  # the name verl's AgentLoopBase gave it before data_config
         self.dataset_cls = get_dataset_class(self.data_config) if dataset_cls is None else dataset_cls
         self.apply_chat_template_kwargs = dict(self.data_config.get("apply_chat_template_kwargs") or {})
+        self.mm_processor_kwargs: dict[str, Any] = {}  # text-only models: no processor to hand arguments to
+        # verl 0.9.0's switch between its two tokenizations (data.continuous_token.enable, off by default there):
+        # off, the loops append template renderings (apply_chat_template + turn_separator); the ct_* methods below
+        # are the other one, which verl 0.9.1's loops always use
+        self.enable_continuous_token = False
+        self.continuous_token_builder = ContinuousTokenBuilder(tokenizer, self.apply_chat_template_kwargs)
         self.loop = asyncio.get_running_loop()
 
     @functools.cached_property
@@ -148,6 +170,12 @@ class AgentLoopBase(ABC):
         """The ids the chat template puts before the first message (computed on first use: a loop that never
         removes it never renders it, and a template that cannot render two user turns in a row fails only there)."""
         return system_prompt_ids(self.tokenizer, self.apply_chat_template_kwargs)
+
+    @functools.cached_property
+    def turn_separator(self) -> list[int]:
+        """The ids the chat template puts after a turn's EOS (verl's name; e.g. a newline): a loop that appends a
+        rendered message after the model's turn puts these first."""
+        return turn_separator_ids(self.tokenizer, self.apply_chat_template_kwargs)
 
     @classmethod
     def init_class(cls, config, tokenizer, processor=None, **kwargs) -> None:
@@ -157,19 +185,41 @@ class AgentLoopBase(ABC):
         cls._class_initialized = True
 
     async def process_vision_info(self, messages: list[dict]) -> dict[str, Any]:
-        """The images and videos of `messages` (verl's name): {} here, where models are text-only (no processor)."""
+        """The images and videos of `messages` (verl's name before 0.8): see process_multi_modal_info."""
+        return await self.process_multi_modal_info(messages)
+
+    async def process_multi_modal_info(self, messages: list[dict]) -> dict[str, Any]:
+        """The images, videos and audios of `messages` (verl's name): {} here, where models are text-only (no
+        processor)."""
         return {}
+
+    def _get_mm_processor_kwargs(self, audio_data: Optional[list[Any]] = None) -> dict[str, Any]:
+        """The processor arguments for this sample (verl's): {} for text-only models; audio is refused."""
+        _refuse_media("_get_mm_processor_kwargs", audio_data=audio_data)
+        return {}
+
+    def _assert_mm_supported(self, has_multi_modal: bool) -> None:
+        """verl's guard before multi-modal inputs reach the tokenizer: refused, the models here are text-only."""
+        if has_multi_modal:
+            raise ValueError("multi-modal inputs given, but the model here is text-only (no processor); "
+                             "multi-modal rollouts are not supported")
+
+    @staticmethod
+    def build_sglang_video_payload(videos, mm_inputs: dict[str, Any]) -> None:
+        """verl's processed-video payload for SGLang: None, as verl gives it without videos (text-only models)."""
+        _refuse_media("build_sglang_video_payload", videos=videos or None)
+        return None
 
     async def apply_chat_template(self, messages: list[dict], tools: Optional[list[dict]] = None,
                                   images: Optional[list[Any]] = None, videos: Optional[list[Any]] = None,
-                                  remove_system_prompt: bool = False, **kwargs) -> list[int]:
+                                  remove_system_prompt: bool = False, audios: Optional[list[Any]] = None,
+                                  mm_processor_kwargs: Optional[dict[str, Any]] = None, **kwargs) -> list[int]:
         """Token ids of `messages` with the generation prompt appended (tokenized off the event loop), rendered
         with data.apply_chat_template_kwargs and `kwargs`. remove_system_prompt drops the leading
         self.system_prompt ids, so that a turn appended to a conversation does not repeat a template's default
-        system prompt. images/videos: only None (text-only models)."""
-        if images is not None or videos is not None:
-            raise ValueError("apply_chat_template: images/videos given, but the model here is text-only (no "
-                             "processor); multi-modal rollouts are not supported")
+        system prompt. images/videos/audios: only None or empty, mm_processor_kwargs only empty (text-only models)."""
+        _refuse_media("apply_chat_template", images=images or None, videos=videos, audios=audios,
+                      mm_processor_kwargs=mm_processor_kwargs or None)
         template_kwargs = {**self.apply_chat_template_kwargs, **kwargs}
 
         def tokenize() -> list[int]:
@@ -178,25 +228,50 @@ class AgentLoopBase(ABC):
         prompt_ids = await self.loop.run_in_executor(None, tokenize)
         return prompt_ids[len(self.system_prompt):] if remove_system_prompt else prompt_ids
 
+    # ---- verl's Continuous Token tokenization (continuous_token.py), under verl's method names
+
+    async def ct_build_initial_tokens(self, messages: list[dict], tools: Optional[list[dict]] = None,
+                                      images=None, videos=None, audios=None,
+                                      mm_inputs_out: Optional[dict] = None) -> list[int]:
+        """The first prompt's ids (the template with the generation prompt); media refused (text-only models)."""
+        _refuse_media("ct_build_initial_tokens", images=images or None, videos=videos or None, audios=audios or None)
+        return await self.loop.run_in_executor(
+            None, lambda: self.continuous_token_builder.build_initial_tokens(messages, tools=tools))
+
+    async def ct_merge_assistant_token(self, runtime_token_ids: list[int], assistant_token_ids: list[int],
+                                       response_mask: list[int], response_logprobs: Optional[list[float]] = None,
+                                       assistant_logprobs: Optional[list[float]] = None
+                                       ) -> tuple[MergeResult, list[int], Optional[list[float]]]:
+        """The model's ids appended: (the merge, the response mask and log-probs extended with 1s and its log-probs)."""
+        merge = self.continuous_token_builder.merge_assistant_tokens(runtime_token_ids, assistant_token_ids)
+        return (merge, *self.continuous_token_builder.align_response_metadata(
+            merge, response_mask, response_logprobs, assistant_logprobs=assistant_logprobs))
+
+    async def ct_merge_context_msg(self, previous_messages: list[dict], updated_messages: list[dict],
+                                   runtime_token_ids: list[int], response_mask: list[int],
+                                   response_logprobs: Optional[list[float]] = None,
+                                   tools: Optional[list[dict]] = None
+                                   ) -> tuple[MergeResult, list[int], Optional[list[float]]]:
+        """The appended tool / user messages' template ids appended: (the merge, the response mask and log-probs
+        extended with 0s)."""
+        merge = await self.loop.run_in_executor(None, lambda: self.continuous_token_builder.merge_context_tokens(
+            previous_messages, updated_messages, runtime_token_ids, tools=tools))
+        return (merge, *self.continuous_token_builder.align_response_metadata(merge, response_mask,
+                                                                                response_logprobs))
+
+    ct_merge_non_assistant_msg = ct_merge_context_msg  # verl 0.9.0's name for it
+
     @abstractmethod
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         """One sample's trajectory. kwargs: the sample's dataset columns (raw_prompt, extra_info, ...)."""
 
 
-def render_ids(tokenizer, messages: list[dict], **template_kwargs) -> list[int]:
-    """The token ids of the chat template's text for `messages` (the text tokenized without special tokens, as the
-    dataset tokenizes prompts, so both give the same ids)."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, **template_kwargs)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def system_prompt_ids(tokenizer, template_kwargs: dict[str, Any]) -> list[int]:
-    """The ids the chat template puts before a conversation's first message (a default system prompt, or []):
-    what one user message adds beyond the ids of two user messages minus one (verl's initialize_system_prompt)."""
-    one = render_ids(tokenizer, [{"role": "user", "content": ""}], add_generation_prompt=False, **template_kwargs)
-    two = render_ids(tokenizer, [{"role": "user", "content": ""}] * 2, add_generation_prompt=False,
-                     **template_kwargs)
-    return one[:len(one) - (len(two) - len(one))]
+def _refuse_media(where: str, **given: Any) -> None:
+    """Multi-modal arguments (any not None) are refused: the models here are text-only."""
+    named = sorted(name for name, value in given.items() if value is not None)
+    if named:
+        raise ValueError(f"{where}: {', '.join(named)} given, but the model here is text-only (no processor); "
+                         f"multi-modal rollouts are not supported")
 
 
 def register(agent_name: str):
@@ -214,7 +289,7 @@ def load_agent_loop_config(path: Optional[str]) -> dict[str, dict[str, Any]]:
     errors name the file and the entry."""
     for module in BUILTIN_AGENT_LOOP_MODULES:
         importlib.import_module(module)
-    for position, entry in enumerate(_read_agent_loop_entries(path)):
+    for position, entry in enumerate(read_agent_loop_entries(path)):
         resolve_target(entry["_target_"], f"{path} entry {position} ({entry['name']!r})")
         _agent_loop_registry[entry["name"]] = {key: value for key, value in entry.items() if key != "name"}
     return dict(_agent_loop_registry)
@@ -222,10 +297,10 @@ def load_agent_loop_config(path: Optional[str]) -> dict[str, dict[str, Any]]:
 
 def yaml_agent_loop_names(path: Optional[str]) -> list[str]:
     """The names the agent-loop YAML at `path` registers, in file order ([] for None)."""
-    return [entry["name"] for entry in _read_agent_loop_entries(path)]
+    return [entry["name"] for entry in read_agent_loop_entries(path)]
 
 
-def _read_agent_loop_entries(path: Optional[str]) -> list[dict[str, Any]]:
+def read_agent_loop_entries(path: Optional[str]) -> list[dict[str, Any]]:
     """The entries of the agent-loop YAML, each checked to be a mapping with string name and _target_."""
     if path is None:
         return []

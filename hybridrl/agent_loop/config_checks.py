@@ -1,7 +1,8 @@
 """Config checks of the agent loops (rollout.mode=async, multi-turn), registered with hybridrl.config.checks:
 async mode reads the raw chat and serves the built-in engines, multi-turn runs as an agent loop with a tool-call
 syntax it parses, the data flow's partial rollout continues only a default loop that can resume, and before the
-start every agent-loop YAML entry imports and the default loop is registered."""
+start every agent-loop YAML entry imports (its file's verl imports all provided by hybridrl.compat.verl) and the
+default loop is registered."""
 from __future__ import annotations
 
 from hybridrl.config.checks import Values, register_check
@@ -83,8 +84,24 @@ def _check_agent_loops(config: PPOConfig, problems: list[str]) -> None:
     agent = config.actor_rollout_ref.rollout.agent
     if config.actor_rollout_ref.rollout.mode != "async":
         return
-    from hybridrl.agent_loop.base import load_agent_loop_config
+    from hybridrl.agent_loop.base import load_agent_loop_config, read_agent_loop_entries
+    from hybridrl.agent_loop.verl_imports import unprovided_verl_imports
 
+    try:
+        entries = read_agent_loop_entries(agent.agent_loop_config_path)
+    except Exception as err:  # names the file and the entry
+        problems.append(f"actor_rollout_ref.rollout.agent.agent_loop_config_path: expected a YAML list of "
+                        f"{{name, _target_}} entries, got {agent.agent_loop_config_path!r}: {err}")
+        return
+    unprovided = [f"actor_rollout_ref.rollout.agent.agent_loop_config_path: expected agent loops whose verl imports "
+                  f"hybridrl.compat.verl provides, got entry {position} ({entry['name']!r}) of "
+                  f"{agent.agent_loop_config_path}: {line}, which hybridrl does not provide "
+                  f"(hybridrl/compat/verl/README.md lists what it does)"
+                  for position, entry in enumerate(entries)
+                  for line in unprovided_verl_imports(entry["_target_"].rpartition(".")[0])]
+    if unprovided:
+        problems.extend(unprovided)
+        return
     try:
         registry = load_agent_loop_config(agent.agent_loop_config_path)
     except Exception as err:  # names the file and the entry

@@ -43,8 +43,10 @@ import numpy as np
 import ray
 import torch
 
-from hybridrl.agent_loop.base import (AgentLoopMetrics, AgentLoopOutput, DictConfigWrap, instantiate_agent_loop,
-                                      load_agent_loop_config, loop_can_resume, yaml_agent_loop_names)
+from hybridrl.agent_loop.base import (AgentLoopMetrics, AgentLoopOutput, DictConfigWrap, ToolListWrap,
+                                      instantiate_agent_loop, load_agent_loop_config, loop_can_resume,
+                                      yaml_agent_loop_names)
+from hybridrl.agent_loop.verl_config import verl_config
 from hybridrl.agent_loop import sample_generate
 from hybridrl.agent_loop.sample_generate import GenerateContext
 from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, EngineServerError
@@ -52,6 +54,7 @@ from hybridrl.data.hooks import load_hook
 from hybridrl.data.sample import ABORTED, PENDING, Sample
 from hybridrl.protocol import DataProto
 from hybridrl.data.rl_dataset import get_dataset_class
+from hybridrl.tools import initialize_tools_from_config
 from hybridrl.utils.import_utils import load_extensions
 from hybridrl.data.batch_layout import to_batch_layout
 from hybridrl.workers.rollout.sampling import SAMPLING_OVERRIDES, max_new_tokens, sampling_source
@@ -106,6 +109,10 @@ class AgentLoopWorker:
         self.tokenizer = tokenizer
         self.dataset_cls = get_dataset_class(config.data)
         self.registry = load_agent_loop_config(rollout.agent.agent_loop_config_path)
+        # verl's loops since 0.8 get the worker's tools (built once here, for multi-turn runs) as `tools`
+        multi_turn = rollout.multi_turn
+        self.tools = ToolListWrap(initialize_tools_from_config(multi_turn.tool_config_path)
+                                  if multi_turn.enable and multi_turn.tool_config_path else [])
         self.server_manager = AsyncLLMServerManager(server_addresses)
         self.generate_fn = None  # the data flow's generate function, loaded on first use
 
@@ -183,9 +190,11 @@ class AgentLoopWorker:
                                    f"{error}") from error
 
     def _new_loop(self, agent_name: str, server_manager):
-        return instantiate_agent_loop(agent_name, self.registry, trainer_config=DictConfigWrap(self.config),
+        config = verl_config(self.config)
+        return instantiate_agent_loop(agent_name, self.registry, trainer_config=DictConfigWrap(config),
                                       server_manager=server_manager, tokenizer=self.tokenizer, processor=None,
-                                      dataset_cls=self.dataset_cls, data_config=DictConfigWrap(self.config.data))
+                                      dataset_cls=self.dataset_cls, data_config=DictConfigWrap(config.data),
+                                      tools=self.tools)
 
     async def run(self, rows: list[dict[str, Any]], sampling_params: dict[str, Any]) -> dict[str, Any]:
         """The rows' loops run concurrently, their outputs padded here into the rows' share of the batch (RolloutShare
@@ -298,10 +307,12 @@ def check_output(output, rollout_config, agent_name: str) -> None:
                          f"{rollout_config.response_length}")
     if any(value not in (0, 1) for value in output.response_mask):
         raise ValueError("response_mask must hold only 0 and 1")
-    for name in ("multi_modal_data", "mm_processor_kwargs"):
-        if getattr(output, name):
-            raise ValueError(f"{name} is set ({sorted(getattr(output, name))}), but the models here are text-only: "
-                             f"multi-modal training is not supported")
+    for name in ("multi_modal_data", "mm_processor_kwargs", "mm_processor_output"):
+        value = getattr(output, name)
+        if value:
+            shown = sorted(value) if isinstance(value, dict) else value
+            raise ValueError(f"{name} is set ({shown}), but the models here are text-only: multi-modal training is "
+                             f"not supported")
 
 
 class AgentLoopManager:

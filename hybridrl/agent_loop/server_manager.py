@@ -56,12 +56,21 @@ class AsyncLLMServerManager:
         return server
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
-                       image_data: Optional[list[Any]] = None, video_data: Optional[list[Any]] = None) -> TokenOutput:
-        """The tokens one server generates after `prompt_ids` (verl's signature). The models here are text-only:
-        image_data and video_data must be None (what verl's loops pass for text, from process_vision_info)."""
-        if image_data is not None or video_data is not None:
-            raise NotImplementedError("server_manager.generate: image_data/video_data given, but the engines here "
-                                      "serve text-only models; multi-modal rollouts are not supported")
+                       image_data: Optional[list[Any]] = None, video_data: Optional[list[Any]] = None,
+                       audio_data: Optional[list[Any]] = None, mm_processor_kwargs: Optional[dict[str, Any]] = None,
+                       mm_processor_output: Optional[list[dict[str, Any]]] = None, priority: int = 0) -> TokenOutput:
+        """The tokens one server generates after `prompt_ids` (verl's signature, every release of 2026). The models
+        here are text-only: the media arguments must be None or empty (what verl's loops pass for text), and the
+        servers answer requests in arrival order: priority must be 0 (verl's default)."""
+        media = {"image_data": image_data, "video_data": video_data, "audio_data": audio_data,
+                 "mm_processor_kwargs": mm_processor_kwargs, "mm_processor_output": mm_processor_output}
+        given = sorted(name for name, value in media.items() if value)
+        if given:
+            raise NotImplementedError(f"server_manager.generate: {', '.join(given)} given, but the engines here "
+                                      f"serve text-only models; multi-modal rollouts are not supported")
+        if priority != 0:
+            raise NotImplementedError(f"server_manager.generate: priority={priority!r}, but the engine servers here "
+                                      f"answer requests in arrival order (only priority 0)")
         server = self.choose_server(request_id)
         self.in_flight[server] += 1
         try:

@@ -68,15 +68,13 @@ from typing import Any, Optional
 from uuid import uuid4
 
 from hybridrl.agent_loop.base import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from hybridrl.agent_loop.chat_render import template_delta_ids
 from hybridrl.agent_loop.tool_parser import ParsedToolCall, get_tool_parser
 from hybridrl.interactions import BaseInteraction, initialize_interactions_from_config
 from hybridrl.tools import (BaseTool, check_tools_kwargs, initialize_tools_from_config, run_tool_call,
                             tool_phase_kwargs, truncate_text)
 
 DEFAULT_TOOL_TIMEOUT_S = 60.0  # a tool's YAML config may set timeout_s
-# What the tool messages' template delta is cut from: a finished assistant turn (no system message, so templates
-# that add a default system prompt add it here too, and it is stripped with the rest).
-DUMMY_TURN = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "x"}]
 
 
 @register("tool_agent")
@@ -242,27 +240,13 @@ class ToolAgentLoop(AgentLoopBase):
     async def _inserted_message_ids(self, inserted: list[dict]) -> list[int]:
         """The template's tokens for the inserted (tool or user) messages and the next generation prompt (verl's
         delta)."""
-        def tokenize() -> list[int]:
-            prefix = self._render(DUMMY_TURN, add_generation_prompt=False)
-            full = self._render(DUMMY_TURN + inserted, add_generation_prompt=True)
-            end_of_dummy = self._end_of_last_turn(prefix)
-            if full[:end_of_dummy] != prefix[:end_of_dummy]:
-                raise ValueError("the chat template renders earlier messages differently once tool or user "
-                                 "messages follow; their tokens cannot be appended incrementally")
-            return self.tokenizer(full[end_of_dummy:], add_special_tokens=False)["input_ids"]
-        return await self.loop.run_in_executor(None, tokenize)
+        return await self.loop.run_in_executor(None, lambda: template_delta_ids(
+            self.tokenizer, inserted, tools=self.tool_schemas or None, **self.apply_chat_template_kwargs))
 
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=self.tool_schemas or None, tokenize=False,
                                                   add_generation_prompt=add_generation_prompt,
                                                   **self.apply_chat_template_kwargs)
-
-    def _end_of_last_turn(self, text: str) -> int:
-        """Where the model's part of the last assistant turn ends: after its EOS token's text (the model generates
-        it; what the template puts after it, e.g. a newline, is the template's and goes with the next message)."""
-        eos_text = self.tokenizer.eos_token or ""
-        position = text.rfind(eos_text) if eos_text else -1
-        return len(text) if position < 0 else position + len(eos_text)
 
     async def _output(self, messages, conversation, stats) -> AgentLoopOutput:
         """The finished conversation, its tokenization checked (multi_turn.tokenization_sanity_check_mode)."""

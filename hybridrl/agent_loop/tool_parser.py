@@ -50,9 +50,11 @@ def get_tool_parser(name: str) -> Callable[[str], tuple[str, list[ParsedToolCall
 
 
 class FunctionCall(BaseModel):
-    """A call as verl's parsers give it: the tool's name and its arguments as a JSON string."""
+    """A call as verl's parsers give it: the tool's name, its arguments as a JSON string and the call's id where the
+    syntax writes one (None for hermes and gpt-oss)."""
     name: str
     arguments: str
+    tool_call_id: Optional[str] = None
 
 
 class ToolParser:
@@ -66,8 +68,15 @@ class ToolParser:
     def get_tool_parser(cls, name: str, tokenizer) -> "ToolParser":
         return cls(get_tool_parser(name), tokenizer)
 
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """Tokens the engine must stop at for a call to be parsed (verl's): none, the syntaxes here end a call with
+        the model's end of turn."""
+        return []
+
     async def extract_tool_calls(self, responses_ids: list[int], tools=None) -> tuple[str, list[FunctionCall]]:
-        """(the text without its calls, the well-formed calls in order)."""
+        """(the text without its calls, the well-formed calls in order). tools: verl's parsers may consult the
+        schemas; these syntaxes name the tool in the call."""
         content, calls = self.parse(self.tokenizer.decode(responses_ids))
         for call in calls:
             if call.error is not None:
@@ -106,3 +115,6 @@ def _hermes_call(body: str) -> ParsedToolCall:
         return ParsedToolCall(name=call["name"], error=f"the \"arguments\" of a call to {call['name']!r} must be a "
                                                        f"JSON object, got {arguments!r}")
     return ParsedToolCall(name=call["name"], arguments=arguments)
+
+
+from hybridrl.agent_loop import gpt_oss  # noqa: E402,F401 - registers "gpt-oss" (it builds on the names above)

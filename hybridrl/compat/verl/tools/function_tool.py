@@ -1,0 +1,3 @@
+from hybridrl.tools.function_tool import FunctionTool, normalize_function_tool_return
+
+__all__ = ["FunctionTool", "normalize_function_tool_return"]
