@@ -6,6 +6,7 @@ import inspect
 from typing import Any
 
 from hybridrl.config.checks import Values, register_check, register_registry, run_rule
+from hybridrl.config.schema import PPOConfig
 
 
 def _adv_estimator(name: str) -> Any:
@@ -30,6 +31,22 @@ def _critic_matches_estimator(values: Values, problems: list[str]) -> None:
     if estimator == "gae" and values("critic.enable") is False:
         problems.append("critic.enable: expected true or null when algorithm.adv_estimator='gae' "
                         "(GAE needs the critic's values), got False")
+
+
+# Estimators whose baseline is the other responses to the same prompt (grpo_passk refuses groups of one itself).
+GROUP_BASELINE_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo")
+
+
+@register_check("warnings")
+def _group_baseline_needs_a_group(config: PPOConfig) -> list[str]:
+    """rollout.n=1 leaves a group estimator without a baseline. verl's behaviour is kept (a group of one has
+    baseline 0, so the advantage is the response's own score), and said before the start."""
+    estimator, n = config.algorithm.adv_estimator, config.actor_rollout_ref.rollout.n
+    if estimator not in GROUP_BASELINE_ESTIMATORS or n > 1:
+        return []
+    return [f"algorithm.adv_estimator={estimator!r} with actor_rollout_ref.rollout.n={n} has no baseline: its "
+            f"baseline is the mean score of the other responses to the same prompt, and there are none, so each "
+            f"response's advantage is its own score (as in verl); set actor_rollout_ref.rollout.n to 2 or more"]
 
 
 ROLLOUT_CORRECTION = "algorithm.rollout_correction"
