@@ -236,8 +236,7 @@ class RewardManagerBase:
                 raise ScoreTimeoutError(
                     f"reward_model.score_timeout={self.score_timeout:g} s exceeded: scorer "
                     f"{scorer_name(self.compute_score)} has been busy for {_tenths(busy_for)} s with "
-                    f"{calls[number].what}; "
-                    f"fix the scorer or raise reward_model.score_timeout (null: no limit)")
+                    f"{calls[number].what}; fix the scorer or raise reward_model.score_timeout (null: no limit)")
             if time.monotonic() >= next_report:
                 logger.warning("reward scoring: scorer %s has been busy for %s s with %s (the run fails at "
                                "reward_model.score_timeout=%g s)", scorer_name(self.compute_score), _tenths(busy_for),
