@@ -72,10 +72,14 @@ class DecodedResponses:
     def __len__(self) -> int:
         return len(self.solution_strs)
 
-    def describe(self, sample: int) -> str:
-        """How a message names a sample: `sample 3 (data_source 'x', row 17)`."""
-        row = "" if self.rows[sample] is None else f", row {self.rows[sample]}"
-        return f"sample {sample} (data_source {self.data_sources[sample]!r}{row})"
+    def describe(self, sample: int, with_response: bool = False) -> str:
+        """How a message names a sample: `sample 3 (data_source 'x', row 17[, response '...'])`."""
+        details = [f"data_source {self.data_sources[sample]!r}"]
+        if self.rows[sample] is not None:
+            details.append(f"row {self.rows[sample]}")
+        if with_response:
+            details.append(f"response {_preview(self.solution_strs[sample])}")
+        return f"sample {sample} ({', '.join(details)})"
 
 
 class ScorerFailure:
@@ -276,9 +280,8 @@ class RewardManagerBase:
         problem = invalid_score_problem(result["score"] if isinstance(result, dict) else result)
         if problem is None:
             return result
-        what = (f"sample {sample} (data_source {decoded.data_sources[sample]!r}, "
-                f"response {_preview(decoded.solution_strs[sample])})")
-        return ScorerFailure(InvalidScoreError(f"{scorer_name(self.compute_score)} returned {problem} for {what}"))
+        return ScorerFailure(InvalidScoreError(f"{scorer_name(self.compute_score)} returned {problem} for "
+                                               f"{decoded.describe(sample, with_response=True)}"))
 
     def _refuse_or_warn(self, results: list, decoded: DecodedResponses) -> None:
         """Every sample failed: raise, naming the first. Some failed: warn once per manager, naming the first."""
