@@ -14,6 +14,7 @@ import pytest
 import ray
 
 from hybridrl.config import check_before_start
+from hybridrl.config.cli_errors import describe_run_error
 from hybridrl.trainer.forwarded_output import END_OF_OUTPUT, print_end_of_output, wait_for_runner_output
 from tests.test_e2e_training import base_overrides, make_config
 
@@ -114,6 +115,25 @@ def test_the_driver_gets_every_line_an_actor_printed_before_it_goes_on(ray_local
     ray.kill(talker)
     wait_for_runner_output(talker)  # a runner that is gone: nothing to wait for, no warning
     assert "did not reach this console" not in capsys.readouterr().err
+
+
+def test_a_workers_exception_handed_up_twice_is_named_as_the_worker_raised_it(ray_local):
+    """A rank raises, the TaskRunner's ray.get re-raises it, the driver's ray.get wraps it again: the run error line
+    is the rank's own exception; the traceback below it is Ray's text of both remote stacks, each once."""
+    def rank_step():
+        raise KeyError("lm_head.weight")
+
+    def task_runner_run():
+        return ray.get(ray.remote(rank_step).remote())
+
+    with pytest.raises(ray.exceptions.RayTaskError) as caught:
+        ray.get(ray.remote(task_runner_run).remote())
+    report = describe_run_error(caught.value).splitlines()
+    assert report[0] == "run error: KeyError: 'lm_head.weight'"
+    traceback_text = "\n".join(report[1:])
+    assert "ray::task_runner_run()" in report[1]
+    assert traceback_text.count("in rank_step") == 1 and traceback_text.count("in task_runner_run") == 1
+    assert report[-1].endswith("KeyError: 'lm_head.weight'")
 
 
 def test_a_group_estimator_with_one_response_per_prompt_is_warned_before_the_start(toy_task, tmp_path):
