@@ -3,9 +3,12 @@
 #
 #   bash recipes/gsm_symbolic_prepare.sh GGUF_SOURCE MODEL_DIR DATA_DIR RUN_DIR
 #
-# 1. Data: 2048 train and 252 test questions of reasoning-gym gsm_symbolic (the generator's 256 less 2 also in train
-#    and 2 it cannot grade), each followed by 'Let's think step by step and output the final answer after "####".'
-#    (GSM8K's layout; ~10 s; rebuilt every time, so it always matches this script).
+# 1. Data: reasoning-gym gsm_symbolic split by template (~10 s; rebuilt every time, so it always matches this
+#    script): 17 of its 85 templates, drawn with seed 0, are held out of training. train.parquet: 2048 questions of
+#    the other 68; test.parquet: 256 of the 17 held-out templates (transfer to problems never trained on);
+#    test_in_template.parquet: 256 of the training templates (other names and numbers, none also in train). Each
+#    question is followed by 'Let's think step by step and output the final answer after "####".' (GSM8K's layout);
+#    each row's extra_info.template names its template. The script prints how many questions each template has.
 # 2. Model: GGUF_SOURCE of hybridrl/models/gguf_source.py, its size and SHA-256 checked, dequantised to a bf16 HF
 #    directory at MODEL_DIR, checked against the GGUF model and published whole (a directory there is complete, so
 #    it is reused). Read from the installed chunk packages, or from GGUF_WHEELS (a folder of the chunk wheels),
@@ -25,7 +28,7 @@ elif [ -e "$RUN_DIR/metrics.jsonl" ]; then
     exit 1
 fi
 python examples/data_preprocess/reasoning_gym.py --task gsm_symbolic --size 2048 --test_size 256 --seed 0 \
-    --answer_format hash --drop_ungradeable --local_dir "$DATA_DIR"
+    --answer_format hash --drop_ungradeable --held_out_templates 0.2 --local_dir "$DATA_DIR"
 if [ ! -d "$MODEL_DIR" ]; then
     python -m hybridrl.models.gguf_source --model "$SOURCE" --out "$MODEL_DIR" \
         ${GGUF_WHEELS:+--wheels "$GGUF_WHEELS"} ${GGUF_PIECES:+--pieces "$GGUF_PIECES"} ${GGUF_FILE:+--gguf "$GGUF_FILE"}

@@ -1,17 +1,46 @@
-"""The reward of the gsm_symbolic recipes: reasoning-gym's own score, with `acc` and `formatted` beside it for the logs.
+"""The reward of the gsm_symbolic recipes: reasoning-gym's own score, with `acc`, `formatted` and `last_number_right`
+beside it for the logs; and one variant of the score.
 
-The score is exactly the built-in scorer's (1.0 right number, 0.01 a wrong number given in the row's
-answer format, 0.0 no answer in that format), so training is the same as without this file. The two
-extras separate what the one score mixes: `formatted` (the model gave an answer in the format) and
-`acc` (the number was right). The trainer logs them as reward/{acc,formatted}/mean each step and
-val-aux/{acc,formatted}/mean@1 at each validation, so a rising validation score can be told apart:
-format learned, or problems solved.
+`compute_score` is exactly the built-in scorer's (1.0 right number, 0.01 a wrong number given in the row's
+answer format, 0.0 no answer in that format), so training is the same as without this file. The extras separate
+what the one score mixes: `formatted` (the model gave an answer in the format), `acc` (the number was right) and
+`last_number_right` (the last number of the answer is right, in any format: what the model can solve, whether or
+not it learned the format). The trainer logs them as reward/<extra>/mean each step and, at each validation,
+val-aux/<extra>/mean@1 (all sets) and eval/<set>/<extra> (each of data.eval_sets), so a rising validation score
+can be told apart: format learned, or problems solved.
+
+`compute_score_no_format_credit` (custom_reward_function.name=compute_score_no_format_credit) scores a wrong number
+in the format 0.0 instead of 0.01, as verl's GSM8K scorer does by default (format_score=0). Why it matters: GRPO
+divides a group's advantages by its standard deviation, so a lone 0.01 in a group of zeros gets the same advantage
+as a lone right answer, and writing "#### N" at all pays as much as being right (recipes/qwen25_coder_gsm_symbolic/
+README.md).
 """
 from hybridrl.reward.scorers import default_compute_score
+from hybridrl.reward.scorers.gsm8k import extract_solution
 from hybridrl.reward.scorers.reasoning_gym import extract_answer, row_answer_format
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None) -> dict:
     score = default_compute_score(data_source, solution_str, ground_truth, extra_info)
+    return {"score": score, **_extras(score, solution_str, ground_truth, extra_info)}
+
+
+def compute_score_no_format_credit(data_source, solution_str, ground_truth, extra_info=None) -> dict:
+    score = default_compute_score(data_source, solution_str, ground_truth, extra_info)
+    return {"score": float(score == 1.0), **_extras(score, solution_str, ground_truth, extra_info)}
+
+
+def _extras(score: float, solution_str: str, ground_truth, extra_info: dict) -> dict:
+    """acc, formatted and last_number_right of one answer (the module docstring); `score`: the built-in one."""
     answer = extract_answer(solution_str, row_answer_format(extra_info))
-    return {"score": score, "acc": float(score == 1.0), "formatted": float(answer is not None)}
+    last_number = extract_solution(solution_str, method="flexible")  # GSM8K's: thousands separators, "$" dropped
+    return {"acc": float(score == 1.0), "formatted": float(answer is not None),
+            "last_number_right": float(last_number is not None and _same_number(last_number, ground_truth))}
+
+
+def _same_number(text: str, ground_truth) -> bool:
+    """Equal as numbers ("12.0" is 12), as reasoning-gym's gsm_symbolic verifier compares them."""
+    try:
+        return float(text) == float(ground_truth)
+    except ValueError:  # "1.2.3": the flexible extraction keeps any run of digits, dots and commas
+        return False

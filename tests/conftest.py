@@ -92,7 +92,8 @@ def pytest_collection_modifyitems(items):
 # The learning tests (slow tier) assert a margin on one run's learning curve. Their margins were measured by running
 # them over seeds: `pytest -m slow tests --learning-seeds 1-8 --learning-log margins.jsonl` runs each once per seed
 # and writes the numbers it asserts on, one JSON line a run, whether or not the run passes. Without the option a test
-# runs at the config's own seed (trainer.seed, data.seed), with no override: the run the test always made.
+# runs at the config's own seed (trainer.seed, data.seed), with no override: the run the test always made; or at the
+# seeds of its @pytest.mark.learning_seeds(1, 2, 3), a test whose claim is about every seed.
 @functools.cache
 def config_seed() -> int:
     """The seed the composed default config trains with; trainer.seed and data.seed share it."""
@@ -127,7 +128,8 @@ def parse_seeds(text: str) -> list[int]:
 def pytest_generate_tests(metafunc):
     if "learning_seed" in metafunc.fixturenames:
         text = metafunc.config.getoption("learning_seeds")
-        seeds = parse_seeds(text) if text else [config_seed()]
+        own_seeds = metafunc.definition.get_closest_marker("learning_seeds")
+        seeds = parse_seeds(text) if text else list(own_seeds.args) if own_seeds else [config_seed()]
         metafunc.parametrize("learning_seed", seeds, ids=[f"seed{seed}" for seed in seeds])
 
 

@@ -1,5 +1,7 @@
 """Named eval sets with their own sampling (issue #15 point 7): config checks, metrics by hand, sampling overrides
 in the engines, and a real CPU validation (2 gloo ranks, HF rollout) of the toy task with two eval sets."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -11,9 +13,9 @@ from hybridrl.protocol import DataProto
 from hybridrl.trainer.ppo.evaluation import (EvalSet, ValidationResults, eval_set_metrics, eval_sets_from_config,
                                              truncated_responses)
 from hybridrl.trainer.ppo.metric_utils import compute_validation_metrics
-from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
+from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer, _val_score
 from hybridrl.workers.rollout.sampling import max_new_tokens, sampling_source
-from tests.test_e2e_training import make_config
+from tests.test_e2e_training import make_config, read_metrics
 
 EOS = 2
 
@@ -51,6 +53,27 @@ def test_validation_without_any_set_is_refused():
     with pytest.raises(ConfigError, match=r"data.val_files: expected at least one .parquet file"):
         validate_config(compose_config(["data.val_files=[]", "trainer.val_before_train=true"]))
     validate_config(compose_config(["data.val_files=[]", "data.eval_sets=[{name: a, path: a.parquet}]"]))
+
+
+def test_summary_metric_must_be_a_metric_that_validation_logs():
+    sets = "data.eval_sets=[{name: held_out, path: a.parquet}]"
+    for metric in ("eval/held_out", "eval/held_out/acc", "eval/held_out-truncated_ratio", "val-aux/acc/mean@1"):
+        validate_config(compose_config([sets, f"trainer.summary_metric={metric}"]))
+    for metric in ("eval/heldout/acc", "reward/acc/mean", "val-core"):
+        with pytest.raises(ConfigError) as error:
+            validate_config(compose_config([sets, f"trainer.summary_metric={metric}"]))
+        assert error.value.problems == [
+            "trainer.summary_metric: expected a validation metric, val-core/..., val-aux/... or eval/<a name of "
+            f"data.eval_sets: ['held_out']>[/...], got {metric!r}"]
+
+
+def test_summary_score_is_the_named_metric_or_the_mean_of_val_core():
+    metrics = {"val-core/a/reward/mean@1": 0.2, "val-core/b/reward/mean@1": 0.6, "eval/held_out/acc": 0.25}
+    assert _val_score(metrics, None) == pytest.approx(0.4)
+    assert _val_score(metrics, "eval/held_out/acc") == 0.25
+    with pytest.raises(ValueError, match=r"trainer.summary_metric: expected one of this validation's metrics, got "
+                                         r"'eval/held_out/last_number_right'; it logged \['eval/held_out/acc', "):
+        _val_score(metrics, "eval/held_out/last_number_right")
 
 
 # ---------------------------------------------------------------------------------------------- metrics by hand
@@ -124,6 +147,9 @@ def test_eval_sets_pool_val_core_by_n_and_add_their_own_keys():
     assert metrics["eval/many"] == pytest.approx(2 / 3)
     assert metrics["eval/many-truncated_ratio"] == pytest.approx(2 / 3)
     assert metrics["eval/many/response_len/mean"] == pytest.approx(5 / 3)
+    # the reward extras of each set under its own name (acc: score > 0), besides val-aux's pool of all sets
+    assert (metrics["eval/short/acc"], metrics["eval/many/acc"]) == (0.0, pytest.approx(2 / 3))
+    assert metrics["val-aux/acc/mean@1"] == pytest.approx(1 / 3)
 
 
 # ---------------------------------------------------------------------------------------------- engines' sampling
@@ -184,3 +210,24 @@ def test_validation_runs_each_eval_set_with_its_own_sampling(ray_local, toy_task
     pooled = torch.cat([plain_reward["reward_tensor"].sum(-1), short_scores])
     assert metrics["val-core/toy/letter_a/reward/mean@1"] == pytest.approx(pooled.mean().item())
     assert metrics["val-core/toy/letter_a/reward/mean@3"] == pytest.approx(metrics["eval/sampled"])
+
+
+def test_summary_json_leads_with_the_metric_that_trainer_summary_metric_names(ray_local, toy_task, tmp_path):
+    """A recipe names its headline; summary.json starts with that name and holds that metric's values, not the mean of
+    val-core/. Here the "short" set's response length: 3 tokens (its cap; the toy model never stops that early),
+    where the untrained toy model's scores are all 0."""
+    config = make_config(toy_task, str(tmp_path), "trainer.val_before_train=true", "trainer.val_only=true",
+                         f"data.eval_sets=[{{name: short, path: {toy_task['val']}, max_response_length: 3}}]",
+                         "trainer.summary_metric=eval/short/response_len/mean")
+    trainer = RayPPOTrainer(config)
+    trainer.init_workers()
+    try:
+        trainer.fit()
+    finally:
+        trainer.shutdown()
+    (logged,) = read_metrics(str(tmp_path))
+    with open(tmp_path / "summary.json") as f:
+        summary = json.load(f)
+    assert next(iter(summary)) == "val_score_metric" and summary["val_score_metric"] == "eval/short/response_len/mean"
+    assert summary["val_score_before"] == summary["val_score_after"] == logged["eval/short/response_len/mean"] == 3.0
+    assert logged["val-core/toy/letter_a/reward/mean@1"] != 3.0  # the default score would differ

@@ -119,12 +119,104 @@ def test_ungradeable_rows_are_refused_or_dropped_and_counted(capsys):
 @pytest.mark.parametrize("answer_format, wrap", [("tags", "<answer>{}</answer>"), ("hash", "#### {}")])
 def test_recipe_reward_keeps_the_score_and_tells_format_from_accuracy(answer_format, wrap):
     compute_score = load_extern_object(RECIPE_REWARD, "compute_score")
+    no_format_credit = load_extern_object(RECIPE_REWARD, "compute_score_no_format_credit")
     train, _ = make_train_test_rows("gsm_symbolic", 1, 1, seed=3, answer_format=answer_format)
     row = train[0]
     answer = row["reward_model"]["ground_truth"]
     args = (row["data_source"],)
     kwargs = {"ground_truth": answer, "extra_info": row["extra_info"]}
-    assert compute_score(*args, wrap.format(answer), **kwargs) == {"score": 1.0, "acc": 1.0, "formatted": 1.0}
-    assert compute_score(*args, wrap.format(int(answer) + 1), **kwargs) == {
-        "score": 0.01, "acc": 0.0, "formatted": 1.0}
-    assert compute_score(*args, f"The answer is {answer}.", **kwargs) == {"score": 0.0, "acc": 0.0, "formatted": 0.0}
+    right, wrong = int(answer), int(answer) + 1
+    cases = {  # response: (score, no-format-credit score, acc, formatted, last_number_right)
+        wrap.format(right): (1.0, 1.0, 1.0, 1.0, 1.0),
+        wrap.format(wrong): (0.01, 0.0, 0.0, 1.0, 0.0),
+        f"3 + 4 = 7, so {right:,}.0 apples. " + wrap.format(wrong): (0.01, 0.0, 0.0, 1.0, 0.0),  # the last counts
+        f"The answer is {right}.": (0.0, 0.0, 0.0, 0.0, 1.0),
+        f"So $\\boxed{{{right:,}}}$": (0.0, 0.0, 0.0, 0.0, 1.0),  # any format, thousands separators read as GSM8K's
+        f"{right} apples, then 1.2.3": (0.0, 0.0, 0.0, 0.0, 0.0),  # the last run of digits is not a number
+        "I do not know.": (0.0, 0.0, 0.0, 0.0, 0.0),
+    }
+    for response, (score, strict_score, acc, formatted, last_number_right) in cases.items():
+        extras = {"acc": acc, "formatted": formatted, "last_number_right": last_number_right}
+        assert compute_score(*args, response, **kwargs) == {"score": score, **extras}, response
+        assert no_format_credit(*args, response, **kwargs) == {"score": strict_score, **extras}, response
+
+
+SCRIPT = os.path.join(REPO, "examples", "data_preprocess", "reasoning_gym.py")
+
+
+def test_held_out_templates_split_train_and_test_by_template_and_say_how_many_of_each(tmp_path):
+    from random import Random
+    from reasoning_gym.arithmetic.gsm_symbolic.gsm_symbolic import tasks_ok
+
+    result = run_script("reasoning_gym.py", "--task", "gsm_symbolic", "--size", "40", "--test_size", "12",
+                        "--seed", "3", "--answer_format", "hash", "--drop_ungradeable", "--held_out_templates", "0.2",
+                        "--local_dir", str(tmp_path / "out"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    files = {name: read_rows(tmp_path / "out" / f"{name}.parquet") for name in ("train", "test", "test_in_template")}
+    assert {name: len(rows) for name, rows in files.items()} == {"train": 40, "test": 12, "test_in_template": 12}
+
+    # 17 of the 85 templates (round(0.2 x 85)), drawn with the seed
+    held_out = set(Random(3).sample(sorted(tasks_ok), 17))
+    templates = {name: {row["extra_info"]["template"] for row in rows} for name, rows in files.items()}
+    assert templates["test"] <= held_out and not templates["train"] & held_out
+    assert templates["test_in_template"] <= templates["train"]
+    assert not {r["prompt"][0]["content"] for r in files["train"]} & {
+        r["prompt"][0]["content"] for r in files["test_in_template"]}
+
+    # every row is the library's entry at its index, its template the one the library picked for that index
+    train_seed = 3
+    test_seed = train_seed + files["train"][-1]["extra_info"]["index"] + 1  # the test stream continues the train's
+    for name, rows in files.items():
+        seed = train_seed if name == "train" else test_seed
+        library = reasoning_gym.create_dataset("gsm_symbolic", seed=seed, size=2000)
+        for row in rows:
+            info = row["extra_info"]
+            assert info["split"] == name and json.loads(info["dataset_kwargs_json"])["seed"] == seed
+            assert info["template"] == library.task_indices[info["index"]]
+            assert row["reward_model"]["ground_truth"] == library[info["index"]]["answer"]
+            assert score(row, f"#### {row['reward_model']['ground_truth']}") == 1.0
+    indices = [row["extra_info"]["index"] for row in files["train"]]
+    assert indices == sorted(indices) and indices[0] == min(
+        i for i, template in enumerate(reasoning_gym.create_dataset("gsm_symbolic", seed=3, size=10).task_indices)
+        if template not in held_out)  # the first of the stream, in order
+
+    printed = result.stdout.splitlines()
+    assert printed[0] == ("gsm_symbolic by template: 17 of 85 templates held out of training (--held_out_templates "
+                          f"0.2, seed 3): {', '.join(map(str, sorted(held_out)))}")
+    for name, rows in files.items():
+        counts = {}
+        for row in rows:
+            counts[row["extra_info"]["template"]] = counts.get(row["extra_info"]["template"], 0) + 1
+        line = next(line for line in printed if line.startswith(f"  {name}: "))
+        assert line.startswith(f"  {name}: {len(rows)} rows of {len(counts)} templates")
+        assert line.endswith("questions per template: " + " ".join(f"{t}:{n}" for t, n in sorted(counts.items())))
+
+
+def test_a_template_split_skips_ungradeable_rows_and_counts_them_or_refuses_them():
+    first_rows_by_template = load_extern_object(SCRIPT, "first_rows_by_template")
+    # entries 122 and 207 of seed 2048 have the answer -1, which the verifier reads as 1 (test above); one template
+    task_indices = reasoning_gym.create_dataset("gsm_symbolic", seed=2048, size=300).task_indices
+    template = task_indices[122]
+    assert task_indices[207] == template
+    same_template = [i for i, t in enumerate(task_indices) if t == template and i not in (122, 207)]
+    count = sum(1 for i in same_template if i < 207) + 1  # one more than come before 207: the next one after it
+    picked, drawn, notes = first_rows_by_template(2048, {"some": {template}}, count, set(), {}, "hash", None, True)
+    assert [row["extra_info"]["index"] for row in picked["some"]] == same_template[:count]
+    assert drawn == same_template[count - 1] + 1 and notes == {"some": ["2 ungradeable rows skipped"]}
+    with pytest.raises(RuntimeError, match="reasoning_gym/gsm_symbolic row 122 of seed 2048: the verifier does not "
+                                           "give the entry's own answer full marks; leave such rows out with "
+                                           "--drop_ungradeable"):
+        first_rows_by_template(2048, {"some": {template}}, count, set(), {}, "hash", None, False)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task", "chain_sum", "--held_out_templates", "0.2"],
+     "--held_out_templates: only gsm_symbolic draws its questions from templates, got --task chain_sum"),
+    (["--task", "gsm_symbolic", "--held_out_templates", "0.001"],
+     "--held_out_templates 0.001: expected a share that holds out at least one of the 85 templates and keeps at "
+     "least one for training")])
+def test_a_template_split_that_cannot_be_made_is_refused(tmp_path, args, message):
+    result = run_script("reasoning_gym.py", *args, "--size", "4", "--test_size", "2",
+                        "--local_dir", str(tmp_path / "out"), cwd=tmp_path)
+    assert result.returncode != 0 and message in result.stderr
+    assert not (tmp_path / "out").exists()

@@ -140,9 +140,9 @@ def test_a_group_estimator_with_one_response_per_prompt_is_warned_before_the_sta
     config = make_config(toy_task, str(tmp_path), "actor_rollout_ref.rollout.n=1",
                          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")
     assert check_before_start(config) == [
-        "algorithm.adv_estimator='grpo' with actor_rollout_ref.rollout.n=1 has no baseline: its baseline is the mean "
-        "score of the other responses to the same prompt, and there are none, so each response's advantage is its "
-        "own score (as in verl); set actor_rollout_ref.rollout.n to 2 or more"]
+        "algorithm.adv_estimator='grpo' with actor_rollout_ref.rollout.n=1 has no baseline: it compares each response "
+        "with the other responses to the same prompt, and there are none (verl runs it so too); set "
+        "actor_rollout_ref.rollout.n to 2 or more"]
     assert check_before_start(make_config(toy_task, str(tmp_path))) == []  # rollout.n=2
     assert check_before_start(make_config(toy_task, str(tmp_path), "algorithm=gae", "actor_rollout_ref.rollout.n=1",
                                           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")) == []

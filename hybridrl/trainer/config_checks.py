@@ -67,6 +67,23 @@ def _eval_sets_settings(values: Values, problems: list[str]) -> None:
                         "(trainer.val_before_train or trainer.test_freq > 0) and data.eval_sets is empty, got []")
 
 
+@register_check()
+def _summary_metric_is_logged(values: Values, problems: list[str]) -> None:
+    """trainer.summary_metric must be a metric a validation logs (trainer/ppo/evaluation.py); whether a val-core/ or
+    val-aux/ name is logged shows at the first validation, which names the ones it has. (A run that does not validate
+    writes None, as it does without the key.)"""
+    metric = values("trainer.summary_metric")
+    if metric is None:
+        return
+    set_names = sorted(entry["name"] for entry in values("data.eval_sets")
+                       if isinstance(entry, dict) and isinstance(entry.get("name"), str))
+    prefix, _, rest = metric.partition("/")
+    eval_set = rest.split("/")[0].removesuffix("-truncated_ratio")
+    if not (prefix in ("val-core", "val-aux") and rest or prefix == "eval" and eval_set in set_names):
+        problems.append(f"trainer.summary_metric: expected a validation metric, val-core/..., val-aux/... or "
+                        f"eval/<a name of data.eval_sets: {set_names}>[/...], got {metric!r}")
+
+
 @register_check("paths")
 def _resume_checkpoint_exists(config: PPOConfig, problems: list[str]) -> None:
     if config.trainer.resume_mode == "resume_path" and not os.path.isdir(config.trainer.resume_from_path):

@@ -13,6 +13,7 @@
 #   RESUME       1: continue the run in RUN_DIR from its latest checkpoint (the first part ran with
 #                trainer.save_freq=N), without validating again first; metrics.jsonl goes on where it stopped. For a
 #                run longer than one sitting: the 1.5B model on the offline host's 10-minute calls (README.md)
+#   VAL_MAX_SAMPLES  the first N questions of each test set are validated (default -1: all; smoke_cpu.sh: 4)
 #   GGUF_WHEELS  the model's chunk wheels in this folder (default: the installed chunk packages, see README.md)
 #   GGUF_PIECES  or the pieces and manifest.json that scripts/gpu/stage_gguf.sh staged for an offline host
 #   GGUF_FILE    or the reassembled .gguf file
@@ -24,6 +25,13 @@ SEED=${SEED:-1}
 WORK_DIR=${WORK_DIR:-/tmp/qwen25_coder_gsm_symbolic}
 RUN_DIR=${RUN_DIR:-$WORK_DIR/run_${MODEL}_seed$SEED}
 DATA_DIR=$WORK_DIR/data
+# Validation: two test sets, each logged under its own name with the task's score (eval/<set>) and the reward's acc,
+# formatted and last_number_right (eval/<set>/<extra>): the templates held out of training (test.parquet, the
+# headline: problems never trained on) and the training templates (test_in_template.parquet). summary.json leads
+# with the held-out format-free accuracy (trainer.summary_metric).
+VAL_MAX_SAMPLES=${VAL_MAX_SAMPLES:--1}
+EVAL_SETS="[{name: held_out, path: '$DATA_DIR/test.parquet', max_samples: $VAL_MAX_SAMPLES},"
+EVAL_SETS+=" {name: in_template, path: '$DATA_DIR/test_in_template.parquet', max_samples: $VAL_MAX_SAMPLES}]"
 # What the 1.5B model needs to fit one 80 GB card: with 16k-token micro-batches and no activation checkpointing its
 # first update ran out of memory on an H100 (71 GiB allocated, 2026-12-06); with these the peak was 33 GiB.
 case "$MODEL" in
@@ -49,7 +57,7 @@ if [ "${RESUME:-0}" = 1 ]; then START=(trainer.resume_mode=auto trainer.val_befo
 #    finishes the step and saves it (a shell would die at once, and the host would end the trainer mid-save).
 exec python -m hybridrl.main_ppo \
     algorithm=grpo \
-    data.train_files="$DATA_DIR/train.parquet" data.val_files="$DATA_DIR/test.parquet" \
+    data.train_files="$DATA_DIR/train.parquet" data.val_files=[] data.eval_sets="$EVAL_SETS" \
     data.max_prompt_length=256 data.max_response_length=512 \
     data.train_batch_size=64 data.seed="$SEED" \
     actor_rollout_ref.model.path="$MODEL_DIR" \
@@ -69,6 +77,7 @@ exec python -m hybridrl.main_ppo \
     custom_reward_function.name=compute_score \
     trainer.nnodes=1 trainer.n_gpus_per_node=1 trainer.seed="$SEED" \
     trainer.total_training_steps=25 trainer.test_freq=5 trainer.save_freq=-1 "${START[@]}" \
+    trainer.summary_metric=eval/held_out/last_number_right \
     trainer.logger='[console,jsonl]' trainer.default_local_dir="$RUN_DIR" \
     trainer.validation_data_dir="$RUN_DIR/val_generations" \
     trainer.project_name=qwen25_coder_gsm_symbolic trainer.experiment_name="grpo_${MODEL}_seed$SEED" \

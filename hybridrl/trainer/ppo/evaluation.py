@@ -19,6 +19,8 @@ Metrics, after each validation:
   slime  eval/<name>                              the set's mean reward
          eval/<name>-truncated_ratio              share of its responses cut at its max_response_length (no EOS)
          eval/<name>/response_len/mean, /max      generated tokens per response
+         eval/<name>/<extra>                      the mean of each numeric reward extra (e.g. acc) over its responses:
+                                                  val-aux/ pools the sets, this tells them apart
 With no eval set the metrics are exactly those of the plain set, as before eval sets existed.
 """
 from __future__ import annotations
@@ -134,14 +136,18 @@ def truncated_responses(batch, max_response_length: int, eos_token_id: Optional[
     return (lengths >= max_response_length) & (last != eos_token_id)
 
 
-def eval_set_metrics(name: str, rewards: torch.Tensor, truncated: torch.Tensor, lengths: torch.Tensor
-                     ) -> dict[str, float]:
-    """slime's layout for one eval set (see the module docstring)."""
+def eval_set_metrics(name: str, rewards: torch.Tensor, truncated: torch.Tensor, lengths: torch.Tensor,
+                     extra: Optional[dict[str, list]] = None) -> dict[str, float]:
+    """slime's layout for one eval set, and its reward extras (see the module docstring)."""
     lengths = lengths.float()
-    return {f"eval/{name}": rewards.float().mean().item(),
-            f"eval/{name}-truncated_ratio": truncated.float().mean().item(),
-            f"eval/{name}/response_len/mean": lengths.mean().item(),
-            f"eval/{name}/response_len/max": lengths.max().item()}
+    metrics = {f"eval/{name}": rewards.float().mean().item(),
+               f"eval/{name}-truncated_ratio": truncated.float().mean().item(),
+               f"eval/{name}/response_len/mean": lengths.mean().item(),
+               f"eval/{name}/response_len/max": lengths.max().item()}
+    for key, values in (extra or {}).items():
+        if values and all(isinstance(v, (int, float, bool, np.number)) for v in values):
+            metrics[f"eval/{name}/{key}"] = float(np.mean(values))
+    return metrics
 
 
 class ValidationResults:
@@ -164,11 +170,16 @@ class ValidationResults:
         group["scores"].append(scores)
         self.samples.extend(decode_generations(self.tokenizer, batch, scores))
         group["sources"].append(batch.non_tensor_batch[self.reward_fn_key])
-        for key, values in reward.get("reward_extra_info", {}).items():
-            group["extra"].setdefault(key, []).extend(value for value in values if value is not None)  # None: failed
+        extra = {key: [value for value in values if value is not None]  # None: the sample's scorer failed
+                 for key, values in reward.get("reward_extra_info", {}).items()}
+        for key, values in extra.items():
+            group["extra"].setdefault(key, []).extend(values)
         if eval_set is not None:
-            collected = self._per_set.setdefault(eval_set, {"rewards": [], "truncated": [], "lengths": []})
+            collected = self._per_set.setdefault(eval_set, {"rewards": [], "truncated": [], "lengths": [],
+                                                            "extra": {}})
             collected["rewards"].append(scores)
+            for key, values in extra.items():
+                collected["extra"].setdefault(key, []).extend(values)
             collected["truncated"].append(truncated_responses(batch, eval_set.max_response_length,
                                                               self.tokenizer.eos_token_id))
             width = batch.batch["responses"].shape[1]
@@ -182,5 +193,6 @@ class ValidationResults:
         metrics.update(self._reward_metrics)
         for eval_set, collected in self._per_set.items():
             metrics.update(eval_set_metrics(eval_set.name, torch.cat(collected["rewards"]),
-                                            torch.cat(collected["truncated"]), torch.cat(collected["lengths"])))
+                                            torch.cat(collected["truncated"]), torch.cat(collected["lengths"]),
+                                            collected["extra"]))
         return metrics

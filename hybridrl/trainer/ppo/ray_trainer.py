@@ -19,7 +19,7 @@ import uuid
 import numpy as np
 import ray
 
-from hybridrl.agent_loop.manager import (AgentLoopManager, apply_agent_scores, check_agent_names,
+from hybridrl.agent_loop.manager import (AgentLoopManager, apply_agent_scores, check_agent_names, object_column,
                                          scores_on_trained_tokens)
 from hybridrl.agent_loop.base import load_agent_loop_config
 from hybridrl.data.hooks import load_hook
@@ -264,7 +264,7 @@ class RayPPOTrainer:
         val_before = val_after = None
         if trainer.val_before_train:
             val_metrics = self._validate()
-            val_before = val_after = _mean_val_score(val_metrics)
+            val_before = val_after = _val_score(val_metrics, trainer.summary_metric)
             self._count_reward_errors(val_metrics)
             logger.log(val_metrics, step=self.global_steps)
         if trainer.val_only:
@@ -283,7 +283,7 @@ class RayPPOTrainer:
             is_last = self.global_steps >= self.total_training_steps
             if trainer.test_freq > 0 and (self.global_steps % trainer.test_freq == 0 or is_last):
                 val_metrics = self._validate()
-                val_after = _mean_val_score(val_metrics)
+                val_after = _val_score(val_metrics, trainer.summary_metric)
                 metrics.update(val_metrics)
             if checkpointing.should_save(self, is_last):
                 save_timing: dict[str, float] = {}
@@ -297,7 +297,7 @@ class RayPPOTrainer:
         progress.close()
         if trainer.test_freq <= 0 and trainer.val_before_train:
             val_metrics = self._validate()
-            val_after = _mean_val_score(val_metrics)
+            val_after = _val_score(val_metrics, trainer.summary_metric)
             self._count_reward_errors(val_metrics)
             logger.log(val_metrics, step=self.global_steps)
         return self._finish(logger, start, val_before, val_after)
@@ -389,6 +389,9 @@ class RayPPOTrainer:
                 batch.batch["token_level_scores"] = reward["reward_tensor"]
                 metrics.update(reward.get("reward_metrics", {}))
                 metrics.update(_reward_extra_metrics(reward.get("reward_extra_info", {})))
+                # the scorer's per-sample extras as batch columns, as verl keeps them (GDPO's reward components)
+                batch.non_tensor_batch.update({key: object_column(values) for key, values in
+                                               reward.get("reward_extra_info", {}).items()})
 
         with timer("old_log_prob", timing):
             batch = batch.union(pop_worker_metrics(self.actor_rollout_wg.compute_log_prob(batch), metrics))
@@ -551,7 +554,8 @@ class RayPPOTrainer:
         """Write `summary.json` in the run directory and return the summary."""
         run_dir = self.config.trainer.default_local_dir
         os.makedirs(run_dir, exist_ok=True)
-        summary = {"val_score_before": val_before, "val_score_after": val_after, "steps": self.global_steps,
+        summary = {"val_score_metric": self.config.trainer.summary_metric,  # null: the mean of val-core/*
+                   "val_score_before": val_before, "val_score_after": val_after, "steps": self.global_steps,
                    "wall_s": round(time.perf_counter() - start, 2), "checkpoint_dir": self.latest_checkpoint_dir,
                    "stopped_early": stopped_early, "reward_errors": dict(self.reward_errors)}
         path = os.path.join(run_dir, "summary.json")
@@ -567,7 +571,13 @@ class RayPPOTrainer:
 REWARD_ERROR_METRICS = {"reward/errors": "train", "val-aux/reward/errors": "val"}
 
 
-def _mean_val_score(val_metrics: dict[str, float]) -> float | None:
+def _val_score(val_metrics: dict[str, float], metric: str | None) -> float | None:
+    """summary.json's score of one validation: trainer.summary_metric, or without one the mean of val-core/*."""
+    if metric is not None:
+        if metric not in val_metrics:
+            raise ValueError(f"trainer.summary_metric: expected one of this validation's metrics, got {metric!r}; "
+                             f"it logged {sorted(val_metrics)}")
+        return val_metrics[metric]
     scores = [v for k, v in val_metrics.items() if k.startswith("val-core/")]
     return float(np.mean(scores)) if scores else None
 

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Issue 60's comparison: run.sh with one variant's overrides, its seeds one after the other (README.md, "Choosing the
+# default: the comparison to run").
+#
+#   bash recipes/qwen25_coder_gsm_symbolic/compare.sh VARIANT [SEED...]     # seeds 1 2 3 unless given
+#
+# VARIANT (each is run.sh plus these Hydra overrides):
+#   current           none: the 0.01 for a wrong number in the format, GRPO's std normalisation
+#   dr_grpo           algorithm.norm_adv_by_std_in_grpo=false (Dr. GRPO: no division by the group's std)
+#   no_format_credit  custom_reward_function.name=compute_score_no_format_credit (a wrong number scores 0, verl's GSM8K)
+#   clip_higher       actor_rollout_ref.actor.clip_ratio_high=0.28 (DAPO's clip-higher)
+#   overlong          DAPO's overlong penalty over the last 128 of the 512 response tokens (reward manager dapo)
+# Environment: MODEL and WORK_DIR as run.sh; each seed's logs go to $WORK_DIR/compare/<MODEL>_<VARIANT>_seed<SEED>.
+# A seed that fails is reported and the next one runs; the exit status is 1 if any failed.
+set -uo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+VARIANT=${1:?VARIANT: current, dr_grpo, no_format_credit, clip_higher or overlong}
+shift
+SEEDS=("$@")
+[ ${#SEEDS[@]} -gt 0 ] || SEEDS=(1 2 3)
+case "$VARIANT" in
+    current) OVERRIDES=() ;;
+    dr_grpo) OVERRIDES=(algorithm.norm_adv_by_std_in_grpo=false) ;;
+    no_format_credit) OVERRIDES=(custom_reward_function.name=compute_score_no_format_credit) ;;
+    clip_higher) OVERRIDES=(actor_rollout_ref.actor.clip_ratio_high=0.28) ;;
+    overlong) OVERRIDES=(reward_model.reward_manager=dapo reward_model.overlong_buffer.enable=true
+                         reward_model.overlong_buffer.len=128 reward_model.overlong_buffer.penalty_factor=1.0
+                         reward_model.overlong_buffer.log=true) ;;
+    *) echo "VARIANT=$VARIANT: expected current, dr_grpo, no_format_credit, clip_higher or overlong" >&2; exit 2 ;;
+esac
+MODEL=${MODEL:-0.5b}
+WORK_DIR=${WORK_DIR:-/tmp/qwen25_coder_gsm_symbolic}
+failed=0
+for seed in "${SEEDS[@]}"; do
+    run_dir=$WORK_DIR/compare/${MODEL}_${VARIANT}_seed$seed
+    echo "== $VARIANT, MODEL=$MODEL, SEED=$seed: $run_dir"
+    MODEL=$MODEL SEED=$seed WORK_DIR=$WORK_DIR RUN_DIR=$run_dir bash "$HERE/run.sh" \
+        trainer.experiment_name="${VARIANT}_${MODEL}_seed$seed" ${OVERRIDES[@]+"${OVERRIDES[@]}"} \
+        || { echo "== $VARIANT seed $seed failed" >&2; failed=1; }
+done
+exit $failed
