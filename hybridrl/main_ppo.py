@@ -7,7 +7,9 @@ Wiring only: Hydra composes hybridrl/config/ppo_trainer.yaml with the command-li
 `validate_config` turns it into a typed PPOConfig, `check_before_start` checks the files, models,
 resources and run directory it names (either prints one `config error:` line per problem and exits
 with code 2), then `run_ppo` starts Ray and hands the config to a TaskRunner actor, which builds the
-trainer. `--cfg job` prints the composed config and starts nothing.
+trainer. A failure after that prints one `run error: <type>: <message>` line, the exception where it was raised
+(a worker's, not Ray's wrapper), then that traceback once, and exits with code 1 (config/cli_errors.py).
+`--cfg job` prints the composed config and starts nothing.
 
 Without `ray_init.address` the driver starts a Ray cluster of this machine alone, on 127.0.0.1, that dies with it
 (single_controller/local_cluster.py). SIGTERM and SIGINT stop the run as `trainer.stop_on_signal` says and exit with
@@ -46,10 +48,11 @@ import hydra
 from omegaconf import DictConfig
 
 from hybridrl.config import ConfigError, PPOConfig, check_before_start, validate_config
-from hybridrl.config.cli_errors import exit_with_config_errors, run_hydra_cli
+from hybridrl.config.cli_errors import exit_with_config_errors, exit_with_run_error, run_hydra_cli
 from hybridrl.single_controller.local_cluster import ClusterStartError, LocalRayCluster, prepare_driver_process
 from hybridrl.defaults.assets import ensure_default_assets
 from hybridrl.defaults.tool_task import ensure_tool_task_assets
+from hybridrl.trainer.forwarded_output import hide_end_of_output, print_end_of_output, wait_for_runner_output
 from hybridrl.utils.import_utils import load_extensions
 
 # Set in every Ray worker process: tokenizers' own thread pool deadlocks after fork, and NCCL's
@@ -85,8 +88,10 @@ def main(cfg: DictConfig) -> None:
     except ClusterStartError as err:  # its own words say why and what to change; a traceback would bury them
         print(err, file=sys.stderr, flush=True)
         sys.exit(1)
+    except Exception as err:  # noqa: BLE001 — any other failure after the start: its cause first, traceback once
+        exit_with_run_error(err)
     # Printed by the driver, not the actor, so that the last line is exactly `summary: <path>` or the stop report
-    # (no Ray prefix); run_ppo shut Ray down first, so the workers' last forwarded log lines arrive before it.
+    # (no Ray prefix); run_ppo waited for the TaskRunner's last forwarded lines and shut Ray down first.
     if summary["stopped_by_signal"] is not None:
         print(summary["stop_report"], flush=True)
         sys.exit(128 + summary["stopped_by_signal"])
@@ -107,7 +112,8 @@ def run_ppo(config: PPOConfig) -> dict:
     local = config.ray_init.address is None
     if local:
         prepare_driver_process(config.ray_init.node_ip_address)
-    import ray  # only now: Ray reads its single-machine mode when it is imported (local_cluster.py)
+    hide_end_of_output()
+    import ray  # only now: Ray reads its single-machine mode and its log filter when it is imported
 
     from hybridrl.trainer.run_control import RunControl, StopSignals, wait_or_stop
 
@@ -122,7 +128,10 @@ def run_ppo(config: PPOConfig) -> dict:
         signals.install()  # ray.init sets a SIGTERM handler of its own
         control = RunControl.remote()
         runner = ray.remote(num_cpus=0)(TaskRunner).remote()
-        return wait_or_stop(runner, runner.run.remote(config, control), control, signals, config.trainer)
+        try:
+            return wait_or_stop(runner, runner.run.remote(config, control), control, signals, config.trainer)
+        finally:
+            wait_for_runner_output(runner)  # its last lines (the last step's) are printed before Ray goes
     finally:
         ray.shutdown()
         if cluster is not None:
@@ -145,6 +154,10 @@ class TaskRunner:
         trainer = trainer_class(config)(config, run_control=run_control)  # colocated, disaggregated or asynchronous
         trainer.init_workers()
         return trainer.fit()
+
+    def end_output(self) -> None:
+        """Called by the driver once `run` is over (trainer/forwarded_output.py)."""
+        print_end_of_output()
 
 
 

@@ -38,7 +38,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARGIN = 0.25
 START_AT_MOST = 0.05  # greedy accuracy of the warm start: 0.0 measured (fp32 and bf16, SFT on 1 or 2 ranks)
 SUMMARY_KEYS = {"val_score_metric", "val_score_before", "val_score_after", "steps", "wall_s", "checkpoint_dir",
-                "stopped_early"}
+                "stopped_early", "reward_errors"}
 STAGES = {"data": "data/default", "tiny model": "models/default_init", "SFT warm start": "models/default_sft"}
 
 

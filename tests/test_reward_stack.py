@@ -4,6 +4,7 @@ import re
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -166,18 +167,25 @@ def test_batch_manager_contract_errors(tokenizer):
     lambda tok: BatchRewardManager(tok, 0, compute_score=digit_count_batch),
 ], ids=["naive", "batch"])
 def test_a_raising_scorer_costs_only_its_samples(tokenizer, make_manager, caplog):
+    """The run goes on, so the first failure is a warning, once per manager, naming the scorer, the first failed
+    sample (by its place in the batch, whatever thread failed first) and the exception, with its traceback."""
     batch = make_batch(tokenizer, ["1 1", "boom 1", "1", "boom"])
+    batch.non_tensor_batch["index"] = np.array([10, 11, 12, 13], dtype=object)  # the dataset rows
     manager = make_manager(tokenizer)
-    with caplog.at_level(logging.ERROR, logger="hybridrl.reward.managers.base"):
+    with caplog.at_level(logging.WARNING, logger="hybridrl.reward.managers.base"):
         out = manager(batch, return_dict=True)
         again = manager(batch, return_dict=True)
 
     assert torch.equal(out["reward_tensor"], on_last_token([2.0, 0.0, 1.0, 0.0], [3, 3, 1, 2]))
     assert out["reward_metrics"] == again["reward_metrics"] == {"reward/errors": 2.0}
     assert out["reward_extra_info"] == {"index": [0, None, 2, None], "len": [3, None, 1, None]}
-    errors = [record for record in caplog.records if record.levelno == logging.ERROR]
-    assert len(errors) == 1  # the first traceback only, not one per failure or per call
-    assert "ZeroDivisionError: cannot score" in caplog.text
+    scorer = manager.compute_score.__name__
+    assert [record.getMessage() for record in caplog.records] == [  # not one per failure or per call
+        f"reward scorer failed on 2 of 4 samples: {scorer} ({__file__}) raised ZeroDivisionError: cannot score "
+        f"'boom 1' for sample 1 (data_source 'src', row 11); a failed sample scores 0 and is counted in reward/errors "
+        f"and in summary.json's reward_errors (this warning is shown once)"]
+    assert caplog.text.count("Traceback (most recent call last)") == 1
+    assert "raise ZeroDivisionError(f\"cannot score {solution_str!r}\")" in caplog.text
 
 
 def test_dapo_failed_sample_keeps_its_length_penalty(tokenizer):
@@ -205,14 +213,14 @@ def test_a_nan_score_for_one_sample_in_four_is_a_counted_error(tokenizer, make_m
     """Before: the NaN went into the reward tensor (the batch's loss became NaN, every optimizer step was skipped)
     and reward/errors stayed 0. Now that sample follows the policy of a scorer that raises."""
     batch = make_batch(tokenizer, ["1 1", "boom 1", "1", "2"])
-    with caplog.at_level(logging.ERROR, logger="hybridrl.reward.managers.base"):
+    with caplog.at_level(logging.WARNING, logger="hybridrl.reward.managers.base"):
         out = make_manager(tokenizer)(batch, return_dict=True)
 
     assert torch.isfinite(out["reward_tensor"]).all()
     assert torch.equal(out["reward_tensor"], on_last_token([2.0, 0.0, 1.0, 0.0], [3, 3, 1, 1]))
     assert out["reward_metrics"] == {"reward/errors": 1.0}
     # the log names the scorer (function and file) and the offending sample
-    assert f"reward scorer {scorer} (" in caplog.text and "test_reward_stack.py)" in caplog.text
+    assert f"reward scorer failed on 1 of 4 samples: {scorer} ({__file__})" in caplog.text
     assert "returned nan (not finite) for sample 1 (data_source 'src', response 'boom 1')" in caplog.text
 
 
@@ -230,7 +238,7 @@ def test_scores_that_are_not_finite_numbers_are_counted_errors(tokenizer, bad_sc
             return bad_score
         return {"score": 1.0, "index": 0, "len": 1} if isinstance(bad_score, dict) else 1.0
 
-    with caplog.at_level(logging.ERROR, logger="hybridrl.reward.managers.base"):
+    with caplog.at_level(logging.WARNING, logger="hybridrl.reward.managers.base"):
         out = NaiveRewardManager(tokenizer, 0, compute_score=score)(make_batch(tokenizer, ["1", "boom"]),
                                                                     return_dict=True)
     assert torch.equal(out["reward_tensor"], on_last_token([1.0, 0.0], [1, 1]))
@@ -241,10 +249,8 @@ def test_scores_that_are_not_finite_numbers_are_counted_errors(tokenizer, bad_sc
 
 
 def test_numbers_of_every_kind_are_valid_scores(tokenizer):
-    import numpy as np
-
-    scores = iter([True, 3, np.float32(0.25), np.int64(-2)])
-    out = NaiveRewardManager(tokenizer, 0, compute_score=lambda **_: next(scores))(
+    scores = [True, 3, np.float32(0.25), np.int64(-2)]
+    out = NaiveRewardManager(tokenizer, 0, compute_score=lambda extra_info, **_: scores[extra_info["index"]])(
         make_batch(tokenizer, ["1", "1", "1", "1"]), return_dict=True)
     assert torch.equal(out["reward_tensor"], on_last_token([1.0, 3.0, 0.25, -2.0], [1, 1, 1, 1]))
     assert out["reward_metrics"] == {"reward/errors": 0.0}
@@ -303,6 +309,9 @@ def test_load_reward_manager_from_the_real_config(tokenizer, tmp_path):
     watched = load_reward_manager(validate_config(compose_config(base + [
         "reward_model.score_timeout=7", "trainer.heartbeat_interval=2"])), tokenizer, 0)
     assert (watched.score_timeout, watched.heartbeat_interval) == (7.0, 2.0)
+    assert watched.max_concurrent == 32  # the default of reward_model.max_concurrent
+    assert load_reward_manager(validate_config(compose_config(base + ["reward_model.max_concurrent=3"])),
+                               tokenizer, 0).max_concurrent == 3
     assert load_reward_manager(validate_config(compose_config(base + ["reward_model.score_timeout=null"])),
                                tokenizer, 0).score_timeout is None
 
@@ -401,6 +410,49 @@ def test_a_watched_scorer_that_raises_for_every_sample_still_fails_the_batch(tok
     manager.set_score_timeout(5.0, heartbeat_interval=1.0)
     with pytest.raises(RuntimeError, match=r"failed on all 2 samples.*ZeroDivisionError"):
         manager(make_batch(tokenizer, ["boom", "boom"]))
+
+
+# ---------------------------------------------------------------------------------------------- concurrency
+
+def two_seconds_then_index(data_source, solution_str, ground_truth, extra_info):
+    """A scorer that waits 2 s (a sandbox, a judge) and scores the sample's row: the order of results is checkable."""
+    time.sleep(2.0)
+    return float(extra_info["index"])
+
+
+def test_sixteen_samples_of_a_two_second_scorer_take_about_two_seconds_not_32(tokenizer):
+    """Before: one sample at a time, 32 s. 10 s is far above the 2 s a concurrent scoring takes on a loaded machine
+    and far below 32 s; the results keep the samples' order, whatever order the threads finished in."""
+    manager = NaiveRewardManager(tokenizer, 0, compute_score=two_seconds_then_index)
+    manager.set_score_timeout(60.0, heartbeat_interval=30.0)  # the default watch stays on
+    start = time.monotonic()
+    rewards = manager(make_batch(tokenizer, ["1"] * 16))
+    elapsed = time.monotonic() - start
+    assert torch.equal(rewards, on_last_token([float(i) for i in range(16)], [1] * 16))
+    assert elapsed < 10.0, f"16 samples of a 2 s scorer took {elapsed:.1f} s"
+
+
+def test_max_concurrent_bounds_the_calls_at_once(tokenizer):
+    """With max_concurrent=3, 7 calls never run more than 3 at once, and 3 do: each call waits until 3 have run at
+    once (or 10 s, which only a pool of fewer threads reaches)."""
+    running, most = [0], [0]
+    lock, three_at_once = threading.Lock(), threading.Event()
+
+    def counted(data_source, solution_str, ground_truth, extra_info):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            if running[0] == 3:
+                three_at_once.set()
+        three_at_once.wait(10)
+        with lock:
+            running[0] -= 1
+        return 1.0
+
+    manager = NaiveRewardManager(tokenizer, 0, compute_score=counted)
+    manager.set_max_concurrent(3)
+    assert torch.equal(manager(make_batch(tokenizer, ["1"] * 7)), on_last_token([1.0] * 7, [1] * 7))
+    assert most[0] == 3
 
 
 # ---------------------------------------------------------------------------------------------- math-verify

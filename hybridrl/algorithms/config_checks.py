@@ -6,6 +6,7 @@ import inspect
 from typing import Any
 
 from hybridrl.config.checks import Values, register_check, register_registry, run_rule
+from hybridrl.config.schema import PPOConfig
 from hybridrl.data.config_checks import data_flow_switch
 
 LOSS_MODE = "actor_rollout_ref.actor.policy_loss.loss_mode"
@@ -83,6 +84,23 @@ def _policy_loss_settings(values: Values, problems: list[str]) -> None:
                         "log-probs replace old_log_probs; the trainer here always recomputes old_log_probs "
                         "(algorithm.rollout_correction.bypass_mode is only false): use algorithm.rollout_correction "
                         "with loss_mode='vanilla' for the same correction")
+
+
+# Estimators whose baseline is the other responses to the same prompt (grpo_passk refuses groups of one itself).
+GROUP_BASELINE_ESTIMATORS = ("grpo", "grpo_vectorized", "gdpo", "rloo", "rloo_vectorized", "gpg",
+                             "reinforce_plus_plus_baseline", "opo")
+
+
+@register_check("warnings")
+def _group_baseline_needs_a_group(config: PPOConfig) -> list[str]:
+    """rollout.n=1 leaves a group estimator without a baseline. verl's behaviour is kept (a group of one has
+    baseline 0: the advantage is the response's own score, or 0 with rloo_vectorized), and said before the start."""
+    estimator, n = config.algorithm.adv_estimator, config.actor_rollout_ref.rollout.n
+    if estimator not in GROUP_BASELINE_ESTIMATORS or n > 1:
+        return []
+    return [f"algorithm.adv_estimator={estimator!r} with actor_rollout_ref.rollout.n={n} has no baseline: it "
+            f"compares each response with the other responses to the same prompt, and there are none (verl runs it "
+            f"so too); set actor_rollout_ref.rollout.n to 2 or more"]
 
 
 ROLLOUT_CORRECTION = "algorithm.rollout_correction"

@@ -1,7 +1,10 @@
-"""One line for each of Hydra's composition errors, in validate_config's `<key>: expected ..., got ...` form.
+"""One line for each of Hydra's composition errors, in validate_config's `<key>: expected ..., got ...` form, and
+one `run error:` line for an error after the start.
 
 Hydra reports a bad command line over several lines (plus its config search path); the entry point
-prints this one line instead, so a bad override reads like any other config problem.
+prints this one line instead, so a bad override reads like any other config problem. An error after the start
+(in the driver, or raised by the TaskRunner or a worker and handed up by Ray) is printed as its cause first, one
+line, then its traceback once (the worker's own, not the driver's Hydra and ray.get frames), exit code 1.
 """
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import difflib
 import os
 import re
 import sys
+import traceback
 
 from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
@@ -97,6 +101,7 @@ def _one_line(message: str) -> str:
 
 
 CONFIG_ERROR_EXIT_CODE = 2
+RUN_ERROR_EXIT_CODE = 1
 
 
 def exit_with_config_errors(problems: list[str]) -> None:
@@ -105,10 +110,34 @@ def exit_with_config_errors(problems: list[str]) -> None:
     sys.exit(CONFIG_ERROR_EXIT_CODE)
 
 
+def exit_with_run_error(error: Exception) -> None:
+    print(describe_run_error(error), file=sys.stderr, flush=True)
+    sys.exit(RUN_ERROR_EXIT_CODE)
+
+
+def describe_run_error(error: Exception) -> str:
+    """`run error: <type>: <message>` of the exception where it was raised, then the traceback of where it was raised.
+
+    Ray re-raises a remote exception as a RayTaskError whose `cause` is the exception itself (a RayTaskError again
+    when the TaskRunner re-raised a worker's) and whose text is the remote process's name and its stack, the
+    cause's chained tracebacks included. The driver's own stack (Hydra, ray.get) says nothing about the cause and
+    is left out."""
+    from ray.exceptions import RayTaskError  # the driver has imported Ray once a run started
+
+    cause = error
+    while isinstance(cause, RayTaskError) and isinstance(cause.cause, BaseException):
+        cause = cause.cause
+    message = " ".join(line.strip() for line in str(cause).splitlines() if line.strip())
+    headline = f"run error: {type(cause).__name__}: {message}" if message else f"run error: {type(cause).__name__}"
+    if isinstance(error, RayTaskError):
+        return f"{headline}\n{str(error).rstrip()}"
+    return f"{headline}\n{''.join(traceback.format_exception(error)).rstrip()}"
+
+
 def run_hydra_cli(main) -> None:
     """Run a `@hydra.main` function, turning Hydra's multi-line composition errors (bad override, unknown
     key, unknown group choice) into one `config error:` line. HYDRA_FULL_ERROR=1 set by the user keeps
-    Hydra's own report; either way an error raised by the job itself shows its full traceback."""
+    Hydra's own report. The job reports its own errors (`exit_with_config_errors`, `exit_with_run_error`)."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         main()
         return

@@ -398,6 +398,7 @@ class RewardModelConfig(ConfigNode):
     launch_reward_fn_async: bool
     overlong_buffer: OverlongBufferConfig
     score_timeout: Optional[float] = positive()
+    max_concurrent: int = positive()
 
 
 @dataclass

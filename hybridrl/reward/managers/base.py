@@ -2,7 +2,8 @@
 
 One call, `manager(data, return_dict=True)`:
   1. decode each valid response with the policy tokenizer (`decode_responses`);
-  2. score them: `score_samples` (per sample in naive/dapo, one call over the batch in batch);
+  2. score them: `score_samples` (per sample in naive/dapo, one call over the batch in batch), each scorer call
+     through `score_calls`, which runs up to `max_concurrent` of them at once on a pool of threads;
   3. turn each result into a float: a scorer's float, or its dict's "score" (every other key of the
      dict becomes a per-sample list in `reward_extra_info`);
   4. `final_rewards` may adjust the floats (dapo adds its overlong penalty);
@@ -11,20 +12,27 @@ One call, `manager(data, return_dict=True)`:
      `rm_scores` when the batch has them (RewardModelWorker puts its score on the same token),
      so rule and model rewards combine by a plain sum.
 
-A sample the scorer fails on costs that sample, not the run. It fails when the scorer raises, or when it returns
-a score that is not a finite number: NaN or inf (one NaN reward makes the whole batch's loss NaN, so every
-optimizer step would be skipped), a string (even "0.5"), None, a tensor. The sample scores 0 (its dict extras
-are None), the failures of the batch are counted in `reward_metrics["reward/errors"]`, and the first failure a
-manager sees is logged once, naming the scorer and the sample. If every sample of a batch fails, the scorer
-itself is broken (a wrong data_source, a typo in a custom function): that raises, with the first error
+Samples are scored concurrently (`reward_model.max_concurrent` at once, threads): scorers are mostly waiting
+(a sandbox, a judge over HTTP, a reward server), so 16 samples of a 2 s scorer take about 2 s, not 32 s. A scorer
+that computes in Python (math-verify) holds the GIL and gains little from threads, but loses nothing either.
+Results keep the samples' order whatever order the calls finish in; a scorer shared by the threads must not keep
+state between calls that depends on their order (verl's reward loop runs them on threads as well).
+
+A sample the scorer fails on costs that sample, not the run (verl's managers let the first exception end the run;
+here a scorer that fails on a few odd responses does not). It fails when the scorer raises, or when it returns a
+score that is not a finite number: NaN or inf (one NaN reward makes the whole batch's loss NaN, so every optimizer
+step would be skipped), a string (even "0.5"), None, a tensor. The sample scores 0 (its dict extras are None), the
+failures of the batch are counted in `reward_metrics["reward/errors"]` (the trainer sums them into summary.json's
+`reward_errors`), and the first failure a manager sees is logged once, as a warning naming the scorer, the sample
+(its data_source and dataset row) and the exception with its traceback. If every sample of a batch fails, the
+scorer itself is broken (a wrong data_source, a typo in a custom function): that raises, with the first error
 attached, instead of training on zeros.
 
 A scorer that hangs (a judge that never answers, a sandbox that never returns) is reported, not waited on in
-silence: with `reward_model.score_timeout` set, the samples are scored on a helper thread while the calling thread
-logs, every `trainer.heartbeat_interval` seconds, which sample the scorer has been busy with and for how long, and
-raises ScoreTimeoutError, naming the scorer and that sample, once no scorer call has begun or ended for
-`score_timeout` seconds. (A scorer that holds the GIL in C code stops the logging too; math-verify's own
-per-sample timeouts need the main thread, so they are off on the helper thread.)
+silence: with `reward_model.score_timeout` set, the calling thread logs, every `trainer.heartbeat_interval`
+seconds, the call that has been busy longest and for how long, and raises ScoreTimeoutError, naming the scorer and
+that sample, once a call has been busy for `score_timeout` seconds. (A scorer that holds the GIL in C code stops
+the logging too; math-verify's own per-sample timeouts need the main thread, so they are off on the pool's threads.)
 """
 from __future__ import annotations
 
@@ -36,6 +44,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from multiprocessing.pool import ThreadPool
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -44,6 +53,9 @@ import torch
 logger = logging.getLogger(__name__)
 
 ERRORS_METRIC = "reward/errors"
+# Scorer calls at once when the config does not say (reward_model.max_concurrent): as many as asyncio's default
+# executor, on which verl's reward loop runs synchronous scorers, has threads on a large machine.
+DEFAULT_MAX_CONCURRENT = 32
 
 
 @dataclass
@@ -55,9 +67,19 @@ class DecodedResponses:
     ground_truths: list[Any]
     extra_infos: list[Optional[dict]]
     response_lengths: list[int]  # valid response tokens; the reward sits on token response_lengths[i] - 1
+    rows: list[Any]  # the dataset row of each sample (the batch's `index` column), None without that column
 
     def __len__(self) -> int:
         return len(self.solution_strs)
+
+    def describe(self, sample: int, with_response: bool = False) -> str:
+        """How a message names a sample: `sample 3 (data_source 'x', row 17[, response '...'])`."""
+        details = [f"data_source {self.data_sources[sample]!r}"]
+        if self.rows[sample] is not None:
+            details.append(f"row {self.rows[sample]}")
+        if with_response:
+            details.append(f"response {_preview(self.solution_strs[sample])}")
+        return f"sample {sample} ({', '.join(details)})"
 
 
 class ScorerFailure:
@@ -73,7 +95,15 @@ class InvalidScoreError(ValueError):
 
 
 class ScoreTimeoutError(TimeoutError):
-    """No scorer call began or ended for `reward_model.score_timeout` seconds."""
+    """A scorer call has been busy for `reward_model.score_timeout` seconds."""
+
+
+@dataclass
+class ScorerCall:
+    """One call of the scoring function: what it scores (for messages) and its keyword arguments."""
+
+    what: str
+    kwargs: dict[str, Any]
 
 
 def decode_responses(data, tokenizer, reward_fn_key: str) -> DecodedResponses:
@@ -91,7 +121,8 @@ def decode_responses(data, tokenizer, reward_fn_key: str) -> DecodedResponses:
                        for i in range(len(responses))],
         ground_truths=[reward_model["ground_truth"] for reward_model in data.non_tensor_batch["reward_model"]],
         extra_infos=[None] * len(responses) if extra_infos is None else list(extra_infos),
-        response_lengths=lengths)
+        response_lengths=lengths,
+        rows=list(data.non_tensor_batch.get("index", [None] * len(responses))))
 
 
 # Columns an agent loop leaves in the batch that reach the scorer through extra_info, under verl's names: turns of
@@ -133,44 +164,97 @@ class RewardManagerBase:
         self.num_examine = num_examine  # how many decoded samples per data source to print
         self.compute_score = compute_score
         self.reward_fn_key = reward_fn_key
-        self._failure_logged = False
-        self.score_timeout: Optional[float] = None  # None: score on the calling thread, unwatched
+        self._failure_warned = False
+        self.max_concurrent = DEFAULT_MAX_CONCURRENT
+        self.score_timeout: Optional[float] = None  # None: unwatched
         self.heartbeat_interval = 30.0
-        # What the scorer is busy with (set around each scorer call; read by the watching thread).
-        self._busy_with = "score_samples"
-        self._busy_since = time.monotonic()
 
     def set_score_timeout(self, score_timeout: Optional[float], heartbeat_interval: float) -> None:
         """Watch every scoring (see the module docstring); the loader sets them from the config."""
         self.score_timeout = score_timeout
         self.heartbeat_interval = heartbeat_interval
 
+    def set_max_concurrent(self, max_concurrent: int) -> None:
+        """Scorer calls at once, >= 1 (see the module docstring); the loader sets it from the config."""
+        self.max_concurrent = max_concurrent
+
     def score_samples(self, decoded: DecodedResponses) -> list:
-        """One result per sample: a float, a dict with "score", or a ScorerFailure (from `call_scorer`)."""
+        """One result per sample: a float, a dict with "score", or a ScorerFailure (from `score_calls`)."""
         raise NotImplementedError
 
     def final_rewards(self, scores: list[float], decoded: DecodedResponses) -> tuple[list[float], dict[str, list]]:
         """The reward of each sample from its score, plus per-sample extras of the manager's own (none here)."""
         return scores, {}
 
-    def call_scorer(self, what: str, function: Callable, **kwargs):
-        """`function(**kwargs)`, or a ScorerFailure when it raises; the first failure is logged, once."""
-        self._busy_with, self._busy_since = what, time.monotonic()
+    def score_calls(self, calls: list[ScorerCall]) -> list:
+        """`compute_score(**call.kwargs)` of every call, in the calls' order, up to `max_concurrent` at once; a call
+        that raises gives a ScorerFailure. With `score_timeout` set, this thread watches the calls meanwhile."""
+        if not calls:
+            return []
+        busy_since: dict[int, float] = {}  # calls running now -> when each began
+        lock = threading.Lock()
+
+        def call(number: int):
+            with lock:
+                busy_since[number] = time.monotonic()
+            try:
+                return self.compute_score(**calls[number].kwargs)
+            except Exception as error:  # noqa: BLE001 — any scorer bug costs its sample(s), not the run
+                return ScorerFailure(error)
+            finally:
+                with lock:
+                    del busy_since[number]
+
+        # ThreadPool's threads are daemons: a scorer stuck past the timeout cannot keep the process from ending.
+        pool = ThreadPool(min(self.max_concurrent, len(calls)))
         try:
-            return function(**kwargs)
-        except Exception as error:  # noqa: BLE001 — any scorer bug costs its sample(s), not the run
-            self._log_first_failure(f"raised for {what}", error)
-            return ScorerFailure(error)
+            pending = pool.map_async(call, range(len(calls)), chunksize=1)
+            if self.score_timeout is None:
+                pending.wait()
+            else:
+                self._watch(pending, calls, busy_since, lock)
+            return pending.get()
         finally:
-            self._busy_with, self._busy_since = "score_samples (between scorer calls)", time.monotonic()
+            pool.terminate()
+
+    def _watch(self, pending, calls: list[ScorerCall], busy_since: dict[int, float], lock: threading.Lock) -> None:
+        """Wait for `pending`, logging the longest-busy call every heartbeat_interval, failing at score_timeout."""
+        def longest_busy() -> tuple[Optional[int], float]:
+            with lock:
+                if not busy_since:
+                    return None, 0.0
+                number = min(busy_since, key=lambda n: (busy_since[n], n))
+                return number, time.monotonic() - busy_since[number]
+
+        next_report = time.monotonic() + self.heartbeat_interval
+        while True:
+            _, busy_for = longest_busy()
+            pending.wait(max(0.0, min(next_report - time.monotonic(), self.score_timeout - busy_for)))
+            if pending.ready():
+                return
+            number, busy_for = longest_busy()
+            if number is None:
+                continue
+            if busy_for >= self.score_timeout:
+                # The stuck thread cannot be stopped; it is a daemon, and the run fails now.
+                raise ScoreTimeoutError(
+                    f"reward_model.score_timeout={self.score_timeout:g} s exceeded: scorer "
+                    f"{scorer_name(self.compute_score)} has been busy for {_tenths(busy_for)} s with "
+                    f"{calls[number].what}; fix the scorer or raise reward_model.score_timeout (null: no limit)")
+            if time.monotonic() >= next_report:
+                logger.warning("reward scoring: scorer %s has been busy for %s s with %s (the run fails at "
+                               "reward_model.score_timeout=%g s)", scorer_name(self.compute_score), _tenths(busy_for),
+                               calls[number].what, self.score_timeout)
+                next_report += self.heartbeat_interval
 
     def __call__(self, data, return_dict: bool = False):
         decoded = decode_responses(data, self.tokenizer, self.reward_fn_key)
-        results = self.score_samples(decoded) if self.score_timeout is None else self._score_watched(decoded)
+        results = self.score_samples(decoded)
         if len(results) != len(decoded):
             raise ValueError(f"{type(self).__name__}.score_samples returned {len(results)} results "
                              f"for {len(decoded)} samples")
         results = [self._checked(result, i, decoded) for i, result in enumerate(results)]
+        self._refuse_or_warn(results, decoded)
         scores, score_extras, errors = _resolve(results, decoded.data_sources)
         rewards, manager_extras = self.final_rewards(scores, decoded)
         clash = sorted(set(score_extras) & set(manager_extras))
@@ -189,41 +273,6 @@ class RewardManagerBase:
         return {"reward_tensor": reward_tensor, "reward_extra_info": {**score_extras, **manager_extras},
                 "reward_metrics": {ERRORS_METRIC: float(errors)}}
 
-    def _score_watched(self, decoded: DecodedResponses) -> list:
-        """`score_samples(decoded)` on a helper thread; this thread logs a slow scorer and fails a stuck one."""
-        outcome: dict[str, Any] = {}
-
-        def score() -> None:
-            try:
-                outcome["results"] = self.score_samples(decoded)
-            except BaseException as error:  # noqa: BLE001 — handed to the calling thread as is
-                outcome["error"] = error
-
-        self._busy_with, self._busy_since = "score_samples", time.monotonic()
-        scoring = threading.Thread(target=score, name="reward-scoring", daemon=True)
-        scoring.start()
-        next_report = time.monotonic() + self.heartbeat_interval
-        while True:
-            busy_for = time.monotonic() - self._busy_since
-            scoring.join(max(0.0, min(next_report - time.monotonic(), self.score_timeout - busy_for)))
-            if not scoring.is_alive():
-                break
-            busy_for = time.monotonic() - self._busy_since
-            if busy_for >= self.score_timeout:
-                # The stuck thread cannot be stopped; it is a daemon, and the run fails now.
-                raise ScoreTimeoutError(
-                    f"reward_model.score_timeout={self.score_timeout:g} s exceeded: scorer "
-                    f"{scorer_name(self.compute_score)} has been busy for {busy_for:.1f} s with {self._busy_with}; "
-                    f"fix the scorer or raise reward_model.score_timeout (null: no limit)")
-            if time.monotonic() >= next_report:
-                logger.warning("reward scoring: scorer %s has been busy for %.1f s with %s (the run fails at "
-                               "reward_model.score_timeout=%g s)", scorer_name(self.compute_score), busy_for,
-                               self._busy_with, self.score_timeout)
-                next_report += self.heartbeat_interval
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["results"]
-
     def _checked(self, result, sample: int, decoded: DecodedResponses):
         """The scorer's result, or a ScorerFailure when its score is not a finite number."""
         if isinstance(result, ScorerFailure) or (isinstance(result, dict) and "score" not in result):
@@ -231,19 +280,31 @@ class RewardManagerBase:
         problem = invalid_score_problem(result["score"] if isinstance(result, dict) else result)
         if problem is None:
             return result
-        what = (f"sample {sample} (data_source {decoded.data_sources[sample]!r}, "
-                f"response {_preview(decoded.solution_strs[sample])})")
-        error = InvalidScoreError(f"{scorer_name(self.compute_score)} returned {problem} for {what}")
-        self._log_first_failure(f"returned {problem} for {what}", error, with_traceback=False)
-        return ScorerFailure(error)
+        return ScorerFailure(InvalidScoreError(f"{scorer_name(self.compute_score)} returned {problem} for "
+                                               f"{decoded.describe(sample, with_response=True)}"))
 
-    def _log_first_failure(self, happened: str, error: Exception, with_traceback: bool = True) -> None:
-        if self._failure_logged:
+    def _refuse_or_warn(self, results: list, decoded: DecodedResponses) -> None:
+        """Every sample failed: raise, naming the first. Some failed: warn once per manager, naming the first."""
+        failed = [i for i, result in enumerate(results) if isinstance(result, ScorerFailure)]
+        if not failed:
             return
-        self._failure_logged = True
-        logger.error("reward scorer %s %s; the sample scores 0 and counts in %s (later failures are only counted)",
-                     scorer_name(self.compute_score), happened, ERRORS_METRIC,
-                     exc_info=error if with_traceback else None)
+        first, error = failed[0], results[failed[0]].error
+        if isinstance(error, InvalidScoreError):
+            happened = str(error)
+        else:
+            happened = f"{scorer_name(self.compute_score)} raised {type(error).__name__}: {error} for " \
+                       f"{decoded.describe(first)}"
+        if len(failed) == len(results):
+            raise RuntimeError(f"the reward scorer failed on all {len(results)} samples of the batch (it raised or "
+                               f"returned no finite number), so the scorer itself is broken; first: {happened}") \
+                from error
+        if self._failure_warned:
+            return
+        self._failure_warned = True
+        logger.warning("reward scorer failed on %d of %d samples: %s; a failed sample scores 0 and is counted in %s "
+                       "and in summary.json's reward_errors (this warning is shown once)", len(failed), len(results),
+                       happened, ERRORS_METRIC,
+                       exc_info=None if isinstance(error, InvalidScoreError) else error)
 
     def _print_examples(self, data, decoded: DecodedResponses, rewards: list[float], results: list) -> None:
         printed_per_source: dict[Any, int] = defaultdict(int)
@@ -282,6 +343,11 @@ def scorer_name(function: Callable) -> str:
     return f"{name} ({source})" if source else name
 
 
+def _tenths(seconds: float) -> str:
+    """Seconds rounded down to tenths: a report never claims more time than has passed (1.96 s is 1.9, not 2.0)."""
+    return f"{math.floor(seconds * 10) / 10:.1f}"
+
+
 def _preview(text: str, limit: int = 80) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "…")
 
@@ -289,10 +355,6 @@ def _preview(text: str, limit: int = 80) -> str:
 def _resolve(results: list, data_sources: list) -> tuple[list[float], dict[str, list], int]:
     """Scores (0 for failures), extras as one list per key (None for failures), and the failure count."""
     failures = [result for result in results if isinstance(result, ScorerFailure)]
-    if results and len(failures) == len(results):
-        raise RuntimeError(f"the reward scorer failed on all {len(results)} samples of the batch (it raised or "
-                           f"returned no finite number), so the scorer itself is broken (first error: "
-                           f"{failures[0].error!r})") from failures[0].error
     scores, extras_per_sample = [], []
     for result, data_source in zip(results, data_sources):
         if isinstance(result, ScorerFailure):

@@ -3,14 +3,14 @@
 For scorers that are cheaper in bulk (a judge model, a sandbox, a vectorised checker):
     compute_score(data_sources=[...], solution_strs=[...], ground_truths=[...], extra_infos=[...])
 returns one float or dict per sample, in order. If that call raises, the failure cannot be pinned
-on a sample, so every sample is scored again alone (lists of one): only the samples that still
-raise cost their score (see `RewardManagerBase`).
+on a sample, so every sample is scored again alone (lists of one, reward_model.max_concurrent at once): only the
+samples that still raise cost their score (see `RewardManagerBase`).
 """
 from __future__ import annotations
 
 from typing import Callable, Optional
 
-from hybridrl.reward.managers.base import DecodedResponses, RewardManagerBase, ScorerFailure
+from hybridrl.reward.managers.base import DecodedResponses, RewardManagerBase, ScorerCall, ScorerFailure
 from hybridrl.reward.managers.registry import register_reward_manager
 
 
@@ -25,26 +25,32 @@ class BatchRewardManager(RewardManagerBase):
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key)
 
     def score_samples(self, decoded: DecodedResponses) -> list:
-        results = self._score_rows(f"the batch of {len(decoded)} samples", decoded, range(len(decoded)))
+        everyone = range(len(decoded))
+        whole_batch = _call(f"the batch of {len(decoded)} samples", decoded, everyone)
+        results = _scores_of(self.score_calls([whole_batch])[0], len(decoded))
         if not isinstance(results, ScorerFailure):
             return results
-        return [_only(self._score_rows(f"sample {i} (data_source {decoded.data_sources[i]!r}) alone", decoded, [i]))
-                for i in range(len(decoded))]
+        alone = self.score_calls([_call(f"{decoded.describe(i)} alone", decoded, [i]) for i in everyone])
+        return [_only(_scores_of(result, 1)) for result in alone]
 
-    def _score_rows(self, what: str, decoded: DecodedResponses, rows) -> "list | ScorerFailure":
-        rows = list(rows)
-        results = self.call_scorer(what, self.compute_score,
-                                   data_sources=[decoded.data_sources[i] for i in rows],
-                                   solution_strs=[decoded.solution_strs[i] for i in rows],
-                                   ground_truths=[decoded.ground_truths[i] for i in rows],
-                                   extra_infos=[decoded.extra_infos[i] for i in rows])
-        if isinstance(results, ScorerFailure):
-            return results
-        if not isinstance(results, (list, tuple)) or len(results) != len(rows):
-            raise ValueError(f"the batch compute_score must return a list with one score per sample ({len(rows)}), "
-                             f"got {type(results).__name__}"
-                             + (f" of length {len(results)}" if isinstance(results, (list, tuple)) else ""))
-        return list(results)
+
+def _scores_of(results, rows: int) -> "list | ScorerFailure":
+    """One call's result: its failure, or its list of `rows` scores (anything else breaks the batch contract)."""
+    if isinstance(results, ScorerFailure):
+        return results
+    if not isinstance(results, (list, tuple)) or len(results) != rows:
+        raise ValueError(f"the batch compute_score must return a list with one score per sample ({rows}), "
+                         f"got {type(results).__name__}"
+                         + (f" of length {len(results)}" if isinstance(results, (list, tuple)) else ""))
+    return list(results)
+
+
+def _call(what: str, decoded: DecodedResponses, rows) -> ScorerCall:
+    """One call of the batch scoring function over `rows` of the batch, as lists."""
+    return ScorerCall(what, {"data_sources": [decoded.data_sources[i] for i in rows],
+                             "solution_strs": [decoded.solution_strs[i] for i in rows],
+                             "ground_truths": [decoded.ground_truths[i] for i in rows],
+                             "extra_infos": [decoded.extra_infos[i] for i in rows]})
 
 
 def _only(results: "list | ScorerFailure"):

@@ -7,6 +7,7 @@ import inspect
 
 from hybridrl.reward.custom_function import load_user_reward_fn
 from hybridrl.reward.hub import RewardHub
+from hybridrl.reward.managers.base import RewardManagerBase
 from hybridrl.reward.managers.registry import get_reward_manager_cls
 
 
@@ -27,7 +28,8 @@ def load_reward_manager(config, tokenizer, num_examine: int):
     Every manager gets tokenizer, num_examine, compute_score and reward_fn_key (data.reward_fn_key).
     A manager whose constructor also names `max_resp_len` gets data.max_response_length, and one
     that names `overlong_buffer_cfg` gets reward_model.overlong_buffer (as verl's dapo manager).
-    With reward_model.score_timeout set, the manager is watched (see base.py) with it and trainer.heartbeat_interval.
+    A manager built on RewardManagerBase scores reward_model.max_concurrent samples at once; with
+    reward_model.score_timeout set, it is watched (see base.py) with it and trainer.heartbeat_interval.
     What the manager is built with fits it: validation checked that (reward/config_checks.py).
     """
     name = config.reward_model.reward_manager
@@ -41,6 +43,8 @@ def load_reward_manager(config, tokenizer, num_examine: int):
         kwargs["overlong_buffer_cfg"] = overlong_buffer
     manager = manager_cls(tokenizer=tokenizer, num_examine=num_examine, compute_score=get_custom_reward_fn(config),
                           reward_fn_key=config.data.reward_fn_key, **kwargs)
+    if isinstance(manager, RewardManagerBase):
+        manager.set_max_concurrent(config.reward_model.max_concurrent)
     score_timeout = config.reward_model.get("score_timeout")
     if score_timeout is not None:
         manager.set_score_timeout(score_timeout, heartbeat_interval=config.trainer.heartbeat_interval)

@@ -257,6 +257,7 @@ class RayPPOTrainer:
         logger = Tracking(project_name=trainer.project_name, experiment_name=trainer.experiment_name,
                           default_backend=list(trainer.logger), config=None, local_dir=trainer.default_local_dir)
         self.tracking = logger
+        self.reward_errors = {"train": 0, "val": 0}  # samples whose scorer failed, in this run's steps
         self.global_steps = checkpointing.load_checkpoint(self)
         self._record_step()
 
@@ -264,6 +265,7 @@ class RayPPOTrainer:
         if trainer.val_before_train:
             val_metrics = self._validate()
             val_before = val_after = _val_score(val_metrics, trainer.summary_metric)
+            self._count_reward_errors(val_metrics)
             logger.log(val_metrics, step=self.global_steps)
         if trainer.val_only:
             return self._finish(logger, start, val_before, val_after)
@@ -288,6 +290,7 @@ class RayPPOTrainer:
                 with timer("save_checkpoint", save_timing):
                     self.latest_checkpoint_dir = checkpointing.save_checkpoint(self)
                 metrics.update(compute_timing_metrics(save_timing))
+            self._count_reward_errors(metrics)
             logger.log(metrics, step=self.global_steps)
             progress.update(self.global_steps, metrics)
             self._record_step()
@@ -295,6 +298,7 @@ class RayPPOTrainer:
         if trainer.test_freq <= 0 and trainer.val_before_train:
             val_metrics = self._validate()
             val_after = _val_score(val_metrics, trainer.summary_metric)
+            self._count_reward_errors(val_metrics)
             logger.log(val_metrics, step=self.global_steps)
         return self._finish(logger, start, val_before, val_after)
 
@@ -541,6 +545,11 @@ class RayPPOTrainer:
         return {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id,
                 "validate": validate, "do_sample": do_sample}
 
+    def _count_reward_errors(self, metrics: dict[str, float]) -> None:
+        """Add the samples whose reward scorer failed (scored 0) to the run's total, for summary.json."""
+        for key, part in REWARD_ERROR_METRICS.items():
+            self.reward_errors[part] += int(metrics.get(key, 0))
+
     def _finish(self, logger, start: float, val_before, val_after, stopped_early: bool = False) -> dict:
         """Write `summary.json` in the run directory and return the summary."""
         run_dir = self.config.trainer.default_local_dir
@@ -548,13 +557,18 @@ class RayPPOTrainer:
         summary = {"val_score_metric": self.config.trainer.summary_metric,  # null: the mean of val-core/*
                    "val_score_before": val_before, "val_score_after": val_after, "steps": self.global_steps,
                    "wall_s": round(time.perf_counter() - start, 2), "checkpoint_dir": self.latest_checkpoint_dir,
-                   "stopped_early": stopped_early}
+                   "stopped_early": stopped_early, "reward_errors": dict(self.reward_errors)}
         path = os.path.join(run_dir, "summary.json")
         with open(path, "w") as f:
             json.dump(summary, f, indent=2)
         logger.finish()
         summary["summary_path"] = os.path.abspath(path)
         return summary
+
+
+# The per-step counts of samples whose scorer failed (reward managers' reward/errors; validation's summed), by the
+# part of summary.json's reward_errors they add to.
+REWARD_ERROR_METRICS = {"reward/errors": "train", "val-aux/reward/errors": "val"}
 
 
 def _val_score(val_metrics: dict[str, float], metric: str | None) -> float | None:
