@@ -17,6 +17,8 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
+from hybridrl.config.compose import quote_home_paths
+
 
 def describe_hydra_error(err: HydraException, argv: list[str]) -> str:
     """One line naming the key (or override) Hydra rejected and what it expected instead."""
@@ -108,7 +110,9 @@ def exit_with_config_errors(problems: list[str]) -> None:
 def run_hydra_cli(main) -> None:
     """Run a `@hydra.main` function, turning Hydra's multi-line composition errors (bad override, unknown
     key, unknown group choice) into one `config error:` line. HYDRA_FULL_ERROR=1 set by the user keeps
-    Hydra's own report; either way an error raised by the job itself shows its full traceback."""
+    Hydra's own report; either way an error raised by the job itself shows its full traceback. A `~/...` value
+    is quoted for Hydra first (compose.quote_home_paths), so the README's `data.train_files=~/data/...` parses."""
+    sys.argv[1:] = quote_home_paths(sys.argv[1:])
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         main()
         return
