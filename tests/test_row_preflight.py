@@ -194,3 +194,16 @@ def test_lengths_match_the_dataset_in_worker_processes_and_are_cached_by_content
     assert len(row_checks.prompt_lengths(path, config, tokenizer)[0]) == 49
     assert len(os.listdir(tmp_path / "cache" / "row_lengths")) == 2
     assert np.array_equal(lengths[:49], row_checks.prompt_lengths(path, config, tokenizer)[0])
+
+
+def test_rows_the_chat_template_raises_on_are_named_with_the_error(inputs, tmp_path):
+    """A template that refuses a conversation (here: a system message) would raise when the row's batch is drawn."""
+    prompts = good(16)
+    prompts[6] = prompt(("system", "be brief"), ("user", "question 6"))
+    path = write_rows(tmp_path / "train.parquet", prompts)
+    template = ("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system role') }}"
+                "{% endif %}{{ m.content }}{% endfor %}")
+    problems, _ = checked(inputs, tmp_path, f"data.train_files={path}",
+                          f"actor_rollout_ref.model.custom_chat_template=\"{template}\"")
+    assert problems == [f"data.train_files[0]: expected prompts the chat template renders, got an error in 1 row(s) "
+                        f"of '{path}', first rows 6 (row 6: TemplateError: no system role)"]
