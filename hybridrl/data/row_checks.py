@@ -114,10 +114,10 @@ def _check_messages(where: str, path: str, prompts: pa.ChunkedArray, report: Row
                                f"the chat template renders it as an empty turn, as verl does)")
 
 
-def rows_by_data_source(path: str, source_key: str) -> dict[str, np.ndarray]:
-    """The rows of each data source (data.reward_fn_key) whose scorer is chosen by it: rows whose
-    extra_info.rm_type names a reward-hub scorer are left out. For the reward's check that every source has a
-    scorer (reward/config_checks.py)."""
+def rows_by_data_source(path: str, source_key: str, wanted) -> dict[str, np.ndarray]:
+    """The rows of each data source (data.reward_fn_key) for which `wanted(source)` holds, among the rows whose
+    scorer is chosen by their source: rows whose extra_info.rm_type names a reward-hub scorer are left out. For the
+    reward's check that every source has a scorer (reward/config_checks.py)."""
     names = pq.read_schema(path).names
     table = pq.read_table(path, columns=[name for name in (source_key, "extra_info") if name in names])
     by_source = table[source_key].combine_chunks()
@@ -129,7 +129,7 @@ def rows_by_data_source(path: str, source_key: str) -> dict[str, np.ndarray]:
     positions = np.flatnonzero(needs)
     chosen = by_source.filter(pa.array(needs))
     return {source: positions[pc.equal(chosen, source).to_numpy(zero_copy_only=False)]
-            for source in pc.unique(chosen).to_pylist()}
+            for source in pc.unique(chosen).to_pylist() if wanted(source)}
 
 
 def _check_lengths(where: str, path: str, lengths: np.ndarray, config: PPOConfig,
