@@ -246,7 +246,8 @@ def tokenizer_folder_problems(config: PPOConfig) -> list[str]:
         return [f"{key}: expected a tokenizer folder, got {folder!r} (no such directory)"] \
             if key == "data.tokenizer" else []
     present = set(os.listdir(folder))
-    if not present & set(TOKENIZER_VOCAB_FILES):
+    remote_code = config.actor_rollout_ref.model.trust_remote_code  # its own files (tiktoken, ...): the load decides
+    if not remote_code and not present & set(TOKENIZER_VOCAB_FILES):
         return [f"{key}: expected the tokenizer's files in {folder!r} (one of {', '.join(TOKENIZER_VOCAB_FILES)}, "
                 f"with tokenizer_config.json), got none of them (files there: {sorted(present)}); copy the "
                 f"tokenizer next to the model, or set data.tokenizer to a folder that has it"]
