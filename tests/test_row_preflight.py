@@ -207,3 +207,18 @@ def test_rows_the_chat_template_raises_on_are_named_with_the_error(inputs, tmp_p
                           f"actor_rollout_ref.model.custom_chat_template=\"{template}\"")
     assert problems == [f"data.train_files[0]: expected prompts the chat template renders, got an error in 1 row(s) "
                         f"of '{path}', first rows 6 (row 6: TemplateError: no system role)"]
+
+
+def test_eval_set_rows_are_checked_when_the_run_validates(inputs, tmp_path):
+    prompts = good(4)
+    prompts[1] = prompt(("usr", "question 1"))
+    path = write_rows(tmp_path / "eval.parquet", prompts)
+    eval_sets = f"data.eval_sets=[{{name: held_out, path: {path}}}]"
+    config = config_for(inputs, tmp_path, f"cache_dir={tmp_path / 'cache'}", eval_sets)
+    with pytest.raises(ConfigError) as caught:
+        check_before_start(config)
+    assert caught.value.problems == [
+        f"data.eval_sets[0].path: expected message roles among ['system', 'user', 'assistant', 'tool'], got "
+        f"['usr'] in 1 row(s) of '{path}', first rows 1"]
+    assert check_before_start(config_for(inputs, tmp_path, f"cache_dir={tmp_path / 'cache'}", eval_sets,
+                                         "trainer.val_before_train=false", "trainer.test_freq=-1")) == []

@@ -126,7 +126,7 @@ def _data_files_exist(config: PPOConfig, problems: list[str]) -> None:
         for index, path in enumerate(files):
             expect_file(f"{key}[{index}]", path, ".parquet", problems)
     for index, entry in enumerate(config.data.eval_sets):
-        files = [entry["path"]] if isinstance(entry["path"], str) else entry["path"]
+        files = eval_set_paths(entry)
         for file_index, path in enumerate(files):
             expect_file(f"data.eval_sets[{index}].path" + (f"[{file_index}]" if len(files) > 1 else ""), path,
                         ".parquet", problems)
@@ -170,13 +170,18 @@ def _usable(path: str, config: PPOConfig) -> bool:
     return not problems
 
 
+def eval_set_paths(entry: dict) -> list[str]:
+    """An eval set's files: its `path`, one file or a list."""
+    return [entry["path"]] if isinstance(entry["path"], str) else entry["path"]
+
+
 def eval_set_files(config: PPOConfig) -> list[tuple[str, str]]:
     """(data.eval_sets[i].path[j], path) of every existing eval-set file, when the run validates."""
     if not config.trainer.runs_validation():
         return []
     files = []
     for index, entry in enumerate(config.data.eval_sets):
-        paths = [entry["path"]] if isinstance(entry["path"], str) else entry["path"]
+        paths = eval_set_paths(entry)
         files += [(f"data.eval_sets[{index}].path" + (f"[{position}]" if len(paths) > 1 else ""), path)
                   for position, path in enumerate(paths) if os.path.isfile(path)]
     return files
@@ -204,8 +209,7 @@ def _check_data(config: PPOConfig, problems: list[str]) -> int | None:
     if config.trainer.runs_validation():
         _check_data_files("data.val_files", data.val_files, config, problems)
         for index, entry in enumerate(data.eval_sets):
-            paths = [entry["path"]] if isinstance(entry["path"], str) else entry["path"]
-            _check_data_files(f"data.eval_sets[{index}].path", paths, config, problems)
+            _check_data_files(f"data.eval_sets[{index}].path", eval_set_paths(entry), config, problems)
     if train_rows is None or data.custom_cls.path:
         return None
     total = sum(rows for _, rows in train_rows)
