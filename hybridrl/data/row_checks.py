@@ -22,11 +22,10 @@ with the generation prompt, then the tokenizer), in worker processes when a file
 `{cache_dir}/row_lengths/` by the file's content hash, the tokenizer (its whole definition), the chat template and
 its arguments, so a rerun on the same data reads them back. What it costs, measured 2026-12-06 on a synthetic
 parquet of 1M two-message rows (127 tokens each with the tiny test model's byte-level tokenizer):
-  first time   203 CPU-seconds (per 20k rows: 0.9 s rendering the template, 2.7 s tokenising, 1 s to Python
-               lists), spread over one worker per core: about 100 s on 2 idle cores, about 13 s on 16. On the shared
-               2-core machine, at load 19, it took 1,192 s of wall time;
-  cached       under 1 CPU-second (hashing the file, the structure checks, reading the lengths): 3.8 s wall at the
-               same load.
+  first time   about 180 CPU-seconds (173 in the workers; per 20k rows: 0.9 s rendering the template, 2.7 s
+               tokenising, 1 s to Python lists), spread over one worker per core: 244 s of wall time on the shared
+               2-core machine with other tests running (about 90 s on 2 idle cores, about 12 s on 16, by CPU time);
+  cached       0.8 s of wall time (hashing the 13 MB file, the structure checks, reading the lengths).
 The check runs twice at start (preflight, then the warnings), the second time from the cache.
 """
 from __future__ import annotations
