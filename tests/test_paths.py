@@ -6,7 +6,6 @@ import shutil
 import subprocess
 import sys
 
-import pytest
 
 from hybridrl.config import compose_config, validate_config
 from hybridrl.config.compose import quote_home_paths
@@ -88,8 +87,8 @@ def test_the_readme_usage_example_runs_as_written(inputs, tmp_path):
     assert "data.train_files=~/data/gsm8k/train.parquet" in args
     env = {**os.environ, "HOME": str(home), "PYTHONPATH": f"{no_ray}{os.pathsep}{REPO_ROOT}"}
     env.pop("HYDRA_FULL_ERROR", None)
-    result = subprocess.run([sys.executable, "-m", "hybridrl.main_ppo", *args, "ray_init.num_cpus=2"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=600)
+    command = [sys.executable, "-m", "hybridrl.main_ppo", *args, "ray_init.num_cpus=2"]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 2 and result.stdout == "", result.stderr
     (line,) = result.stderr.splitlines()
     assert line.startswith("config error: trainer.n_gpus_per_node: expected at most ") and line.endswith(

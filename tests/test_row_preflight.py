@@ -154,8 +154,8 @@ def test_prompt_longer_than_max_position_embeddings_is_refused(inputs, tmp_path,
                           "data.max_prompt_length=64", "data.truncation=left")
     assert problems == [
         f"data.train_files[0]: expected prompts within the model's max_position_embeddings=40 "
-        f"(actor_rollout_ref.model.path's config.json), got 2 row(s) of '{path}', first rows 2, 11 ({min(64, max(lengths))} "
-        f"tokens as fed); lower data.max_prompt_length to at most 40"]
+        f"(actor_rollout_ref.model.path's config.json), got 2 row(s) of '{path}', first rows 2, 11 "
+        f"({min(64, max(lengths))} tokens as fed); lower data.max_prompt_length to at most 40"]
 
 
 def test_data_source_without_a_scorer_is_refused_unless_a_custom_function_scores_all(inputs, tmp_path):
