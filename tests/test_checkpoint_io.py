@@ -5,6 +5,7 @@ The full disk is real: a checkpoint file that is a symlink to /dev/full, whose e
 kernel, exactly as on a full file system (no mount rights needed, so it runs in CI).
 """
 import errno
+import json
 import os
 import pickle
 import random
@@ -18,6 +19,7 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from hybridrl.trainer.ppo import checkpointing
+from hybridrl.trainer.ppo.checkpointing import LAYOUT_FILE
 from hybridrl.models.checkpoint import load_sharded_model_state, save_sharded_model_state
 from hybridrl.trainer.checkpoint_dir import LATEST_POINTER_FILE, step_dir_name
 from hybridrl.utils.checkpoint_io import CheckpointSaveError, load_file, save_failures_named
@@ -102,7 +104,10 @@ class _OneRankGroup:
 
 def _trainer(root, step, group):
     return SimpleNamespace(
-        config=SimpleNamespace(trainer=SimpleNamespace(default_local_dir=str(root), max_actor_ckpt_to_keep=None)),
+        config=SimpleNamespace(trainer=SimpleNamespace(default_local_dir=str(root), max_actor_ckpt_to_keep=None),
+                               data=SimpleNamespace(train_batch_size=4),
+                               actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(n=2),
+                                                                 actor=SimpleNamespace(ppo_mini_batch_size=2))),
         global_steps=step, actor_rollout_wg=group, use_critic=False, kl_ctrl_in_reward=None, prompt_source=None,
         train_data_position=SimpleNamespace(state_dict=lambda: {"epoch": 0}), return_in_flight=lambda: None)
 
@@ -121,6 +126,8 @@ def test_a_full_disk_in_a_worker_reaches_the_trainer_named_and_loses_nothing(ray
     assert re.fullmatch(re.escape(expected) + FREE_SPACE, str(caught.value)), str(caught.value)
     assert caught.value.errno == errno.ENOSPC
     assert (root / LATEST_POINTER_FILE).read_text() == "2"
+    assert json.loads((root / "global_step_2" / LAYOUT_FILE).read_text()) == {
+        "data.train_batch_size": 4, "actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.actor.ppo_mini_batch_size": 2}
     assert checkpointing.checkpoint_to_resume(SimpleNamespace(resume_mode="auto", default_local_dir=str(root))) == \
         str(root / "global_step_2")
 

@@ -190,19 +190,20 @@ def sparse_model(directory, parameters: int) -> str:
 def test_warns_when_one_checkpoint_does_not_fit_the_free_disk(inputs, tmp_path):
     parameters = 2 ** 40  # 12 TiB a checkpoint: more than any test machine's free disk
     model = sparse_model(tmp_path / "huge", parameters)
-    (warning,) = check_before_start(config_for(inputs, tmp_path, f"actor_rollout_ref.model.path={model}",
+    tokenizer = f"data.tokenizer={inputs['model']}"  # the sparse model has weights only
+    (warning,) = check_before_start(config_for(inputs, tmp_path, f"actor_rollout_ref.model.path={model}", tokenizer,
                                                "trainer.save_freq=5"))
     assert warning.startswith(f"trainer.default_local_dir: one checkpoint needs about 12.0 TiB "
                               f"(actor_rollout_ref.model.path: 1099511.63M parameters x 12 B), but "
                               f"'{tmp_path / 'run'}' has ")
     assert warning.endswith(" free: the first save (step 5) will fail")
     # model only, no optimizer state: 4 B a parameter
-    (warning,) = check_before_start(config_for(inputs, tmp_path, f"actor_rollout_ref.model.path={model}",
+    (warning,) = check_before_start(config_for(inputs, tmp_path, f"actor_rollout_ref.model.path={model}", tokenizer,
                                                "trainer.save_freq=5",
                                                "actor_rollout_ref.actor.checkpoint.save_contents=[model]"))
     assert "about 4.0 TiB (actor_rollout_ref.model.path: 1099511.63M parameters x 4 B)" in warning
     # no saves, nothing to warn about
-    assert check_before_start(config_for(inputs, tmp_path, f"actor_rollout_ref.model.path={model}")) == []
+    assert check_before_start(config_for(inputs, tmp_path, f"actor_rollout_ref.model.path={model}", tokenizer)) == []
 
 
 def test_warns_when_keeping_every_checkpoint_will_fill_the_disk(inputs, tmp_path):
@@ -309,7 +310,8 @@ def test_sharded_weights_are_checked_shard_by_shard(inputs, tmp_path):
                                   "b": "model-00002-of-00002.safetensors"}}, f)
     missing = os.path.join(model, "model-00002-of-00002.safetensors")
     # The critic reads the same directory: it is checked (and reported) once.
-    assert problems_for(inputs, tmp_path, f"actor_rollout_ref.model.path={model}", "algorithm=gae") == [
+    assert problems_for(inputs, tmp_path, f"actor_rollout_ref.model.path={model}",
+                        f"data.tokenizer={inputs['model']}", "algorithm=gae") == [
         f"actor_rollout_ref.model.path: expected complete safetensors weights, got '{missing}' "
         f"(model-00002-of-00002.safetensors is missing)"]
 

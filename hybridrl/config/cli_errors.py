@@ -21,6 +21,8 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
+from hybridrl.config.compose import quote_home_paths
+
 
 def describe_hydra_error(err: HydraException, argv: list[str]) -> str:
     """One line naming the key (or override) Hydra rejected and what it expected instead."""
@@ -137,7 +139,9 @@ def describe_run_error(error: Exception) -> str:
 def run_hydra_cli(main) -> None:
     """Run a `@hydra.main` function, turning Hydra's multi-line composition errors (bad override, unknown
     key, unknown group choice) into one `config error:` line. HYDRA_FULL_ERROR=1 set by the user keeps
-    Hydra's own report. The job reports its own errors (`exit_with_config_errors`, `exit_with_run_error`)."""
+    Hydra's own report. The job reports its own errors (`exit_with_config_errors`, `exit_with_run_error`). A `~/...`
+    value is quoted for Hydra first (compose.quote_home_paths), so the README's `data.train_files=~/data/...` parses."""
+    sys.argv[1:] = quote_home_paths(sys.argv[1:])
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         main()
         return

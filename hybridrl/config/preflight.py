@@ -7,20 +7,27 @@ and model directory exists. `check_before_start(config)` runs them and the "pref
 problem in one ConfigError, one `<key>: expected ..., got ...` line each. The preflight checks, beside their code:
 
   data       data/config_checks.py: each parquet file the run reads has a readable schema, rows, and the columns
-             the dataset reads; the training files hold at least one batch. The validation files are not opened
-             when the run never validates. Only the files' footers are read;
+             the dataset reads; the training files hold at least one batch; data/row_checks.py: every row's
+             messages, and its prompt's length as the dataset renders it against data.max_prompt_length and the
+             model's max_position_embeddings (measured in parallel, cached by file hash). The validation files and
+             eval sets are not opened when the run never validates;
   models     models/config_checks.py: config.json parses, the weights are there and every safetensors file is
-             complete (its header is read, never its tensors);
+             complete (its header is read, never its tensors); the policy's tokenizer folder has its files and a
+             chat template, and loads;
   reward     reward/config_checks.py: custom_reward_function.name names a function of custom_reward_function.path,
-             and the data holds the ground truth the reward manager reads;
+             the data holds the ground truth the reward manager reads, and every row's data_source has a scorer;
   rollout    tools/, interactions/ and agent_loop/config_checks.py: the tool and interaction YAMLs build; in async
              mode every agent-loop YAML entry's _target_ imports and the default loop is registered;
              workers/rollout/config_checks.py: a tensor-parallel engine's size divides the attention heads;
   resources  single_controller/config_checks.py: a local Ray has a CPU for every rank, and on CUDA a GPU;
+  resume     trainer/resume_checks.py: the checkpoint trainer.resume_mode picks is of this model, complete, and
+             of this batch layout;
   run dir    trainer/config_checks.py: trainer.default_local_dir can be created and written (test-written here).
 
 `check_before_start` returns the "warnings" that do not stop the run (trainer/config_checks.py: the free disk
-space under default_local_dir against one checkpoint and against all the checkpoints the run keeps).
+space under default_local_dir against one checkpoint and against all the checkpoints the run keeps, a batch layout
+change accepted by trainer.resume_accept_layout_change; data/row_checks.py: prompts truncated or dropped, empty
+messages).
 """
 from __future__ import annotations
 

@@ -522,6 +522,7 @@ class TrainerConfig(ConfigNode):
     seed: int
     resume_mode: Literal["auto", "disable", "resume_path"]
     resume_from_path: Optional[str]
+    resume_accept_layout_change: bool
     default_local_dir: str
     max_actor_ckpt_to_keep: Optional[int] = positive()
     max_critic_ckpt_to_keep: Optional[int] = positive()

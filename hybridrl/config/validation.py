@@ -1,7 +1,8 @@
 """Validate a composed config once, before Ray starts, and report every problem in one error.
 
 `validate_config(cfg)` runs, in order:
-  1. resolve interpolations and check every key against `schema.py` (unknown keys, types, ranges);
+  1. resolve interpolations, expand `~` and environment variables in the path keys (PATH_KEYS), and check every
+     key against `schema.py` (unknown keys, types, ranges);
   2. import `extensions`, so the names they register count in step 3;
   3. keys pinned by the tables below (not implemented, deprecated, set elsewhere, same as another key);
   4. names chosen from a registry (estimators, losses, rollouts, reward managers: checks.REGISTRIES);
@@ -12,6 +13,7 @@ data and model are written after validation and before that check.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 from omegaconf import DictConfig
@@ -87,6 +89,28 @@ SAME_AS: dict[str, str] = {
 }
 
 
+# Keys that name files or directories: `~` and `$VAR` / `${VAR}` in them are expanded once, here, as a shell would,
+# so every later reader (checks, workers on other nodes) sees the one absolute-or-relative path. `[*]` is each entry
+# of a list; `.path` under `eval_sets[*]` may itself be one path or a list. extensions hold module names or .py files
+# (a module name has neither `~` nor `$`). An unset variable stays as written, and the file check names that path.
+DATA_FLOW_HOOKS = ("rollout_function", "eval_function", "custom_generate_function", "dynamic_sampling_filter",
+                   "over_sampling_filter", "buffer_filter", "reward_function")
+PATH_KEYS: tuple[str, ...] = (
+    "cache_dir", "extensions[*]",
+    "data.tokenizer", "data.train_files[*]", "data.val_files[*]", "data.eval_sets[*].path", "data.custom_cls.path",
+    "actor_rollout_ref.model.path", "actor_rollout_ref.model.lora_adapter_path",
+    "actor_rollout_ref.rollout.custom_cls.path", "actor_rollout_ref.rollout.agent.agent_loop_config_path",
+    "actor_rollout_ref.rollout.multi_turn.tool_config_path",
+    "actor_rollout_ref.rollout.multi_turn.interaction_config_path",
+    "critic.model.path", "critic.model.tokenizer_path",
+    "reward_model.model.path", "reward_model.model.input_tokenizer",
+    "custom_reward_function.path",
+    "trainer.default_local_dir", "trainer.resume_from_path", "trainer.rollout_data_dir",
+    "trainer.validation_data_dir",
+    *(f"data_flow.{hook}.path" for hook in DATA_FLOW_HOOKS),
+)
+
+
 class ConfigError(ValueError):
     """Every problem found in a config; `problems` holds one line per problem."""
 
@@ -100,7 +124,10 @@ def validate_config(cfg: DictConfig) -> PPOConfig:
     rules = registered_checks("config")
     problems: list[str] = []
     interpolations: dict[str, str] = {}
-    checked = check_structure(PPOConfig, to_plain(cfg, "", problems, interpolations), "", problems)
+    plain = to_plain(cfg, "", problems, interpolations)
+    for key in PATH_KEYS:
+        _expand_path_key(plain, key.split("."))
+    checked = check_structure(PPOConfig, plain, "", problems)
     values = Values(checked)
     for rule in (_load_extensions, _not_implemented, _registered_names, *rules):
         run_rule(rule, values, problems)
@@ -108,6 +135,32 @@ def validate_config(cfg: DictConfig) -> PPOConfig:
         raise ConfigError([_with_origin(problem, interpolations) for problem in problems])
     checked["critic"]["enable"] = critic_enabled(values)
     return build(PPOConfig, checked)
+
+
+def _expand_path_key(node: Any, parts: list[str]) -> None:
+    """Expand the path(s) at the dotted `parts` under `node` in place; a missing or mistyped key is left for the
+    schema check to report."""
+    name, rest = parts[0], parts[1:]
+    each = name.endswith("[*]")
+    name = name.removesuffix("[*]")
+    if not isinstance(node, dict) or name not in node:
+        return
+    if each and isinstance(node[name], list):
+        for index, entry in enumerate(node[name]):
+            if rest:
+                _expand_path_key(entry, rest)
+            else:
+                node[name][index] = _expand_path(entry)
+    elif rest:
+        _expand_path_key(node[name], rest)
+    elif isinstance(node[name], list):  # eval_sets[*].path: one path or a list of them
+        node[name] = [_expand_path(entry) for entry in node[name]]
+    else:
+        node[name] = _expand_path(node[name])
+
+
+def _expand_path(value: Any) -> Any:
+    return os.path.expanduser(os.path.expandvars(value)) if isinstance(value, str) else value
 
 
 def _with_origin(problem: str, interpolations: dict[str, str]) -> str:

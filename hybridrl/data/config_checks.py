@@ -1,6 +1,7 @@
 """Config checks of the data: the data flow (what turns it on: data_flow_switch) and its hooks, and before the start
 the data files (they exist, are readable parquet with rows and the columns the dataset reads, and hold one training
-batch), registered with hybridrl.config.checks. The validation files are not opened when the run never validates."""
+batch) and every row of them (row_checks.py: messages, lengths), registered with hybridrl.config.checks. The
+validation files and eval sets are not opened when the run never validates."""
 from __future__ import annotations
 
 import os
@@ -125,7 +126,7 @@ def _data_files_exist(config: PPOConfig, problems: list[str]) -> None:
         for index, path in enumerate(files):
             expect_file(f"{key}[{index}]", path, ".parquet", problems)
     for index, entry in enumerate(config.data.eval_sets):
-        files = [entry["path"]] if isinstance(entry["path"], str) else entry["path"]
+        files = eval_set_paths(entry)
         for file_index, path in enumerate(files):
             expect_file(f"data.eval_sets[{index}].path" + (f"[{file_index}]" if len(files) > 1 else ""), path,
                         ".parquet", problems)
@@ -136,6 +137,54 @@ def _data_files_exist(config: PPOConfig, problems: list[str]) -> None:
 @register_check("preflight")
 def _check_data_files_of_the_run(config: PPOConfig, problems: list[str]) -> None:
     _check_data(config, problems)
+
+
+@register_check("preflight")
+def _check_rows_of_the_run(config: PPOConfig, problems: list[str]) -> None:
+    problems += _row_report(config).problems
+
+
+@register_check("warnings")
+def _row_warnings(config: PPOConfig) -> list[str]:
+    """What the rows lose without stopping the run (truncation, dropped rows, empty messages); the lengths come
+    from row_checks' cache, written by the preflight moments before."""
+    return _row_report(config).warnings
+
+
+def _row_report(config: PPOConfig):
+    """The rows of every file the run reads whose columns are usable (a file with a problem of its own is
+    reported by _check_data_files); lengths only when the policy's tokenizer folder is usable."""
+    from hybridrl.data.row_checks import check_rows
+    from hybridrl.models.config_checks import checked_policy_tokenizer, max_position_embeddings
+
+    files = [(where, path) for where, path in files_read(config) + eval_set_files(config) if _usable(path, config)]
+    tokenizer = checked_policy_tokenizer(config) if files else None
+    return check_rows(config, files, tokenizer, max_position_embeddings(config))
+
+
+def _usable(path: str, config: PPOConfig) -> bool:
+    if config.data.custom_cls.path:  # the user's class decides what a row holds
+        return False
+    problems: list[str] = []
+    _check_data_files("", [path], config, problems)
+    return not problems
+
+
+def eval_set_paths(entry: dict) -> list[str]:
+    """An eval set's files: its `path`, one file or a list."""
+    return [entry["path"]] if isinstance(entry["path"], str) else entry["path"]
+
+
+def eval_set_files(config: PPOConfig) -> list[tuple[str, str]]:
+    """(data.eval_sets[i].path[j], path) of every existing eval-set file, when the run validates."""
+    if not config.trainer.runs_validation():
+        return []
+    files = []
+    for index, entry in enumerate(config.data.eval_sets):
+        paths = eval_set_paths(entry)
+        files += [(f"data.eval_sets[{index}].path" + (f"[{position}]" if len(paths) > 1 else ""), path)
+                  for position, path in enumerate(paths) if os.path.isfile(path)]
+    return files
 
 
 def usable_train_rows(config: PPOConfig) -> int | None:
@@ -159,6 +208,8 @@ def _check_data(config: PPOConfig, problems: list[str]) -> int | None:
     train_rows = _check_data_files("data.train_files", data.train_files, config, problems)
     if config.trainer.runs_validation():
         _check_data_files("data.val_files", data.val_files, config, problems)
+        for index, entry in enumerate(data.eval_sets):
+            _check_data_files(f"data.eval_sets[{index}].path", eval_set_paths(entry), config, problems)
     if train_rows is None or data.custom_cls.path:
         return None
     total = sum(rows for _, rows in train_rows)

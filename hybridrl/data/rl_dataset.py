@@ -99,11 +99,10 @@ class RLHFDataset(Dataset):
                                                       for m in messages):
             raise ValueError(f"{self._where(index)}: column {self.prompt_key!r} must be a list of "
                              f"{{'role', 'content'}} messages, got {messages!r}")
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                                  **self.apply_chat_template_kwargs)
+        return chat_prompt(self.tokenizer, messages, self.apply_chat_template_kwargs)
 
     def _prompt_token_ids(self, index: int) -> list[int]:
-        return self.tokenizer(self._chat_text(index), add_special_tokens=False)["input_ids"]
+        return prompt_token_ids(self.tokenizer, [self._chat_text(index)])[0]
 
     def _fit_length(self, token_ids: list[int], index: int) -> list[int]:
         if len(token_ids) <= self.max_prompt_length:
@@ -138,6 +137,18 @@ class RLHFDataset(Dataset):
         if self.return_full_prompt:
             item["full_prompts"] = self._chat_text(index)
         return item
+
+
+def chat_prompt(tokenizer, messages: list[dict], apply_chat_template_kwargs: dict) -> str:
+    """The prompt text of one row's messages: the chat template with the generation prompt. The row preflight
+    (data/row_checks.py) renders with this too, so what it measures is what the dataset feeds the model."""
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                         **apply_chat_template_kwargs)
+
+
+def prompt_token_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
+    """The token ids of rendered prompts (no special tokens added: the template wrote them), in one batched call."""
+    return tokenizer(prompts, add_special_tokens=False)["input_ids"]
 
 
 def _require(config, key: str):

@@ -1,7 +1,9 @@
 """Config checks of the models: liger kernels, LoRA, CPU offload, and before the start the model directories
-(config.json, complete safetensors weights), registered with hybridrl.config.checks."""
+(config.json, complete safetensors weights) and the policy's tokenizer folder (its files and a chat template),
+registered with hybridrl.config.checks."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -11,6 +13,10 @@ from hybridrl.config.schema import PPOConfig
 from hybridrl.utils.safetensors_header import UnreadableSafetensors, count_elements, safetensors_files
 
 INSTALL_GPU_EXTRAS = "pip install -e '.[gpu]'"
+# The files one of which holds a tokenizer's vocabulary: without any, transformers builds an empty tokenizer from
+# config.json alone, and the run died 21 s in with "chat_template is not set" (issue 64).
+TOKENIZER_VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 
 
 def cuda_available() -> bool:
@@ -172,3 +178,102 @@ def _safetensors_files(key: str, path: str, problems: list[str]) -> list[str] | 
         problems.append(f"{key}: expected model weights (model.safetensors, model.safetensors.index.json or "
                         f"pytorch_model.bin) in the directory, got {path!r} without any")
     return None
+
+
+@register_check("preflight")
+def _check_policy_tokenizer(config: PPOConfig, problems: list[str]) -> None:
+    """Its files (tokenizer_folder_problems), then it loads, as the trainer will load it."""
+    found = tokenizer_folder_problems(config)
+    if not found and _config_json_parses(tokenizer_folder(config)[1]):
+        try:
+            _load_policy_tokenizer(config)
+        except Exception as err:  # transformers and a remote-code tokenizer can raise anything
+            key, folder = tokenizer_folder(config)
+            found.append(f"{key}: expected a tokenizer transformers can load, got {folder!r} "
+                         f"({type(err).__name__}: {err})")
+    problems += found
+
+
+def checked_policy_tokenizer(config: PPOConfig):
+    """The run's policy tokenizer for the row checks, or None when _check_policy_tokenizer or _check_model_dirs
+    reports a problem with it."""
+    if tokenizer_folder_problems(config) or not _config_json_parses(tokenizer_folder(config)[1]):
+        return None
+    try:
+        return _load_policy_tokenizer(config)
+    except Exception:  # reported by _check_policy_tokenizer
+        return None
+
+
+def _load_policy_tokenizer(config: PPOConfig):
+    """Loaded once for both checks (Qwen's takes about 2 s)."""
+    model = config.actor_rollout_ref.model
+    return _cached_tokenizer(tokenizer_folder(config)[1], model.trust_remote_code, model.custom_chat_template)
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_tokenizer(folder: str, trust_remote_code: bool, custom_chat_template: str | None):
+    from hybridrl.utils.tokenizer import load_tokenizer
+
+    return load_tokenizer(folder, trust_remote_code=trust_remote_code, custom_chat_template=custom_chat_template)
+
+
+def _config_json_parses(folder: str) -> bool:
+    """A folder without config.json (a tokenizer folder) passes; a broken one is _check_model_dir's to report."""
+    path = os.path.join(folder, "config.json")
+    if not os.path.isfile(path):
+        return True
+    try:
+        with open(path) as f:
+            return isinstance(json.load(f), dict)
+    except (OSError, ValueError):
+        return False
+
+
+def tokenizer_folder(config: PPOConfig) -> tuple[str, str]:
+    """(key, folder) of the policy's tokenizer: data.tokenizer, else the policy's own (utils/tokenizer.py)."""
+    if config.data.tokenizer is not None:
+        return "data.tokenizer", config.data.tokenizer
+    return "actor_rollout_ref.model.path", config.actor_rollout_ref.model.path
+
+
+def tokenizer_folder_problems(config: PPOConfig) -> list[str]:
+    """The policy tokenizer's folder holds a vocabulary, and a chat template unless
+    actor_rollout_ref.model.custom_chat_template gives one: the dataset renders every prompt with it. Files only:
+    nothing is loaded here (the row checks load the tokenizer once these pass)."""
+    key, folder = tokenizer_folder(config)
+    if not os.path.isdir(folder):  # a missing model directory is _model_dirs_exist's to report
+        return [f"{key}: expected a tokenizer folder, got {folder!r} (no such directory)"] \
+            if key == "data.tokenizer" else []
+    present = set(os.listdir(folder))
+    remote_code = config.actor_rollout_ref.model.trust_remote_code  # its own files (tiktoken, ...): the load decides
+    if not remote_code and not present & set(TOKENIZER_VOCAB_FILES):
+        return [f"{key}: expected the tokenizer's files in {folder!r} (one of {', '.join(TOKENIZER_VOCAB_FILES)}, "
+                f"with tokenizer_config.json), got none of them (files there: {sorted(present)}); copy the "
+                f"tokenizer next to the model, or set data.tokenizer to a folder that has it"]
+    if config.actor_rollout_ref.model.custom_chat_template is None and not _has_chat_template(folder, present):
+        return [f"{key}: expected a chat template in {folder!r} (chat_template.jinja, chat_template.json, or "
+                f"\"chat_template\" in tokenizer_config.json: the dataset renders every prompt with it), got none; "
+                f"use the instruct model's tokenizer, or set actor_rollout_ref.model.custom_chat_template"]
+    return []
+
+
+def _has_chat_template(folder: str, present: set[str]) -> bool:
+    if present & set(CHAT_TEMPLATE_FILES):
+        return True
+    try:
+        with open(os.path.join(folder, "tokenizer_config.json")) as f:
+            return bool(json.load(f).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def max_position_embeddings(config: PPOConfig) -> int | None:
+    """The policy's max_position_embeddings from its config.json (None when it has none or is unreadable: reported
+    by _check_model_dirs)."""
+    try:
+        with open(os.path.join(config.actor_rollout_ref.model.path, "config.json")) as f:
+            value = json.load(f).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) else None

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from hybridrl.config.checks import Values, expect_file, register_check, register_registry, run_rule
 from hybridrl.config.schema import PPOConfig
-from hybridrl.data.config_checks import files_read
+from hybridrl.data.config_checks import eval_set_files, files_read
 from hybridrl.utils.import_utils import NameNotDefined, load_extern_object
 
 
@@ -150,6 +150,43 @@ def _check_ground_truth_column(config: PPOConfig, problems: list[str]) -> None:
         elif not _has_ground_truth(schema.field("reward_model").type):
             problems.append(f"{where}: expected column 'reward_model' to be a struct with a 'ground_truth' field, got "
                             f"type {schema.field('reward_model').type} in {path!r}")
+
+
+@register_check("preflight")
+def _check_data_sources_scored(config: PPOConfig, problems: list[str]) -> None:
+    """Every row's data_source has a registered scorer, when the reward manager picks the scorer by it
+    (default_compute_score): not with custom_reward_function.path or rm_type, or data_flow.reward_function, which
+    score every sample, nor with a manager of the user's. A reward model does not exempt the rows: its scores are
+    added to the rule scores. Without this, an unknown source failed at the first step's scoring."""
+    from hybridrl.data.row_checks import rows_by_data_source, rows_named
+
+    custom = config.custom_reward_function
+    if custom.path or custom.rm_type or config.data_flow.reward_function.name or config.data.custom_cls.path \
+            or not _reads_ground_truth(config.reward_model.reward_manager):
+        return
+    source_key = config.data.reward_fn_key
+    for where, path in files_read(config) + eval_set_files(config):
+        try:
+            unscored = rows_by_data_source(path, source_key, lambda source: not _has_scorer(source))
+        except (pa.ArrowException, OSError, KeyError):  # the file or its column: data/config_checks.py reports it
+            continue
+        for source, rows in unscored.items():
+            problems.append(f"{where}: expected a data_source ({source_key}, data.reward_fn_key) with a "
+                            f"registered scorer (hybridrl.reward.scorers.register_scorer), or "
+                            f"custom_reward_function.path / rm_type to score every sample, got {source!r} in "
+                            f"{rows_named(path, rows)}")
+
+
+def _has_scorer(source) -> bool:
+    from hybridrl.reward.scorers import get_scorer
+
+    if not isinstance(source, str):  # a null data_source
+        return False
+    try:
+        get_scorer(source)
+    except NotImplementedError:
+        return False
+    return True
 
 
 def _reads_ground_truth(manager_name: str) -> bool:

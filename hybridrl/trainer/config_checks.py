@@ -1,5 +1,6 @@
 """Config checks of the trainer, registered with hybridrl.config.checks: loggers, resuming, the placement and
-schedule of generation, evaluation sets; before the start the checkpoint to resume from and the run directory
+schedule of generation, evaluation sets; before the start the checkpoint to resume from (its model, files and batch
+layout: resume_checks.py) and the run directory
 (created and test-written here); and a warning when the checkpoints the run keeps will not fit in the free space."""
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from hybridrl.config.checks import Values, register_check
 from hybridrl.config.schema import PPOConfig
 from hybridrl.data.config_checks import usable_train_rows
 from hybridrl.models.config_checks import parameter_counts
+from hybridrl.trainer.resume_checks import (checkpoint_checked, checkpoint_problems, layout_warnings,
+                                            resume_path_problems)
 from hybridrl.utils.disk import free_bytes, human_bytes
 
 
@@ -89,6 +92,22 @@ def _resume_checkpoint_exists(config: PPOConfig, problems: list[str]) -> None:
     if config.trainer.resume_mode == "resume_path" and not os.path.isdir(config.trainer.resume_from_path):
         problems.append(f"trainer.resume_from_path: expected an existing checkpoint directory, "
                         f"got {config.trainer.resume_from_path!r}")
+
+
+@register_check("preflight")
+def _check_resume_checkpoint(config: PPOConfig, problems: list[str]) -> None:
+    """The checkpoint resume_mode picks belongs to this model, is complete and has this batch layout
+    (resume_checks.py)."""
+    problems += resume_path_problems(config)
+    step_dir = checkpoint_checked(config)
+    if step_dir is not None:
+        problems += checkpoint_problems(config, step_dir)
+
+
+@register_check("warnings")
+def _resume_layout_accepted(config: PPOConfig) -> list[str]:
+    step_dir = checkpoint_checked(config)
+    return [] if step_dir is None else layout_warnings(config, step_dir)
 
 
 @register_check("preflight")

@@ -4,6 +4,7 @@ A checkpoint is ``{trainer.default_local_dir}/global_step_N/`` (layout and atomi
 
     actor/     the actor worker group's shards + huggingface/ (ActorRolloutRefWorker.save_checkpoint)
     critic/    the critic's shards, when the run has a critic
+    batch_layout.json  data.train_batch_size, rollout.n, ppo_mini_batch_size (checked on resume: resume_checks.py)
     data.pt    the controller's state: the training dataloader's position, the in-reward KL coefficient; with
                data_flow (and so in every asynchronous run), the prompt source: its buffer of Sample records with
                their partial tokens, which holds all the work in flight at the save, and its pending rows
@@ -20,6 +21,7 @@ distributed-checkpoint metadata) with pickle: resume only from a directory you t
 """
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 
@@ -27,9 +29,13 @@ import torch
 
 from hybridrl.trainer.checkpoint_dir import (COMPLETE_MARKER_FILE, atomic_checkpoint_dir, checkpoint_step,
                                              find_latest_checkpoint, prune_checkpoints, step_dir_name)
+from hybridrl.trainer.resume_checks import batch_layout
 from hybridrl.utils.checkpoint_io import load_file, save_failures_named, save_file
 
 DATA_STATE_FILE = "data.pt"
+# The batch layout the checkpoint's data position and optimizer state assume (trainer/resume_checks.py compares it
+# with the resuming run's before it starts).
+LAYOUT_FILE = "batch_layout.json"
 
 
 class TrainDataPosition:
@@ -107,6 +113,8 @@ def save_checkpoint(trainer) -> str:
             if trainer.use_critic:
                 trainer.critic_wg.save_checkpoint(os.path.join(tmp_dir, "critic"))
             save_data_state(os.path.join(tmp_dir, DATA_STATE_FILE), controller_state(trainer))
+            with open(os.path.join(tmp_dir, LAYOUT_FILE), "w") as f:
+                json.dump(batch_layout(trainer.config), f)
     prune_checkpoints(root, trainer.config.trainer.max_actor_ckpt_to_keep, subdir="actor")
     if trainer.use_critic:
         prune_checkpoints(root, trainer.config.trainer.max_critic_ckpt_to_keep, subdir="critic")
