@@ -31,6 +31,15 @@ def data_flow_switch(enable: bool, filter_groups: bool, schedule: str) -> str | 
     return None if schedule == "sync" else f"async_training.mode={schedule!r}"
 
 
+def engine_servers_serve(rollout_mode: str, flow_switch: str | None) -> bool:
+    """Whether the run generates through agent loops on the ranks' engine servers: in rollout.mode=async, and
+    whenever the data flow is on (`flow_switch`, data_flow_switch's answer), in rollout.mode=sync too: its groups are
+    agent-loop requests, which the servers can abort mid-way. The data flow then takes every generation of the run,
+    validation included; rollout.mode=sync chooses the batch path only for a run without it (verl's DAPO keys work
+    with either mode, as in verl, whose default mode is async)."""
+    return rollout_mode == "async" or flow_switch is not None
+
+
 # with a reward model, one_step_off scores each batch when its step takes it: these need the scores earlier
 SCORE_WHILE_GENERATING = {
     "data_flow.dynamic_sampling_filter": "judges each group by its score as it finishes",
@@ -41,8 +50,9 @@ SCORE_WHILE_GENERATING = {
 
 @register_check()
 def _data_flow_settings(values: Values, problems: list[str]) -> None:
-    """data_flow (slime's) and algorithm.filter_groups (verl's DAPO form of it): on only in async mode, its hooks
-    importable with the right signatures (hybridrl/data/hooks.py), its keys unused while it is off refused."""
+    """data_flow (slime's) and algorithm.filter_groups (verl's DAPO form of it): in any rollout.mode (it runs on the
+    engine servers: engine_servers_serve), its hooks importable with the right signatures (hybridrl/data/hooks.py),
+    its keys unused while it is off refused."""
     from hybridrl.data.hooks import HOOKS, HookError, load_hook
 
     flow = values("data_flow")
@@ -59,11 +69,6 @@ def _data_flow_settings(values: Values, problems: list[str]) -> None:
                 problems.append(f"data_flow.{hook}: expected null path and name with data_flow.enable=false (set "
                                 f"data_flow.enable=true), got {flow[hook]!r}")
         return
-    if values("actor_rollout_ref.rollout.mode") != "async":
-        problems.append(f"actor_rollout_ref.rollout.mode: expected 'async' with {switch} (groups run as "
-                        f"agent-loop requests on the engine servers, which can abort them), got "
-                        f"{values('actor_rollout_ref.rollout.mode')!r} (hybridrl's default is sync, verl's async: a "
-                        f"verl script that leaves the key unset needs actor_rollout_ref.rollout.mode=async here)")
     if schedule == "fully_async":
         _fully_async_stream_settings(flow, problems)
     if schedule == "one_step_off" and values("reward_model.enable") and flow["reward_function"].get("name") is None:
