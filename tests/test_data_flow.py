@@ -239,9 +239,10 @@ def test_good_hooks_load_and_data_flow_keys_are_refused_while_it_is_off(tmp_path
                                     "actor_rollout_ref.rollout.mode=sync", "data.return_raw_chat=false",
                                     "actor_rollout_ref.actor.strategy=fsdp"))
     assert refused.value.problems == [
-        "actor_rollout_ref.actor.strategy: expected 'fsdp2' with the data flow (its groups run as agent loops on "
-        "engine servers) and rollout.name='hf' (each rank's server generates on its own schedule; FSDP1 may gather "
-        "layers at every step, a collective the ranks would not join together), got 'fsdp'"]
+        "actor_rollout_ref.actor.strategy: expected 'fsdp2' with algorithm.filter_groups.enable=true (the data flow "
+        "runs its groups as agent loops on engine servers) and rollout.name='hf' (each rank's server generates on its "
+        "own schedule; FSDP1 may gather layers at every step, a collective the ranks would not join together), got "
+        "'fsdp'"]
 
 
 # ---------------------------------------------------------------------- abort on the HF engine server

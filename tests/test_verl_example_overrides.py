@@ -7,7 +7,7 @@ reason in the list's REPLACED table: the data, model and reward paths become the
 tiny random Qwen2), and keys a 2-core CPU machine cannot honour (engine, device counts, batch sizes and lengths shrunk
 to a tiny model in seconds, GPU memory and offload) take CPU values. Keys we accept are not dropped, and no key is
 added, rollout.mode included: the DAPO list turns on algorithm.filter_groups, whose data flow runs on the engine
-servers in hybridrl's default rollout.mode=sync as in verl's default async (data/config_checks.engine_servers_serve).
+servers in hybridrl's default rollout.mode=sync as in verl's default async (data/config_checks.engine_servers_switch).
 Keys of verl's that hybridrl does not accept are REFUSED: the test asserts each one's error and then runs without it;
 README.md ("Porting from verl") lists them.
 """
@@ -444,11 +444,11 @@ def test_engine_server_rules_follow_the_data_flow_into_sync_mode(toy_values):
     base = runnable(CASES["dapo"], toy_values)
     assert config_errors(base) == []
     assert config_errors(base + ["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"]) == [
-        "data.return_raw_chat: expected true with the data flow (its groups run as agent loops on engine servers) and "
-        "actor_rollout_ref.rollout.agent.default_agent_loop='tool_agent' (agent loops get the raw chat messages as "
-        "raw_prompt), got False"]
+        "data.return_raw_chat: expected true with algorithm.filter_groups.enable=true (the data flow runs its groups as "
+        "agent loops on engine servers) and actor_rollout_ref.rollout.agent.default_agent_loop='tool_agent' (agent "
+        "loops get the raw chat messages as raw_prompt), got False"]
     custom_rollout = ["actor_rollout_ref.rollout.custom_cls.path=x.py", "actor_rollout_ref.rollout.custom_cls.name=X"]
     assert config_errors(base + custom_rollout)[0].startswith(
-        "actor_rollout_ref.rollout.custom_cls: expected null with the data flow")
+        "actor_rollout_ref.rollout.custom_cls: expected null with algorithm.filter_groups.enable=true (the data flow")
     # without the data flow, sync mode is the batch path, which generates with a custom rollout class
     assert config_errors(base + custom_rollout + ["algorithm.filter_groups.enable=false"]) == []

@@ -1,4 +1,4 @@
-"""Config checks of the agent loops (rollout.mode=async, or the data flow in any mode: engine_servers_serve;
+"""Config checks of the agent loops (rollout.mode=async, or the data flow in any mode: engine_servers_switch;
 multi-turn), registered with hybridrl.config.checks: loops other than the built-in single-turn one read the raw chat,
 the engine server serves the built-in engines, multi-turn runs as an agent loop with a tool-call syntax it parses, the
 data flow's partial rollout continues only a default loop that can resume, and before the start every agent-loop YAML
@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from hybridrl.config.checks import Values, register_check
 from hybridrl.config.schema import PPOConfig
-from hybridrl.data.config_checks import data_flow_switch, engine_servers_serve
+from hybridrl.data.config_checks import data_flow_switch, engine_servers_switch
 
 
-def _serves_agent_loops(values: Values) -> bool:
-    switch = data_flow_switch(values("data_flow.enable"), values("algorithm.filter_groups.enable"),
-                              values("async_training.mode"))
-    return engine_servers_serve(values("actor_rollout_ref.rollout.mode"), switch)
+def _engine_servers_switch(values: Values) -> str | None:
+    return engine_servers_switch(values("actor_rollout_ref.rollout.mode"), values("data_flow.enable"),
+                                 values("algorithm.filter_groups.enable"), values("async_training.mode"))
 
 
 @register_check()
@@ -22,13 +21,12 @@ def _engine_server_settings(values: Values, problems: list[str]) -> None:
     with a default loop other than the built-in single_turn_agent, which reads the dataset's own tokenization); the
     engine server serves the built-in engines; the hf server's requests run unsynchronised across ranks, which only
     FSDP2's whole-model gather allows."""
-    if not _serves_agent_loops(values):
+    why = _engine_servers_switch(values)
+    if why is None:
         return
-    mode = values("actor_rollout_ref.rollout.mode")
-    why = f"actor_rollout_ref.rollout.mode={mode!r}" if mode == "async" else "the data flow (its groups run as " \
-        "agent loops on engine servers)"
     loop = values("actor_rollout_ref.rollout.agent.default_agent_loop")
-    if not values("data.return_raw_chat") and (mode == "async" or loop != "single_turn_agent"):
+    async_mode = values("actor_rollout_ref.rollout.mode") == "async"
+    if not values("data.return_raw_chat") and (async_mode or loop != "single_turn_agent"):
         problems.append(f"data.return_raw_chat: expected true with {why} and actor_rollout_ref.rollout.agent."
                         f"default_agent_loop={loop!r} (agent loops get the raw chat messages as raw_prompt), got False")
     custom = values("actor_rollout_ref.rollout.custom_cls")
@@ -92,8 +90,8 @@ def _check_agent_loops(config: PPOConfig, problems: list[str]) -> None:
     """Import every _target_ of the agent-loop YAML and find the default loop, as the agent-loop workers will: a
     module or class that does not import is refused now, not after the cluster is up."""
     agent = config.actor_rollout_ref.rollout.agent
-    switch = data_flow_switch(config.data_flow.enable, config.algorithm.filter_groups.enable, config.async_training.mode)
-    if not engine_servers_serve(config.actor_rollout_ref.rollout.mode, switch):
+    if engine_servers_switch(config.actor_rollout_ref.rollout.mode, config.data_flow.enable,
+                             config.algorithm.filter_groups.enable, config.async_training.mode) is None:
         return
     from hybridrl.agent_loop.base import load_agent_loop_config
 

@@ -217,7 +217,8 @@ class EngineKwargsConfig(ConfigNode):
 
 @dataclass
 class AgentConfig(ConfigNode):
-    """`rollout.mode=async`: the agent-loop workers on the controller and the loops they may run (agent_loop/)."""
+    """`rollout.mode=async` or the data flow: the agent-loop workers on the controller and the loops they may run
+    (agent_loop/)."""
     num_workers: int = positive()
     agent_loop_config_path: Optional[str]
     default_agent_loop: str

@@ -31,13 +31,16 @@ def data_flow_switch(enable: bool, filter_groups: bool, schedule: str) -> str | 
     return None if schedule == "sync" else f"async_training.mode={schedule!r}"
 
 
-def engine_servers_serve(rollout_mode: str, flow_switch: str | None) -> bool:
-    """Whether the run generates through agent loops on the ranks' engine servers: in rollout.mode=async, and
-    whenever the data flow is on (`flow_switch`, data_flow_switch's answer), in rollout.mode=sync too: its groups are
-    agent-loop requests, which the servers can abort mid-way. The data flow then takes every generation of the run,
-    validation included; rollout.mode=sync chooses the batch path only for a run without it (verl's DAPO keys work
-    with either mode, as in verl, whose default mode is async)."""
-    return rollout_mode == "async" or flow_switch is not None
+def engine_servers_switch(rollout_mode: str, enable: bool, filter_groups: bool, schedule: str) -> str | None:
+    """What makes the run generate through agent loops on the ranks' engine servers, as a config setting (None: the
+    batch path): rollout.mode=async, or the data flow's switch (data_flow_switch) in rollout.mode=sync too, since its
+    groups are agent-loop requests, which the servers can abort mid-way. The data flow then takes every generation of
+    the run, validation included; rollout.mode=sync chooses the batch path only for a run without it (so verl's DAPO
+    keys work in either mode, as in verl, whose default mode is async)."""
+    if rollout_mode == "async":
+        return "actor_rollout_ref.rollout.mode='async'"
+    switch = data_flow_switch(enable, filter_groups, schedule)
+    return None if switch is None else f"{switch} (the data flow runs its groups as agent loops on engine servers)"
 
 
 # with a reward model, one_step_off scores each batch when its step takes it: these need the scores earlier
@@ -51,7 +54,7 @@ SCORE_WHILE_GENERATING = {
 @register_check()
 def _data_flow_settings(values: Values, problems: list[str]) -> None:
     """data_flow (slime's) and algorithm.filter_groups (verl's DAPO form of it): in any rollout.mode (it runs on the
-    engine servers: engine_servers_serve), its hooks importable with the right signatures (hybridrl/data/hooks.py),
+    engine servers: engine_servers_switch), its hooks importable with the right signatures (hybridrl/data/hooks.py),
     its keys unused while it is off refused."""
     from hybridrl.data.hooks import HOOKS, HookError, load_hook
 

@@ -44,7 +44,7 @@ import torch
 from hybridrl.agent_loop.base import AgentLoopMetrics
 from hybridrl.agent_loop.manager import agent_loop_metrics, rollout_sampling_params
 from hybridrl.agent_loop.server_manager import abort_servers, reset_abort_servers
-from hybridrl.data.config_checks import data_flow_switch, engine_servers_serve
+from hybridrl.data.config_checks import data_flow_switch, engine_servers_switch
 from hybridrl.data.filters import metric_nonzero_std
 from hybridrl.data.hooks import load_all_hooks
 from hybridrl.data.prompt_source import PromptSource
@@ -63,10 +63,10 @@ def data_flow_enabled(config) -> bool:
 
 
 def generates_on_engine_servers(config) -> bool:
-    """Whether the run generates through agent loops on engine servers (data/config_checks.engine_servers_serve):
+    """Whether the run generates through agent loops on engine servers (data/config_checks.engine_servers_switch):
     rollout.mode=async, or the data flow, whose groups are agent-loop requests, in rollout.mode=sync too."""
-    return engine_servers_serve(config.actor_rollout_ref.rollout.mode, data_flow_switch(
-        config.data_flow.enable, config.algorithm.filter_groups.enable, config.async_training.mode))
+    return engine_servers_switch(config.actor_rollout_ref.rollout.mode, config.data_flow.enable,
+                                 config.algorithm.filter_groups.enable, config.async_training.mode) is not None
 
 
 @dataclass
