@@ -3,13 +3,14 @@ the default rollout.mode (issue #57, item 4).
 
 Each list below is verl's, key for key, as its script passes it (shell variables expanded to the script's GPU
 defaults; the source path and commit are named above each). Only two kinds of change are made, each listed with its
-reason in the list's REPLACED table: the data, model and reward paths become the toy task's (tests/toy_task.py; a
+reason in PATHS or the case's `replaced`: the data, model and reward paths become the toy task's (tests/toy_task.py; a
 tiny random Qwen2), and keys a 2-core CPU machine cannot honour (engine, device counts, batch sizes and lengths shrunk
-to a tiny model in seconds, GPU memory and offload) take CPU values. Keys we accept are not dropped, and no key is
-added, rollout.mode included: the DAPO list turns on algorithm.filter_groups, whose data flow runs on the engine
-servers in hybridrl's default rollout.mode=sync as in verl's default async (data/config_checks.engine_servers_switch).
-Keys of verl's that hybridrl does not accept are REFUSED: the test asserts each one's error and then runs without it;
-README.md ("Porting from verl") lists them.
+to a tiny model in seconds, logging without network) take CPU values. Keys we accept are not dropped, and no key is
+added but the reward, the run directory and the step count; not rollout.mode: the DAPO list turns on
+algorithm.filter_groups, whose data flow runs on the engine servers in hybridrl's default rollout.mode=sync as in
+verl's default async (data/config_checks.engine_servers_switch). Keys of verl's that hybridrl does not accept are the
+case's `refused`: the test asserts each one's error, then runs without it; README.md ("Porting verl's example
+scripts") lists them.
 """
 from dataclasses import dataclass, field
 
