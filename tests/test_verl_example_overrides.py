@@ -283,8 +283,8 @@ PATHS = {
     "data.max_prompt_length": ("32", TINY),
     "data.max_response_length": ("8", TINY),
     "data.train_batch_size": ("4", TINY),
-    "actor_rollout_ref.actor.ppo_mini_batch_size": ("2", TINY),
 }
+SMALLER_MINI_BATCH = {"actor_rollout_ref.actor.ppo_mini_batch_size": ("2", "within data.train_batch_size=4")}
 
 
 @dataclass
@@ -322,15 +322,14 @@ CASES = {
     "dapo": Case(DAPO, replaced={
         "trainer.device": ("cpu", "no NPU"),
         "actor_rollout_ref.rollout.n": ("4", TINY),
-        "actor_rollout_ref.actor.ppo_mini_batch_size": ("1", "verl's value (PATHS shrinks other lists' to 2)"),
         # hybridrl defines reward_model.overlong_buffer, so Hydra refuses to append it ('+'): the same keys without
         "+reward_model.overlong_buffer.enable": ("True", "hybridrl has the key: no '+' (append) before it"),
         "+reward_model.overlong_buffer.len": ("4", "hybridrl has the key: no '+'; within the response budget of 8"),
         "+reward_model.overlong_buffer.penalty_factor": ("1.0", "hybridrl has the key: no '+' (append) before it"),
     }, refused=DAPO_REFUSED),
-    "gspo": Case(GSPO),
-    "cispo": Case(CISPO),
-    "dr_grpo": Case(DR_GRPO),
+    "gspo": Case(GSPO, replaced=SMALLER_MINI_BATCH),
+    "cispo": Case(CISPO, replaced=SMALLER_MINI_BATCH),
+    "dr_grpo": Case(DR_GRPO, replaced=SMALLER_MINI_BATCH),
 }
 
 
