@@ -58,6 +58,9 @@ ROOTS = {
     ("workers/rollout/sglang_rollout.py", "SGLangRollout.__init__", "config"): "actor_rollout_ref.rollout",
     **{("algorithms/losses.py", f"compute_policy_loss_{name}", "config"): "actor_rollout_ref.actor"
        for name in ("vanilla", "gspo", "gpg", "clip_cov", "kl_cov")},
+    **{("algorithms/alternative_losses.py", f"compute_policy_loss_{name}", "config"): "actor_rollout_ref.actor"
+       for name in ("cispo", "dppo_tv", "dppo_kl", "sapo", "geo_mean", "dro", "bypass_mode")},
+    ("algorithms/core_algos.py", "compute_gdpo_outcome_advantage", "config"): "algorithm",
     ("reward/managers/dapo.py", "DAPORewardManager.__init__", "overlong_buffer_cfg"): "reward_model.overlong_buffer",
     # Agent loops get the run config wrapped (verl's DictConfigWrap) and keep it as self.config.
     ("agent_loop/base.py", "AgentLoopBase", "self.config"): "",

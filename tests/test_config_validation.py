@@ -354,7 +354,8 @@ def test_every_problem_is_reported_in_one_error():
             "algorithm.kl_penalty=k9", "trainer.del_local_ckpt_after_load=true"]))
     assert caught.value.problems == [
         "actor_rollout_ref.actor.use_kl_loss: expected bool, got 'maybe'",
-        "algorithm.kl_penalty: expected one of 'kl', 'k1', 'abs', 'mse', 'k2', 'low_var_kl', 'k3', got 'k9'",
+        "algorithm.kl_penalty: expected one of 'kl', 'k1', 'abs', 'mse', 'k2', 'low_var_kl', 'k3', 'kl+', 'k1+', "
+        "'abs+', 'mse+', 'k2+', 'low_var_kl+', 'k3+', got 'k9'",
         "trainer.nnode: expected a known key, got unknown key (value 2); did you mean trainer.nnodes?",
         "trainer.del_local_ckpt_after_load: expected False (other values are not implemented yet), got True",
         "data.train_batch_size: expected a multiple of actor_rollout_ref.actor.ppo_mini_batch_size = 8 "

@@ -18,6 +18,8 @@ def _batch():
     tensors = {"token_level_rewards": torch.randn(6, 4, generator=g) * mask,
                "values": torch.randn(6, 4, generator=g),
                "reward_baselines": torch.randn(6, generator=g),
+               "old_log_probs": -torch.rand(6, 4, generator=g),
+               "sum_pi_squared": torch.rand(6, 4, generator=g),
                "response_mask": mask}
     uids = np.array(["a", "a", "a", "b", "c", "c"], dtype=object)
     return DataProto(batch=tensors, non_tensor_batch={"uid": uids}, meta_info={})
@@ -32,12 +34,19 @@ def _direct_call(name, batch, uids):
         return core_algos.compute_grpo_outcome_advantage(rewards, mask, uids, norm_adv_by_std_in_grpo=False)
     if name == "grpo_passk":
         return core_algos.compute_grpo_passk_outcome_advantage(rewards, mask, uids, norm_adv_by_std_in_grpo=False)
+    if name in ("grpo_vectorized", "gdpo"):
+        return core_algos.get_adv_estimator_fn(name)(rewards, mask, uids, norm_adv_by_std_in_grpo=False)
     if name == "reinforce_plus_plus":
-        return core_algos.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, 0.9)
+        return core_algos.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.9)
     if name == "remax":
         return core_algos.compute_remax_outcome_advantage(rewards, batch["reward_baselines"], mask)
+    if name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
+        return core_algos.get_adv_estimator_fn(name)(rewards, mask, uids, batch["old_log_probs"],
+                                                     batch["sum_pi_squared"])
     estimator = {"rloo": core_algos.compute_rloo_outcome_advantage, "opo": core_algos.compute_opo_outcome_advantage,
-                 "reinforce_plus_plus_baseline": core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage}
+                 "reinforce_plus_plus_baseline": core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage,
+                 "gpg": core_algos.compute_gpg_outcome_advantage,
+                 "rloo_vectorized": core_algos.compute_rloo_vectorized_outcome_advantage}
     return estimator[name](rewards, mask, uids)
 
 
@@ -70,7 +79,7 @@ def test_compute_advantage_names_missing_inputs_and_unknown_estimators():
     data.batch.pop("values")
     with pytest.raises(ValueError, match="'gae' needs \\[\"batch key 'values'\"\\]"):
         core_algos.compute_advantage(data, "gae")
-    with pytest.raises(ValueError, match=r"unknown advantage estimator 'ppo'; registered: \['gae', 'grpo'"):
+    with pytest.raises(ValueError, match=r"Unknown advantage estimator simply: ppo; registered: \['gae', 'gdpo'"):
         core_algos.compute_advantage(data, "ppo")
 
 
@@ -131,8 +140,8 @@ def test_user_registered_estimator_and_policy_loss_are_selected_by_name(user_ext
             assert data.batch["advantages"][i, t].item() == pytest.approx(2.0 * score if mask[i, t] else 0.0, abs=1e-6)
 
     core_algos.compute_advantage(data, "test_user_sees_everything")
-    # gamma, lam, norm_adv_by_std_in_grpo, config, 4 batch keys, index
-    assert torch.all(data.batch["advantages"] == 9.0)
+    # gamma, lam, norm_adv_by_std_in_grpo, config, batch, non_tensor_batch, 6 batch keys, index
+    assert torch.all(data.batch["advantages"] == 13.0)
 
     loss_fn = core_algos.get_policy_loss_fn("test_user_reinforce")
     assert loss_fn is user_extension.reinforce

@@ -6,6 +6,9 @@ import inspect
 from typing import Any
 
 from hybridrl.config.checks import Values, register_check, register_registry, run_rule
+from hybridrl.data.config_checks import data_flow_switch
+
+LOSS_MODE = "actor_rollout_ref.actor.policy_loss.loss_mode"
 
 
 def _adv_estimator(name: str) -> Any:
@@ -21,7 +24,7 @@ def _policy_loss(name: str) -> Any:
 
 
 register_registry("algorithm.adv_estimator", _adv_estimator)
-register_registry("actor_rollout_ref.actor.policy_loss.loss_mode", _policy_loss)
+register_registry(LOSS_MODE, _policy_loss)
 
 
 @register_check()
@@ -30,6 +33,56 @@ def _critic_matches_estimator(values: Values, problems: list[str]) -> None:
     if estimator == "gae" and values("critic.enable") is False:
         problems.append("critic.enable: expected true or null when algorithm.adv_estimator='gae' "
                         "(GAE needs the critic's values), got False")
+
+
+# verl's estimators that need an input the workers here do not produce: estimator -> why it is refused.
+NEEDS_UNPRODUCED_INPUT = {
+    name: ("needs the actor's per-token sum of pi^2 over the vocabulary (batch key sum_pi_squared, verl's "
+           "actor.calculate_sum_pi_squared=true), which the actor here does not compute")
+    for name in ("optimal_token_baseline", "tir_optimal_token_baseline")}
+
+
+@register_check()
+def _estimator_inputs_exist(values: Values, problems: list[str]) -> None:
+    """An estimator whose inputs no worker produces is refused before any worker starts, with the reason."""
+    estimator = values("algorithm.adv_estimator")
+    if estimator in NEEDS_UNPRODUCED_INPUT:
+        problems.append(f"algorithm.adv_estimator: {estimator!r} {NEEDS_UNPRODUCED_INPUT[estimator]}; "
+                        "choose another estimator")
+
+
+@register_check()
+def _gdpo_settings(values: Values, problems: list[str]) -> None:
+    """GDPO needs its reward components named, one weight per component, and the batch path, which keeps the
+    scorer's per-sample extras as batch columns (the data flow keeps them as one dict per sample)."""
+    if values("algorithm.adv_estimator") != "gdpo":
+        return
+    keys, weights = values("algorithm.gdpo_reward_keys"), values("algorithm.gdpo_reward_weights")
+    if not keys:
+        problems.append("algorithm.gdpo_reward_keys: expected a non-empty list of the reward components (keys of the "
+                        f"dict the scorer returns) with algorithm.adv_estimator='gdpo', got {keys!r}")
+    elif weights is not None and len(weights) != len(keys):
+        problems.append(f"algorithm.gdpo_reward_weights: expected one weight per gdpo_reward_keys entry "
+                        f"({len(keys)}: {list(keys)}), got {len(weights)}: {list(weights)}")
+    switch = data_flow_switch(values("data_flow.enable"), values("algorithm.filter_groups.enable"),
+                              values("async_training.mode"))
+    if switch is not None:
+        problems.append(f"algorithm.adv_estimator: 'gdpo' runs on the synchronous batch path only, which keeps the "
+                        f"reward components as batch columns; {switch} routes steps through the data flow")
+
+
+@register_check()
+def _policy_loss_settings(values: Values, problems: list[str]) -> None:
+    """dro needs its penalty weight; bypass_mode needs the trainer's bypass, which is not implemented."""
+    loss_mode = values(LOSS_MODE)
+    if loss_mode == "dro" and values("actor_rollout_ref.actor.policy_loss.dro_beta") is None:
+        problems.append("actor_rollout_ref.actor.policy_loss.dro_beta: expected a value > 0 with "
+                        "loss_mode='dro' (the weight of its quadratic log-ratio penalty), got None")
+    if loss_mode == "bypass_mode":
+        problems.append(f"{LOSS_MODE}: 'bypass_mode' is verl's loss for its bypass mode, where the rollout's "
+                        "log-probs replace old_log_probs; the trainer here always recomputes old_log_probs "
+                        "(algorithm.rollout_correction.bypass_mode is only false): use algorithm.rollout_correction "
+                        "with loss_mode='vanilla' for the same correction")
 
 
 ROLLOUT_CORRECTION = "algorithm.rollout_correction"
@@ -61,7 +114,7 @@ def _rollout_correction_settings(values: Values, problems: list[str]) -> None:
 def _policy_loss_takes_is_weights(values: Values, problems: list[str]) -> None:
     from hybridrl.algorithms.core_algos import get_policy_loss_fn
 
-    key = "actor_rollout_ref.actor.policy_loss.loss_mode"
+    key = LOSS_MODE
     try:
         loss = get_policy_loss_fn(values(key))
     except ValueError:  # an unregistered name: validation's registry step reports it

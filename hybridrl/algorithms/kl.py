@@ -17,11 +17,15 @@ from hybridrl.algorithms.torch_functional import masked_mean
 if TYPE_CHECKING:
     from hybridrl.protocol import DataProto
 
-KL_PENALTY_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
+KL_PENALTY_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")  # each also with a "+" suffix
 
 
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref) from the log-probs of the sampled tokens.
+
+    A "+" after the name (k3+, low_var_kl+, ...) keeps that estimator's value but takes k2's gradient
+    (straight-through): k1 and k3 estimate the KL without bias, but their gradients do not estimate its
+    gradient, while k2's does.
 
     kl / k1          log pi - log pi_ref                      (unbiased, high variance, can be < 0)
     abs              |log pi - log pi_ref|
@@ -29,6 +33,15 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
     low_var_kl / k3  pi_ref/pi - log(pi_ref/pi) - 1, clamped to [-10, 10] (Schulman's k3: >= 0, low variance)
     full             needs the whole distributions, not two log-probs: not implemented
     """
+    if kl_penalty.endswith("+"):
+        value = kl_penalty_forward(logprob, ref_logprob, kl_penalty[:-1])
+        k2 = 0.5 * (logprob - ref_logprob).square()
+        return k2 - k2.detach() + value.detach()
+    return kl_penalty_forward(logprob, ref_logprob, kl_penalty)
+
+
+def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
+    """The estimator named `kl_penalty` (no "+"), value and gradient its own (verl's name)."""
     if kl_penalty in ("kl", "k1"):
         return logprob - ref_logprob
     if kl_penalty == "abs":

@@ -5,6 +5,8 @@ response tokens that count. Pure torch: no I/O, no distributed code.
 
 Policy losses are looked up by name (`actor_rollout_ref.actor.policy_loss.loss_mode` in verl's config)
 through `get_policy_loss_fn`; a user adds one with `@register_policy_loss("name")` in their own module.
+The losses that replace PPO's clipped surrogate (cispo, dppo_*, sapo, geo_mean, dro, bypass_mode) live in
+`alternative_losses.py`.
 Every policy loss has the signature
 
     fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
@@ -41,7 +43,7 @@ import torch
 from hybridrl.algorithms.rollout_correction import apply_rollout_is_weights
 from hybridrl.algorithms.torch_functional import clip_by_value, entropy_from_logits, masked_mean
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
 POLICY_LOSS_REGISTRY: dict[str, PolicyLossFn] = {}
@@ -54,6 +56,7 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
     """Reduce a (batch, length) loss matrix to a scalar, normalised over the whole global batch.
 
     token-mean               sum over the masked tokens / batch_num_tokens (long answers weigh more)
+    token-sum                sum over the masked tokens, no normalisation (verl 0.9's mode)
     seq-mean-token-sum       per-sequence token sum, then mean over the sequences that have a token
     seq-mean-token-mean      per-sequence token mean, then mean over the sequences that have a token
     seq-mean-token-sum-norm  sum of the per-sequence token sums / loss_scale_factor (default: the padded
@@ -76,6 +79,8 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
     if loss_agg_mode == "token-mean":
         count = mask.sum() if batch_num_tokens is None else batch_num_tokens
         return token_losses.sum() / _at_least_one(count) * dp_size
+    if loss_agg_mode == "token-sum":  # a micro-batch's sum is its share of the global sum: only dp_size applies
+        return token_losses.sum() * dp_size
     if loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"loss_agg_mode={loss_agg_mode!r} is not one of {list(LOSS_AGG_MODES)}")
     if loss_agg_mode == "seq-mean-token-sum-norm":  # the divisor is a constant: no global count is needed
@@ -277,17 +282,20 @@ def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask
 
 def compute_value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values: torch.Tensor,
                        response_mask: torch.Tensor, cliprange_value: float, loss_agg_mode: str = "token-mean",
-                       global_batch_info: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       dp_size: int = 1, batch_num_tokens: float | torch.Tensor | None = None,
+                       global_batch_size: float | torch.Tensor | None = None,
+                       loss_scale_factor: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped value loss 0.5 * max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2), and the clipped fraction.
 
-    global_batch_info: agg_loss's dp_size / batch_num_tokens / global_batch_size for a micro-batch of a
-    data-parallel update (the critic passes them; None aggregates over the rows given).
+    dp_size, batch_num_tokens, global_batch_size, loss_scale_factor: agg_loss's, for a micro-batch of a
+    data-parallel update (the critic passes its global batch info; the defaults aggregate over the rows given).
     """
     vpred_clipped = clip_by_value(vpreds, values - cliprange_value, values + cliprange_value)
     unclipped_error = (vpreds - returns) ** 2
     clipped_error = (vpred_clipped - returns) ** 2
     vf_loss = 0.5 * agg_loss(torch.maximum(unclipped_error, clipped_error), response_mask, loss_agg_mode,
-                             **(global_batch_info or {}))
+                             dp_size=dp_size, batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
+                             loss_scale_factor=loss_scale_factor)
     vf_clipfrac = masked_mean((clipped_error > unclipped_error).float(), response_mask)
     return vf_loss, vf_clipfrac
 

@@ -68,9 +68,11 @@ class ConfigNode:
 
 Strategy = Literal["fsdp", "fsdp2"]
 WarmupStyle = Literal["constant", "cosine"]
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-# The estimators hybridrl.algorithms.kl implements ("full" needs whole-vocabulary distributions: not yet).
-KLType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
+LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+# The estimators hybridrl.algorithms.kl implements ("full" needs whole-vocabulary distributions: not yet); a "+"
+# keeps the value and takes k2's gradient (straight-through).
+KLType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3",
+                 "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"]
 # What models/checkpoint.py saves ("extra" = lr scheduler and RNG state); verl's "hf_model" is not implemented.
 CheckpointContent = Literal["model", "optimizer", "extra"]
 
@@ -176,6 +178,7 @@ class PolicyLossConfig(ConfigNode):
     clip_cov_ub: float
     kl_cov_ratio: float = at_least(0)
     ppo_kl_coef: float
+    dro_beta: Optional[float] = positive()   # DRO's quadratic log-ratio penalty; required with loss_mode=dro
 
 
 @dataclass
@@ -191,6 +194,8 @@ class ActorConfig(ConfigNode):
     clip_ratio_low: float = at_least(0)
     clip_ratio_high: float = at_least(0)
     clip_ratio_c: float = greater_than(1)
+    tau_pos: float = positive()   # SAPO's gate temperature where the advantage is > 0
+    tau_neg: float = positive()   # ... and where it is <= 0
     policy_loss: PolicyLossConfig
     loss_agg_mode: LossAggMode
     entropy_coeff: float
@@ -474,6 +479,8 @@ class AlgorithmConfig(ConfigNode):
     use_pf_ppo: bool
     rollout_correction: RolloutCorrectionConfig
     filter_groups: FilterGroupsConfig
+    gdpo_reward_keys: Optional[list[str]]        # GDPO's reward components: keys of the scorer's returned dict
+    gdpo_reward_weights: Optional[list[float]]   # their weights (null: all 1)
 
 
 # ---- data_flow (slime's): hybridrl/data, trainer/ppo/group_rollout.py ----

@@ -19,7 +19,7 @@ import uuid
 import numpy as np
 import ray
 
-from hybridrl.agent_loop.manager import (AgentLoopManager, apply_agent_scores, check_agent_names,
+from hybridrl.agent_loop.manager import (AgentLoopManager, apply_agent_scores, check_agent_names, object_column,
                                          scores_on_trained_tokens)
 from hybridrl.agent_loop.base import load_agent_loop_config
 from hybridrl.data.hooks import load_hook
@@ -387,6 +387,9 @@ class RayPPOTrainer:
                 batch.batch["token_level_scores"] = reward["reward_tensor"]
                 metrics.update(reward.get("reward_metrics", {}))
                 metrics.update(_reward_extra_metrics(reward.get("reward_extra_info", {})))
+                # the scorer's per-sample extras as batch columns, as verl keeps them (GDPO's reward components)
+                batch.non_tensor_batch.update({key: object_column(values) for key, values in
+                                               reward.get("reward_extra_info", {}).items()})
 
         with timer("old_log_prob", timing):
             batch = batch.union(pop_worker_metrics(self.actor_rollout_wg.compute_log_prob(batch), metrics))
