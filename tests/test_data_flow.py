@@ -232,11 +232,17 @@ def test_good_hooks_load_and_data_flow_keys_are_refused_while_it_is_off(tmp_path
         "data_flow.enable=true), got True",
         "data_flow.buffer_filter: expected null path and name with data_flow.enable=false (set data_flow.enable=true), "
         "got {'path': None, 'name': 'pop_first'}"]
-    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.rollout\.mode: expected 'async' with "
-                                          r"algorithm\.filter_groups\.enable=true .*got 'sync' \(hybridrl's default "
-                                          r"is sync, verl's async"):
+    # verl's DAPO keys in the default rollout.mode=sync: the data flow runs on the engine servers all the same, so
+    # their checks apply (here FSDP1 with the hf server), but not async mode's raw chat for the single-turn loop
+    with pytest.raises(ConfigError) as refused:
         validate_config(flow_config(tmp_path, "data_flow.enable=false", "algorithm.filter_groups.enable=true",
-                                    "actor_rollout_ref.rollout.mode=sync"))
+                                    "actor_rollout_ref.rollout.mode=sync", "data.return_raw_chat=false",
+                                    "actor_rollout_ref.actor.strategy=fsdp"))
+    assert refused.value.problems == [
+        "actor_rollout_ref.actor.strategy: expected 'fsdp2' with algorithm.filter_groups.enable=true (the data flow "
+        "runs its groups as agent loops on engine servers) and rollout.name='hf' (each rank's server generates on its "
+        "own schedule; FSDP1 may gather layers at every step, a collective the ranks would not join together), got "
+        "'fsdp'"]
 
 
 # ---------------------------------------------------------------------- abort on the HF engine server

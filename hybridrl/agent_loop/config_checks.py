@@ -1,34 +1,42 @@
-"""Config checks of the agent loops (rollout.mode=async, multi-turn), registered with hybridrl.config.checks:
-async mode reads the raw chat and serves the built-in engines, multi-turn runs as an agent loop with a tool-call
-syntax it parses, the data flow's partial rollout continues only a default loop that can resume, and before the
-start every agent-loop YAML entry imports (its file's verl imports all provided by hybridrl.compat.verl) and the
-default loop is registered."""
+"""Config checks of the agent loops (rollout.mode=async, or the data flow in any mode: engine_servers_switch;
+multi-turn), registered with hybridrl.config.checks: loops other than the built-in single-turn one read the raw chat,
+the engine server serves the built-in engines, multi-turn runs as an agent loop with a tool-call syntax it parses, the
+data flow's partial rollout continues only a default loop that can resume, and before the start every agent-loop YAML
+entry imports (its file's verl imports all provided by hybridrl.compat.verl) and the default loop is registered."""
 from __future__ import annotations
 
 from hybridrl.config.checks import Values, register_check
 from hybridrl.config.schema import PPOConfig
-from hybridrl.data.config_checks import data_flow_switch
+from hybridrl.data.config_checks import data_flow_switch, engine_servers_switch
+
+
+def _engine_servers_switch(values: Values) -> str | None:
+    return engine_servers_switch(values("actor_rollout_ref.rollout.mode"), values("data_flow.enable"),
+                                 values("algorithm.filter_groups.enable"), values("async_training.mode"))
 
 
 @register_check()
-def _async_rollout_settings(values: Values, problems: list[str]) -> None:
-    """rollout.mode=async: agent loops read the raw chat; the engine server serves the built-in engines; the hf
-    server's requests run unsynchronised across ranks, which only FSDP2's whole-model gather allows."""
-    if values("actor_rollout_ref.rollout.mode") != "async":
+def _engine_server_settings(values: Values, problems: list[str]) -> None:
+    """Agent loops on engine servers: they read the raw chat (in rollout.mode=async, where any loop may run, and
+    with a default loop other than the built-in single_turn_agent, which reads the dataset's own tokenization); the
+    engine server serves the built-in engines; the hf server's requests run unsynchronised across ranks, which only
+    FSDP2's whole-model gather allows."""
+    why = _engine_servers_switch(values)
+    if why is None:
         return
-    if not values("data.return_raw_chat"):
-        problems.append("data.return_raw_chat: expected true with actor_rollout_ref.rollout.mode='async' (agent "
-                        "loops get the raw chat messages as raw_prompt), got False")
+    loop = values("actor_rollout_ref.rollout.agent.default_agent_loop")
+    async_mode = values("actor_rollout_ref.rollout.mode") == "async"
+    if not values("data.return_raw_chat") and (async_mode or loop != "single_turn_agent"):
+        problems.append(f"data.return_raw_chat: expected true with {why} and actor_rollout_ref.rollout.agent."
+                        f"default_agent_loop={loop!r} (agent loops get the raw chat messages as raw_prompt), got False")
     custom = values("actor_rollout_ref.rollout.custom_cls")
     if custom.get("path") is not None or custom.get("name") is not None:
-        problems.append("actor_rollout_ref.rollout.custom_cls: expected null with actor_rollout_ref.rollout.mode="
-                        "'async' (the engine server serves the built-in hf, sglang and vllm engines), got "
-                        f"{custom!r}")
+        problems.append(f"actor_rollout_ref.rollout.custom_cls: expected null with {why} (the engine server serves "
+                        f"the built-in hf, sglang and vllm engines), got {custom!r}")
     if values("actor_rollout_ref.rollout.name") == "hf" and values("actor_rollout_ref.actor.strategy") == "fsdp":
-        problems.append("actor_rollout_ref.actor.strategy: expected 'fsdp2' with actor_rollout_ref.rollout.mode="
-                        "'async' and rollout.name='hf' (each rank's server generates on its own schedule; FSDP1 "
-                        "may gather layers at every step, a collective the ranks would not join together), got "
-                        "'fsdp'")
+        problems.append(f"actor_rollout_ref.actor.strategy: expected 'fsdp2' with {why} and rollout.name='hf' (each "
+                        f"rank's server generates on its own schedule; FSDP1 may gather layers at every step, a "
+                        f"collective the ranks would not join together), got 'fsdp'")
 
 
 @register_check()
@@ -82,7 +90,8 @@ def _check_agent_loops(config: PPOConfig, problems: list[str]) -> None:
     """Import every _target_ of the agent-loop YAML and find the default loop, as the agent-loop workers will: a
     module or class that does not import is refused now, not after the cluster is up."""
     agent = config.actor_rollout_ref.rollout.agent
-    if config.actor_rollout_ref.rollout.mode != "async":
+    if engine_servers_switch(config.actor_rollout_ref.rollout.mode, config.data_flow.enable,
+                             config.algorithm.filter_groups.enable, config.async_training.mode) is None:
         return
     from hybridrl.agent_loop.base import load_agent_loop_config, read_agent_loop_entries
     from hybridrl.agent_loop.verl_imports import unprovided_verl_imports

@@ -108,6 +108,7 @@ class DataConfig(ConfigNode):
     max_response_length: int = positive()
     train_batch_size: int = positive()
     val_batch_size: Optional[int] = positive()
+    gen_batch_size: Optional[int] = positive()  # verl's key; only null (validation.SET_ELSEWHERE)
     return_raw_input_ids: bool
     return_raw_chat: bool
     return_full_prompt: bool
@@ -166,6 +167,7 @@ class FSDPConfig(ConfigNode):
     reshard_after_forward: bool
     fsdp_size: int
     forward_prefetch: bool
+    use_torch_compile: bool                           # verl's key; only false (validation.NOT_IMPLEMENTED)
 
 
 @dataclass
@@ -204,6 +206,8 @@ class ActorConfig(ConfigNode):
     ppo_epochs: int = positive()
     shuffle: bool
     ulysses_sequence_parallel_size: int = positive()
+    entropy_checkpointing: bool                       # verl's key; only false (validation.NOT_IMPLEMENTED)
+    entropy_from_logits_with_chunking: bool           # verl's key; only false (validation.NOT_IMPLEMENTED)
     checkpoint: CheckpointConfig
     optim: OptimConfig
     fsdp_config: FSDPConfig
@@ -218,7 +222,8 @@ class EngineKwargsConfig(ConfigNode):
 
 @dataclass
 class AgentConfig(ConfigNode):
-    """`rollout.mode=async`: the agent-loop workers on the controller and the loops they may run (agent_loop/)."""
+    """`rollout.mode=async` or the data flow: the agent-loop workers on the controller and the loops they may run
+    (agent_loop/)."""
     num_workers: int = positive()
     agent_loop_config_path: Optional[str]
     default_agent_loop: str
@@ -254,6 +259,11 @@ class ValKwargsConfig(ConfigNode):
 
 
 @dataclass
+class CheckpointEngineConfig(ConfigNode):
+    update_weights_bucket_megabytes: Optional[int]
+
+
+@dataclass
 class RolloutConfig(ConfigNode):
     name: str
     mode: Literal["sync", "async"]
@@ -280,7 +290,9 @@ class RolloutConfig(ConfigNode):
     disable_log_stats: bool
     calculate_log_probs: bool
     multi_stage_wake_up: bool
+    checkpoint_engine: CheckpointEngineConfig        # verl's key; only null (validation.SET_ELSEWHERE)
     update_weights_bucket_megabytes: int = positive()
+    enable_chunked_prefill: bool                      # verl's key; only true (validation.NOT_IMPLEMENTED)
     engine_kwargs: EngineKwargsConfig
     val_kwargs: ValKwargsConfig
     custom_cls: CustomClassConfig
@@ -294,6 +306,7 @@ class RefFSDPConfig(ConfigNode):
     param_offload: bool
     reshard_after_forward: bool
     forward_prefetch: bool
+    use_torch_compile: bool                           # verl's key; only false (validation.NOT_IMPLEMENTED)
     wrap_policy: WrapPolicyConfig
 
 
@@ -301,6 +314,9 @@ class RefFSDPConfig(ConfigNode):
 class RefConfig(ConfigNode):
     strategy: Strategy
     fsdp_config: RefFSDPConfig
+    ulysses_sequence_parallel_size: int = positive()  # verl's key; only 1 (validation.NOT_IMPLEMENTED)
+    entropy_checkpointing: bool                       # verl's key; only false (validation.NOT_IMPLEMENTED)
+    entropy_from_logits_with_chunking: bool           # verl's key; only false (validation.NOT_IMPLEMENTED)
     log_prob_micro_batch_size_per_gpu: Optional[int] = positive()
     log_prob_use_dynamic_bsz: bool
     log_prob_max_token_len_per_gpu: int = positive()

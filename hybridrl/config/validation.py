@@ -29,6 +29,17 @@ NOT_IMPLEMENTED: dict[str, Any] = {
     "actor_rollout_ref.model.enable_activation_offload": False,
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 1,
     "actor_rollout_ref.actor.use_torch_compile": False,
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile": False,
+    "actor_rollout_ref.ref.fsdp_config.use_torch_compile": False,
+    "critic.model.fsdp_config.use_torch_compile": False,
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 1,
+    # verl's memory savers for the entropy (recomputed in backward; computed in chunks of the logits).
+    "actor_rollout_ref.actor.entropy_checkpointing": False,
+    "actor_rollout_ref.actor.entropy_from_logits_with_chunking": False,
+    "actor_rollout_ref.ref.entropy_checkpointing": False,
+    "actor_rollout_ref.ref.entropy_from_logits_with_chunking": False,
+    # chunked prefill: the vllm and sglang engines run with it on (their default).
+    "actor_rollout_ref.rollout.enable_chunked_prefill": True,
     "reward_model.launch_reward_fn_async": False,
     # The reward model scores padded rows (micro-batches of rows or of a token budget), never packed ones.
     "reward_model.model.use_remove_padding": False,
@@ -80,6 +91,11 @@ SET_ELSEWHERE: dict[str, tuple[Any, str]] = {
     # The trainer passes the run length to the workers that build LR schedules.
     "actor_rollout_ref.actor.optim.total_training_steps": (-1, "trainer.total_training_steps"),
     "critic.optim.total_training_steps": (-1, "trainer.total_training_steps"),
+    # verl's DAPO prompts per generation batch: the data flow's groups requested at a time
+    "data.gen_batch_size": (None, "data_flow.over_sampling_batch_size"),
+    # verl's place of the weight-sync bucket size
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes":
+        (None, "actor_rollout_ref.rollout.update_weights_bucket_megabytes"),
 }
 
 

@@ -32,6 +32,18 @@ def data_flow_switch(enable: bool, filter_groups: bool, schedule: str) -> str | 
     return None if schedule == "sync" else f"async_training.mode={schedule!r}"
 
 
+def engine_servers_switch(rollout_mode: str, enable: bool, filter_groups: bool, schedule: str) -> str | None:
+    """What makes the run generate through agent loops on the ranks' engine servers, as a config setting (None: the
+    batch path): rollout.mode=async, or the data flow's switch (data_flow_switch) in rollout.mode=sync too, since its
+    groups are agent-loop requests, which the servers can abort mid-way. The data flow then takes every generation of
+    the run, validation included; rollout.mode=sync chooses the batch path only for a run without it (so verl's DAPO
+    keys work in either mode, as in verl, whose default mode is async)."""
+    if rollout_mode == "async":
+        return "actor_rollout_ref.rollout.mode='async'"
+    switch = data_flow_switch(enable, filter_groups, schedule)
+    return None if switch is None else f"{switch} (the data flow runs its groups as agent loops on engine servers)"
+
+
 # with a reward model, one_step_off scores each batch when its step takes it: these need the scores earlier
 SCORE_WHILE_GENERATING = {
     "data_flow.dynamic_sampling_filter": "judges each group by its score as it finishes",
@@ -42,8 +54,9 @@ SCORE_WHILE_GENERATING = {
 
 @register_check()
 def _data_flow_settings(values: Values, problems: list[str]) -> None:
-    """data_flow (slime's) and algorithm.filter_groups (verl's DAPO form of it): on only in async mode, its hooks
-    importable with the right signatures (hybridrl/data/hooks.py), its keys unused while it is off refused."""
+    """data_flow (slime's) and algorithm.filter_groups (verl's DAPO form of it): in any rollout.mode (it runs on the
+    engine servers: engine_servers_switch), its hooks importable with the right signatures (hybridrl/data/hooks.py),
+    its keys unused while it is off refused."""
     from hybridrl.data.hooks import HOOKS, HookError, load_hook
 
     flow = values("data_flow")
@@ -60,11 +73,6 @@ def _data_flow_settings(values: Values, problems: list[str]) -> None:
                 problems.append(f"data_flow.{hook}: expected null path and name with data_flow.enable=false (set "
                                 f"data_flow.enable=true), got {flow[hook]!r}")
         return
-    if values("actor_rollout_ref.rollout.mode") != "async":
-        problems.append(f"actor_rollout_ref.rollout.mode: expected 'async' with {switch} (groups run as "
-                        f"agent-loop requests on the engine servers, which can abort them), got "
-                        f"{values('actor_rollout_ref.rollout.mode')!r} (hybridrl's default is sync, verl's async: a "
-                        f"verl script that leaves the key unset needs actor_rollout_ref.rollout.mode=async here)")
     if schedule == "fully_async":
         _fully_async_stream_settings(flow, problems)
     if schedule == "one_step_off" and values("reward_model.enable") and flow["reward_function"].get("name") is None:

@@ -44,7 +44,7 @@ import torch
 from hybridrl.agent_loop.base import AgentLoopMetrics
 from hybridrl.agent_loop.manager import agent_loop_metrics, rollout_sampling_params
 from hybridrl.agent_loop.server_manager import abort_servers, reset_abort_servers
-from hybridrl.data.config_checks import data_flow_switch
+from hybridrl.data.config_checks import data_flow_switch, engine_servers_switch
 from hybridrl.data.filters import metric_nonzero_std
 from hybridrl.data.hooks import load_all_hooks
 from hybridrl.data.prompt_source import PromptSource
@@ -62,6 +62,13 @@ def data_flow_enabled(config) -> bool:
                             config.async_training.mode) is not None
 
 
+def generates_on_engine_servers(config) -> bool:
+    """Whether the run generates through agent loops on engine servers (data/config_checks.engine_servers_switch):
+    rollout.mode=async, or the data flow, whose groups are agent-loop requests, in rollout.mode=sync too."""
+    return engine_servers_switch(config.actor_rollout_ref.rollout.mode, config.data_flow.enable,
+                                 config.algorithm.filter_groups.enable, config.async_training.mode) is not None
+
+
 @dataclass
 class StepCounts:
     """What a step's generation counted: data_flow/* (and reward/*) records, the rewards given (kept groups or not),
@@ -73,7 +80,8 @@ class StepCounts:
 
 
 class GroupRollout:
-    """The controller's handle on group generation for one run (built by the trainer in async mode)."""
+    """The controller's handle on group generation for one run (built by the trainer when the data flow is on, in any
+    rollout.mode: its groups run on the engine servers)."""
 
     def __init__(self, config, agent_loop_manager, tokenizer, score_batch: Callable[[DataProto, bool], dict]):
         """score_batch(batch, evaluation): the trainer's reward manager on a padded batch (RayPPOTrainer._score)."""

@@ -32,7 +32,8 @@ from hybridrl.algorithms import core_algos
 from hybridrl.algorithms.rollout_correction import compute_rollout_correction_and_add_to_batch
 from hybridrl.trainer.ppo import checkpointing
 from hybridrl.trainer.ppo.evaluation import ValidationResults, eval_sets_from_config
-from hybridrl.trainer.ppo.group_rollout import GroupRollout, data_flow_enabled, validation_metrics
+from hybridrl.trainer.ppo.group_rollout import (GroupRollout, data_flow_enabled, generates_on_engine_servers,
+                                                validation_metrics)
 from hybridrl.trainer.ppo.generation_dump import decode_generations, dump_generations, select_val_samples
 from hybridrl.trainer.ppo.metric_utils import (
     compute_data_metrics,
@@ -90,8 +91,9 @@ class RayPPOTrainer:
         self.nonfinite_guard = NonFiniteStepGuard(config.trainer.max_consecutive_nonfinite_steps, self.world_size)
         self.train_dataloader, self.val_dataloader = self._create_dataloaders()
         self.eval_sets = self._create_eval_sets()  # data.eval_sets: [(EvalSet, its loader)]
-        self.async_rollout = config.actor_rollout_ref.rollout.mode == "async"
-        self.agent_loop_manager: AgentLoopManager | None = None  # async mode: built by init_workers
+        # agent loops on engine servers: rollout.mode=async, or the data flow in any mode (group_rollout.py)
+        self.async_rollout = generates_on_engine_servers(config)
+        self.agent_loop_manager: AgentLoopManager | None = None  # built by init_workers when async_rollout
         if self.async_rollout:
             self._check_agent_loops()
         self.total_training_steps = self._total_training_steps()  # the workers' LR schedules get it at init
@@ -466,9 +468,9 @@ class RayPPOTrainer:
         generated response; the rows' other columns come along. Needs rollout mode. `prompts` is not changed.
 
         rollout.mode=sync: each rank's engine generates its slice of the padded prompts in one call.
-        rollout.mode=async: the AgentLoopManager runs one agent loop per row against the ranks' engine servers;
-        a loop gets its row's columns (raw chat, extra_info, ...) too. Its agent_loop/* metrics ride in
-        meta_info["metrics"] (train_step pops them). sampling_overrides: an eval set's own temperature, top_p,
+        rollout.mode=async, or the data flow in any mode (async_rollout): the AgentLoopManager runs one agent loop
+        per row against the ranks' engine servers; a loop gets its row's columns (raw chat, extra_info, ...) too.
+        Its agent_loop/* metrics ride in meta_info["metrics"] (train_step pops them). sampling_overrides: an eval set's own temperature, top_p,
         top_k and max_tokens (workers/rollout/sampling.py)."""
         generation_input = prompts.select(batch_keys=GEN_KEYS)
         generation_input.meta_info = self._generation_meta(validate=validate, do_sample=do_sample)
