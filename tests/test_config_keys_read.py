@@ -3,7 +3,7 @@
 The rule (a conservative static scan, no run needed):
   a schema key (a leaf of the dataclasses in hybridrl/config/schema.py, e.g. `reward_model.model.external_lib`)
   is REFUSED when validation pins it: listed in validation.NOT_IMPLEMENTED, DEPRECATED, SET_ELSEWHERE or SAME_AS;
-  otherwise it is READ when code under hybridrl/ outside hybridrl/config/ and the subsystems' config_checks.py
+  otherwise it is READ when code under hybridrl/ outside hybridrl/config/, hybridrl/compat/ and the subsystems' config_checks.py
   (checks judge values, they do not use them; the config classes' own methods in schema.py do count) reads that
   full path.
 The SFT config (hybridrl/trainer/main_sft.py) is held to the same rule.
@@ -341,11 +341,12 @@ def _string_collections(tree: ast.Module) -> dict[str, set[str]]:
 
 
 def code_sources() -> dict[str, str]:
-    """The code that uses the config: hybridrl/ outside hybridrl/config/ and the subsystems' config_checks.py (checks
-    read values to judge them, not to use them), plus the config classes' own methods."""
+    """The code that uses the config: hybridrl/ outside hybridrl/config/, hybridrl/compat/ and the subsystems'
+    config_checks.py (checks read values to judge them, not to use them; compat/ holds verl's names for verl's
+    callers, which would make ours defined twice), plus the config classes' own methods."""
     return {str(path.relative_to(HYBRIDRL)): path.read_text() for path in sorted(HYBRIDRL.rglob("*.py"))
             if (path.relative_to(HYBRIDRL).parts[0] != "config" or path.name == "schema.py")
-            and path.name != "config_checks.py"}
+            and path.relative_to(HYBRIDRL).parts[0] != "compat" and path.name != "config_checks.py"}
 
 
 def refused_keys() -> set[str]:

@@ -50,5 +50,6 @@ def test_gdpo_needs_its_components_one_weight_each_and_the_batch_path():
     assert problems_for("algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[acc]", "data_flow.enable=true",
                         "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true") == [
         "algorithm.adv_estimator: 'gdpo' runs on the synchronous batch path only, which keeps the reward components "
-        "as batch columns; data_flow.enable=true routes steps through the data flow"]
+        "as batch columns (the data flow keeps them as one dict per sample); data_flow.enable=true routes steps "
+        "through the data flow"]
     validate_config(compose_config(["algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[acc,fmt]"]))

@@ -16,7 +16,7 @@ from hybridrl.config import ConfigError, check_before_start
 from hybridrl.models.checkpoint import save_hf_config_and_tokenizer
 from hybridrl.trainer.checkpoint_dir import atomic_checkpoint_dir
 from hybridrl.trainer.ppo.checkpointing import LAYOUT_FILE
-from hybridrl.trainer.resume_checks import batch_layout
+from hybridrl.trainer.ppo.checkpointing import batch_layout
 from tests.test_preflight import config_for, inputs  # noqa: F401  (inputs is a fixture)
 
 

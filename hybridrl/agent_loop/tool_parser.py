@@ -116,5 +116,3 @@ def _hermes_call(body: str) -> ParsedToolCall:
                                                        f"JSON object, got {arguments!r}")
     return ParsedToolCall(name=call["name"], arguments=arguments)
 
-
-from hybridrl.agent_loop import gpt_oss  # noqa: E402,F401 - registers "gpt-oss" (it builds on the names above)

@@ -7,7 +7,6 @@ from typing import Any
 
 from hybridrl.config.checks import Values, register_check, register_registry, run_rule
 from hybridrl.config.schema import PPOConfig
-from hybridrl.data.config_checks import data_flow_switch
 
 LOSS_MODE = "actor_rollout_ref.actor.policy_loss.loss_mode"
 
@@ -54,8 +53,8 @@ def _estimator_inputs_exist(values: Values, problems: list[str]) -> None:
 
 @register_check()
 def _gdpo_settings(values: Values, problems: list[str]) -> None:
-    """GDPO needs its reward components named, one weight per component, and the batch path, which keeps the
-    scorer's per-sample extras as batch columns (the data flow keeps them as one dict per sample)."""
+    """GDPO needs its reward components named and one weight per component (that it needs the batch path, which
+    keeps the scorer's per-sample extras as batch columns, is the data flow's check: data/config_checks.py)."""
     if values("algorithm.adv_estimator") != "gdpo":
         return
     keys, weights = values("algorithm.gdpo_reward_keys"), values("algorithm.gdpo_reward_weights")
@@ -65,11 +64,6 @@ def _gdpo_settings(values: Values, problems: list[str]) -> None:
     elif weights is not None and len(weights) != len(keys):
         problems.append(f"algorithm.gdpo_reward_weights: expected one weight per gdpo_reward_keys entry "
                         f"({len(keys)}: {list(keys)}), got {len(weights)}: {list(weights)}")
-    switch = data_flow_switch(values("data_flow.enable"), values("algorithm.filter_groups.enable"),
-                              values("async_training.mode"))
-    if switch is not None:
-        problems.append(f"algorithm.adv_estimator: 'gdpo' runs on the synchronous batch path only, which keeps the "
-                        f"reward components as batch columns; {switch} routes steps through the data flow")
 
 
 @register_check()

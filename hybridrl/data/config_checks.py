@@ -73,6 +73,10 @@ def _data_flow_settings(values: Values, problems: list[str]) -> None:
                 problems.append(f"data_flow.{hook}: expected null path and name with data_flow.enable=false (set "
                                 f"data_flow.enable=true), got {flow[hook]!r}")
         return
+    if values("algorithm.adv_estimator") == "gdpo":
+        problems.append(f"algorithm.adv_estimator: 'gdpo' runs on the synchronous batch path only, which keeps the "
+                        f"reward components as batch columns (the data flow keeps them as one dict per sample); "
+                        f"{switch} routes steps through the data flow")
     if schedule == "fully_async":
         _fully_async_stream_settings(flow, problems)
     if schedule == "one_step_off" and values("reward_model.enable") and flow["reward_function"].get("name") is None:

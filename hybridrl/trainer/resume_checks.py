@@ -85,16 +85,9 @@ def layout_warnings(config: PPOConfig, step_dir: str) -> list[str]:
             f"saved optimizer state continues under the new sizes"]
 
 
-def batch_layout(config: PPOConfig) -> dict:
-    """The settings a checkpoint's data position and optimizer state assume, by key (batch_layout.json)."""
-    return {"data.train_batch_size": config.data.train_batch_size,
-            "actor_rollout_ref.rollout.n": config.actor_rollout_ref.rollout.n,
-            "actor_rollout_ref.actor.ppo_mini_batch_size": config.actor_rollout_ref.actor.ppo_mini_batch_size}
-
-
 def layout_changes(config: PPOConfig, step_dir: str) -> str:
     """`key=new (saved with old), ...` for each difference; "" when none or the checkpoint predates the file."""
-    from hybridrl.trainer.ppo.checkpointing import LAYOUT_FILE
+    from hybridrl.trainer.ppo.checkpointing import LAYOUT_FILE, batch_layout
 
     path = os.path.join(step_dir, LAYOUT_FILE)
     if not os.path.isfile(path):

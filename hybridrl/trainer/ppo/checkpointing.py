@@ -29,13 +29,19 @@ import torch
 
 from hybridrl.trainer.checkpoint_dir import (COMPLETE_MARKER_FILE, atomic_checkpoint_dir, checkpoint_step,
                                              find_latest_checkpoint, prune_checkpoints, step_dir_name)
-from hybridrl.trainer.resume_checks import batch_layout
 from hybridrl.utils.checkpoint_io import load_file, save_failures_named, save_file
 
 DATA_STATE_FILE = "data.pt"
 # The batch layout the checkpoint's data position and optimizer state assume (trainer/resume_checks.py compares it
 # with the resuming run's before it starts).
 LAYOUT_FILE = "batch_layout.json"
+
+
+def batch_layout(config) -> dict:
+    """The settings a checkpoint's data position and optimizer state assume, by key (batch_layout.json)."""
+    return {"data.train_batch_size": config.data.train_batch_size,
+            "actor_rollout_ref.rollout.n": config.actor_rollout_ref.rollout.n,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": config.actor_rollout_ref.actor.ppo_mini_batch_size}
 
 
 class TrainDataPosition:
