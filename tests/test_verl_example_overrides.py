@@ -310,22 +310,15 @@ DAPO_REFUSED = {
         f"actor_rollout_ref.actor.entropy_from_logits_with_chunking: expected False {NOT_YET}, got True",
     "actor_rollout_ref.ref.entropy_from_logits_with_chunking=True":
         f"actor_rollout_ref.ref.entropy_from_logits_with_chunking: expected False {NOT_YET}, got True",
-    "data.gen_batch_size=48":
-        "data.gen_batch_size: expected None (set data_flow.over_sampling_batch_size instead), got 48",
-    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=4096":
-        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes: expected None (set "
-        "actor_rollout_ref.rollout.update_weights_bucket_megabytes instead), got 4096",
-    "+reward_model.reward_kwargs.max_resp_len=20480": "reward_model.reward_kwargs: expected a known key",
 }
 
 CASES = {
     "dapo": Case(DAPO, replaced={
         "trainer.device": ("cpu", "no NPU"),
         "actor_rollout_ref.rollout.n": ("4", TINY),
-        # hybridrl defines reward_model.overlong_buffer, so Hydra refuses to append it ('+'): the same keys without
-        "+reward_model.overlong_buffer.enable": ("True", "hybridrl has the key: no '+' (append) before it"),
-        "+reward_model.overlong_buffer.len": ("4", "hybridrl has the key: no '+'; within the response budget of 8"),
-        "+reward_model.overlong_buffer.penalty_factor": ("1.0", "hybridrl has the key: no '+' (append) before it"),
+        "data.gen_batch_size": ("6", TINY),
+        "+reward_model.overlong_buffer.len": ("4", "within the response budget of 8"),
+        "+reward_model.reward_kwargs.max_resp_len": ("8", "data.max_response_length's value, as in the list"),
     }, refused=DAPO_REFUSED),
     "gspo": Case(GSPO, replaced=SMALLER_MINI_BATCH),
     "cispo": Case(CISPO, replaced=SMALLER_MINI_BATCH),
@@ -338,8 +331,8 @@ def key_of(override: str) -> str:
 
 
 def runnable(case: Case, values: dict[str, str]) -> list[str]:
-    """The pasted list as the run takes it: each replaced key's value swapped (a replaced '+key' becomes 'key'; a key
-    the list lacks is appended), each refused override left out."""
+    """The pasted list as the run takes it: each replaced key's value swapped (its '+' kept; a key the list lacks is
+    appended), each refused override left out."""
     replaced = {**PATHS, **case.replaced}
     overrides = []
     for override in case.pasted:
@@ -348,10 +341,10 @@ def runnable(case: Case, values: dict[str, str]) -> list[str]:
         key = key_of(override)
         if key in replaced:
             value = replaced.pop(key)[0]
-            overrides.append(f"{key.lstrip('+')}={value.format(**values)}")
+            overrides.append(f"{key}={value.format(**values)}")
         else:
             overrides.append(override)
-    overrides += [f"{key.lstrip('+')}={value.format(**values)}" for key, (value, _) in replaced.items()]
+    overrides += [f"{key}={value.format(**values)}" for key, (value, _) in replaced.items()]
     return overrides
 
 
@@ -428,6 +421,11 @@ def test_verl_override_list_trains_two_steps_in_the_default_mode(name, ray_local
         mask = batch.batch["response_mask"].bool()
         assert torch.allclose(batch.batch["advantages"], expected[:, None].expand_as(mask) * mask, atol=1e-5)
     if name == "dapo":  # dynamic sampling: groups came through the data flow, every trained group's acc differs
+        # verl's names and '+' keys took effect: groups per request, bucket size, the overlong penalty
+        assert config.data_flow.over_sampling_batch_size == 6
+        assert config.actor_rollout_ref.rollout.update_weights_bucket_megabytes == 4096
+        assert (config.reward_model.overlong_buffer.enable, config.reward_model.overlong_buffer.len,
+                config.reward_model.overlong_buffer.penalty_factor) == (True, 4, 1.0)
         assert trainer.group_rollout is not None
         assert all("data_flow/num_dropped_groups" in step and "data_flow/num_gen_batches" in step for step in steps)
         for batch in batches:
@@ -450,5 +448,7 @@ def test_engine_server_rules_follow_the_data_flow_into_sync_mode(toy_values):
     custom_rollout = ["actor_rollout_ref.rollout.custom_cls.path=x.py", "actor_rollout_ref.rollout.custom_cls.name=X"]
     assert config_errors(base + custom_rollout)[0].startswith(
         "actor_rollout_ref.rollout.custom_cls: expected null with algorithm.filter_groups.enable=true (the data flow")
-    # without the data flow, sync mode is the batch path, which generates with a custom rollout class
-    assert config_errors(base + custom_rollout + ["algorithm.filter_groups.enable=false"]) == []
+    # without the data flow (nor its groups per request, which only it reads), sync mode is the batch path, which
+    # generates with a custom rollout class
+    no_data_flow = ["algorithm.filter_groups.enable=false", "data.gen_batch_size=null"]
+    assert config_errors(base + custom_rollout + no_data_flow) == []

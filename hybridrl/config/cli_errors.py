@@ -21,7 +21,7 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from hybridrl.config.compose import quote_home_paths
+from hybridrl.config.compose import CONFIG_DIR, compose_config, has_appends, override_defined_keys, quote_home_paths
 
 
 def describe_hydra_error(err: HydraException, argv: list[str]) -> str:
@@ -87,6 +87,23 @@ def _prefixed_by_key(message: str, argv: list[str]) -> str:
     return f"{quoted[0]}: {message}" if quoted else message
 
 
+def _override_defined_keys(argv: list[str], config_name: str) -> list[str]:
+    """The command line with override_defined_keys applied to its overrides, judged against the config it names
+    (--config-name, --config-dir or an absolute --config-path) composed with its other overrides. A config that
+    does not compose leaves the command line as it is, for Hydra to report."""
+    args = get_args_parser().parse_args(argv)
+    config_dir = args.config_dir or (args.config_path if args.config_path and os.path.isabs(args.config_path)
+                                     else CONFIG_DIR)
+    others = [override for override in args.overrides if not has_appends([override])
+              and not override.lstrip("~").startswith("hydra")]
+    try:
+        config = compose_config(others, args.config_name or config_name, config_dir)
+    except HydraException:
+        return argv
+    rewritten = dict(zip(args.overrides, override_defined_keys(args.overrides, config)))
+    return [rewritten.get(arg, arg) for arg in argv]
+
+
 def _overrides(argv: list[str]) -> list[str]:
     """The overrides on the command line, split by Hydra's own argument parser (flags and their values left out)."""
     try:
@@ -136,12 +153,17 @@ def describe_run_error(error: Exception) -> str:
     return f"{headline}\n{''.join(traceback.format_exception(error)).rstrip()}"
 
 
-def run_hydra_cli(main) -> None:
-    """Run a `@hydra.main` function, turning Hydra's multi-line composition errors (bad override, unknown
-    key, unknown group choice) into one `config error:` line. HYDRA_FULL_ERROR=1 set by the user keeps
-    Hydra's own report. The job reports its own errors (`exit_with_config_errors`, `exit_with_run_error`). A `~/...`
-    value is quoted for Hydra first (compose.quote_home_paths), so the README's `data.train_files=~/data/...` parses."""
+def run_hydra_cli(main, config_name: str = "ppo_trainer") -> None:
+    """Run a `@hydra.main` function (whose config is `config_name` of hybridrl/config unless the command line names
+    another), turning Hydra's multi-line composition errors (bad override, unknown key, unknown group choice) into
+    one `config error:` line. HYDRA_FULL_ERROR=1 set by the user keeps Hydra's own report. The job reports its own
+    errors (`exit_with_config_errors`, `exit_with_run_error`). The command line is prepared for Hydra first: a `~/...`
+    value is quoted (compose.quote_home_paths), so the README's `data.train_files=~/data/...` parses, and a
+    `+key=value` on a key the config defines becomes an override (compose.override_defined_keys), as verl's scripts
+    write keys verl's YAML lacks."""
     sys.argv[1:] = quote_home_paths(sys.argv[1:])
+    if has_appends(_overrides(sys.argv[1:])):
+        sys.argv[1:] = _override_defined_keys(sys.argv[1:], config_name)
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         main()
         return

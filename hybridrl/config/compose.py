@@ -10,16 +10,48 @@ import re
 from collections.abc import Sequence
 
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def compose_config(overrides: Sequence[str] = (), config_name: str = "ppo_trainer",
                    config_dir: str | None = None) -> DictConfig:
-    """The composed (unvalidated) config for `overrides`, e.g. ["algorithm=gae", "data.train_batch_size=8"]."""
+    """The composed (unvalidated) config for `overrides`, e.g. ["algorithm=gae", "data.train_batch_size=8"].
+    A `+key=value` on a key the config defines overrides it, as on the command line (override_defined_keys)."""
+    if has_appends(overrides):
+        defined = compose_config([override for override in overrides if not _is_append(override)], config_name,
+                                 config_dir)
+        overrides = override_defined_keys(overrides, defined)
     with initialize_config_dir(config_dir=os.path.abspath(config_dir or CONFIG_DIR), version_base=None):
         return compose(config_name=config_name, overrides=list(overrides))
+
+
+def override_defined_keys(overrides: Sequence[str], config: DictConfig) -> list[str]:
+    """The overrides with each `+key=value` on a key `config` defines written `++key=value`, which Hydra takes as an
+    override. verl's scripts add with `+` the keys verl's YAML lacks (`+reward_model.overlong_buffer.enable=True`);
+    where ours has the key, Hydra would refuse the `+` ("Could not append to config"). A `+` on a new key stays an
+    append, and so does one on a dict-valued key: every config group is one, and Hydra cannot force-add a group."""
+    return ["+" + override if _is_append(override) and _defines(config, override.partition("=")[0][1:]) else override
+            for override in overrides]
+
+
+_UNDEFINED = object()
+
+
+def _defines(config: DictConfig, key: str) -> bool:
+    """Whether `config` has `key` (dotted) holding a value or a list, not a dict."""
+    node = OmegaConf.select(config, key, default=_UNDEFINED, throw_on_resolution_failure=False)
+    return node is not _UNDEFINED and not isinstance(node, DictConfig)
+
+
+def has_appends(overrides: Sequence[str]) -> bool:
+    """Whether any override is a `+key=value` (an append, which override_defined_keys may rewrite)."""
+    return any(_is_append(override) for override in overrides)
+
+
+def _is_append(override: str) -> bool:
+    return override.startswith("+") and not override.startswith("++") and "=" in override
 
 
 # A path element of an override's value that starts with `~`: the whole value, or an entry of a [list].

@@ -108,7 +108,7 @@ class DataConfig(ConfigNode):
     max_response_length: int = positive()
     train_batch_size: int = positive()
     val_batch_size: Optional[int] = positive()
-    gen_batch_size: Optional[int] = positive()  # verl's key; only null (validation.SET_ELSEWHERE)
+    gen_batch_size: Optional[int] = positive()  # verl's name of data_flow.over_sampling_batch_size (validation.ALIASES)
     return_raw_input_ids: bool
     return_raw_chat: bool
     return_full_prompt: bool
@@ -290,7 +290,7 @@ class RolloutConfig(ConfigNode):
     disable_log_stats: bool
     calculate_log_probs: bool
     multi_stage_wake_up: bool
-    checkpoint_engine: CheckpointEngineConfig        # verl's key; only null (validation.SET_ELSEWHERE)
+    checkpoint_engine: CheckpointEngineConfig        # verl's place of the key below (validation.ALIASES)
     update_weights_bucket_megabytes: int = positive()
     enable_chunked_prefill: bool                      # verl's key; only true (validation.NOT_IMPLEMENTED)
     engine_kwargs: EngineKwargsConfig
@@ -413,6 +413,7 @@ class RewardModelConfig(ConfigNode):
     reward_manager: str
     launch_reward_fn_async: bool
     overlong_buffer: OverlongBufferConfig
+    reward_kwargs: dict[str, Any]  # keyword arguments of the manager's constructor, as verl passes them
     score_timeout: Optional[float] = positive()
     max_concurrent: int = positive()
 

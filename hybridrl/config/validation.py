@@ -1,8 +1,9 @@
 """Validate a composed config once, before Ray starts, and report every problem in one error.
 
 `validate_config(cfg)` runs, in order:
-  1. resolve interpolations, expand `~` and environment variables in the path keys (PATH_KEYS), and check every
-     key against `schema.py` (unknown keys, types, ranges);
+  1. resolve interpolations, expand `~` and environment variables in the path keys (PATH_KEYS), copy each verl
+     name's value to the key it names (ALIASES), and check every key against `schema.py` (unknown keys, types,
+     ranges);
   2. import `extensions`, so the names they register count in step 3;
   3. keys pinned by the tables below (not implemented, deprecated, set elsewhere, same as another key);
   4. names chosen from a registry (estimators, losses, rollouts, reward managers: checks.REGISTRIES);
@@ -20,7 +21,7 @@ from omegaconf import DictConfig
 
 from hybridrl.config.checks import REGISTRIES, Values, critic_enabled, registered_checks, run_rule
 from hybridrl.config.schema import PPOConfig
-from hybridrl.config.structure import build, check_structure, to_plain
+from hybridrl.config.structure import INVALID, build, check_structure, to_plain
 from hybridrl.utils.import_utils import load_extensions
 
 # Keys the YAML accepts (so verl override lists compose) but hybridrl does not implement yet:
@@ -91,11 +92,21 @@ SET_ELSEWHERE: dict[str, tuple[Any, str]] = {
     # The trainer passes the run length to the workers that build LR schedules.
     "actor_rollout_ref.actor.optim.total_training_steps": (-1, "trainer.total_training_steps"),
     "critic.optim.total_training_steps": (-1, "trainer.total_training_steps"),
+}
+
+
+# verl's names for one of our keys: verl key -> (our key, our key's default). A verl key that is set (not null, or
+# present in a free dict) gives its value to our key while ours holds its default; both set to different values is
+# refused, naming both. Nothing reads the verl key itself.
+ALIASES: dict[str, tuple[str, Any]] = {
     # verl's DAPO prompts per generation batch: the data flow's groups requested at a time
-    "data.gen_batch_size": (None, "data_flow.over_sampling_batch_size"),
+    "data.gen_batch_size": ("data_flow.over_sampling_batch_size", None),
     # verl's place of the weight-sync bucket size
     "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes":
-        (None, "actor_rollout_ref.rollout.update_weights_bucket_megabytes"),
+        ("actor_rollout_ref.rollout.update_weights_bucket_megabytes", 512),
+    # verl's DAPO manager argument (reward_model.reward_kwargs, passed to the manager as verl does)
+    **{f"reward_model.reward_kwargs.overlong_buffer_cfg.{key}": (f"reward_model.overlong_buffer.{key}", default)
+       for key, default in (("enable", False), ("len", 0), ("penalty_factor", 0.0), ("log", False))},
 }
 
 
@@ -143,6 +154,8 @@ def validate_config(cfg: DictConfig) -> PPOConfig:
     plain = to_plain(cfg, "", problems, interpolations)
     for key in PATH_KEYS:
         _expand_path_key(plain, key.split("."))
+    for verl_key, (key, default) in ALIASES.items():
+        _apply_alias(plain, verl_key, key, default, problems, interpolations)
     checked = check_structure(PPOConfig, plain, "", problems)
     values = Values(checked)
     for rule in (_load_extensions, _not_implemented, _registered_names, *rules):
@@ -177,6 +190,35 @@ def _expand_path_key(node: Any, parts: list[str]) -> None:
 
 def _expand_path(value: Any) -> Any:
     return os.path.expanduser(os.path.expandvars(value)) if isinstance(value, str) else value
+
+
+_MISSING = object()
+
+
+def _apply_alias(plain: dict, verl_key: str, key: str, default: Any, problems: list[str],
+                 origins: dict[str, str]) -> None:
+    """Copy verl's value at `verl_key` to `key` while `key` holds its default (later problems about `key` then name
+    `verl_key` as the value's origin); refuse two different values. A missing key is left for the schema check."""
+    verl_value, value = _lookup(plain, verl_key), _lookup(plain, key)
+    if verl_value in (None, _MISSING, INVALID) or value in (_MISSING, INVALID) or verl_value == value:
+        return
+    if value != default:
+        problems.append(f"{verl_key}: expected null or the value of {key} = {value!r} (verl's name for the same "
+                        f"setting), got {verl_value!r}")
+        return
+    parent, _, name = key.rpartition(".")
+    _lookup(plain, parent)[name] = verl_value
+    origins[key] = verl_key
+
+
+def _lookup(plain: dict, key: str) -> Any:
+    """The value at the dotted `key` of the plain tree, or _MISSING."""
+    node: Any = plain
+    for name in key.split("."):
+        if not isinstance(node, dict) or name not in node:
+            return _MISSING
+        node = node[name]
+    return node
 
 
 def _with_origin(problem: str, interpolations: dict[str, str]) -> str:

@@ -105,6 +105,42 @@ def _reward_manager_settings(values: Values, problems: list[str]) -> None:
                         f"{getattr(manager_cls, '__name__', manager_cls)} is not), got {score_timeout:g}")
 
 
+@register_check()
+def _reward_kwargs_fit_the_manager(values: Values, problems: list[str]) -> None:
+    """reward_model.reward_kwargs are keyword arguments the manager's constructor takes (verl passes them so), not
+    the ones the loader passes itself; where one stands for a config key (max_resp_len: data.max_response_length;
+    overlong_buffer_cfg: reward_model.overlong_buffer, copied there by validation.ALIASES) it holds that key's value.
+    Checked here, so a typo fails before Ray starts rather than in the manager's constructor."""
+    from hybridrl.reward.managers import get_reward_manager_cls
+    from hybridrl.reward.managers.loader import CONFIG_ARGUMENTS, LOADER_ARGUMENTS
+
+    name, reward_kwargs = values("reward_model.reward_manager"), values("reward_model.reward_kwargs")
+    try:
+        parameters = inspect.signature(get_reward_manager_cls(name)).parameters
+    except (ValueError, KeyError):  # an unregistered name: validation's registry step reports it
+        return
+    takes_any = any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values())
+    accepted = [key for key in parameters if key not in LOADER_ARGUMENTS and parameters[key].kind in
+                (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    for kwarg, value in reward_kwargs.items():
+        key = f"reward_model.reward_kwargs.{kwarg}"
+        if kwarg in LOADER_ARGUMENTS or not (kwarg in accepted or takes_any):
+            problems.append(f"{key}: expected a keyword argument of reward manager {name!r} (one of "
+                            f"{', '.join(accepted) or 'none'}; {', '.join(LOADER_ARGUMENTS)} come from the loader), "
+                            f"got {kwarg!r}")
+        elif kwarg == "max_resp_len" and value != values(CONFIG_ARGUMENTS[kwarg]):
+            problems.append(f"{key}: expected the value of {CONFIG_ARGUMENTS[kwarg]} = "
+                            f"{values(CONFIG_ARGUMENTS[kwarg])} (the penalty's budget is the response budget), "
+                            f"got {value!r}")
+        elif kwarg == "overlong_buffer_cfg" and not _is_overlong_buffer(value, values(CONFIG_ARGUMENTS[kwarg])):
+            problems.append(f"{key}: expected a dict of keys of {CONFIG_ARGUMENTS[kwarg]} "
+                            f"({', '.join(values(CONFIG_ARGUMENTS[kwarg]))}), got {value!r}")
+
+
+def _is_overlong_buffer(value: Any, overlong_buffer: dict) -> bool:
+    return isinstance(value, dict) and set(value) <= set(overlong_buffer)
+
+
 @register_check("paths")
 def _reward_file_exists(config: PPOConfig, problems: list[str]) -> None:
     if config.custom_reward_function.path is not None:

@@ -220,7 +220,7 @@ def main(cfg: DictConfig) -> None:
 
 
 def cli() -> None:
-    run_hydra_cli(main)
+    run_hydra_cli(main, config_name="sft_trainer")
 
 
 if __name__ == "__main__":

@@ -22,12 +22,21 @@ def get_custom_reward_fn(config):
     return load_user_reward_fn(config)
 
 
+# The constructor arguments every manager gets from the loader, and those a manager gets from a config key when its
+# constructor names them (as verl's dapo manager). reward_model.reward_kwargs may name the latter, with the value the
+# key holds (reward/config_checks.py), but not the former.
+LOADER_ARGUMENTS = ("tokenizer", "num_examine", "compute_score", "reward_fn_key")
+CONFIG_ARGUMENTS = {"max_resp_len": "data.max_response_length", "overlong_buffer_cfg": "reward_model.overlong_buffer"}
+
+
 def load_reward_manager(config, tokenizer, num_examine: int):
     """The reward manager for the whole run config (`reward_model`, `custom_reward_function`, `data`).
 
-    Every manager gets tokenizer, num_examine, compute_score and reward_fn_key (data.reward_fn_key).
-    A manager whose constructor also names `max_resp_len` gets data.max_response_length, and one
-    that names `overlong_buffer_cfg` gets reward_model.overlong_buffer (as verl's dapo manager).
+    Every manager gets tokenizer, num_examine, compute_score and reward_fn_key (data.reward_fn_key), and
+    reward_model.reward_kwargs as keyword arguments (verl's way). A manager whose constructor also names
+    `max_resp_len` gets data.max_response_length, and one that names `overlong_buffer_cfg` gets
+    reward_model.overlong_buffer (as verl's dapo manager); reward_kwargs' entries of these names hold the same
+    values (validation copies reward_kwargs.overlong_buffer_cfg there, config_checks refuses another max_resp_len).
     A manager built on RewardManagerBase scores reward_model.max_concurrent samples at once; with
     reward_model.score_timeout set, it is watched (see base.py) with it and trainer.heartbeat_interval.
     What the manager is built with fits it: validation checked that (reward/config_checks.py).
@@ -35,12 +44,11 @@ def load_reward_manager(config, tokenizer, num_examine: int):
     name = config.reward_model.reward_manager
     manager_cls = get_reward_manager_cls(name)
     accepted = inspect.signature(manager_cls).parameters
-    kwargs = {}
+    kwargs = dict(config.reward_model.reward_kwargs)
     if "max_resp_len" in accepted:
         kwargs["max_resp_len"] = config.data.max_response_length
-    overlong_buffer = config.reward_model.get("overlong_buffer")
     if "overlong_buffer_cfg" in accepted:
-        kwargs["overlong_buffer_cfg"] = overlong_buffer
+        kwargs["overlong_buffer_cfg"] = config.reward_model.overlong_buffer
     manager = manager_cls(tokenizer=tokenizer, num_examine=num_examine, compute_score=get_custom_reward_fn(config),
                           reward_fn_key=config.data.reward_fn_key, **kwargs)
     if isinstance(manager, RewardManagerBase):
