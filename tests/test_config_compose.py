@@ -7,6 +7,7 @@ import torch
 from hydra.errors import ConfigCompositionException
 
 from hybridrl.config import ConfigError, compose_config, validate_config
+from hybridrl.config.compose import override_defined_keys
 
 USER_YAML = textwrap.dedent("""
     hydra:
@@ -48,6 +49,27 @@ def test_plus_adds_a_key_and_validation_then_names_it():
         validate_config(cfg)
     assert caught.value.problems == [
         "trainer.note: expected a known key, got unknown key (value 'hello'); did you mean trainer.nnodes?"]
+
+
+def test_plus_on_a_key_we_define_overrides_it_as_verl_scripts_write():
+    """verl's scripts add with '+' the keys verl's YAML lacks; where ours has the key the '+' is an override. On a new
+    key it stays Hydra's append, and on a config group (a dict) Hydra's own rule: one choice per group."""
+    overrides = ["+reward_model.overlong_buffer.enable=True", "+reward_model.overlong_buffer.len=4",
+                 "+trainer.logger=[console]", "+trainer.note=hello", "++data.train_batch_size=8", "algorithm=gae"]
+    assert override_defined_keys(overrides, compose_config()) == [
+        "++reward_model.overlong_buffer.enable=True", "++reward_model.overlong_buffer.len=4",
+        "++trainer.logger=[console]", "+trainer.note=hello", "++data.train_batch_size=8", "algorithm=gae"]
+    cfg = compose_config(overrides)
+    assert (cfg.reward_model.overlong_buffer.enable, cfg.reward_model.overlong_buffer.len) == (True, 4)
+    assert (list(cfg.trainer.logger), cfg.trainer.note, cfg.data.train_batch_size) == (["console"], "hello", 8)
+    with pytest.raises(ConfigCompositionException, match="Multiple values for algorithm"):
+        compose_config(["+algorithm=gae"])
+
+
+def test_plus_is_judged_against_the_config_the_other_overrides_compose(tmp_path):
+    """A key only a user's YAML defines is defined too: `+` on it overrides it."""
+    (tmp_path / "my_run.yaml").write_text(USER_YAML + "my_setting: 1\n")
+    assert compose_config(["+my_setting=2"], config_name="my_run", config_dir=str(tmp_path)).my_setting == 2
 
 
 def test_override_of_unknown_key_without_plus_is_refused_by_hydra():

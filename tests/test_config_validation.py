@@ -4,8 +4,9 @@ import textwrap
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
-from hybridrl.config import ConfigError, check_paths, compose_config, validate_config
+from hybridrl.config import ConfigError, check_paths, compose_config, validate_config, validation
 from hybridrl.algorithms.core_algos import ADV_ESTIMATOR_REGISTRY
 
 
@@ -224,6 +225,43 @@ def test_unread_verl_keys_are_refused_naming_the_supported_value():
         f"{validate_config(compose_config([])).actor_rollout_ref.model.path!r} (a different one is not implemented), "
         "got '/elsewhere'",
     ]
+
+
+def test_verl_names_of_our_keys_give_ours_their_value():
+    """validation.ALIASES: verl's key set while ours holds its default gives ours the value; the same value in both
+    is fine too; a type error in the copied value names the verl key it came from."""
+    data_flow = "algorithm.filter_groups.enable=true"  # data_flow.over_sampling_batch_size acts only in the data flow
+    bucket = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
+    config = validate_config(compose_config([data_flow, "data.gen_batch_size=48", f"{bucket}=4096"]))
+    assert config.data_flow.over_sampling_batch_size == 48
+    assert config.actor_rollout_ref.rollout.update_weights_bucket_megabytes == 4096
+    config = validate_config(compose_config([data_flow, "data.gen_batch_size=48",
+                                             "data_flow.over_sampling_batch_size=48"]))
+    assert config.data_flow.over_sampling_batch_size == 48
+    assert validate_config(compose_config([])).data_flow.over_sampling_batch_size is None  # verl's key unset
+    assert problems_for(f"{bucket}=1.5") == [
+        f"{bucket}: expected int or null, got 1.5",
+        "actor_rollout_ref.rollout.update_weights_bucket_megabytes: expected int, got 1.5 (value from "
+        f"{bucket})"]
+
+
+def test_verl_name_and_our_key_set_to_different_values_is_refused_naming_both():
+    assert problems_for("algorithm.filter_groups.enable=true", "data.gen_batch_size=48",
+                        "data_flow.over_sampling_batch_size=32",
+                        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=4096",
+                        "actor_rollout_ref.rollout.update_weights_bucket_megabytes=1024") == [
+        "data.gen_batch_size: expected null or the value of data_flow.over_sampling_batch_size = 32 (verl's name for "
+        "the same setting), got 48",
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes: expected null or the value of "
+        "actor_rollout_ref.rollout.update_weights_bucket_megabytes = 1024 (verl's name for the same setting), got 4096"]
+
+
+def test_each_alias_names_our_key_with_its_default():
+    """The table's default is what tells 'ours is unset': it must be the YAML's, and verl's key unset by default."""
+    defaults = compose_config([])
+    for verl_key, (key, default) in validation.ALIASES.items():
+        assert OmegaConf.select(defaults, key) == default, key
+        assert OmegaConf.select(defaults, verl_key) is None, verl_key
 
 
 def test_sglang_says_what_it_needs():

@@ -35,6 +35,16 @@ def test_cfg_job_prints_the_composed_config_and_starts_nothing(tmp_path):
     assert os.listdir(tmp_path) == []  # no Hydra run directory: the job itself never ran
 
 
+def test_plus_on_a_key_we_define_overrides_it_on_the_command_line(tmp_path):
+    """verl's `+key=value` for a key verl's YAML lacks and ours has: an override here (a new key: still an append)."""
+    overrides = ["+reward_model.overlong_buffer.enable=True", "+reward_model.overlong_buffer.len=4", "+trainer.note=x"]
+    result = run_main(["--cfg", "job", *overrides], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    printed = OmegaConf.create(result.stdout)
+    assert (printed.reward_model.overlong_buffer.enable, printed.reward_model.overlong_buffer.len) == (True, 4)
+    assert printed.trainer.note == "x"
+
+
 def test_the_entry_point_imports_no_torch_before_a_run_starts():
     """--cfg job and config errors answer in about a second: torch (and Ray) load only once a run starts."""
     probe = "import sys, hybridrl.main_ppo; print(sorted({'torch', 'ray', 'transformers'} & set(sys.modules)))"

@@ -153,7 +153,7 @@ def my_score(data_source, solution_str, ground_truth, extra_info=None):
 def run_config(custom_path=None, manager="naive"):
     return OmegaConf.create({
         "data": {"reward_fn_key": "data_source"},
-        "reward_model": {"reward_manager": manager, "max_concurrent": 4},
+        "reward_model": {"reward_manager": manager, "max_concurrent": 4, "reward_kwargs": {}},
         "custom_reward_function": {"path": custom_path, "name": "my_score"},
     })
 

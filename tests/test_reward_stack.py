@@ -137,6 +137,64 @@ def test_the_overlong_buffer_is_checked_before_the_start():
         "apply an overlong penalty; use reward_model.reward_manager=dapo), got True"]
 
 
+CONSTANT_SCORE_FILE = """
+def one(data_source, solution_str, ground_truth, extra_info=None):
+    return 1.0
+"""
+
+
+@pytest.mark.parametrize("overlong_buffer", [
+    # verl-recipe's run_dapo_qwen2.5_7b_npu.sh: our keys written with verl's '+', max_resp_len in reward_kwargs
+    ["+reward_model.overlong_buffer.enable=True", "+reward_model.overlong_buffer.len=4",
+     "+reward_model.overlong_buffer.penalty_factor=0.5", "+reward_model.overlong_buffer.log=True"],
+    # verl's other DAPO form: the buffer itself in reward_kwargs, as the dapo manager's overlong_buffer_cfg
+    ["+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+     "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4",
+     "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5",
+     "+reward_model.reward_kwargs.overlong_buffer_cfg.log=True"],
+], ids=["overlong_buffer", "reward_kwargs"])
+def test_verl_reward_kwargs_reach_the_dapo_manager(tokenizer, tmp_path, overlong_buffer):
+    path = tmp_path / "one.py"
+    path.write_text(CONSTANT_SCORE_FILE)
+    config = validate_config(compose_config([
+        "actor_rollout_ref.model.path=unused", "data.train_files=unused.parquet", "data.val_files=unused.parquet",
+        f"data.max_response_length={RESPONSE_LEN}", "trainer.n_gpus_per_node=1", "reward_model.reward_manager=dapo",
+        f"custom_reward_function.path={path}", "custom_reward_function.name=one",
+        f"+reward_model.reward_kwargs.max_resp_len={RESPONSE_LEN}", *overlong_buffer]))
+    manager = load_reward_manager(config, tokenizer, 0)
+    out = manager(make_batch(tokenizer, ["111", "1111", "111111", "11111111"]), return_dict=True)  # 3, 4, 6, 8 tokens
+
+    # max_resp_len 8, buffer 4 -> expected_len 4; penalty = min(-(L - 4) / 4 * 0.5, 0) on the score 1
+    assert out["reward_extra_info"]["overlong_reward"] == [0.0, 0.0, -0.25, -0.5]
+    assert torch.equal(out["reward_tensor"], on_last_token([1.0, 1.0, 0.75, 0.5], [3, 4, 6, 8]))
+
+
+def test_reward_kwargs_are_checked_before_the_start():
+    """An argument the manager does not take, or one that contradicts the config key it stands for, is refused by
+    validation (before Ray starts), naming the manager or both keys."""
+    dapo, kwargs = "reward_model.reward_manager=dapo", "+reward_model.reward_kwargs"
+    assert reward_config_problems(f"{kwargs}.max_resp_len=8") == [
+        "reward_model.reward_kwargs.max_resp_len: expected a keyword argument of reward manager 'naive' (it takes "
+        "none; tokenizer, num_examine, compute_score, reward_fn_key come from the loader), got 'max_resp_len'"]
+    assert reward_config_problems(dapo, f"{kwargs}.max_resp_lenght=8", f"{kwargs}.tokenizer=x") == [
+        "reward_model.reward_kwargs.max_resp_lenght: expected a keyword argument of reward manager 'dapo' (one of "
+        "max_resp_len, overlong_buffer_cfg; tokenizer, num_examine, compute_score, reward_fn_key come from the "
+        "loader), got 'max_resp_lenght'",
+        "reward_model.reward_kwargs.tokenizer: expected a keyword argument of reward manager 'dapo' (one of "
+        "max_resp_len, overlong_buffer_cfg; tokenizer, num_examine, compute_score, reward_fn_key come from the "
+        "loader), got 'tokenizer'"]
+    assert reward_config_problems(dapo, f"{kwargs}.max_resp_len=20480") == [
+        "reward_model.reward_kwargs.max_resp_len: expected the value of data.max_response_length = 8 (the penalty's "
+        "budget is the response budget), got 20480"]
+    assert reward_config_problems(dapo, f"{kwargs}.overlong_buffer_cfg.lenght=4") == [
+        "reward_model.reward_kwargs.overlong_buffer_cfg: expected a dict of keys of reward_model.overlong_buffer "
+        "(enable, len, penalty_factor, log), got {'lenght': 4}"]
+    buffer_len = "overlong_buffer_cfg.len=4"
+    assert reward_config_problems(dapo, f"{kwargs}.{buffer_len}", "reward_model.overlong_buffer.len=2") == [
+        "reward_model.reward_kwargs.overlong_buffer_cfg.len: expected null or the value of "
+        "reward_model.overlong_buffer.len = 2 (verl's name for the same setting), got 4"]
+
+
 # ---------------------------------------------------------------------------------------------- batch
 
 def test_batch_manager_equals_naive_with_one_call(tokenizer):

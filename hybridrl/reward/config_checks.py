@@ -125,9 +125,9 @@ def _reward_kwargs_fit_the_manager(values: Values, problems: list[str]) -> None:
     for kwarg, value in reward_kwargs.items():
         key = f"reward_model.reward_kwargs.{kwarg}"
         if kwarg in LOADER_ARGUMENTS or not (kwarg in accepted or takes_any):
-            problems.append(f"{key}: expected a keyword argument of reward manager {name!r} (one of "
-                            f"{', '.join(accepted) or 'none'}; {', '.join(LOADER_ARGUMENTS)} come from the loader), "
-                            f"got {kwarg!r}")
+            takes = f"one of {', '.join(accepted)}" if accepted else "it takes none"
+            problems.append(f"{key}: expected a keyword argument of reward manager {name!r} ({takes}; "
+                            f"{', '.join(LOADER_ARGUMENTS)} come from the loader), got {kwarg!r}")
         elif kwarg == "max_resp_len" and value != values(CONFIG_ARGUMENTS[kwarg]):
             problems.append(f"{key}: expected the value of {CONFIG_ARGUMENTS[kwarg]} = "
                             f"{values(CONFIG_ARGUMENTS[kwarg])} (the penalty's budget is the response budget), "
