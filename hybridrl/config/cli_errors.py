@@ -21,7 +21,7 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from hybridrl.config.compose import CONFIG_DIR, compose_config, has_appends, override_defined_keys, quote_home_paths
+from hybridrl.config.compose import CONFIG_DIR, compose_config, is_append, override_defined_keys, quote_home_paths
 
 
 def describe_hydra_error(err: HydraException, argv: list[str]) -> str:
@@ -94,8 +94,8 @@ def _override_defined_keys(argv: list[str], config_name: str) -> list[str]:
     args = get_args_parser().parse_args(argv)
     config_dir = args.config_dir or (args.config_path if args.config_path and os.path.isabs(args.config_path)
                                      else CONFIG_DIR)
-    others = [override for override in args.overrides if not has_appends([override])
-              and not override.lstrip("~").startswith("hydra")]
+    others = [override for override in args.overrides
+              if not is_append(override) and not override.lstrip("~").startswith(("hydra.", "hydra/"))]
     try:
         config = compose_config(others, args.config_name or config_name, config_dir)
     except HydraException:
@@ -162,7 +162,7 @@ def run_hydra_cli(main, config_name: str = "ppo_trainer") -> None:
     `+key=value` on a key the config defines becomes an override (compose.override_defined_keys), as verl's scripts
     write keys verl's YAML lacks."""
     sys.argv[1:] = quote_home_paths(sys.argv[1:])
-    if has_appends(_overrides(sys.argv[1:])):
+    if any(is_append(override) for override in _overrides(sys.argv[1:])):
         sys.argv[1:] = _override_defined_keys(sys.argv[1:], config_name)
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         main()

@@ -19,8 +19,8 @@ def compose_config(overrides: Sequence[str] = (), config_name: str = "ppo_traine
                    config_dir: str | None = None) -> DictConfig:
     """The composed (unvalidated) config for `overrides`, e.g. ["algorithm=gae", "data.train_batch_size=8"].
     A `+key=value` on a key the config defines overrides it, as on the command line (override_defined_keys)."""
-    if has_appends(overrides):
-        defined = compose_config([override for override in overrides if not _is_append(override)], config_name,
+    if any(is_append(override) for override in overrides):
+        defined = compose_config([override for override in overrides if not is_append(override)], config_name,
                                  config_dir)
         overrides = override_defined_keys(overrides, defined)
     with initialize_config_dir(config_dir=os.path.abspath(config_dir or CONFIG_DIR), version_base=None):
@@ -32,7 +32,7 @@ def override_defined_keys(overrides: Sequence[str], config: DictConfig) -> list[
     override. verl's scripts add with `+` the keys verl's YAML lacks (`+reward_model.overlong_buffer.enable=True`);
     where ours has the key, Hydra would refuse the `+` ("Could not append to config"). A `+` on a new key stays an
     append, and so does one on a dict-valued key: every config group is one, and Hydra cannot force-add a group."""
-    return ["+" + override if _is_append(override) and _defines(config, override.partition("=")[0][1:]) else override
+    return ["+" + override if is_append(override) and _defines(config, override.partition("=")[0][1:]) else override
             for override in overrides]
 
 
@@ -45,12 +45,8 @@ def _defines(config: DictConfig, key: str) -> bool:
     return node is not _UNDEFINED and not isinstance(node, DictConfig)
 
 
-def has_appends(overrides: Sequence[str]) -> bool:
-    """Whether any override is a `+key=value` (an append, which override_defined_keys may rewrite)."""
-    return any(_is_append(override) for override in overrides)
-
-
-def _is_append(override: str) -> bool:
+def is_append(override: str) -> bool:
+    """Whether `override` is a `+key=value` (Hydra's append, which override_defined_keys may rewrite)."""
     return override.startswith("+") and not override.startswith("++") and "=" in override
 
 
