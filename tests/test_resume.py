@@ -214,7 +214,7 @@ def test_reference_run_writes_checkpoints_loggers_and_dumps(reference_run):
     assert reference_run["summary"]["checkpoint_dir"] == os.path.join(os.path.abspath(run_dir), "global_step_4")
     for step in (2, 4):
         step_dir = os.path.join(run_dir, f"global_step_{step}")
-        assert sorted(os.listdir(step_dir)) == ["actor", "checkpoint_complete.json", "data.pt"]
+        assert sorted(os.listdir(step_dir)) == ["actor", "batch_layout.json", "checkpoint_complete.json", "data.pt"]
         hf_files = os.listdir(os.path.join(step_dir, "actor", "huggingface"))
         assert "config.json" in hf_files and "tokenizer.json" in hf_files
     # data.pt after step 2: epoch 0 (3 batches of 8 prompts), 2 batches trained on.
