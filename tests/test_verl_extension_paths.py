@@ -49,9 +49,8 @@ def test_verl_path_registrations_from_extensions_drive_a_run(ray_local, toy_task
     extension = tmp_path / "verl_user_algos.py"
     extension.write_text(VERL_USER_MODULE)
     run_dir = str(tmp_path / "run")
-    # score_timeout=null: the scorer watch needs hybridrl's RewardManagerBase (reward/config_checks.py says so)
+    # no extra key: the manager runs unwatched by reward_model.score_timeout, and the start says so
     config = make_config(toy_task, run_dir, f"extensions=[{extension}]", "reward_model.reward_manager=verl_user_length",
-                         "reward_model.score_timeout=null",
                          "algorithm.adv_estimator=verl_user_centred",
                          "actor_rollout_ref.actor.policy_loss.loss_mode=verl_user_vanilla")
     _, summary, before, after = run(config)

@@ -80,9 +80,8 @@ def _custom_function_named(values: Values, problems: list[str]) -> None:
 @register_check()
 def _reward_manager_settings(values: Values, problems: list[str]) -> None:
     """load_reward_manager builds the manager with what it takes: an overlong penalty needs a manager that applies
-    one (its constructor takes overlong_buffer_cfg, as dapo's) and a buffer within the response budget; a watched
-    scorer (reward_model.score_timeout) needs a manager derived from RewardManagerBase (base.py watches it)."""
-    from hybridrl.reward.managers import RewardManagerBase, get_reward_manager_cls
+    one (its constructor takes overlong_buffer_cfg, as dapo's) and a buffer within the response budget."""
+    from hybridrl.reward.managers import get_reward_manager_cls
 
     name = values("reward_model.reward_manager")
     try:
@@ -98,11 +97,6 @@ def _reward_manager_settings(values: Values, problems: list[str]) -> None:
         elif not 0 < buffer_len <= budget:
             problems.append(f"reward_model.overlong_buffer.len: expected 1 to data.max_response_length = {budget} "
                             f"with reward_model.overlong_buffer.enable=true, got {buffer_len}")
-    score_timeout = values("reward_model.score_timeout")
-    if score_timeout is not None and not (isinstance(manager_cls, type) and issubclass(manager_cls, RewardManagerBase)):
-        problems.append(f"reward_model.score_timeout: expected null with reward_model.reward_manager={name!r} (a "
-                        f"watched scorer needs a reward manager derived from hybridrl's RewardManagerBase, which "
-                        f"{getattr(manager_cls, '__name__', manager_cls)} is not), got {score_timeout:g}")
 
 
 @register_check()
@@ -139,6 +133,23 @@ def _reward_kwargs_fit_the_manager(values: Values, problems: list[str]) -> None:
 
 def _is_overlong_buffer(value: Any, overlong_buffer: dict) -> bool:
     return isinstance(value, dict) and set(value) <= set(overlong_buffer)
+
+
+@register_check("warnings")
+def _score_timeout_not_watched(config: PPOConfig) -> list[str]:
+    """A manager not derived from RewardManagerBase (a verl AbstractRewardManager subclass, ported as it is) scores in
+    its own __call__, where base.py cannot watch a scorer, so reward_model.score_timeout does not apply to it. It runs
+    as verl runs it (verl has no such timeout), and the start says so, rather than asking a verl user for a key."""
+    from hybridrl.reward.managers import RewardManagerBase, get_reward_manager_cls
+
+    name, score_timeout = config.reward_model.reward_manager, config.reward_model.score_timeout
+    manager_cls = get_reward_manager_cls(name)
+    if score_timeout is None or (isinstance(manager_cls, type) and issubclass(manager_cls, RewardManagerBase)):
+        return []
+    return [f"reward_model.score_timeout={score_timeout:g} does not apply to reward_model.reward_manager={name!r}: "
+            f"{getattr(manager_cls, '__name__', manager_cls)} scores in its own __call__, not through hybridrl's "
+            f"RewardManagerBase, which watches each scorer call; a hung scorer stalls the step (set "
+            f"reward_model.score_timeout=null to say it is meant)"]
 
 
 @register_check("paths")

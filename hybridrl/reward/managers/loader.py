@@ -54,6 +54,6 @@ def load_reward_manager(config, tokenizer, num_examine: int):
     if isinstance(manager, RewardManagerBase):
         manager.set_max_concurrent(config.reward_model.max_concurrent)
     score_timeout = config.reward_model.get("score_timeout")
-    if score_timeout is not None:
+    if score_timeout is not None and isinstance(manager, RewardManagerBase):  # others: config_checks warns
         manager.set_score_timeout(score_timeout, heartbeat_interval=config.trainer.heartbeat_interval)
     return manager
