@@ -88,7 +88,7 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
         # per-token versions (data/batch_layout.py); the mode switch pushes the weights into an engine only when
         # the engine holds another version.
         self.weights_version = 0
-        self.engine_server = None  # rollout.mode=async: this rank's engine server (start_engine_server)
+        self.engine_server = None  # this rank's engine server, where they run (start_engine_server)
 
     # ------------------------------------------------------------------ set-up
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -205,9 +205,9 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def start_engine_server(self, eos_token_ids: list[int], pad_token_id: int) -> str | None:
-        """rollout.mode=async: start this rank's engine server (rollout/async_server.py), answering only between
-        rollout_mode and trainer_mode; returns its "host:port", or None on a rank of a tensor-parallel group whose
-        engine another rank serves."""
+        """With engine servers (rollout.mode=async, or the data flow in any mode): start this rank's engine server
+        (rollout/async_server.py), answering only between rollout_mode and trainer_mode; returns its "host:port", or
+        None on a rank of a tensor-parallel group whose engine another rank serves."""
         self._require(self._is_rollout, "start_engine_server", "rollout")
         import ray
 

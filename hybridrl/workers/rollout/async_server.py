@@ -1,5 +1,6 @@
-"""The engine server of `rollout.mode=async`: each rollout replica (actor-rollout worker rank) answers
-single generate requests over HTTP while the controller's agent loops send them.
+"""The engine server of `rollout.mode=async` and of the data flow in any mode (data/config_checks.py,
+engine_servers_switch): each rollout replica (actor-rollout worker rank) answers single generate requests over HTTP
+while the controller's agent loops send them.
 
 Why HTTP on the node's address rather than Ray actor calls: the worker is a synchronous Ray actor
 (one method at a time). An engine must take many requests at once to batch them, while the worker's
@@ -365,5 +366,5 @@ def build_engine_server(rollout, rollout_config, module, eos_token_ids: list[int
         engine = HFGenerateEngine(module, rollout_config.response_length, eos_token_ids, pad_token_id,
                                   max_batch_size=rollout_config.max_num_seqs)
         return EngineServer(engine, host)
-    raise NotImplementedError(f"rollout.mode=async has engine servers for rollout.name hf, sglang and vllm, "
+    raise NotImplementedError(f"engine servers exist for rollout.name hf, sglang and vllm, "
                               f"got {rollout_config.name!r}")
