@@ -303,22 +303,14 @@ def builtin_tool_task(tmp_path_factory):
 
 def train_two_steps_with_verls_tool_loop(version, task, tools_yaml, tmp_path, monkeypatch):
     from test_async_rollout import fit_keeping_update_batches
-    from test_e2e_training import make_config, read_metrics
+    from test_e2e_training import read_metrics
+    from test_verl_compat import tool_task_run_config
 
     module = ported_loop(version, "tool_agent_loop", tmp_path, monkeypatch)
     # the Ray workers import the ported loop (tmp_path) and the calculator (tests/)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), TESTS, os.environ.get("PYTHONPATH", "")]))
     loops = loop_yaml(tmp_path, {"verl_tool_agent": f"{module}.ToolAgentLoop"})
-    config = make_config(
-        task, str(tmp_path), "custom_reward_function.path=null", "data.max_prompt_length=48",
-        "data.max_response_length=96", "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
-        "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.rollout.agent.num_workers=2",
-        "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.rollout.multi_turn.enable=true",
-        "actor_rollout_ref.rollout.multi_turn.max_user_turns=2",
-        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools_yaml}",
-        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
-        "actor_rollout_ref.rollout.agent.default_agent_loop=verl_tool_agent",
-        "actor_rollout_ref.rollout.temperature=0.5")  # mostly the warm start's tool call and copied answer
+    config = tool_task_run_config(task, str(tmp_path), tools_yaml, loops, "verl_tool_agent")
     trainer, batches = fit_keeping_update_batches(config)
     steps = read_metrics(str(tmp_path))
     assert len(steps) == 2 and all(step["agent_loop/num_failed"] == 0 for step in steps)

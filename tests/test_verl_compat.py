@@ -363,24 +363,32 @@ def arithmetic_task(tmp_path_factory):
             "reward": None}
 
 
-@pytest.mark.slow
-def test_the_builtin_tool_task_trains_two_steps_driven_by_a_verl_loop(ray_local, arithmetic_task, verl_files,
-                                                                      tmp_path, monkeypatch):
-    from test_async_rollout import fit_keeping_update_batches
-    from test_e2e_training import make_config, read_metrics
+def tool_task_run_config(task, run_dir: str, tools_yaml: str, loops_yaml: str, default_loop: str):
+    """The built-in tool task's 2-step CPU run (async mode, multi-turn, two user turns) driven by `default_loop` of
+    the agent-loop YAML; temperature 0.5 keeps mostly the warm start's tool call and copied answer."""
+    from test_e2e_training import make_config
 
-    monkeypatch.setenv("PYTHONPATH", f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    loops = write_yaml(tmp_path / "loops.yaml", "- name: react_agent\n  _target_: verl_style_agent.ReactAgentLoop\n")
-    config = make_config(
-        arithmetic_task, str(tmp_path), "custom_reward_function.path=null", "data.max_prompt_length=48",
+    return make_config(
+        task, run_dir, "custom_reward_function.path=null", "data.max_prompt_length=48",
         "data.max_response_length=96", "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
         "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.rollout.agent.num_workers=2",
         "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.rollout.multi_turn.enable=true",
         "actor_rollout_ref.rollout.multi_turn.max_user_turns=2",
-        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={verl_files['tools']}",
-        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
-        "actor_rollout_ref.rollout.agent.default_agent_loop=react_agent",
-        "actor_rollout_ref.rollout.temperature=0.5")  # mostly the warm start's tool call and copied answer
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools_yaml}",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops_yaml}",
+        f"actor_rollout_ref.rollout.agent.default_agent_loop={default_loop}",
+        "actor_rollout_ref.rollout.temperature=0.5")
+
+
+@pytest.mark.slow
+def test_the_builtin_tool_task_trains_two_steps_driven_by_a_verl_loop(ray_local, arithmetic_task, verl_files,
+                                                                      tmp_path, monkeypatch):
+    from test_async_rollout import fit_keeping_update_batches
+    from test_e2e_training import read_metrics
+
+    monkeypatch.setenv("PYTHONPATH", f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    loops = write_yaml(tmp_path / "loops.yaml", "- name: react_agent\n  _target_: verl_style_agent.ReactAgentLoop\n")
+    config = tool_task_run_config(arithmetic_task, str(tmp_path), verl_files["tools"], loops, "react_agent")
     trainer, batches = fit_keeping_update_batches(config)
     steps = read_metrics(str(tmp_path))
     assert len(steps) == 2 and all(step["agent_loop/num_failed"] == 0 for step in steps)
