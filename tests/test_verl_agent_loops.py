@@ -279,26 +279,11 @@ def test_a_loop_importing_a_verl_name_hybridrl_lacks_is_refused_before_ray_start
 
 @pytest.fixture(scope="module")
 def builtin_tool_task(tmp_path_factory):
-    """The built-in arithmetic tool task (--config-name tool_default), small: 14 questions on operands 10-13, a
-    200-step warm start that mostly calls the calculator and copies its answer. Its rows are run by the loop
-    registered as verl_tool_agent, each with its product as the calculator's ground truth in tools_kwargs."""
-    import pyarrow.parquet as pq
+    """The small tool task (test_verl_compat.small_tool_task), its rows run by the loop registered as
+    verl_tool_agent."""
+    from test_verl_compat import small_tool_task
 
-    from hybridrl.data.rl_parquet import write_rl_parquet
-    from hybridrl.defaults.tool_task import ToolTaskRecipe, prepare_tool_task
-
-    root = tmp_path_factory.mktemp("builtin_tool_task")
-    recipe = ToolTaskRecipe(train_size=14, test_size=2, low=10, high=13, hidden_size=64, num_heads=2, num_kv_heads=1,
-                            intermediate_size=128, sft_steps=200, sft_batch_size=16, tool_fraction=0.75)
-    paths = prepare_tool_task(str(root / "cache"), recipe)
-    rows = pq.read_table(paths["train_file"]).to_pylist()
-    for row in rows:
-        row["agent_name"] = "verl_tool_agent"
-        product = str(row["extra_info"]["a"] * row["extra_info"]["b"])
-        row["extra_info"]["tools_kwargs"] = {"calculator": {"create_kwargs": {"ground_truth": product}}}
-    write_rl_parquet(rows, str(root / "train.parquet"))
-    return {"model": paths["model_dir"], "train": str(root / "train.parquet"), "val": str(root / "train.parquet"),
-            "reward": None}
+    return small_tool_task(tmp_path_factory.mktemp("builtin_tool_task"), "verl_tool_agent")
 
 
 def train_two_steps_with_verls_tool_loop(version, task, tools_yaml, tmp_path, monkeypatch):

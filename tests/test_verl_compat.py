@@ -340,27 +340,31 @@ def test_loops_are_built_at_start_in_a_worker_whose_tokenizer_has_the_custom_tem
                 AgentLoopManager(config, policy_tokenizer(config), ["127.0.0.1:9"])
 
 
-@pytest.fixture(scope="module")
-def arithmetic_task(tmp_path_factory):
-    """The built-in arithmetic tool task, small (14 questions on operands 10-13, a 200-step warm start that mostly
-    calls the tool and copies its answer), its rows run by the verl loop (agent_name react_agent) with each
-    question's product as the tool's per-sample ground truth."""
+def small_tool_task(root, agent_name: str) -> dict:
+    """The built-in arithmetic tool task (--config-name tool_default), small: 14 questions on operands 10-13, a
+    200-step warm start that mostly calls the calculator and copies its answer. Its rows are run by the loop
+    registered as `agent_name`, each with its product as the calculator's ground truth in tools_kwargs."""
     import pyarrow.parquet as pq
 
     from hybridrl.defaults.tool_task import ToolTaskRecipe, prepare_tool_task
 
-    root = tmp_path_factory.mktemp("arithmetic")
     recipe = ToolTaskRecipe(train_size=14, test_size=2, low=10, high=13, hidden_size=64, num_heads=2, num_kv_heads=1,
                             intermediate_size=128, sft_steps=200, sft_batch_size=16, tool_fraction=0.75)
     paths = prepare_tool_task(str(root / "cache"), recipe)
     rows = pq.read_table(paths["train_file"]).to_pylist()
     for row in rows:
-        row["agent_name"] = "react_agent"
+        row["agent_name"] = agent_name
         product = str(row["extra_info"]["a"] * row["extra_info"]["b"])
         row["extra_info"]["tools_kwargs"] = {"calculator": {"create_kwargs": {"ground_truth": product}}}
     write_rl_parquet(rows, str(root / "train.parquet"))
     return {"model": paths["model_dir"], "train": str(root / "train.parquet"), "val": str(root / "train.parquet"),
             "reward": None}
+
+
+@pytest.fixture(scope="module")
+def arithmetic_task(tmp_path_factory):
+    """The small tool task, its rows run by the look-alike verl loop (agent_name react_agent)."""
+    return small_tool_task(tmp_path_factory.mktemp("arithmetic"), "react_agent")
 
 
 def tool_task_run_config(task, run_dir: str, tools_yaml: str, loops_yaml: str, default_loop: str):
