@@ -42,7 +42,8 @@ def _reference_agg(token_losses, mask, mode):
         return math.fsum(math.fsum(row) for row in non_empty) / len(non_empty)
     if mode == "seq-mean-token-mean":
         return math.fsum(math.fsum(row) / len(row) for row in non_empty) / len(non_empty)
-    return math.fsum(math.fsum(row) for row in non_empty) / mask.shape[1]  # verl: no mean over the sequences
+    # Dr. GRPO (verl >= 0.7.1): the mean over the sequences of their token sums, over the padded width
+    return math.fsum(math.fsum(row) for row in non_empty) / len(non_empty) / mask.shape[1]
 
 
 def _floats(*tensors, at):
@@ -65,9 +66,20 @@ def test_agg_loss_literals_and_invalid_mode():
     assert core_algos.agg_loss(loss_mat, mask, "token-mean").item() == pytest.approx(10 / 4)
     assert core_algos.agg_loss(loss_mat, mask, "seq-mean-token-sum").item() == pytest.approx((6 + 4) / 2)
     assert core_algos.agg_loss(loss_mat, mask, "seq-mean-token-mean").item() == pytest.approx((2 + 4) / 2)
-    assert core_algos.agg_loss(loss_mat, mask, "seq-mean-token-sum-norm").item() == pytest.approx((6 + 4) / 3)
+    assert core_algos.agg_loss(loss_mat, mask, "seq-mean-token-sum-norm").item() == pytest.approx((6 + 4) / 2 / 3)
     with pytest.raises(ValueError, match="'seq-mean-token-sum-norm'"):
         core_algos.agg_loss(loss_mat, mask, "sum")
+
+
+def test_seq_mean_token_sum_norm_does_not_grow_with_the_batch_size():
+    """Dr. GRPO's objective is a mean over the responses (verl since 0.7.1): the batch repeated 4 times gives the
+    same loss, where verl 0.7.0's sum over the responses gave 4 times as much."""
+    loss_mat = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [9.0, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])
+    once = core_algos.agg_loss(loss_mat, mask, "seq-mean-token-sum-norm")
+    four_times = core_algos.agg_loss(loss_mat.repeat(4, 1), mask.repeat(4, 1), "seq-mean-token-sum-norm")
+    assert once.item() == pytest.approx(5 / 3)
+    assert four_times.item() == pytest.approx(5 / 3)
 
 
 def test_agg_loss_with_global_counts_and_an_empty_batch():
@@ -79,8 +91,8 @@ def test_agg_loss_with_global_counts_and_an_empty_batch():
     assert agg(loss_mat, mask, "seq-mean-token-sum", dp_size=2, global_batch_size=5).item() == pytest.approx(10 / 5 * 2)
     assert agg(loss_mat, mask, "seq-mean-token-mean", dp_size=4,
                global_batch_size=8).item() == pytest.approx((2 + 4) / 8 * 4)
-    assert agg(loss_mat, mask, "seq-mean-token-sum-norm", global_batch_size=4,
-               loss_scale_factor=10).item() == pytest.approx((6 + 4) / 10)
+    assert agg(loss_mat, mask, "seq-mean-token-sum-norm", dp_size=2, global_batch_size=4,
+               loss_scale_factor=10).item() == pytest.approx((6 + 4) / 4 * 2 / 10)
     empty = torch.zeros_like(mask)
     for mode in MODES:  # nothing to learn from: 0, never NaN (even with a NaN under the padding)
         assert agg(torch.full((3, 3), float("nan")), empty, mode).item() == 0.0

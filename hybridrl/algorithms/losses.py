@@ -59,8 +59,10 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
     token-sum                sum over the masked tokens, no normalisation (verl 0.9's mode)
     seq-mean-token-sum       per-sequence token sum, then mean over the sequences that have a token
     seq-mean-token-mean      per-sequence token mean, then mean over the sequences that have a token
-    seq-mean-token-sum-norm  sum of the per-sequence token sums / loss_scale_factor (default: the padded
-                             response length, a constant), no mean over sequences (Dr.GRPO; verl's core_algos)
+    seq-mean-token-sum-norm  seq-mean-token-sum / loss_scale_factor (default: the padded response length): Dr. GRPO's
+                             objective, the mean over the responses of their token sums over a constant (verl
+                             since 0.7.1; verl 0.7.0 took no mean over the sequences, so its gradient grew with
+                             the batch size)
 
     A fully-masked row (no response token) is left out of every mean: it has no loss to average.
 
@@ -71,8 +73,8 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
     micro-batch's share of the global loss times dp_size, so that summing it over micro-batches and
     letting FSDP average the gradients over the ranks gives exactly the gradient of the loss of the
     whole global mini-batch at once, whatever the data-parallel size or micro-batching. A global count
-    of 0 (nothing to learn from) gives a loss of 0. seq-mean-token-sum-norm needs no count (its divisor is a
-    constant); with dp_size > 1 it too is multiplied by dp_size, where verl's is not, so that it stays invariant.
+    of 0 (nothing to learn from) gives a loss of 0. seq-mean-token-sum-norm stays invariant as long as every
+    micro-batch has the same padded width or loss_scale_factor is set (a constant divisor).
     """
     mask = loss_mask.bool()
     token_losses = torch.where(mask, loss_mat, torch.zeros_like(loss_mat))  # a NaN under padding stays out
@@ -83,14 +85,15 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
         return token_losses.sum() * dp_size
     if loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"loss_agg_mode={loss_agg_mode!r} is not one of {list(LOSS_AGG_MODES)}")
-    if loss_agg_mode == "seq-mean-token-sum-norm":  # the divisor is a constant: no global count is needed
-        return token_losses.sum() / (loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor) * dp_size
     tokens_per_seq = mask.sum(dim=-1)
     seq_losses = token_losses.sum(dim=-1)
     if loss_agg_mode == "seq-mean-token-mean":
         seq_losses = seq_losses / tokens_per_seq.clamp(min=1)
     count = (tokens_per_seq > 0).sum() if global_batch_size is None else global_batch_size
-    return seq_losses.sum() / _at_least_one(count) * dp_size  # an empty row's sum is 0: it adds nothing
+    seq_mean = seq_losses.sum() / _at_least_one(count) * dp_size  # an empty row's sum is 0: it adds nothing
+    if loss_agg_mode == "seq-mean-token-sum-norm":  # token sums over a constant, not over each response's length
+        return seq_mean / (loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor)
+    return seq_mean
 
 
 def _at_least_one(count: float | torch.Tensor) -> float | torch.Tensor:
