@@ -33,6 +33,7 @@ CASES = [
     ("0.9.1", "trainer/ppo/test_rollout_corr.py"),  # = 0.9.0
     ("0.8.0", "trainer/ppo/test_rollout_corr.py"),
     ("0.7.1", "trainer/ppo/test_rollout_corr.py"),
+    ("0.9.1", "trainer/ppo/test_value_loss_normalization_on_cpu.py"),  # = 0.9.0; new in 0.9.0
     ("0.9.1", "test_protocol_on_cpu.py"),
     ("0.9.0", "test_protocol_on_cpu.py"),  # = 0.7.0, 0.7.1, 0.8.0
 ]

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from hybridrl.protocol import DataProto
+from hybridrl.utils.metric import Metric
 
 
 @contextmanager
@@ -90,11 +91,14 @@ def compute_throughput_metrics(batch: DataProto, timing: dict[str, float], n_wor
     }
 
 
-def reduce_metrics(metrics: dict[str, list | float]) -> dict[str, float]:
-    """Mean of each list-valued metric (workers report per-micro-batch values)."""
+def reduce_metrics(metrics: dict[str, list | float | Metric]) -> dict[str, float]:
+    """Mean of each list-valued metric (workers report per-micro-batch values); a Metric by its own aggregation
+    (verl's way to report, e.g., a share of the global loss that must be summed: hybridrl/utils/metric.py)."""
     reduced = {}
     for key, value in metrics.items():
-        if isinstance(value, (list, tuple, np.ndarray)):
+        if isinstance(value, Metric):
+            reduced[key] = value.aggregate()
+        elif isinstance(value, (list, tuple, np.ndarray)):
             reduced[key] = float(np.mean(value)) if len(value) else float("nan")
         elif isinstance(value, torch.Tensor):
             reduced[key] = value.float().mean().item()
