@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -144,7 +145,8 @@ def check_curves(page, metric: str, points: list[int]) -> None:
     chart = f'.chart[data-metric="{metric}"]'
     expected = json.dumps(points, separators=(",", ":"))  # as the page's JSON.stringify writes it
     page.wait_for_function(f"document.querySelector('{chart}')?.dataset.points === '{expected}'")
-    assert page.locator(f"{chart} .scatterlayer .trace").count() == len(points)  # one curve a run, drawn in SVG
+    drawn = sum(count > 0 for count in points)  # one curve a run with points, drawn in SVG
+    assert page.locator(f"{chart} .scatterlayer .trace").count() == drawn
 
 
 def check_rollout_row(page, run_index: int, step: int, response: str, score: float) -> None:
@@ -244,3 +246,63 @@ def test_the_page_shows_finished_and_running_runs_and_the_new_step_without_a_rel
     finally:
         running.finish()
         server.stop()
+
+
+# ---------------------------------------------------------------- the embedded default's runs
+
+def default_run_command(run_dir, steps: int) -> list[str]:
+    """`python -m hybridrl.main_ppo` on the embedded default, writing what the dashboard reads."""
+    return [sys.executable, "-m", "hybridrl.main_ppo", f"trainer.default_local_dir={run_dir}",
+            "trainer.logger=[console,jsonl]", f"trainer.rollout_data_dir={run_dir}/rollouts",
+            f"trainer.validation_data_dir={run_dir}/val", f"trainer.total_training_steps={steps}"]
+
+
+def wait_for_file(path, process: subprocess.Popen, timeout_s: float) -> None:
+    for _ in range(int(timeout_s * 2)):
+        if os.path.isfile(path):
+            return
+        assert process.poll() is None, f"the run ended (exit {process.returncode}) before writing {path}"
+        time.sleep(0.5)
+    raise AssertionError(f"no {path} after {timeout_s} s")
+
+
+RUNNING_STEPS = 6  # long enough that the page is up before the run ends
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_the_page_shows_the_embedded_default_finished_and_while_it_runs(tmp_path, builtin_cache, page):
+    finished_dir, running_dir, shots = tmp_path / "finished", tmp_path / "running", tmp_path / "screenshots"
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "HYBRIDRL_CACHE_DIR": builtin_cache}
+    result = subprocess.run(default_run_command(finished_dir, steps=2), cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    first_sample = RunDir(str(finished_dir)).dump("rollout_data_dir", 2)[0]
+
+    running = subprocess.Popen(default_run_command(running_dir, steps=RUNNING_STEPS), cwd=tmp_path, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = None
+    try:
+        wait_for_file(running_dir / "metrics.jsonl", running, timeout_s=600)
+        server = DashboardProcess([finished_dir, running_dir])
+        show_every_view(page, server.url, shots)
+        page.goto(f"{server.url}#rollouts")
+        check_rollout_row(page, 0, 2, first_sample["output"], first_sample["score"])
+        page.goto(f"{server.url}#curves")
+        chart = '.chart[data-metric="critic/score/mean"]'
+        page.wait_for_function(f"document.querySelector('{chart}')?.dataset.points !== undefined")
+        page.evaluate("window.loadedOnce = true")
+        first_drawn = json.loads(page.get_attribute(chart, "data-points"))
+        assert first_drawn[0] == 2 and first_drawn[1] < RUNNING_STEPS, first_drawn
+        assert running.wait(timeout=600) == 0
+        check_curves(page, "critic/score/mean", [2, RUNNING_STEPS])  # its later steps appeared as it wrote them
+        assert page.evaluate("window.loadedOnce") is True
+        page.goto(f"{server.url}#runs")
+        page.wait_for_function("document.querySelector('.card[data-run=\"1\"]')?.textContent"
+                               f".includes('finished: {RUNNING_STEPS} steps')")
+        screenshot(page, shots, "runs_after_the_run_ended")
+        print(f"dashboard screenshots: {shots}")
+    finally:
+        running.kill()
+        if server is not None:
+            server.stop()
