@@ -75,6 +75,13 @@ def test_a_run_directory_is_checked_and_its_dumps_follow_it_when_moved(tmp_path)
         Dashboard([run]).answer("/api/rollouts", {"run": ["1"], "step": ["4"]})
 
 
+def test_the_dashboard_names_the_dump_size_marker_as_the_trainer_writes_it():
+    from hybridrl.dashboard import run_files
+    from hybridrl.trainer.ppo import generation_dump
+
+    assert run_files.SIZE_LIMIT_FILE == generation_dump.SIZE_LIMIT_FILE
+
+
 def test_configs_are_compared_key_by_key():
     compared = compare_configs([{"a": {"lr": 1e-4, "n": 2}, "b": [1]}, {"a": {"lr": 2e-5, "n": 2}, "b": [1]}, None])
     assert compared == {"keys": ["a.lr", "a.n", "b"], "differ": ["a.lr"],
@@ -174,7 +181,7 @@ def step_metrics(step: int, lr_scale: float) -> dict:
             "timing_s/gen": 0.5, "timing_s/update_actor": 1.5, "timing_s/step": 2.5, "perf/throughput": 1000.0 + step}
 
 
-def write_run(run_dir, lr: float, steps: int, finished: bool) -> Tracking:
+def write_run(run_dir, lr: float, steps: int, finished: bool, dump_max_mb: float | None = None) -> Tracking:
     """A run directory as the trainer leaves it, written with its own writers; returns the still-open Tracking."""
     config = {"trainer": {"default_local_dir": str(run_dir), "rollout_data_dir": str(run_dir / "rollouts"),
                           "validation_data_dir": None, "total_training_steps": 3},
@@ -185,7 +192,8 @@ def write_run(run_dir, lr: float, steps: int, finished: bool) -> Tracking:
     for step in range(1, steps + 1):
         tracking.log(step_metrics(step, lr / 1e-4), step=step)
         dump_generations(str(run_dir / "rollouts"), step,
-                         [(f"1+{step}=", f"<answer>{step + 1}</answer>", 1.0), (f"1+{step}=", "The answer is", 0.0)])
+                         [(f"1+{step}=", f"<answer>{step + 1}</answer>", 1.0), (f"1+{step}=", "The answer is", 0.0)],
+                         max_mb=dump_max_mb)
     tracking.log_generations([("2+2=", "<answer>4</answer>", 1.0)], step=steps)
     if finished:
         tracking.finish()
@@ -198,7 +206,7 @@ def write_run(run_dir, lr: float, steps: int, finished: bool) -> Tracking:
 
 def test_the_page_shows_finished_and_running_runs_and_the_new_step_without_a_reload(tmp_path, page):
     finished_dir, running_dir, shots = tmp_path / "finished", tmp_path / "running", tmp_path / "screenshots"
-    write_run(finished_dir, lr=1e-4, steps=3, finished=True)
+    write_run(finished_dir, lr=1e-4, steps=3, finished=True, dump_max_mb=200 / 2 ** 20)  # room for 2 steps
     running = write_run(running_dir, lr=2e-5, steps=2, finished=False)
     server = DashboardProcess([finished_dir, running_dir])
     try:
@@ -213,6 +221,9 @@ def test_the_page_shows_finished_and_running_runs_and_the_new_step_without_a_rel
 
         page.goto(f"{server.url}#rollouts")
         check_rollout_row(page, 0, 2, "<answer>3</answer>", 1.0)
+        assert page.locator("#rollout-step option").all_inner_texts() == ["1", "2"]
+        assert page.inner_text("#rollout-note") == \
+            f"steps from 3 on were not dumped: the dumps reached trainer.rollout_data_max_mb={200 / 2 ** 20}"
         page.click('#rollout-table th[data-key="score"]')  # sorted by score, ascending now
         assert page.locator('#rollout-table tbody td[data-column="score"]').all_inner_texts() == ["0", "1"]
 
@@ -277,7 +288,9 @@ def test_the_page_shows_the_embedded_default_finished_and_while_it_runs(tmp_path
     result = subprocess.run(default_run_command(finished_dir, steps=2), cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    first_sample = RunDir(str(finished_dir)).dump("rollout_data_dir", 2)[0]
+    finished = RunDir(str(finished_dir))
+    assert finished.config()["trainer"]["total_training_steps"] == 2  # the trainer wrote its resolved config
+    first_sample = finished.dump("rollout_data_dir", 2)[0]
 
     running = subprocess.Popen(default_run_command(running_dir, steps=RUNNING_STEPS), cwd=tmp_path, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -300,6 +313,11 @@ def test_the_page_shows_the_embedded_default_finished_and_while_it_runs(tmp_path
         page.goto(f"{server.url}#runs")
         page.wait_for_function("document.querySelector('.card[data-run=\"1\"]')?.textContent"
                                f".includes('finished: {RUNNING_STEPS} steps')")
+        page.check("#only-differ")
+        page.wait_for_function("document.querySelectorAll('#config-table tbody tr:not(.differs)').length === 0")
+        differs = page.locator("#config-table tbody td:first-child").all_inner_texts()
+        assert differs == ["trainer.default_local_dir", "trainer.rollout_data_dir", "trainer.total_training_steps",
+                           "trainer.validation_data_dir"]
         screenshot(page, shots, "runs_after_the_run_ended")
         print(f"dashboard screenshots: {shots}")
     finally:

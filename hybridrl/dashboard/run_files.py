@@ -26,6 +26,8 @@ METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
 SUMMARY_FILE = "summary.json"
 VAL_GENERATIONS_FILE = "val_generations.jsonl"
+# generation_dump.SIZE_LIMIT_FILE, named again here: importing it would import torch into the dashboard
+SIZE_LIMIT_FILE = "size_limit_reached.json"
 CHECKPOINT_DIR = re.compile(r"^global_step_(\d+)$")
 DUMP_FILE = re.compile(r"^(\d+)\.jsonl$")
 
@@ -193,6 +195,11 @@ class RunDir:
         matches = [DUMP_FILE.match(name) for name in os.listdir(directory)]
         return sorted(int(match.group(1)) for match in matches if match)
 
+    def rollout_dump_limit(self) -> dict | None:
+        """size_limit_reached.json of the rollout dumps: where trainer.rollout_data_max_mb stopped them, if it did."""
+        directory = self.dump_dir("rollout_data_dir")
+        return None if directory is None else _read_json(os.path.join(directory, SIZE_LIMIT_FILE))
+
     def dump(self, key: str, step: int) -> list[dict]:
         """The samples ``trainer.<key>`` dumped at ``step``."""
         directory = self.dump_dir(key)
@@ -221,7 +228,7 @@ class RunDir:
             metric_names = sorted(self.metrics.columns)
         return {"name": self.name, "path": self.path, "rows": rows, "revision": revision, "last_step": last_step,
                 "metrics": metric_names, "summary": self.summary(), "checkpoints": self.checkpoints(),
-                "rollout_steps": self.dump_steps("rollout_data_dir"),
+                "rollout_steps": self.dump_steps("rollout_data_dir"), "rollout_dump_limit": self.rollout_dump_limit(),
                 "has_config": os.path.isfile(os.path.join(self.path, CONFIG_FILE))}
 
 

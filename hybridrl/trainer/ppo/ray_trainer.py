@@ -447,7 +447,8 @@ class RayPPOTrainer:
         if self.config.trainer.rollout_data_dir:
             scores = batch.batch["token_level_scores"].sum(-1)
             dump_generations(self.config.trainer.rollout_data_dir, self.global_steps,
-                             decode_generations(self.tokenizer, batch, scores))
+                             decode_generations(self.tokenizer, batch, scores),
+                             max_mb=self.config.trainer.rollout_data_max_mb)
         return metrics
 
     # ------------------------------------------------------------------ the rollout, shared by training and validation
