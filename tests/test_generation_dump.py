@@ -1,5 +1,6 @@
 """Generations as text: decoding prompt/response rows, the per-step jsonl dumps, the validation sample choice."""
 import json
+import os
 
 import pytest
 import torch
@@ -52,6 +53,20 @@ def test_dump_writes_one_json_object_per_sample_and_replaces_the_steps_file(tmp_
     dump_generations(str(tmp_path / "dumps"), 3, [("q3", "a3", 0.0)])  # a resumed run redoing step 3
     with open(path) as f:
         assert [json.loads(line)["input"] for line in f] == ["q3"]
+
+
+def test_rollout_dumps_stop_at_their_size_limit_and_say_where(tmp_path, caplog):
+    directory, max_mb = str(tmp_path / "dumps"), 100 / 2 ** 20  # 100 bytes: room for two one-sample steps
+    written = [dump_generations(directory, step, [("q", "a", 1.0)], max_mb=max_mb) for step in (1, 2, 3, 4)]
+    step_bytes = os.path.getsize(written[0])  # 54: {"input": "q", "output": "a", "score": 1.0, "step": 1}
+    assert 50 <= step_bytes < 100 <= 2 * step_bytes
+    assert written[2:] == [None, None] and sorted(os.listdir(directory)) == ["1.jsonl", "2.jsonl",
+                                                                              "size_limit_reached.json"]
+    with open(os.path.join(directory, "size_limit_reached.json")) as f:
+        assert json.load(f) == {"first_step_not_dumped": 3, "dumped_bytes": 2 * step_bytes, "max_mb": max_mb}
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{directory}: its dumps reached trainer.rollout_data_max_mb={max_mb} ({2 * step_bytes} bytes); steps from 3 "
+        f"on are not dumped"]
 
 
 def test_validation_samples_are_the_same_prompts_whatever_the_order():

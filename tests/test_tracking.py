@@ -58,6 +58,8 @@ def test_jsonl_appends_one_object_per_step_and_generations(tmp_path):
     one_run = [{"step": 1, "actor/pg_loss": 0.5, "critic/score/mean": 0.25},
                {"step": 2, "actor/pg_loss": -0.125, "critic/score/mean": 0.75}]
     assert lines == one_run + one_run
+    with open(tmp_path / "config.json") as f:
+        assert json.load(f) == CONFIG
     with open(tmp_path / "val_generations.jsonl") as f:
         assert [json.loads(line) for line in f][:2] == [
             {"step": 2, "input": "1+1=", "output": "2", "score": 1.0},

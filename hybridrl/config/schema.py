@@ -527,6 +527,7 @@ class TrainerConfig(ConfigNode):
     logger: list[str] = one_or_list()
     log_val_generations: int = at_least(0)
     rollout_data_dir: Optional[str]
+    rollout_data_max_mb: Optional[float] = positive()
     validation_data_dir: Optional[str]
     balance_batch: bool
     save_freq: int

@@ -3,7 +3,8 @@
 Loggers (``VALID_LOGGERS``) and where their data goes:
   console      one line per step on stdout: ``step:N - key:value - key:value ...``
   jsonl        ``{local_dir}/metrics.jsonl``: one JSON object per step, ``{"step": N, <every metric>}``, appended
-               (a resumed run continues the same file)
+               (a resumed run continues the same file), and ``{local_dir}/config.json``: the resolved run config
+               (rewritten at each start), so the run directory alone tells what ran (hybridrl/dashboard reads both)
   tensorboard  event files under ``{local_dir}/tensorboard``
   wandb        a wandb run (project, name, config). wandb's own environment is respected and nothing is defaulted:
                ``WANDB_MODE=offline`` for no network (runs land in ``$WANDB_DIR/wandb``), online needs a login.
@@ -83,6 +84,9 @@ class JsonlLogger:
     def __init__(self, project_name, experiment_name, config, local_dir):
         local_dir = _require_local_dir("jsonl", local_dir)
         self.metrics_file = open(os.path.join(local_dir, "metrics.jsonl"), "a")
+        if config is not None:
+            with open(os.path.join(local_dir, "config.json"), "w") as f:
+                json.dump(config, f, indent=1, default=str)
         self.generations_path = os.path.join(local_dir, "val_generations.jsonl")
 
     def log(self, data: dict[str, float], step: int) -> None:

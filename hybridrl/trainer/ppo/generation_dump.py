@@ -2,6 +2,8 @@
 
 ``trainer.rollout_data_dir`` / ``trainer.validation_data_dir``: one file per step, ``{dir}/{step}.jsonl``, one JSON
 object per response: ``{"input": prompt text, "output": response text, "score": sequence score, "step": N}``.
+``trainer.rollout_data_max_mb`` bounds the rollout dumps of a long run: once their files reach it, later steps are
+not dumped; the first step left out is logged as a warning and recorded in ``{dir}/size_limit_reached.json``.
 ``trainer.log_val_generations=N``: N validation samples per validation go to ``Tracking.log_generations`` (a table
 in wandb / tensorboard / mlflow / jsonl). The N are a fixed choice across validations (same prompts every time,
 sorted by input then shuffled with a fixed seed), so a table shows how the answers to the same prompts change.
@@ -9,6 +11,7 @@ sorted by input then shuffled with a fixed seed), so a table shows how the answe
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import numpy as np
@@ -16,7 +19,10 @@ import torch
 
 from hybridrl.protocol import DataProto
 
+logger = logging.getLogger(__name__)
+
 VAL_SAMPLE_SEED = 42
+SIZE_LIMIT_FILE = "size_limit_reached.json"
 
 
 def decode_generations(tokenizer, batch: DataProto, scores: torch.Tensor) -> list[tuple[str, str, float]]:
@@ -38,14 +44,35 @@ def decode_generations(tokenizer, batch: DataProto, scores: torch.Tensor) -> lis
     return samples
 
 
-def dump_generations(directory: str, step: int, samples: list[tuple[str, str, float]]) -> str:
-    """Write ``{directory}/{step}.jsonl`` (replacing a file left by an earlier, interrupted run); returns its path."""
+def dump_generations(directory: str, step: int, samples: list[tuple[str, str, float]],
+                     max_mb: float | None = None) -> str | None:
+    """Write ``{directory}/{step}.jsonl`` (replacing a file left by an earlier, interrupted run); returns its path,
+    or None when the directory's dumps have reached ``max_mb`` (see the module docstring)."""
     os.makedirs(directory, exist_ok=True)
+    if max_mb is not None and size_limit_reached(directory, step, max_mb):
+        return None
     path = os.path.join(directory, f"{step}.jsonl")
     with open(path, "w") as f:
         for prompt_text, response_text, score in samples:
             f.write(json.dumps({"input": prompt_text, "output": response_text, "score": score, "step": step}) + "\n")
     return path
+
+
+def size_limit_reached(directory: str, step: int, max_mb: float) -> bool:
+    """Whether the dumps in ``directory`` have reached ``max_mb``; the first time they have, say so (a warning and
+    size_limit_reached.json, which later steps find)."""
+    marker = os.path.join(directory, SIZE_LIMIT_FILE)
+    if os.path.isfile(marker):
+        return True
+    dumped = sum(os.path.getsize(os.path.join(directory, name)) for name in os.listdir(directory)
+                 if name.endswith(".jsonl"))
+    if dumped < max_mb * 2 ** 20:
+        return False
+    with open(marker, "w") as f:
+        json.dump({"first_step_not_dumped": step, "dumped_bytes": dumped, "max_mb": max_mb}, f)
+    logger.warning("%s: its dumps reached trainer.rollout_data_max_mb=%s (%d bytes); steps from %d on are not "
+                   "dumped", directory, max_mb, dumped, step)
+    return True
 
 
 def select_val_samples(samples: list[tuple[str, str, float]], n: int) -> list[tuple[str, str, float]]:

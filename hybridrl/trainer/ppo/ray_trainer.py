@@ -11,6 +11,7 @@ groups own every model (see workers/). Nothing here touches a weight.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -257,7 +258,8 @@ class RayPPOTrainer:
         trainer = self.config.trainer
         start = time.perf_counter()
         logger = Tracking(project_name=trainer.project_name, experiment_name=trainer.experiment_name,
-                          default_backend=list(trainer.logger), config=None, local_dir=trainer.default_local_dir)
+                          default_backend=list(trainer.logger), config=dataclasses.asdict(self.config),
+                          local_dir=trainer.default_local_dir)
         self.tracking = logger
         self.reward_errors = {"train": 0, "val": 0}  # samples whose scorer failed, in this run's steps
         self.global_steps = checkpointing.load_checkpoint(self)
@@ -445,7 +447,8 @@ class RayPPOTrainer:
         if self.config.trainer.rollout_data_dir:
             scores = batch.batch["token_level_scores"].sum(-1)
             dump_generations(self.config.trainer.rollout_data_dir, self.global_steps,
-                             decode_generations(self.tokenizer, batch, scores))
+                             decode_generations(self.tokenizer, batch, scores),
+                             max_mb=self.config.trainer.rollout_data_max_mb)
         return metrics
 
     # ------------------------------------------------------------------ the rollout, shared by training and validation
