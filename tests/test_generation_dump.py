@@ -2,11 +2,13 @@
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.ppo.generation_dump import decode_generations, dump_generations, select_val_samples
+from hybridrl.trainer.ppo.generation_dump import (decode_generations, dump_generations, rollout_records,
+                                                  select_val_samples)
 from hybridrl.defaults.tiny_model import build_tokenizer
 
 
@@ -76,3 +78,34 @@ def test_validation_samples_are_the_same_prompts_whatever_the_order():
     assert select_val_samples(list(reversed(samples)), 4) == chosen
     assert chosen != sorted(samples)[:4]  # shuffled, not just the first ones
     assert sorted(select_val_samples(samples, 50)) == sorted(samples)
+
+
+def test_rollout_records_carry_reward_advantage_tokens_group_and_the_tools_turns(tokenizer):
+    """Row 0 is single-turn; row 1's middle word came from a tool (response_mask 0 there), so its record is cut
+    into the policy's and the tool's pieces. Reward = score + a KL penalty; advantage = the mean over trained
+    tokens (the tool's token, advantage 9.0, is not trained and must not count)."""
+    junk = ids(tokenizer, "zebra")[0]
+    rows = [padded_row(tokenizer, "hello world", "banana", 40, 40, junk),
+            padded_row(tokenizer, "apple", "apple hello banana", 40, 40, junk)]
+    attention = torch.tensor([r[2] for r in rows])
+    written = attention[:, 40:]
+    response_mask = written.clone()
+    tool_tokens = len(ids(tokenizer, "apple")), len(ids(tokenizer, "apple hello"))
+    response_mask[1, tool_tokens[0]:tool_tokens[1]] = 0
+    scores = torch.zeros(2, 40)
+    scores[0, 1], scores[1, 3] = 1.0, 0.5
+    advantages = torch.where(response_mask.bool(), torch.tensor([[0.5], [-0.25]]), torch.tensor(9.0))
+    batch = DataProto.from_dict({"prompts": torch.tensor([r[0] for r in rows]),
+                                 "responses": torch.tensor([r[1] for r in rows]),
+                                 "attention_mask": attention, "response_mask": response_mask,
+                                 "token_level_scores": scores, "token_level_rewards": scores - 0.125 * written,
+                                 "advantages": advantages},
+                                non_tensors={"uid": np.array(["g0", "g1"], dtype=object)})
+    first, second = rollout_records(tokenizer, batch)
+    assert (first["output"].strip(), first["score"], first["group"]) == ("banana", 1.0, "g0")
+    assert first["reward"] == pytest.approx(1.0 - 0.125 * int(written[0].sum()))
+    assert (first["advantage"], first["response_tokens"]) == (0.5, int(written[0].sum()))
+    assert "turns" not in first
+    assert second["advantage"] == -0.25 and second["response_tokens"] == int(written[1].sum())
+    assert [(turn["by"], turn["text"].strip()) for turn in second["turns"]] == [
+        ("policy", "apple"), ("tool", "hello"), ("policy", "banana")]

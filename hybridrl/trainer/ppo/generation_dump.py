@@ -1,7 +1,11 @@
 """What the policy wrote, as text: jsonl dumps of each step's generations and the validation samples to log.
 
 ``trainer.rollout_data_dir`` / ``trainer.validation_data_dir``: one file per step, ``{dir}/{step}.jsonl``, one JSON
-object per response: ``{"input": prompt text, "output": response text, "score": sequence score, "step": N}``.
+object per response: ``{"input": prompt text, "output": response text, "score": sequence score, "step": N}``. A
+training step's rows also carry what the update saw (``rollout_records``): ``reward`` (the score with any KL or
+length penalty), ``advantage`` (its mean over the trained tokens), ``response_tokens``, ``group`` (the prompt's uid),
+and, for an answer with tokens the policy did not write (tool results), ``turns``: the response cut into the
+policy's and the tool's pieces. Groups the data flow filtered out are dumped too, with ``"filtered": true``.
 ``trainer.rollout_data_max_mb`` bounds the rollout dumps of a long run: once their files reach it, later steps are
 not dumped; the first step left out is logged as a warning and recorded in ``{dir}/size_limit_reached.json``.
 ``trainer.log_val_generations=N``: N validation samples per validation go to ``Tracking.log_generations`` (a table
@@ -44,7 +48,46 @@ def decode_generations(tokenizer, batch: DataProto, scores: torch.Tensor) -> lis
     return samples
 
 
-def dump_generations(directory: str, step: int, samples: list[tuple[str, str, float]],
+def rollout_records(tokenizer, batch: DataProto) -> list[dict]:
+    """One record per row of a trained batch (see the module docstring): what the dashboard's rollout table shows.
+
+    Columns the batch lacks (no ``advantages`` before the update, no ``token_level_rewards`` without a reward) are
+    left out of the records rather than filled in.
+    """
+    scores = batch.batch["token_level_scores"].sum(-1)
+    records = [{"input": prompt, "output": response, "score": score}
+               for prompt, response, score in decode_generations(tokenizer, batch, scores)]
+    width = batch.batch["responses"].shape[1]
+    written = batch.batch["attention_mask"][:, -width:].bool()
+    trained = batch.batch["response_mask"].bool() if "response_mask" in batch.batch.keys() else written
+    group = batch.non_tensor_batch.get("uid")
+    for row, record in enumerate(records):
+        record["response_tokens"] = int(written[row].sum())
+        if "token_level_rewards" in batch.batch.keys():
+            record["reward"] = float(batch.batch["token_level_rewards"][row].sum())
+        if "advantages" in batch.batch.keys():
+            record["advantage"] = float(batch.batch["advantages"][row][trained[row]].mean()) \
+                if trained[row].any() else 0.0
+        if group is not None:
+            record["group"] = str(group[row])
+        if bool((written[row] & ~trained[row]).any()):
+            record["turns"] = _turns(tokenizer, batch.batch["responses"][row][written[row]],
+                                     trained[row][written[row]])
+    return records
+
+
+def _turns(tokenizer, tokens: torch.Tensor, by_policy: torch.Tensor) -> list[dict]:
+    """The response cut where the writer changes: ``[{"by": "policy" | "tool", "text": ...}, ...]``."""
+    turns, start = [], 0
+    for end in range(1, len(tokens) + 1):
+        if end == len(tokens) or by_policy[end] != by_policy[start]:
+            turns.append({"by": "policy" if by_policy[start] else "tool",
+                          "text": tokenizer.decode(tokens[start:end], skip_special_tokens=True)})
+            start = end
+    return turns
+
+
+def dump_generations(directory: str, step: int, samples: list[tuple[str, str, float]] | list[dict],
                      max_mb: float | None = None) -> str | None:
     """Write ``{directory}/{step}.jsonl`` (replacing a file left by an earlier, interrupted run); returns its path,
     or None when the directory's dumps have reached ``max_mb`` (see the module docstring)."""
@@ -53,8 +96,9 @@ def dump_generations(directory: str, step: int, samples: list[tuple[str, str, fl
         return None
     path = os.path.join(directory, f"{step}.jsonl")
     with open(path, "w") as f:
-        for prompt_text, response_text, score in samples:
-            f.write(json.dumps({"input": prompt_text, "output": response_text, "score": score, "step": step}) + "\n")
+        for sample in samples:
+            record = sample if isinstance(sample, dict) else dict(zip(("input", "output", "score"), sample))
+            f.write(json.dumps({**record, "step": step}) + "\n")
     return path
 
 
