@@ -184,22 +184,9 @@ def _short_shards(shard_dir: str) -> list[str]:
 
 def _data_state_mismatch(config: PPOConfig, data_state: str) -> list[str]:
     """What in data.pt this run cannot take back (see the module docstring)."""
-    from hybridrl.trainer.ppo.checkpointing import DATA_STATE_KEYS
-
-    try:
-        saved = load_file(data_state)
-    except ValueError as err:  # a pickle that asks for code: named by load_file
-        return [str(err)]
-    if not isinstance(saved, dict):
-        return [f"expected {data_state!r} to hold a dict with the keys {list(DATA_STATE_KEYS)}, got a "
-                f"{type(saved).__name__}"]
-    if "in_flight" in saved:
-        return [f"expected data.pt of the current format (the work in flight in its prompt source), got {data_state!r} "
-                f"of the earlier format (its in-flight prompts listed under 'in_flight', written until 2026-12-01), "
-                f"which this hybridrl no longer reads"]
-    missing = [key for key in DATA_STATE_KEYS if key not in saved]
-    if missing:
-        return [f"expected {data_state!r} to hold {list(DATA_STATE_KEYS)}, got it without {missing}"]
+    saved, problem = _current_data_state(data_state)
+    if problem is not None:
+        return [problem]
     problems = []
     if config.algorithm.use_kl_in_reward and saved["kl_ctrl_in_reward_value"] is None:
         problems.append(f"expected the in-reward KL coefficient algorithm.use_kl_in_reward=true resumes, got "
@@ -212,10 +199,32 @@ def _data_state_mismatch(config: PPOConfig, data_state: str) -> list[str]:
                         f"{data_state!r} holding groups or prompt rows in its prompt source, which this run would "
                         f"drop; resume it with the data flow (data_flow.enable, algorithm.filter_groups.enable or "
                         f"async_training.mode as it was saved)")
+    # (an asynchronous schedule resumes a checkpoint without one with an empty source at the data's position)
     if data_flow is not None and schedule == "sync" and "prompt_source" not in saved:
         problems.append(f"expected the prompt source (sample buffer) that {data_flow} resumes, got {data_state!r} "
                         f"without one (saved by a run without the data flow: its batches would not resume exactly)")
     return problems
+
+
+def _current_data_state(data_state: str) -> tuple[dict | None, str | None]:
+    """(data.pt's dict, None), or (None, why it is not data.pt as this hybridrl writes it)."""
+    from hybridrl.trainer.ppo.checkpointing import DATA_STATE_KEYS
+
+    try:
+        saved = load_file(data_state)
+    except ValueError as err:  # a pickle that asks for code: named by load_file
+        return None, str(err)
+    if not isinstance(saved, dict):
+        return None, (f"expected {data_state!r} to hold a dict with the keys {list(DATA_STATE_KEYS)}, got a "
+                      f"{type(saved).__name__}")
+    if "in_flight" in saved:
+        return None, (f"expected data.pt of the current format (the work in flight in its prompt source), got "
+                      f"{data_state!r} of the earlier format (its in-flight prompts listed under 'in_flight', "
+                      f"written until 2026-12-01), which this hybridrl no longer reads")
+    missing = [key for key in DATA_STATE_KEYS if key not in saved]
+    if missing:
+        return None, f"expected {data_state!r} to hold {list(DATA_STATE_KEYS)}, got it without {missing}"
+    return saved, None
 
 
 def _complete_torch_file(path: str) -> bool:

@@ -211,7 +211,7 @@ def load_checkpoint(config, workers: CheckpointedWorkers) -> ControllerState | N
         print(f"checkpointing: nothing to resume from (trainer.resume_mode={config.trainer.resume_mode}): "
               "training from scratch")
         return None
-    state = read_data_state(os.path.join(path, DATA_STATE_FILE))
+    state = _read_data_state(os.path.join(path, DATA_STATE_FILE))
     workers.actor.load_checkpoint(os.path.join(path, "actor"),
                                   weights_version_after(state.global_step, config.trainer.critic_warmup))
     if workers.critic is not None:
@@ -220,7 +220,7 @@ def load_checkpoint(config, workers: CheckpointedWorkers) -> ControllerState | N
     return state
 
 
-def read_data_state(path: str) -> ControllerState:
+def _read_data_state(path: str) -> ControllerState:
     """The controller's state data.pt holds (read without unpickling code: utils/checkpoint_io.load_file)."""
     saved = load_file(path)
     return ControllerState(global_step=saved["global_step"], data_position=saved["dataloader"],
