@@ -18,8 +18,8 @@ truncated shard with two torch tracebacks ending in a bare EOFError, neither nam
                 different rollout.n or ppo_mini_batch_size trains another recipe from the saved optimizer state.
                 Refused, unless trainer.resume_accept_layout_change=true, which states the difference as a warning.
 Every line names the step directory and how to avoid it: trainer.resume_mode=disable, or delete the step directory.
-Of the shards only headers and metadata are read (DCP's .metadata is unpickled by torch, as the load will); data.pt,
-a few kilobytes, is read whole with torch.load(weights_only=True), as the load reads it.
+Of the shards only headers and metadata are read (DCP's .metadata is unpickled by torch, as the load will); data.pt (the
+controller's state, no weights) is read whole with torch.load(weights_only=True), as the load reads it.
 """
 from __future__ import annotations
 
