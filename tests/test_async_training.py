@@ -126,13 +126,11 @@ def test_the_data_flow_runs_on_a_separate_rollout_pool(ray_local, toy_task, tmp_
         assert (batch.batch[WEIGHT_VERSIONS_KEY][generated] == step - 1).all()
 
 
-def stop_and_resume(toy_task, tmp_path, *overrides, earlier_format: bool = False):
+def stop_and_resume(toy_task, tmp_path, *overrides):
     """A 4-step run stopped after step 2 (as SIGTERM stops it: its checkpoint holds what is in flight in the prompt
-    source's buffer), then resumed; with earlier_format the checkpoint is first rewritten as hybridrl wrote it before
-    the data flow was the asynchronous schedules' one path (no prompt source; the prompts in flight listed under
-    "in_flight"). Checks that every prompt taken from the data is trained once or still held by the prompt source,
-    and that the four steps train as many groups as an uninterrupted run; returns (first, second) trainers, the
-    prompts the checkpoint held (in its order) and the metrics of the four steps."""
+    source's buffer), then resumed. Checks that every prompt taken from the data is trained once or still held by
+    the prompt source, and that the four steps train as many groups as an uninterrupted run; returns (first, second)
+    trainers, the prompts the checkpoint held (in its order) and the metrics of the four steps."""
     overrides = [*SPLIT, *overrides, "trainer.save_freq=10", "trainer.total_training_steps=4", "trainer.test_freq=-1"]
     first, held_first = train(make_config(toy_task, str(tmp_path), *overrides), stop_after=2)
     data_file = os.path.join(tmp_path, step_dir_name(2), DATA_STATE_FILE)
@@ -143,8 +141,6 @@ def stop_and_resume(toy_task, tmp_path, *overrides, earlier_format: bool = False
     assert held_first == saved_prompts
     trained_first = [index for step in first.trained_prompts for index in step]
     assert collections.Counter(first.taken_prompts) == collections.Counter(trained_first + saved_prompts)
-    if earlier_format:
-        torch.save(as_earlier_format(saved, first.tokenizer.pad_token_id), data_file)
 
     second, held_second = train(make_config(toy_task, str(tmp_path), *overrides))
     assert second.global_steps == 4 and len(second.trained_prompts) == 2
@@ -155,20 +151,6 @@ def stop_and_resume(toy_task, tmp_path, *overrides, earlier_format: bool = False
     assert len(trained_first) + len(trained_second) == 4 * 8  # the uninterrupted run's groups: 4 steps x 8
     metrics = {int(m["training/global_step"]): m for m in read_metrics(str(tmp_path))}  # the resumed run's last
     return first, second, saved_prompts, [metrics[step] for step in (1, 2, 3, 4)]
-
-
-def as_earlier_format(saved: dict, pad_token_id: int) -> dict:
-    """data.pt as the earlier batch path wrote it: no prompt source; its in-flight prompts as {"prompts": [{"tensors":
-    left-padded prompt ids and mask, "columns": the dataset row's other columns}]}, one entry per group here."""
-    source = saved.pop("prompt_source")
-    assert not source["pending_rows"]
-    entries = []
-    for group in source["buffer"]:
-        ids = group[0]["prompt_ids"]
-        entries.append({"tensors": {"input_ids": torch.tensor([[pad_token_id] * 2 + ids]),
-                                    "attention_mask": torch.tensor([[0, 0] + [1] * len(ids)])},
-                        "columns": {key: [value] for key, value in group[0]["metadata"].items()}})
-    return {**saved, "in_flight": {"prompts": entries}}
 
 
 @pytest.mark.slow
@@ -197,21 +179,6 @@ def test_one_step_off_trains_every_group_one_version_old_and_resumes_the_groups_
         assert (m["data_flow/num_dropped_groups"], m["data_flow/num_aborted_groups"]) == (0, 0)
     diffs = [m["training/rollout_probs_diff_max"] for m in metrics]
     assert diffs[0] < 1e-4 and min(diffs[1:]) > 1e-3, diffs  # the engine's weights were one update old (lr 1e-2)
-
-
-@pytest.mark.slow
-def test_one_step_off_resumes_a_checkpoint_of_the_earlier_format_generating_its_in_flight_prompts_first(
-        ray_local, toy_task, tmp_path):
-    """The same run resumed from its step-2 checkpoint rewritten in the earlier format (the prompts generated ahead
-    listed in data.pt): those prompts become the prompt source's first groups, generated again with the checkpoint's
-    weights (so step 3 is fresh) and trained first; the four steps train every prompt once, 4 x 8 groups."""
-    first, second, saved_prompts, metrics = stop_and_resume(
-        toy_task, tmp_path, "async_training.mode=one_step_off", earlier_format=True)
-    assert second.trained_prompts[0] == sorted(saved_prompts)
-    assert [(m["async_training/staleness/min"], m["async_training/staleness/max"]) for m in metrics] == [
-        (0, 0), (1, 1), (0, 0), (1, 1)]
-    assert [m["async_training/policy_version"] for m in metrics] == [0, 1, 2, 3]
-    assert [m["data_flow/num_groups_trained"] for m in metrics] == [8] * 4
 
 
 @pytest.mark.slow

@@ -1,6 +1,5 @@
 """The parts of asynchronous training that need no trainer: resource pools and what they lack, the weight-transfer
-group (a real gloo group of 3 members), the data flow's stream under fully_async's staleness bound, and resuming a
-checkpoint of the earlier format (in-flight prompts listed in data.pt)."""
+group (a real gloo group of 3 members) and the data flow's stream under fully_async's staleness bound."""
 import itertools
 import os
 import socket
@@ -16,7 +15,6 @@ from hybridrl.data.prompt_source import PromptSource
 from hybridrl.data.sample import ABORTED, COMPLETED, PENDING, Sample
 from hybridrl.single_controller.resource_pool_manager import (ROLLOUT_POOL, TRAINER_POOL, pool_specs, role_mapping,
                                                               shortfalls)
-from hybridrl.trainer.ppo.checkpointing import restore_async_prompt_source, restore_prompt_source
 from hybridrl.trainer.ppo.group_rollout import GroupRollout
 from hybridrl.trainer.ppo.group_stream import GroupStream
 from hybridrl.workers.rollout.weight_transfer import (TensorMeta, WeightTransferGroup, describe, plan_buckets,
@@ -232,50 +230,6 @@ def test_the_stream_never_hands_out_a_group_staler_than_the_bound(stale_samples)
     stream.return_to_source()  # a checkpoint: the groups in flight go back to the buffer, reset (no partial rollout)
     assert [prompt_of(group) for group in source.buffer] == in_flight and len(in_flight) == 8
     assert all(sample.status == PENDING and not sample.response_ids for group in source.buffer for sample in group)
-
-
-# ---------------------------------------------------------------------- checkpoints of the earlier format
-
-def earlier_in_flight_entry(indices: list[int]) -> dict:
-    """data.pt's in_flight entry for one batch of prompts as hybridrl wrote it before the data flow was the
-    asynchronous schedules' one path (plain values: tensors, and columns as lists; the uid left out)."""
-    return {"tensors": {"input_ids": torch.tensor([[0, 50 + i, 60 + i] for i in indices]),
-                        "attention_mask": torch.tensor([[0, 1, 1] for _ in indices]),
-                        "position_ids": torch.tensor([[0, 0, 1] for _ in indices])},
-            "columns": {"raw_prompt": [[{"role": "user", "content": f"q{i}"}] for i in indices],
-                        "extra_info": [{"index": i} for i in indices], "data_source": ["toy"] * len(indices)}}
-
-
-def test_a_checkpoint_of_the_earlier_format_resumes_its_in_flight_prompts_first(tmp_path):
-    """An asynchronous run's data.pt from before (no prompt source; its prompts in flight under "in_flight", here a
-    one_step_off batch and two fully_async groups) resumes them as fresh groups of the prompt source, first and in
-    their order, then the data; a synchronous run refuses it, and a damaged entry is refused naming the file."""
-    path = tmp_path / "data.pt"
-    torch.save({"global_step": 2, "in_flight": {"prompts": [earlier_in_flight_entry([8, 9, 10]),
-                                                            earlier_in_flight_entry([13]),
-                                                            earlier_in_flight_entry([11])]}}, path)
-    state = torch.load(path, weights_only=True)
-    config = validate_config(compose_config(DISAGGREGATED + ["async_training.mode=one_step_off"]))
-    source = PromptSource(toy_prompt_batches, n=2, config=config)
-    restore_async_prompt_source(source, state, str(path))
-    groups = source.get_groups(6, step=3)
-    assert [prompt_of(group) for group in groups] == [8, 9, 10, 13, 11, 0]
-    assert [len(group) for group in groups] == [2] * 6 and [group[0].group_index for group in groups] == list(range(6))
-    assert groups[0][1].prompt_ids == [50 + 8, 60 + 8] and groups[0][1].status == PENDING  # its unpadded prompt
-    assert groups[0][0].metadata["raw_prompt"] == [{"role": "user", "content": "q8"}]
-    assert groups[0][0].metadata["data_source"] == "toy" and "uid" not in groups[0][0].metadata
-    with pytest.raises(ValueError, match=f"^{path} holds the in-flight prompts of an asynchronous run"):
-        restore_prompt_source(PromptSource(toy_prompt_batches, n=2, config=config), state, str(path))
-    with pytest.raises(ValueError, match=rf"^{path}: expected its in_flight entry as an earlier hybridrl wrote it"):
-        restore_async_prompt_source(source, {"in_flight": {"prompts": [{"rows": []}]}}, str(path))
-    # a checkpoint of the data flow (the prompt source saved) resumes as it was saved, not without the data flow
-    saved = source.state_dict()
-    resumed = PromptSource(toy_prompt_batches, n=2, config=config)
-    restore_async_prompt_source(resumed, {"prompt_source": saved}, str(path))
-    assert resumed.state_dict() == saved
-    with pytest.raises(ValueError, match=f"^{path} holds the in-flight prompts of an asynchronous run"):
-        restore_prompt_source(None, {"prompt_source": saved}, str(path))
-    restore_prompt_source(None, {"prompt_source": {**saved, "buffer": [], "pending_rows": []}}, str(path))
 
 
 def test_engine_servers_check_each_requests_length_budget_and_refuse_a_repetition_penalty():

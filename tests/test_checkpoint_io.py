@@ -19,7 +19,10 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from hybridrl.trainer.ppo import checkpointing
-from hybridrl.trainer.ppo.checkpointing import LAYOUT_FILE
+from hybridrl.trainer.ppo.checkpointing import (LAYOUT_FILE, CheckpointedWorkers, ControllerState,
+                                                 TrainDataPosition)
+from hybridrl.data.prompt_source import PromptSource
+from hybridrl.data.rl_dataset import make_dataloader
 from hybridrl.models.checkpoint import load_sharded_model_state, save_sharded_model_state
 from hybridrl.trainer.checkpoint_dir import LATEST_POINTER_FILE, step_dir_name
 from hybridrl.utils.checkpoint_io import CheckpointSaveError, load_file, save_failures_named
@@ -102,23 +105,23 @@ class _OneRankGroup:
         ray.get(_save_linear.remote(path))
 
 
-def _trainer(root, step, group):
+def _config(root, critic_warmup=0):
+    """The keys checkpointing reads: where checkpoints go, how many are kept, the batch layout, critic warmup."""
     return SimpleNamespace(
-        config=SimpleNamespace(trainer=SimpleNamespace(default_local_dir=str(root), max_actor_ckpt_to_keep=None),
-                               data=SimpleNamespace(train_batch_size=4),
-                               actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(n=2),
-                                                                 actor=SimpleNamespace(ppo_mini_batch_size=2))),
-        global_steps=step, actor_rollout_wg=group, use_critic=False, kl_ctrl_in_reward=None, prompt_source=None,
-        train_data_position=SimpleNamespace(state_dict=lambda: {"epoch": 0}), return_in_flight=lambda: None)
+        trainer=SimpleNamespace(default_local_dir=str(root), max_actor_ckpt_to_keep=None,
+                                max_critic_ckpt_to_keep=None, resume_mode="auto", critic_warmup=critic_warmup),
+        data=SimpleNamespace(train_batch_size=4),
+        actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(n=2), actor=SimpleNamespace(ppo_mini_batch_size=2)))
 
 
 @needs_dev_full
 def test_a_full_disk_in_a_worker_reaches_the_trainer_named_and_loses_nothing(ray_local, tmp_path):
     root = tmp_path / "run"
-    group = _OneRankGroup(full_disk_at_step=3)
-    assert checkpointing.save_checkpoint(_trainer(root, 2, group)) == str(root / "global_step_2")
+    workers = checkpointing.CheckpointedWorkers(_OneRankGroup(full_disk_at_step=3))
+    state = checkpointing.ControllerState(global_step=2, data_position={"epoch": 0})
+    assert checkpointing.save_checkpoint(_config(root), workers, state) == str(root / "global_step_2")
     with pytest.raises(CheckpointSaveError) as caught:
-        checkpointing.save_checkpoint(_trainer(root, 3, group))
+        checkpointing.save_checkpoint(_config(root), workers, checkpointing.ControllerState(3, {"epoch": 0}))
     worker_dir = root / ".tmp_global_step_3" / "actor"
     expected = (f"checkpoint global_step_3 was not saved in {root} (the newest complete checkpoint there is still the "
                 f"one a rerun resumes from): could not write checkpoint files to {worker_dir}: [Errno 28] No space "
@@ -130,6 +133,89 @@ def test_a_full_disk_in_a_worker_reaches_the_trainer_named_and_loses_nothing(ray
         "data.train_batch_size": 4, "actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.actor.ppo_mini_batch_size": 2}
     assert checkpointing.checkpoint_to_resume(SimpleNamespace(resume_mode="auto", default_local_dir=str(root))) == \
         str(root / "global_step_2")
+
+
+# ---- save and load with plain state, no trainer ----
+
+class _InProcessGroup:
+    """A worker group of one rank in this process: a real model, optimizer and LR schedule, written and read by the
+    workers' own writers (models/checkpoint.py); it records the weights version each load is given."""
+
+    def __init__(self):
+        self.model, self.optimizer, self.scheduler = _linear_with_optimizer()
+        self.loaded_versions = []
+
+    def save_checkpoint(self, path):
+        save_sharded_model_state(self.model, self.optimizer, self.scheduler, path, 0, ["model", "optimizer"])
+
+    def load_checkpoint(self, path, weights_version=None):
+        load_sharded_model_state(self.model, self.optimizer, self.scheduler, path, 0, ["model", "optimizer"])
+        self.loaded_versions.append(weights_version)
+
+
+def _numbers_position() -> TrainDataPosition:
+    """10 numbers in shuffled batches of 3 (3 batches an epoch), each with a prompt of one token for the source."""
+    rows = [{"input_ids": torch.tensor([i]), "attention_mask": torch.tensor([1]), "extra_info": {"index": i}}
+            for i in range(10)]
+    return TrainDataPosition(make_dataloader(rows, batch_size=3, shuffle=True, seed=7, drop_last=True))
+
+
+def test_save_then_load_gives_back_each_field_of_the_plain_state(tmp_path):
+    """save_checkpoint / load_checkpoint with the state itself, no trainer: the actor's and the critic's weights
+    come back into fresh models, the actor as the version its steps made (step 5 after 2 warm-up steps: 3), and
+    every field of ControllerState as saved: the step, the data position (a fresh one resumes at the 5th batch),
+    the KL coefficient and the prompt source (a partial group in its buffer, a row pending), which hands out the
+    same groups next."""
+    position = _numbers_position()
+    source = PromptSource(position.batches, n=2, config=None)
+    taken = source.get_groups(5, step=1)  # the first batch's 3 rows and 2 of the second's: 1 row pending
+    for sample in taken[4]:
+        sample.append([7, 8], None, version=2)
+    source.add_groups([taken[4]])
+    saved = ControllerState(global_step=5, data_position=position.state_dict(), kl_coef_in_reward=0.0437,
+                            prompt_source=source.state_dict())
+    actor, critic = _InProcessGroup(), _InProcessGroup()
+    root = tmp_path / "run"
+    path = checkpointing.save_checkpoint(_config(root, critic_warmup=2), CheckpointedWorkers(actor, critic), saved)
+    assert path == str(root / "global_step_5")
+    assert sorted(os.listdir(path)) == ["actor", "batch_layout.json", "checkpoint_complete.json", "critic", "data.pt"]
+
+    fresh_actor, fresh_critic = _InProcessGroup(), _InProcessGroup()
+    assert not torch.equal(fresh_actor.model.weight, actor.model.weight)
+    restored = checkpointing.load_checkpoint(_config(root, critic_warmup=2),
+                                             CheckpointedWorkers(fresh_actor, fresh_critic))
+    assert torch.equal(fresh_actor.model.weight, actor.model.weight)
+    assert torch.equal(fresh_critic.model.weight, critic.model.weight)
+    assert fresh_actor.loaded_versions == [3] and fresh_critic.loaded_versions == [None]
+    assert restored.global_step == 5
+    assert restored.kl_coef_in_reward == 0.0437
+    assert restored.data_position.keys() == saved.data_position.keys()
+    assert (restored.data_position["epoch"], restored.data_position["batches_done"]) == (0, 2)
+    assert torch.equal(restored.data_position["epoch_start_generator_state"],
+                       saved.data_position["epoch_start_generator_state"])
+    assert restored.prompt_source == saved.prompt_source
+    assert restored.prompt_source["buffer"][0][0]["response_ids"] == [7, 8]
+    assert [row["extra_info"]["index"] for row in restored.prompt_source["pending_rows"]] == \
+        [row["extra_info"]["index"] for row in source.pending_rows]
+
+    resumed_position = _numbers_position()
+    resumed_position.load_state_dict(restored.data_position)
+    resumed = PromptSource(resumed_position.batches, n=2, config=None)
+    resumed.load_state_dict(restored.prompt_source)
+    expected = source.get_groups(5, step=2)
+    groups = resumed.get_groups(5, step=2)
+    assert [group[0].to_dict() for group in groups] == [group[0].to_dict() for group in expected]
+
+
+def test_a_run_without_the_data_flow_saves_and_gets_back_no_prompt_source(tmp_path):
+    """None saves nothing under "prompt_source" in data.pt (as runs without the data flow always wrote it)."""
+    group = _InProcessGroup()
+    state = ControllerState(global_step=1, data_position={"epoch": 0, "batches_done": 1,
+                                                          "epoch_start_generator_state": None})
+    path = checkpointing.save_checkpoint(_config(tmp_path), CheckpointedWorkers(group), state)
+    assert load_file(os.path.join(path, "data.pt")) == {"global_step": 1, "dataloader": state.data_position,
+                                                        "kl_ctrl_in_reward_value": None}
+    assert checkpointing.load_checkpoint(_config(tmp_path), CheckpointedWorkers(_InProcessGroup())) == state
 
 
 # ---- trusted loading ----

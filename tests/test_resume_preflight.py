@@ -70,15 +70,18 @@ def test_tokenizer_without_a_chat_template_is_named_unless_one_is_configured(inp
 
 # ---- the checkpoint to resume from ----
 
-def write_checkpoint(root, step: int, model_dir: str, config, truncate=None) -> str:
-    """A checkpoint as a run writes it: the actor's DCP shards and HF config, data.pt, batch_layout.json."""
+def write_checkpoint(root, step: int, model_dir: str, config, **data_state) -> str:
+    """A checkpoint as a run writes it: the actor's DCP shards and HF config, data.pt (the controller's state of a run
+    without in-reward KL or data flow, with `data_state`'s keys added or replaced), batch_layout.json."""
     model = torch.nn.Linear(4, 3)
     with atomic_checkpoint_dir(str(root), step) as tmp_dir:
         actor = os.path.join(tmp_dir, "actor")
         dcp.save(model.state_dict(), checkpoint_id=os.path.join(actor, "model"), no_dist=True)
         save_hf_config_and_tokenizer(actor, AutoConfig.from_pretrained(model_dir),
                                      AutoTokenizer.from_pretrained(model_dir))
-        torch.save({"global_step": step}, os.path.join(tmp_dir, "data.pt"))
+        position = {"epoch": 0, "batches_done": step, "epoch_start_generator_state": None}
+        torch.save({"global_step": step, "dataloader": position, "kl_ctrl_in_reward_value": None, **data_state},
+                   os.path.join(tmp_dir, "data.pt"))
         with open(os.path.join(tmp_dir, LAYOUT_FILE), "w") as f:
             json.dump(batch_layout(config), f)
     return os.path.join(str(root), f"global_step_{step}")
@@ -143,3 +146,63 @@ def test_resume_with_another_train_batch_size_is_refused_unless_accepted(inputs,
         f"the data resumes at batch (not row) position, and the saved optimizer state continues under the new sizes"])
     assert checked(inputs, tmp_path, "data.train_batch_size=16", "actor_rollout_ref.rollout.n=4",
                    "actor_rollout_ref.actor.ppo_mini_batch_size=4") == ([], [])
+
+
+def test_a_checkpoint_of_the_earlier_format_is_refused_naming_its_data_file(inputs, tmp_path, run_dir):
+    """Until 2026-12-01 an asynchronous run listed its prompts in flight in data.pt under "in_flight"; that reader is
+    gone, so such a checkpoint is refused before the run starts, naming the file (not resumed without them)."""
+    earlier = {"prompts": [{"tensors": {"input_ids": torch.tensor([[0, 5, 6]])},
+                            "columns": {"extra_info": [{"index": 3}]}}]}
+    step_dir = write_checkpoint(run_dir, 2, inputs["model"], config_for(inputs, tmp_path), in_flight=earlier)
+    assert checked(inputs, tmp_path)[0] == [
+        f"trainer.resume_mode: expected data.pt of the current format (the work in flight in its prompt source), got "
+        f"'{step_dir}/data.pt' of the earlier format (its in-flight prompts listed under 'in_flight', written until "
+        f"2026-12-01), which this hybridrl no longer reads; set trainer.resume_mode=disable to start fresh, or delete "
+        f"{step_dir} to resume from the one before"]
+    assert checked(inputs, tmp_path, "trainer.resume_mode=disable") == ([], [])
+
+
+def test_controller_state_this_run_cannot_take_back_is_refused(inputs, tmp_path, run_dir):
+    """data.pt against what the run restores: the in-reward KL coefficient, the prompt source of a synchronous run
+    with the data flow, and no work in flight for a run without the data flow; a data.pt without its keys."""
+    config = config_for(inputs, tmp_path)
+    avoid = "set trainer.resume_mode=disable to start fresh, or delete {} to resume from the one before"
+    step_dir = write_checkpoint(run_dir, 2, inputs["model"], config)
+    data_state = f"'{step_dir}/data.pt'"
+    assert checked(inputs, tmp_path, "algorithm.use_kl_in_reward=true")[0] == [
+        f"trainer.resume_mode: expected the in-reward KL coefficient algorithm.use_kl_in_reward=true resumes, got "
+        f"{data_state} without one (saved by a run without it); {avoid.format(step_dir)}"]
+    data_flow = ["data_flow.enable=true", "data.return_raw_chat=true"]
+    assert checked(inputs, tmp_path, *data_flow)[0] == [
+        f"trainer.resume_mode: expected the prompt source (sample buffer) that data_flow.enable=true resumes, got "
+        f"{data_state} without one (saved by a run without the data flow: its batches would not resume exactly); "
+        f"{avoid.format(step_dir)}"]
+
+    source = {"buffer": [], "pending_rows": [{"extra_info": {"index": 5}}], "next_group_index": 4,
+              "next_sample_index": 8}
+    step_dir = write_checkpoint(run_dir, 3, inputs["model"], config, kl_ctrl_in_reward_value=0.05,
+                                prompt_source=source)
+    assert checked(inputs, tmp_path, "algorithm.use_kl_in_reward=true", *data_flow) == ([], [])
+    assert checked(inputs, tmp_path)[0] == [
+        f"trainer.resume_mode: expected no work in flight in a checkpoint resumed without the data flow, got "
+        f"'{step_dir}/data.pt' holding groups or prompt rows in its prompt source, which this run would drop; resume "
+        f"it with the data flow (data_flow.enable, algorithm.filter_groups.enable or async_training.mode as it was "
+        f"saved); {avoid.format(step_dir)}"]
+    step_dir = write_checkpoint(run_dir, 4, inputs["model"], config, prompt_source={**source, "pending_rows": []})
+    assert checked(inputs, tmp_path) == ([], [])  # a prompt source holding nothing loses nothing
+
+    os.remove(os.path.join(step_dir, "data.pt"))
+    torch.save({"global_step": 4}, os.path.join(step_dir, "data.pt"))
+    assert checked(inputs, tmp_path)[0] == [
+        f"trainer.resume_mode: expected '{step_dir}/data.pt' to hold ['global_step', 'dataloader', "
+        f"'kl_ctrl_in_reward_value'], got it without ['dataloader', 'kl_ctrl_in_reward_value']; "
+        f"{avoid.format(step_dir)}"]
+
+
+def test_a_run_with_a_critic_refuses_a_checkpoint_without_one(inputs, tmp_path, run_dir):
+    """Before: FileNotFoundError from the controller after the workers had started and loaded the actor."""
+    step_dir = write_checkpoint(run_dir, 2, inputs["model"], config_for(inputs, tmp_path))
+    assert checked(inputs, tmp_path, "critic.enable=true")[0] == [
+        f"trainer.resume_mode: expected '{step_dir}/critic', the critic's shards (this run trains a critic), got no "
+        f"such directory (pruned by trainer.max_critic_ckpt_to_keep, or saved by a run without a critic); set "
+        f"trainer.resume_mode=disable to start fresh, or delete {step_dir} to resume from the one before"]

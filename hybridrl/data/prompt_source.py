@@ -66,12 +66,6 @@ class PromptSource:
                                  f"indices {sorted({s.group_index for s in group})}")
         self.buffer = [*groups, *self.buffer] if first else [*self.buffer, *groups]
 
-    def add_rows(self, batches: list[dict[str, Any]]) -> None:
-        """Collated batches (tensors and per-row columns) whose rows are handed out, as fresh groups, before the
-        rows pending and the data: prompts taken from the data and not trained, from a checkpoint of an earlier
-        format (trainer/ppo/checkpointing.restore_async_prompt_source)."""
-        self.pending_rows = [row for batch in batches for row in _rows(batch)] + self.pending_rows
-
     def _from_buffer(self, num_groups: int, step: int) -> list[list[Sample]]:
         if not self.buffer or num_groups == 0:
             return []

@@ -7,7 +7,7 @@ Layout under the checkpoint root (``trainer.default_local_dir``), the same as ve
       latest_checkpointed_iteration.txt     # "N": the step to resume from, written LAST
       global_step_N/
         checkpoint_complete.json            # written just before the rename: the role dirs it was published with
-        data.pt                             # dataloader state (written by the trainer)
+        data.pt                             # the controller's state (trainer/ppo/checkpointing.py)
         actor/                              # save_sharded_model_state + save_hf_config_and_tokenizer
           checkpoint_meta.json              # world size and contents of the save
           model/  optimizer/                # torch.distributed.checkpoint (DCP) directories, one shard file per rank

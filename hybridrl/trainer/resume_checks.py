@@ -4,14 +4,22 @@ truncated shard with two torch tracebacks ending in a bare EOFError, neither nam
 
   the model     each role's huggingface/config.json (saved with the shards) against the model the run loads:
                 the keys that fix the weights' shapes (ARCHITECTURE_KEYS) must agree; refused otherwise;
+  the roles     each model this run trains (the actor; the critic when critic.enable) has its directory there;
   the files     every shard file the torch.distributed.checkpoint metadata lists is as long as the metadata says,
                 and every torch file (data.pt, extra/rank_R.pt) is a complete zip archive; refused otherwise;
+  data.pt       the controller's state (trainer/ppo/checkpointing.py) is of the current format (the earlier one,
+                written until 2026-12-01, listed an asynchronous run's prompts in flight under "in_flight" and is not
+                read any more) and holds what this run takes back: the in-reward KL coefficient when
+                algorithm.use_kl_in_reward=true; the prompt source when a synchronous run has the data flow (an
+                asynchronous schedule starts an empty one at the data's position); and no work in flight when the
+                run has no data flow, which would drop it;
   the layout    batch_layout.json (trainer/ppo/checkpointing.py writes it) against this run's: a different
                 data.train_batch_size resumes the data at another row (the position is counted in batches), a
                 different rollout.n or ppo_mini_batch_size trains another recipe from the saved optimizer state.
                 Refused, unless trainer.resume_accept_layout_change=true, which states the difference as a warning.
 Every line names the step directory and how to avoid it: trainer.resume_mode=disable, or delete the step directory.
-Only headers and metadata are read (DCP's .metadata is unpickled by torch, as the load will).
+Of the shards only headers and metadata are read (DCP's .metadata is unpickled by torch, as the load will); data.pt (the
+controller's state, no weights) is read whole with torch.load(weights_only=True), as the load reads it.
 """
 from __future__ import annotations
 
@@ -20,6 +28,8 @@ import os
 import zipfile
 
 from hybridrl.config.schema import PPOConfig
+from hybridrl.data.config_checks import data_flow_switch
+from hybridrl.utils.checkpoint_io import load_file
 
 # config.json keys that decide the shapes of the weights a checkpoint holds.
 ARCHITECTURE_KEYS = ("model_type", "architectures", "vocab_size", "hidden_size", "num_hidden_layers",
@@ -63,12 +73,19 @@ def checkpoint_problems(config: PPOConfig, step_dir: str) -> list[str]:
     problems = []
     for role, model_path in _roles(config).items():
         role_dir = os.path.join(step_dir, role)
+        if not os.path.isdir(role_dir):
+            problems.append(f"{_key(config)}: expected {role_dir!r}, the {role}'s shards (this run trains a {role}), "
+                            f"got no such directory (pruned by trainer.max_{role}_ckpt_to_keep, or saved by a run "
+                            f"without a {role}); {avoid}")
+            continue
         problems += [f"{_key(config)}: {problem}; {avoid}" for problem in _model_mismatch(role_dir, model_path)]
         problems += [f"{_key(config)}: {problem}; {avoid}" for problem in _incomplete_files(role_dir)]
     data_state = os.path.join(step_dir, "data.pt")
     if os.path.isfile(data_state) and not _complete_torch_file(data_state):
         problems.append(f"{_key(config)}: expected a complete checkpoint, got {data_state!r} cut short (not a "
                         f"complete torch file); {avoid}")
+    elif os.path.isfile(data_state):
+        problems += [f"{_key(config)}: {problem}; {avoid}" for problem in _data_state_mismatch(config, data_state)]
     changed = layout_changes(config, step_dir)
     if changed and not config.trainer.resume_accept_layout_change:
         problems.append(f"{_key(config)}: expected the batch layout {step_dir!r} was saved with, got {changed}; "
@@ -164,6 +181,51 @@ def _short_shards(shard_dir: str) -> list[str]:
             problems.append(f"expected a complete checkpoint, got {path!r} {got} where its metadata needs {size} "
                             f"bytes (cut short)")
     return problems
+
+
+def _data_state_mismatch(config: PPOConfig, data_state: str) -> list[str]:
+    """What in data.pt this run cannot take back (see the module docstring)."""
+    saved, problem = _current_data_state(data_state)
+    if problem is not None:
+        return [problem]
+    problems = []
+    if config.algorithm.use_kl_in_reward and saved["kl_ctrl_in_reward_value"] is None:
+        problems.append(f"expected the in-reward KL coefficient algorithm.use_kl_in_reward=true resumes, got "
+                        f"{data_state!r} without one (saved by a run without it)")
+    schedule = config.async_training.mode
+    data_flow = data_flow_switch(config.data_flow.enable, config.algorithm.filter_groups.enable, schedule)
+    held = saved.get("prompt_source") or {}
+    if data_flow is None and (held.get("buffer") or held.get("pending_rows")):
+        problems.append(f"expected no work in flight in a checkpoint resumed without the data flow, got "
+                        f"{data_state!r} holding groups or prompt rows in its prompt source, which this run would "
+                        f"drop; resume it with the data flow (data_flow.enable, algorithm.filter_groups.enable or "
+                        f"async_training.mode as it was saved)")
+    # (an asynchronous schedule resumes a checkpoint without one with an empty source at the data's position)
+    if data_flow is not None and schedule == "sync" and "prompt_source" not in saved:
+        problems.append(f"expected the prompt source (sample buffer) that {data_flow} resumes, got {data_state!r} "
+                        f"without one (saved by a run without the data flow: its batches would not resume exactly)")
+    return problems
+
+
+def _current_data_state(data_state: str) -> tuple[dict | None, str | None]:
+    """(data.pt's dict, None), or (None, why it is not data.pt as this hybridrl writes it)."""
+    from hybridrl.trainer.ppo.checkpointing import DATA_STATE_KEYS
+
+    try:
+        saved = load_file(data_state)
+    except ValueError as err:  # a pickle that asks for code: named by load_file
+        return None, str(err)
+    if not isinstance(saved, dict):
+        return None, (f"expected {data_state!r} to hold a dict with the keys {list(DATA_STATE_KEYS)}, got a "
+                      f"{type(saved).__name__}")
+    if "in_flight" in saved:
+        return None, (f"expected data.pt of the current format (the work in flight in its prompt source), got "
+                      f"{data_state!r} of the earlier format (its in-flight prompts listed under 'in_flight', "
+                      f"written until 2026-12-01), which this hybridrl no longer reads")
+    missing = [key for key in DATA_STATE_KEYS if key not in saved]
+    if missing:
+        return None, f"expected {data_state!r} to hold {list(DATA_STATE_KEYS)}, got it without {missing}"
+    return saved, None
 
 
 def _complete_torch_file(path: str) -> bool:

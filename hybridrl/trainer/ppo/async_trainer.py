@@ -36,15 +36,14 @@ Checkpoints: the work in flight is saved in one place, the prompt source's buffe
 (`return_in_flight`) one_step_off waits for the groups generated ahead and puts them first in the buffer (the step
 after the checkpoint, or the resumed run, trains them first and generates nothing ahead); fully_async puts back
 everything the stream holds (kept groups first, then those in flight: aborted with their tokens under partial
-rollout, else reset). A checkpoint written before the data flow was these schedules' one path lists its prompts in
-flight instead: they resume as the prompt source's first rows (checkpointing.restore_async_prompt_source).
+rollout, else reset). A checkpoint of the earlier format, which listed its prompts in flight in data.pt, is refused
+before the run starts (trainer/resume_checks.py).
 """
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.ppo import checkpointing
 from hybridrl.trainer.ppo.disaggregated import DisaggregatedPPOTrainer
 from hybridrl.trainer.ppo.group_stream import GroupStream
 from hybridrl.trainer.ppo.metric_utils import timer
@@ -73,15 +72,7 @@ def staleness_metrics(batch: DataProto, policy_version: int) -> dict[str, float]
             "async_training/staleness/max": stale.max().item()}
 
 
-class AsyncScheduleTrainer(DisaggregatedPPOTrainer):
-    """What both asynchronous schedules share: the data flow is always on (group_rollout.data_flow_enabled), and a
-    checkpoint of either format resumes."""
-
-    def restore_prompt_source(self, state: dict, where: str) -> None:
-        checkpointing.restore_async_prompt_source(self.prompt_source, state, where)
-
-
-class OneStepOffPolicyTrainer(AsyncScheduleTrainer):
+class OneStepOffPolicyTrainer(DisaggregatedPPOTrainer):
     """Generation of step k+1 overlaps the learning of step k (see the module docstring)."""
 
     def __init__(self, config, run_control=None):
@@ -151,7 +142,7 @@ class OneStepOffPolicyTrainer(AsyncScheduleTrainer):
         super().shutdown()
 
 
-class FullyAsyncTrainer(AsyncScheduleTrainer):
+class FullyAsyncTrainer(DisaggregatedPPOTrainer):
     """Continuous generation of groups through the data flow's stream, a staleness bound per group (see the module
     docstring)."""
 

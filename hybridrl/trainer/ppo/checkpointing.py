@@ -9,6 +9,12 @@ A checkpoint is ``{trainer.default_local_dir}/global_step_N/`` (layout and atomi
                data_flow (and so in every asynchronous run), the prompt source: its buffer of Sample records with
                their partial tokens, which holds all the work in flight at the save, and its pending rows
 
+What goes in and comes out is explicit, never the trainer: ``save_checkpoint(config, workers, state)`` has the
+worker groups (``CheckpointedWorkers``) write their shards and writes the controller's ``ControllerState`` (step,
+data position, KL coefficient, prompt source with the work in flight returned to it) as data.pt;
+``load_checkpoint(config, workers)`` has the workers load their shards and returns that ``ControllerState`` for the
+trainer to take back. Whether a checkpoint suits the run is checked before the workers start (resume_checks.py).
+
 Exact resume needs the controller to replay the same batches: a seeded sampler draws one permutation per epoch
 from its generator, so ``TrainDataPosition`` remembers the generator's state at the start of the current epoch and
 how many of the epoch's batches were trained on. On resume the generator is set back to that state and those
@@ -24,6 +30,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -94,37 +102,61 @@ def _sampler_generator(dataloader) -> torch.Generator | None:
     return getattr(sampler, "generator", None)
 
 
+@dataclass
+class ControllerState:
+    """What lives on the controller and changes during training; a checkpoint saves it next to the workers' shards
+    (data.pt) and a resume returns it. The schedule puts the work it holds in flight back into the prompt source
+    before its state is taken, so the prompt source's state holds it."""
+    global_step: int
+    data_position: dict  # TrainDataPosition.state_dict()
+    kl_coef_in_reward: float | None = None  # None: the run has no in-reward KL controller
+    prompt_source: dict | None = None  # PromptSource.state_dict(); None: the run has no data flow
+
+
+@dataclass
+class CheckpointedWorkers:
+    """The worker groups that save and load their own shards: the actor's, and the critic's when the run has one."""
+    actor: Any
+    critic: Any | None = None
+
+
+# The keys data.pt holds, in every checkpoint; "prompt_source" too in a run with the data flow (read by
+# trainer/resume_checks.py before the workers start).
+DATA_STATE_KEYS = ("global_step", "dataloader", "kl_ctrl_in_reward_value")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Save
 # ----------------------------------------------------------------------------------------------------------------
 
-def should_save(trainer, is_last_step: bool) -> bool:
-    """Every ``save_freq`` steps and at the last step, when ``save_freq > 0``."""
-    save_freq = trainer.config.trainer.save_freq
-    return save_freq > 0 and (is_last_step or trainer.global_steps % save_freq == 0)
+def should_save(save_freq: int, global_step: int, is_last_step: bool) -> bool:
+    """Every ``trainer.save_freq`` steps and at the last step, when ``save_freq > 0``."""
+    return save_freq > 0 and (is_last_step or global_step % save_freq == 0)
 
 
-def save_checkpoint(trainer) -> str:
-    """Save ``global_step_{trainer.global_steps}`` atomically, then prune old ones per role; returns its path.
+def save_checkpoint(config, workers: CheckpointedWorkers, state: ControllerState) -> str:
+    """Save ``global_step_{state.global_step}`` under ``trainer.default_local_dir`` atomically, then prune old ones
+    per role; returns its path.
 
     Old checkpoints are pruned only after the new one is published, so a kill at any point leaves a loadable one.
     The workers get absolute paths: their working directory need not be the controller's. A failed save raises
     CheckpointSaveError naming the checkpoint and the OS error under the failure (a full disk: errno.ENOSPC).
     """
-    root = os.path.abspath(trainer.config.trainer.default_local_dir)
-    with save_failures_named(root, f"checkpoint {step_dir_name(trainer.global_steps)} was not saved in {root} (the "
-                                   f"newest complete checkpoint there is still the one a rerun resumes from)"):
-        with atomic_checkpoint_dir(root, trainer.global_steps) as tmp_dir:
-            trainer.actor_rollout_wg.save_checkpoint(os.path.join(tmp_dir, "actor"))
-            if trainer.use_critic:
-                trainer.critic_wg.save_checkpoint(os.path.join(tmp_dir, "critic"))
-            save_data_state(os.path.join(tmp_dir, DATA_STATE_FILE), controller_state(trainer))
+    root = os.path.abspath(config.trainer.default_local_dir)
+    step = state.global_step
+    with save_failures_named(root, f"checkpoint {step_dir_name(step)} was not saved in {root} (the newest complete "
+                                   f"checkpoint there is still the one a rerun resumes from)"):
+        with atomic_checkpoint_dir(root, step) as tmp_dir:
+            workers.actor.save_checkpoint(os.path.join(tmp_dir, "actor"))
+            if workers.critic is not None:
+                workers.critic.save_checkpoint(os.path.join(tmp_dir, "critic"))
+            save_data_state(os.path.join(tmp_dir, DATA_STATE_FILE), _data_state_file(state))
             with open(os.path.join(tmp_dir, LAYOUT_FILE), "w") as f:
-                json.dump(batch_layout(trainer.config), f)
-    prune_checkpoints(root, trainer.config.trainer.max_actor_ckpt_to_keep, subdir="actor")
-    if trainer.use_critic:
-        prune_checkpoints(root, trainer.config.trainer.max_critic_ckpt_to_keep, subdir="critic")
-    return os.path.join(root, step_dir_name(trainer.global_steps))
+                json.dump(batch_layout(config), f)
+    prune_checkpoints(root, config.trainer.max_actor_ckpt_to_keep, subdir="actor")
+    if workers.critic is not None:
+        prune_checkpoints(root, config.trainer.max_critic_ckpt_to_keep, subdir="critic")
+    return os.path.join(root, step_dir_name(step))
 
 
 def has_checkpoint(default_local_dir: str, step: int) -> bool:
@@ -133,21 +165,17 @@ def has_checkpoint(default_local_dir: str, step: int) -> bool:
     return os.path.isfile(path)
 
 
-def controller_state(trainer) -> dict:
-    """What lives on the controller and changes during training (the workers save everything else). What an
-    asynchronous schedule holds in flight goes back into the prompt source's buffer first (return_in_flight)."""
-    kl_ctrl = trainer.kl_ctrl_in_reward
-    state = {"global_step": trainer.global_steps, "dataloader": trainer.train_data_position.state_dict(),
-             "kl_ctrl_in_reward_value": None if kl_ctrl is None else kl_ctrl.value}
-    trainer.return_in_flight()
-    if trainer.prompt_source is not None:
-        state["prompt_source"] = trainer.prompt_source.state_dict()
-    return state
-
-
 def save_data_state(path: str, state: dict) -> None:
     """Write data.pt (a module-level function so a test can slow it down to kill a save midway)."""
     save_file(state, path)
+
+
+def _data_state_file(state: ControllerState) -> dict:
+    saved = {"global_step": state.global_step, "dataloader": state.data_position,
+             "kl_ctrl_in_reward_value": state.kl_coef_in_reward}
+    if state.prompt_source is not None:
+        saved["prompt_source"] = state.prompt_source
+    return saved
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -171,81 +199,35 @@ def checkpoint_to_resume(trainer_config) -> str | None:
     raise ValueError(f"trainer.resume_mode must be auto, disable or resume_path, got {mode!r}")
 
 
-def load_checkpoint(trainer) -> int:
-    """Restore workers and controller from the checkpoint ``resume_mode`` picks; returns the step to continue after.
+def load_checkpoint(config, workers: CheckpointedWorkers) -> ControllerState | None:
+    """Load the workers' shards from the checkpoint ``trainer.resume_mode`` picks and return the controller's state
+    saved with them, for the controller to take back; None (and nothing loaded) when there is nothing to resume from.
 
-    Returns 0 (and changes nothing) when there is nothing to resume from.
+    Whether the checkpoint suits this run (its model, complete files, batch layout, the roles and controller state
+    this run restores) was checked before the workers started (trainer/resume_checks.py).
     """
-    path = checkpoint_to_resume(trainer.config.trainer)
+    path = checkpoint_to_resume(config.trainer)
     if path is None:
-        print(f"checkpointing: nothing to resume from (trainer.resume_mode={trainer.config.trainer.resume_mode}): "
+        print(f"checkpointing: nothing to resume from (trainer.resume_mode={config.trainer.resume_mode}): "
               "training from scratch")
-        return 0
-    actor_dir, critic_dir = os.path.join(path, "actor"), os.path.join(path, "critic")
-    _require_dir(actor_dir, "the actor's shards")
-    state = load_file(os.path.join(path, DATA_STATE_FILE))
-    trainer.actor_rollout_wg.load_checkpoint(
-        actor_dir, weights_version_after(state["global_step"], trainer.config.trainer.critic_warmup))
-    if trainer.use_critic:
-        _require_dir(critic_dir, "the critic's shards (this run has a critic)")
-        trainer.critic_wg.load_checkpoint(critic_dir)
-    trainer.train_data_position.load_state_dict(state["dataloader"])
-    if trainer.kl_ctrl_in_reward is not None:
-        if state["kl_ctrl_in_reward_value"] is None:
-            raise ValueError(f"{path}/{DATA_STATE_FILE} has no in-reward KL coefficient, but this run uses "
-                             "algorithm.use_kl_in_reward=true: the checkpoint comes from a run without it")
-        trainer.kl_ctrl_in_reward.value = state["kl_ctrl_in_reward_value"]
-    trainer.restore_prompt_source(state, f"{path}/{DATA_STATE_FILE}")
-    print(f"checkpointing: resumed from {path} (global step {state['global_step']})")
-    return state["global_step"]
+        return None
+    state = _read_data_state(os.path.join(path, DATA_STATE_FILE))
+    workers.actor.load_checkpoint(os.path.join(path, "actor"),
+                                  weights_version_after(state.global_step, config.trainer.critic_warmup))
+    if workers.critic is not None:
+        workers.critic.load_checkpoint(os.path.join(path, "critic"))
+    print(f"checkpointing: resumed from {path} (global step {state.global_step})")
+    return state
 
 
-def restore_prompt_source(source, state: dict, where: str) -> None:
-    """The prompt source of data.pt's `state` (`where`: its path) when it has one. A checkpoint holding work in
-    flight (an asynchronous run's, listed under "in_flight" in the earlier format, or groups and rows its prompt
-    source held) is refused by a run without the data flow: a synchronous step trains every prompt it takes, so
-    they would be lost."""
-    held = state.get("prompt_source") or {}
-    if state.get("in_flight") or (source is None and (held.get("buffer") or held.get("pending_rows"))):
-        raise ValueError(f"{where} holds the in-flight prompts of an asynchronous run (async_training.mode "
-                         "one_step_off / fully_async) or of the data flow; resume it in that mode, or they would be "
-                         "lost")
-    if source is None:
-        return
-    if "prompt_source" not in state:
-        raise ValueError(f"{where} has no prompt source (sample buffer), but this run uses data_flow: the checkpoint "
-                         "comes from a run without it, and its batches would not resume exactly")
-    source.load_state_dict(state["prompt_source"])
-
-
-def restore_async_prompt_source(source, state: dict, where: str) -> None:
-    """An asynchronous schedule's prompt source from data.pt's `state` (`where`: its path). A checkpoint from before
-    the data flow was the schedules' one path has no prompt source and lists, under "in_flight", the prompts taken
-    from the data and not trained yet ({"prompts": [{"tensors": {...}, "columns": {...}}, ...]}, one entry per batch
-    or group): they become the source's first rows, fresh groups generated before the data continues where it
-    stopped, so the resumed run trains every prompt the uninterrupted one would have. Without either (a synchronous
-    run without the data flow trained all it took) the source starts empty at the data's position."""
-    if "prompt_source" in state:
-        source.load_state_dict(state["prompt_source"])
-    in_flight = state.get("in_flight")
-    if not in_flight:
-        return
-    prompts = in_flight.get("prompts") if isinstance(in_flight, dict) else None
-    if not isinstance(prompts, list) or not all(isinstance(plain, dict) and isinstance(plain.get("tensors"), dict)
-                                                and isinstance(plain.get("columns"), dict) for plain in prompts):
-        raise ValueError(f"{where}: expected its in_flight entry as an earlier hybridrl wrote it, {{'prompts': "
-                         f"[{{'tensors': {{...}}, 'columns': {{...}}}}, ...]}}, got {in_flight!r:.200}; resume from "
-                         f"another checkpoint or start fresh (trainer.resume_mode=disable)")
-    source.add_rows([{**plain["tensors"], **plain["columns"]} for plain in prompts])
+def _read_data_state(path: str) -> ControllerState:
+    """The controller's state data.pt holds (read without unpickling code: utils/checkpoint_io.load_file)."""
+    saved = load_file(path)
+    return ControllerState(global_step=saved["global_step"], data_position=saved["dataloader"],
+                           kl_coef_in_reward=saved["kl_ctrl_in_reward_value"], prompt_source=saved.get("prompt_source"))
 
 
 def weights_version_after(global_step: int, critic_warmup: int) -> int:
     """The policy version of the actor's weights after `global_step` steps: the steps whose update produced them.
     The actor is updated on every step after the first trainer.critic_warmup (RayPPOTrainer.learn_step)."""
     return max(0, global_step - critic_warmup)
-
-
-def _require_dir(path: str, holds: str) -> None:
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"{path} is missing: the checkpoint has no {holds}; was it pruned "
-                                "(trainer.max_*_ckpt_to_keep) or written by a different kind of run?")

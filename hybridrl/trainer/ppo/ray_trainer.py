@@ -262,7 +262,7 @@ class RayPPOTrainer:
                           local_dir=trainer.default_local_dir)
         self.tracking = logger
         self.reward_errors = {"train": 0, "val": 0}  # samples whose scorer failed, in this run's steps
-        self.global_steps = checkpointing.load_checkpoint(self)
+        self._resume()
         self._record_step()
 
         val_before = val_after = None
@@ -289,10 +289,10 @@ class RayPPOTrainer:
                 val_metrics = self._validate()
                 val_after = _val_score(val_metrics, trainer.summary_metric)
                 metrics.update(val_metrics)
-            if checkpointing.should_save(self, is_last):
+            if checkpointing.should_save(trainer.save_freq, self.global_steps, is_last):
                 save_timing: dict[str, float] = {}
                 with timer("save_checkpoint", save_timing):
-                    self.latest_checkpoint_dir = checkpointing.save_checkpoint(self)
+                    self._save_checkpoint()
                 metrics.update(compute_timing_metrics(save_timing))
             self._count_reward_errors(metrics)
             logger.log(metrics, step=self.global_steps)
@@ -317,9 +317,29 @@ class RayPPOTrainer:
         """Before a checkpoint: put the work in flight back into the prompt source's buffer, which the checkpoint
         saves. Nothing here (a synchronous step trains every prompt it takes); see async_trainer.py."""
 
-    def restore_prompt_source(self, state: dict, where: str) -> None:
-        """The prompt source (with the data flow) from a checkpoint's data.pt `state` (checkpointing.py)."""
-        checkpointing.restore_prompt_source(self.prompt_source, state, where)
+    def _save_checkpoint(self) -> None:
+        """This step's checkpoint (checkpointing.py), with the work in flight back in the prompt source first."""
+        self.return_in_flight()
+        kl_coef = None if self.kl_ctrl_in_reward is None else self.kl_ctrl_in_reward.value
+        prompt_source = None if self.prompt_source is None else self.prompt_source.state_dict()
+        state = checkpointing.ControllerState(self.global_steps, self.train_data_position.state_dict(), kl_coef,
+                                              prompt_source)
+        self.latest_checkpoint_dir = checkpointing.save_checkpoint(self.config, self._checkpointed_workers(), state)
+
+    def _resume(self) -> None:
+        """The workers load the checkpoint trainer.resume_mode picks, if any; the controller takes back its state."""
+        restored = checkpointing.load_checkpoint(self.config, self._checkpointed_workers())
+        if restored is None:
+            return
+        self.global_steps = restored.global_step
+        self.train_data_position.load_state_dict(restored.data_position)
+        if self.kl_ctrl_in_reward is not None:
+            self.kl_ctrl_in_reward.value = restored.kl_coef_in_reward
+        if self.prompt_source is not None and restored.prompt_source is not None:  # none: the source starts empty
+            self.prompt_source.load_state_dict(restored.prompt_source)
+
+    def _checkpointed_workers(self) -> checkpointing.CheckpointedWorkers:
+        return checkpointing.CheckpointedWorkers(self.actor_rollout_wg, self.critic_wg if self.use_critic else None)
 
     def _stop_requested(self) -> bool:
         return self.run_control is not None and ray.get(self.run_control.stop_requested.remote())
@@ -335,7 +355,7 @@ class RayPPOTrainer:
         if trainer.save_freq > 0 and self.global_steps > 0 \
                 and not checkpointing.has_checkpoint(trainer.default_local_dir, self.global_steps):
             print(f"stopping: saving a checkpoint of step {self.global_steps}", flush=True)
-            self.latest_checkpoint_dir = checkpointing.save_checkpoint(self)
+            self._save_checkpoint()
 
     def train_step(self, batch: DataProto | None) -> dict[str, float]:
         """One PPO/GRPO iteration on a batch of prompts (None with data_flow: the prompt source gives them); returns
