@@ -302,14 +302,6 @@ DAPO_REFUSED = {
         f"actor_rollout_ref.actor.ulysses_sequence_parallel_size: expected 1 {NOT_YET}, got 4",
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size=4":
         f"actor_rollout_ref.ref.ulysses_sequence_parallel_size: expected 1 {NOT_YET}, got 4",
-    "actor_rollout_ref.actor.entropy_checkpointing=True":
-        f"actor_rollout_ref.actor.entropy_checkpointing: expected False {NOT_YET}, got True",
-    "actor_rollout_ref.ref.entropy_checkpointing=True":
-        f"actor_rollout_ref.ref.entropy_checkpointing: expected False {NOT_YET}, got True",
-    "actor_rollout_ref.actor.entropy_from_logits_with_chunking=True":
-        f"actor_rollout_ref.actor.entropy_from_logits_with_chunking: expected False {NOT_YET}, got True",
-    "actor_rollout_ref.ref.entropy_from_logits_with_chunking=True":
-        f"actor_rollout_ref.ref.entropy_from_logits_with_chunking: expected False {NOT_YET}, got True",
 }
 
 CASES = {

@@ -31,7 +31,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.utils.distributed import device_name
 from hybridrl.models.fused_logprob import response_log_probs_fused
 from hybridrl.models.padding import response_log_probs_packed
-from hybridrl.algorithms.torch_functional import entropy_from_logits, logprobs_from_logits
+from hybridrl.algorithms.torch_functional import entropy_function, logprobs_from_logits
 from hybridrl.workers.out_of_memory import memory_remedies, training_memory_error
 from hybridrl.workers.ppo_update_loop import (MicroBatchLoss, PPOUpdateLoop, in_row_order, micro_batches_of,
                                               rows_per_rank, take_keys)
@@ -62,6 +62,9 @@ class DataParallelPPOActor:
         self.log_prob_max_token_len = log_prob_max_token_len
         self.use_remove_padding = use_remove_padding
         self.use_fused_kernels = use_fused_kernels
+        # verl's entropy memory keys; the fused kernels never hold the logits, so they need neither
+        self.entropy_from_logits = entropy_function(config.entropy_from_logits_with_chunking,
+                                                    config.entropy_checkpointing)
         # a frozen reference sizes its passes by actor_rollout_ref.ref.*, the actor's log-probs by .rollout.*
         self.log_prob_remedies = memory_remedies(
             "actor_rollout_ref." + ("rollout" if actor_optimizer is not None else "ref"), "actor_rollout_ref.model",
@@ -101,7 +104,8 @@ class DataParallelPPOActor:
                                             remove_padding=self.use_remove_padding)
         if self.use_remove_padding:  # packed: 0 (not arbitrary numbers) at response padding; both are masked
             inputs = [micro_batch[key].to(self.device) for key in FORWARD_KEYS]
-            return response_log_probs_packed(self.actor_module, *inputs, temperature, calculate_entropy, entropy_grad)
+            return response_log_probs_packed(self.actor_module, *inputs, temperature, calculate_entropy, entropy_grad,
+                                             self.entropy_from_logits)
         response_length = micro_batch["responses"].shape[1]
         output = self.actor_module(input_ids=micro_batch["input_ids"].to(self.device),
                                    attention_mask=padded_attention_mask(micro_batch["attention_mask"].to(self.device)),
@@ -111,9 +115,9 @@ class DataParallelPPOActor:
         if not calculate_entropy:
             return log_probs, None
         if entropy_grad:
-            return log_probs, entropy_from_logits(logits)
+            return log_probs, self.entropy_from_logits(logits)
         with torch.no_grad():
-            return log_probs, entropy_from_logits(logits.detach())
+            return log_probs, self.entropy_from_logits(logits.detach())
 
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False
                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
