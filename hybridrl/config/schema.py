@@ -314,7 +314,7 @@ class RefFSDPConfig(ConfigNode):
 class RefConfig(ConfigNode):
     strategy: Strategy
     fsdp_config: RefFSDPConfig
-    ulysses_sequence_parallel_size: int = positive()  # verl's key; only 1 (validation.NOT_IMPLEMENTED)
+    ulysses_sequence_parallel_size: int = positive()  # models/sequence_parallel.py
     entropy_checkpointing: bool                       # verl's key; the reference computes no entropy (as in verl)
     entropy_from_logits_with_chunking: bool           # verl's key; the reference computes no entropy (as in verl)
     log_prob_micro_batch_size_per_gpu: Optional[int] = positive()
