@@ -9,11 +9,12 @@ to a tiny model in seconds, logging without network) take CPU values. Keys we ac
 added but the reward, the run directory and the step count; not rollout.mode: the DAPO list turns on
 algorithm.filter_groups, whose data flow runs on the engine servers in hybridrl's default rollout.mode=sync as in
 verl's default async (data/config_checks.engine_servers_switch). No key is left out. The DAPO list's
-ulysses_sequence_parallel_size=4 needs a world of 4 (or 8, 16: its script's 16 NPUs) ranks; on the 2-core CI machine
-4 CPU ranks did not get through the start of the data flow's agent-loop workers within the test's 5 minutes (2026-12-06,
-ray_init.num_cpus=4), so the run keeps the 2 ranks of every list here and the sequence-parallel groups are 2 ranks
-(the size that world takes), with a tiny model whose 4 attention and 2 key/value heads that size splits;
-entropy_checkpointing and entropy_from_logits_with_chunking run as pasted.
+ulysses_sequence_parallel_size=4 needs a world of 4 (or 8, 16: its script's 16 NPUs) ranks; on the 2-core machine
+4 CPU ranks did not get through the start of the data flow's agent-loop workers within the test's 5 minutes
+(2026-12-06, ray_init.num_cpus=4, with a load average near 30 from other jobs: not a clean measurement), so the run
+keeps the 2 ranks of every list here and its sequence-parallel groups are 2 ranks (the size that world takes), with a
+tiny model whose 4 attention and 2 key/value heads that size splits; entropy_checkpointing and
+entropy_from_logits_with_chunking run as pasted.
 """
 from dataclasses import dataclass, field
 
