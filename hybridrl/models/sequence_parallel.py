@@ -33,10 +33,13 @@ from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 from hybridrl.algorithms.torch_functional import entropy_from_logits, logprobs_from_logits
-from hybridrl.models.attention import cu_seqlens_from_positions
+from hybridrl.models.attention import VARLEN, cu_seqlens_from_positions
 from hybridrl.models.padding import response_scoring_rows, unpad_input
 
 PREFIX = "ulysses_"
+# The kernels models/attention.py loads a model with: sdpa takes a dense mask of the whole row, the varlen ones its
+# sequence boundaries.
+KERNELS = ("sdpa", "flash_attention_2", VARLEN)
 
 
 class SequenceParallel(NamedTuple):
@@ -67,6 +70,9 @@ def use_ulysses_attention(model: nn.Module) -> None:
     kernel_name = model.config._attn_implementation
     if kernel_name.startswith(PREFIX):
         return
+    if kernel_name not in KERNELS:
+        raise ValueError(f"ulysses_sequence_parallel_size > 1: expected a model loaded with one of {KERNELS}, got "
+                         f"attn_implementation {kernel_name!r}")
     name = PREFIX + kernel_name
     AttentionInterface.register(name, functools.partial(ulysses_attention, kernel_name=kernel_name))
     # calls outside a sequence-parallel forward (generation with padding) get the kernel's own mask
@@ -88,8 +94,8 @@ def ulysses_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     kwargs.update(position_ids=sequence_parallel.position_ids, cu_seq_lens_q=sequence_parallel.cu_seqlens,
                   cu_seq_lens_k=sequence_parallel.cu_seqlens, max_length_q=sequence_parallel.max_seqlen,
                   max_length_k=sequence_parallel.max_seqlen)
-    # varlen kernels read the boundaries and want no mask; sdpa/eager get the block-diagonal causal mask
-    mask = None if "varlen" in kernel_name or "flash" in kernel_name else _packed_causal_mask(sequence_parallel)
+    # varlen kernels read the boundaries and want no mask; sdpa gets the block-diagonal causal mask
+    mask = _packed_causal_mask(sequence_parallel) if kernel_name == "sdpa" else None
     output, _ = kernel(module, query, key, value, mask, **kwargs)
     return _sequence_to_heads(output, group), None
 
