@@ -6,14 +6,13 @@ defaults; the source path and commit are named above each). Only two kinds of ch
 reason in PATHS or the case's `replaced`: the data, model and reward paths become the toy task's (tests/toy_task.py; a
 tiny random Qwen2), and keys a 2-core CPU machine cannot honour (engine, device counts, batch sizes and lengths shrunk
 to a tiny model in seconds, logging without network) take CPU values. Keys we accept are not dropped, and no key is
-added but the reward, the run directory and the step count; not rollout.mode: the DAPO list turns on
-algorithm.filter_groups, whose data flow runs on the engine servers in hybridrl's default rollout.mode=sync as in
-verl's default async (data/config_checks.engine_servers_switch). No key is left out. The DAPO list's
-ulysses_sequence_parallel_size=4 needs a world of 4 (or 8, 16: its script's 16 NPUs) ranks; on the 2-core machine
-4 CPU ranks did not get through the start of the data flow's agent-loop workers within the test's 5 minutes
-(2026-12-06, ray_init.num_cpus=4, with a load average near 30 from other jobs: not a clean measurement), so the run
-keeps the 2 ranks of every list here and its sequence-parallel groups are 2 ranks (the size that world takes), with a
-tiny model whose 4 attention and 2 key/value heads that size splits; entropy_checkpointing and
+added but the reward, the run directory, the step count and (DAPO) the local Ray's CPUs; not rollout.mode: the DAPO
+list turns on algorithm.filter_groups, whose data flow runs on the engine servers in hybridrl's default
+rollout.mode=sync as in verl's default async (data/config_checks.engine_servers_switch). No key is left out, and only
+DAPO's run differs in size: its ulysses_sequence_parallel_size=4 groups 4 ranks, so it runs on 4 CPU ranks (the local
+Ray's 4 logical CPUs, named by ray_init.num_cpus on a 2-core machine) with a tiny model whose 4 attention and 4
+key/value heads a group of 4 splits. Its run took 49 s (+7 s set-up) on the 2-core machine at a load average of 3-5,
+109 s at 13-15, and did not finish within the test's 5 minutes near 30 (2026-12-06). Its entropy_checkpointing and
 entropy_from_logits_with_chunking run as pasted.
 """
 from dataclasses import dataclass, field
@@ -290,7 +289,6 @@ PATHS = {
     "data.max_response_length": ("8", TINY),
     "data.train_batch_size": ("4", TINY),
 }
-SEQUENCE_PARALLEL_ON_2_RANKS = "groups as large as the 2 CPU ranks (4 needs 4 ranks: see the module docstring)"
 SMALLER_MINI_BATCH = {"actor_rollout_ref.actor.ppo_mini_batch_size": ("2", "within data.train_batch_size=4")}
 
 
@@ -307,11 +305,11 @@ CASES = {
         "data.gen_batch_size": ("6", TINY),
         "+reward_model.overlong_buffer.len": ("4", "within the response budget of 8"),
         "+reward_model.reward_kwargs.max_resp_len": ("8", "data.max_response_length's value, as in the list"),
-        "actor_rollout_ref.actor.ulysses_sequence_parallel_size": ("2", SEQUENCE_PARALLEL_ON_2_RANKS),
-        "actor_rollout_ref.ref.ulysses_sequence_parallel_size": ("2", SEQUENCE_PARALLEL_ON_2_RANKS),
+        "trainer.n_gpus_per_node": ("4", "4 CPU ranks: ulysses_sequence_parallel_size=4 groups 4 ranks"),
+        "ray_init.num_cpus": ("4", "the 4 ranks' CPUs on a 2-core machine (the tests' local Ray has 4 logical CPUs)"),
         "actor_rollout_ref.model.path": ("{model_4_heads}", "the toy task's tokenizer in a tiny random Qwen2 with 4 "
-                                         "attention and 2 key/value heads, which sequence-parallel groups of 2 "
-                                         "split (the toy model has 1 key/value head)"),
+                                         "attention and 4 key/value heads, which groups of 4 split (the toy model "
+                                         "has 2 and 1)"),
     }),
     "gspo": Case(GSPO, replaced=SMALLER_MINI_BATCH),
     "cispo": Case(CISPO, replaced=SMALLER_MINI_BATCH),
@@ -356,15 +354,16 @@ def toy_values(toy_task, tmp_path):
     reward = tmp_path / "dapo_reward.py"
     reward.write_text(REWARD_FILE)
     model_4_heads = build_tiny_model(str(tmp_path / "model_4_heads"), AutoTokenizer.from_pretrained(toy_task["model"]),
-                                     hidden_size=32, num_heads=4, num_kv_heads=2, intermediate_size=64)
+                                     hidden_size=32, num_heads=4, num_kv_heads=4, intermediate_size=64)
     return {**toy_task, "reward": str(reward), "run_dir": str(tmp_path / "run"), "model_4_heads": model_4_heads}
 
 
 def test_every_replacement_names_a_pasted_key_or_says_why_it_is_added():
     """A replacement table that drifted from its list (a key verl's list does not have, unless it is one every run
-    needs: the reward, run directory, step count) would hide a key the test never ran."""
+    needs: the reward, run directory, step count, or DAPO's 4 ranks need: the local Ray's CPUs) would hide a key the
+    test never ran."""
     added = {"custom_reward_function.path", "custom_reward_function.name", "trainer.default_local_dir",
-             "trainer.total_training_steps"}
+             "trainer.total_training_steps", "ray_init.num_cpus"}
     for name, case in CASES.items():
         keys = {key_of(override) for override in case.pasted}
         for key in {**PATHS, **case.replaced}:
@@ -405,7 +404,7 @@ def test_verl_override_list_trains_two_steps_in_the_default_mode(name, ray_local
         # verl's names and '+' keys took effect: groups per request, bucket size, the overlong penalty
         assert config.data_flow.over_sampling_batch_size == 6
         actor, ref = config.actor_rollout_ref.actor, config.actor_rollout_ref.ref
-        assert (actor.ulysses_sequence_parallel_size, ref.ulysses_sequence_parallel_size) == (2, 2)
+        assert (actor.ulysses_sequence_parallel_size, ref.ulysses_sequence_parallel_size) == (4, 4)
         assert actor.entropy_checkpointing and actor.entropy_from_logits_with_chunking
         assert config.actor_rollout_ref.rollout.update_weights_bucket_megabytes == 4096
         assert (config.reward_model.overlong_buffer.enable, config.reward_model.overlong_buffer.len,
