@@ -85,8 +85,17 @@ def masked(tensor, data):
     ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.model.use_remove_padding=true",
      "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean", "actor_rollout_ref.actor.entropy_coeff=0.01"],
     ["actor_rollout_ref.model.enable_gradient_checkpointing=true"],
-], ids=["dynamic_bsz", "remove_padding", "both_seq_mean_with_entropy", "gradient_checkpointing"])
+    ["actor_rollout_ref.actor.entropy_coeff=0.5", "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",
+     "actor_rollout_ref.actor.entropy_checkpointing=true"],
+    ["actor_rollout_ref.actor.entropy_coeff=0.5", "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",
+     "actor_rollout_ref.model.use_remove_padding=true"],
+    ["actor_rollout_ref.actor.entropy_coeff=0.5", "actor_rollout_ref.actor.entropy_checkpointing=true",
+     "actor_rollout_ref.model.use_remove_padding=true"],
+], ids=["dynamic_bsz", "remove_padding", "both_seq_mean_with_entropy", "gradient_checkpointing",
+        "entropy_chunking_and_checkpointing", "entropy_chunking_packed", "entropy_checkpointing_packed"])
 def test_actor_log_probs_gradients_and_update_equal_the_fixed_padded_path(model_dir, overrides):
+    """Each case against the plain padded path with the same loss (its loss_agg_mode and entropy_coeff): verl's
+    entropy keys change what autograd keeps, not the entropy term's gradient."""
     data = batch(200)
     base_overrides = [o for o in overrides if "loss_agg_mode" in o or "entropy_coeff" in o]
     plain = make_actor(model_dir, load_hf_model(model_dir), *base_overrides)

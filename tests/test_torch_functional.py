@@ -1,5 +1,8 @@
 """hybridrl.algorithms.torch_functional against float64 references written element by element."""
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -129,3 +132,93 @@ def test_entropy_from_logits_matches_reference(monkeypatch, chunk_elements):
 def test_entropy_literals_uniform_is_log_vocab_and_one_hot_is_zero():
     entropy = F.entropy_from_logits(torch.tensor([[0.0, 0.0, 0.0, 0.0], [1e4, 0.0, 0.0, 0.0]], dtype=torch.bfloat16))
     assert entropy.tolist() == pytest.approx([math.log(4), 0.0], abs=1e-6)
+
+
+def _entropy_and_gradient(entropy_fn, logits, weights):
+    """The entropy of `logits` and the gradient of sum(weights * entropy) with respect to them."""
+    leaf = logits.detach().clone().requires_grad_(True)
+    entropy = entropy_fn(leaf)
+    (entropy * weights).sum().backward()
+    return entropy.detach(), leaf.grad
+
+
+@pytest.mark.parametrize("chunk_size", [None, 1, 4])  # one chunk; one row a chunk; chunks of 4 rows and a last of 3
+def test_chunked_entropy_equals_the_unchunked_entropy_and_its_gradient(chunk_size):
+    """verl's entropy_from_logits_with_chunking: same numbers, forward and backward, as the one-pass formula in
+    float64 (dH/dz = p * (E_p[z] - z), by autograd of H = logsumexp(z) - sum(softmax(z) * z))."""
+    g = torch.Generator().manual_seed(5)
+    logits, weights = torch.randn(3, 5, 11, generator=g) * 3, torch.randn(3, 5, generator=g)
+    entropy, gradient = _entropy_and_gradient(lambda z: F.entropy_from_logits_with_chunking(z, chunk_size),
+                                              logits, weights)
+    expected, expected_gradient = _entropy_and_gradient(
+        lambda z: z.logsumexp(-1) - (torch.softmax(z, -1) * z).sum(-1), logits.double(), weights.double())
+    assert entropy.dtype == torch.float32 and gradient.dtype == torch.float32
+    assert torch.allclose(entropy.double(), expected, atol=1e-6)
+    assert torch.allclose(gradient.double(), expected_gradient, atol=1e-6)
+    assert expected_gradient.abs().max() > 0.1  # a gradient that is there to get wrong
+
+
+def _saved_for_backward(entropy_fn, logits):
+    """Shapes of the tensors the autograd graph of entropy_fn(logits) keeps for backward."""
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda tensor: saved.append(tuple(tensor.shape)) or tensor,
+                                                  lambda tensor: tensor):
+        entropy_fn(logits.clone().requires_grad_(True))
+    return saved
+
+
+@pytest.mark.parametrize("with_chunking", [False, True])
+def test_entropy_checkpointing_gives_the_same_gradient(with_chunking):
+    """verl's entropy_checkpointing: the graph between the logits and the entropy is recomputed in backward; the
+    gradient is the same, and so are the numbers without a gradient (nothing is checkpointed then)."""
+    g = torch.Generator().manual_seed(6)
+    logits, weights = torch.randn(4, 7, 13, generator=g) * 2, torch.randn(4, 7, generator=g)
+    plain = F.entropy_function(with_chunking=with_chunking, checkpointing=False)
+    checkpointed = F.entropy_function(with_chunking=with_chunking, checkpointing=True)
+    entropy, gradient = _entropy_and_gradient(plain, logits, weights)
+    checkpointed_entropy, checkpointed_gradient = _entropy_and_gradient(checkpointed, logits, weights)
+    assert torch.allclose(checkpointed_entropy, entropy, atol=1e-6)
+    assert torch.allclose(checkpointed_gradient, gradient, atol=1e-6)
+    assert gradient.abs().max() > 0.1
+    with torch.no_grad():
+        assert torch.allclose(checkpointed(logits), entropy, atol=1e-6)
+
+
+def test_only_the_plain_entropy_keeps_a_softmax_of_every_row_for_backward():
+    """What each setting's graph holds: the plain entropy keeps the softmax and its product with the logits (28 rows
+    of 13); chunking and checkpointing each keep only the logits themselves."""
+    logits = torch.randn(4, 7, 13)
+    saved = {(chunking, checkpointing): _saved_for_backward(F.entropy_function(chunking, checkpointing), logits)
+             for chunking in (False, True) for checkpointing in (False, True)}
+    assert saved[False, False].count((28, 13)) >= 3
+    assert saved[True, False] == saved[False, True] == saved[True, True] == [(4, 7, 13)]
+
+
+PEAK_MEMORY_SCRIPT = """
+import resource, sys, torch
+from hybridrl.algorithms import torch_functional as F
+logits = torch.randn(1024, 32768, requires_grad=True)  # 128 MiB of float32 logits, a 32k vocabulary
+entropy_fn = {"unchunked": F.entropy_from_logits,
+              "chunked": lambda z: F.entropy_from_logits_with_chunking(z, chunk_size=64)}[sys.argv[1]]
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+entropy_fn(logits).sum().backward()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+
+
+def test_chunked_entropy_peaks_lower_than_the_unchunked_one_in_forward_and_backward():
+    """The unchunked entropy (1024 rows of 32768 logits fit one chunk of entropy_from_logits) keeps a float32 softmax
+    of every row for backward; the chunked one never holds more than 64 rows of it. Measured as each fresh process's
+    high-water mark of resident memory above the logits: the gradient (128 MiB) is common to both, the softmax and
+    its product with the logits (2 x 128 MiB) only to the unchunked path. glibc's malloc is told to map every
+    block over 1 MiB on its own, so a freed chunk goes back to the system instead of growing the heap (its default
+    threshold rises with each freed block, and the heap's high-water mark would then depend on the order of frees)."""
+    def peak_kib(path):
+        result = subprocess.run([sys.executable, "-c", PEAK_MEMORY_SCRIPT, path], capture_output=True, text=True,
+                                check=True, env={**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)})
+        return int(result.stdout.split()[-1])
+
+    unchunked, chunked = peak_kib("unchunked"), peak_kib("chunked")
+    logits_kib = 1024 * 32768 * 4 // 1024
+    assert unchunked > 2.5 * logits_kib, (unchunked, chunked)
+    assert chunked < 1.5 * logits_kib, (unchunked, chunked)

@@ -206,8 +206,8 @@ class ActorConfig(ConfigNode):
     ppo_epochs: int = positive()
     shuffle: bool
     ulysses_sequence_parallel_size: int = positive()
-    entropy_checkpointing: bool                       # verl's key; only false (validation.NOT_IMPLEMENTED)
-    entropy_from_logits_with_chunking: bool           # verl's key; only false (validation.NOT_IMPLEMENTED)
+    entropy_checkpointing: bool                       # recompute the entropy in backward (torch_functional)
+    entropy_from_logits_with_chunking: bool           # the entropy's backward in row chunks too (torch_functional)
     checkpoint: CheckpointConfig
     optim: OptimConfig
     fsdp_config: FSDPConfig
@@ -314,9 +314,9 @@ class RefFSDPConfig(ConfigNode):
 class RefConfig(ConfigNode):
     strategy: Strategy
     fsdp_config: RefFSDPConfig
-    ulysses_sequence_parallel_size: int = positive()  # verl's key; only 1 (validation.NOT_IMPLEMENTED)
-    entropy_checkpointing: bool                       # verl's key; only false (validation.NOT_IMPLEMENTED)
-    entropy_from_logits_with_chunking: bool           # verl's key; only false (validation.NOT_IMPLEMENTED)
+    ulysses_sequence_parallel_size: int = positive()  # models/sequence_parallel.py
+    entropy_checkpointing: bool                       # verl's key; the reference computes no entropy (as in verl)
+    entropy_from_logits_with_chunking: bool           # verl's key; the reference computes no entropy (as in verl)
     log_prob_micro_batch_size_per_gpu: Optional[int] = positive()
     log_prob_use_dynamic_bsz: bool
     log_prob_max_token_len_per_gpu: int = positive()

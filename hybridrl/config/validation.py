@@ -28,17 +28,10 @@ from hybridrl.utils.import_utils import load_extensions
 # any value other than the one given here is refused. Remove an entry when its feature lands.
 NOT_IMPLEMENTED: dict[str, Any] = {
     "actor_rollout_ref.model.enable_activation_offload": False,
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 1,
     "actor_rollout_ref.actor.use_torch_compile": False,
     "actor_rollout_ref.actor.fsdp_config.use_torch_compile": False,
     "actor_rollout_ref.ref.fsdp_config.use_torch_compile": False,
     "critic.model.fsdp_config.use_torch_compile": False,
-    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 1,
-    # verl's memory savers for the entropy (recomputed in backward; computed in chunks of the logits).
-    "actor_rollout_ref.actor.entropy_checkpointing": False,
-    "actor_rollout_ref.actor.entropy_from_logits_with_chunking": False,
-    "actor_rollout_ref.ref.entropy_checkpointing": False,
-    "actor_rollout_ref.ref.entropy_from_logits_with_chunking": False,
     # chunked prefill: the vllm and sglang engines run with it on (their default).
     "actor_rollout_ref.rollout.enable_chunked_prefill": True,
     "reward_model.launch_reward_fn_async": False,

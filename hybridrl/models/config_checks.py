@@ -277,3 +277,67 @@ def max_position_embeddings(config: PPOConfig) -> int | None:
     except (OSError, ValueError, AttributeError):
         return None
     return value if isinstance(value, int) else None
+
+
+# The sections with verl's Ulysses sequence parallelism (models/sequence_parallel.py); they share the policy model.
+SEQUENCE_PARALLEL_ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref")
+
+
+@register_check()
+def _sequence_parallel_settings(values: Values, problems: list[str]) -> None:
+    """A sequence-parallel group is P consecutive ranks of the policy's pool, splitting a packed row."""
+    nnodes, gpus = values("trainer.nnodes"), values("trainer.n_gpus_per_node")
+    for role in SEQUENCE_PARALLEL_ROLES:
+        key = f"{role}.ulysses_sequence_parallel_size"
+        size = values(key)
+        if size == 1:
+            continue
+        if nnodes * gpus % size:
+            problems.append(f"{key}: expected a divisor of the world size trainer.nnodes * trainer.n_gpus_per_node = "
+                            f"{nnodes} * {gpus} = {nnodes * gpus} (groups of consecutive ranks), got {size}")
+        if not values("actor_rollout_ref.model.use_remove_padding"):
+            problems.append(f"{key}: expected 1 with actor_rollout_ref.model.use_remove_padding=false (the ranks of a "
+                            f"group split one packed row; set use_remove_padding=true, as verl requires), got {size}")
+        if values("actor_rollout_ref.model.use_fused_kernels"):
+            problems.append(f"{key}: expected 1 with actor_rollout_ref.model.use_fused_kernels=true (the fused "
+                            f"log-prob forward has no sequence-parallel form here), got {size}")
+
+
+@register_check("preflight")
+def _sequence_parallel_fits_the_model(config: PPOConfig, problems: list[str]) -> None:
+    """Each rank of a group attends with heads / P query heads and key/value heads / P key/value heads, through
+    transformers' attention interface, which the model class must call."""
+    sizes = {role: getattr(config.actor_rollout_ref, role.rsplit(".", 1)[1]).ulysses_sequence_parallel_size
+             for role in SEQUENCE_PARALLEL_ROLES}
+    if all(size == 1 for size in sizes.values()):
+        return
+    try:
+        with open(os.path.join(config.actor_rollout_ref.model.path, "config.json")) as f:
+            model_config = json.load(f)
+        heads = model_config["num_attention_heads"]
+        kv_heads = model_config.get("num_key_value_heads") or heads
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return  # an unreadable config.json: _check_model_dirs reports it
+    takes_attention_backend = _model_class_takes_attention_backend(model_config.get("model_type"))
+    for role, size in sizes.items():
+        key = f"{role}.ulysses_sequence_parallel_size"
+        if size == 1:
+            continue
+        for name, count in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
+            if count % size:
+                problems.append(f"{key}: expected a divisor of the model's {name} = {count} "
+                                f"(actor_rollout_ref.model.path config.json), got {size}")
+        if not takes_attention_backend:
+            problems.append(f"{key}: expected 1 for model_type {model_config.get('model_type')!r}, whose transformers "
+                            f"class does not call transformers' attention interface (sequence parallelism hooks "
+                            f"attention there), got {size}")
+
+
+def _model_class_takes_attention_backend(model_type: str | None) -> bool:
+    """Whether transformers' causal-LM class for `model_type` runs attention through AttentionInterface."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    class_name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    model_class = getattr(transformers, class_name, None) if isinstance(class_name, str) else None
+    return bool(getattr(model_class, "_supports_attention_backend", False))

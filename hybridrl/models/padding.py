@@ -28,7 +28,7 @@ where the response is padding (the padded path leaves arbitrary numbers there; b
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -139,13 +139,15 @@ def response_scoring_rows(attention_mask: torch.Tensor, response_length: int) ->
 
 def response_log_probs_packed(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                               position_ids: torch.Tensor, responses: torch.Tensor, temperature: float,
-                              calculate_entropy: bool = False, entropy_grad: bool = False
+                              calculate_entropy: bool = False, entropy_grad: bool = False,
+                              entropy_fn: Callable[[torch.Tensor], torch.Tensor] = entropy_from_logits
                               ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(response token) under logits / temperature, (rows, R) float32, from one packed forward.
 
     The vocabulary work (log-softmax, entropy) runs only on the rows that score response tokens.
-    With calculate_entropy also the per-token entropy; it carries a gradient only with entropy_grad
-    (when it is part of the loss), otherwise it is computed from detached logits.
+    With calculate_entropy also the per-token entropy, by `entropy_fn` (torch_functional.entropy_function); it
+    carries a gradient only with entropy_grad (when it is part of the loss), otherwise it is computed from
+    detached logits.
     """
     scoring_rows, response_attended = response_scoring_rows(attention_mask, responses.shape[1])
     logits, _ = forward_packed(model, input_ids, attention_mask, position_ids)
@@ -156,10 +158,10 @@ def response_log_probs_packed(model: nn.Module, input_ids: torch.Tensor, attenti
         return log_probs, None
     entropy = torch.zeros_like(log_probs)
     if entropy_grad:
-        entropy[response_attended] = entropy_from_logits(response_logits)
+        entropy[response_attended] = entropy_fn(response_logits)
     else:
         with torch.no_grad():
-            entropy[response_attended] = entropy_from_logits(response_logits.detach())
+            entropy[response_attended] = entropy_fn(response_logits.detach())
     return log_probs, entropy
 
 

@@ -10,7 +10,8 @@ loss reads the global counts from `config.global_batch_info`, as in verl.
 Micro-batches are either `ppo_micro_batch_size_per_gpu` consecutive rows or, with `use_dynamic_bsz`,
 token-budget groups of at most `ppo_max_token_len_per_gpu` attended tokens (for compute_log_prob the
 worker's log-prob sizes). With `use_remove_padding` each micro-batch runs as one packed row of its real
-tokens (models/padding.py). With `use_fused_kernels`
+tokens (models/padding.py); with `ulysses_sequence_parallel_size` P > 1 the micro-batches of P consecutive ranks
+form one packed row, each rank running 1/P of its tokens (models/sequence_parallel.py). With `use_fused_kernels`
 the output layer is fused into the log-prob computation, so no full-vocabulary logits are ever held
 (models/fused_logprob.py); it combines with either layout.
 
@@ -30,8 +31,11 @@ from hybridrl.models.attention import padded_attention_mask
 from hybridrl.protocol import DataProto
 from hybridrl.utils.distributed import device_name
 from hybridrl.models.fused_logprob import response_log_probs_fused
+from hybridrl.models.fsdp_utils import fsdp_root, hf_module
 from hybridrl.models.padding import response_log_probs_packed
-from hybridrl.algorithms.torch_functional import entropy_from_logits, logprobs_from_logits
+from hybridrl.models.sequence_parallel import (response_log_probs_sequence_parallel, sequence_parallel_group,
+                                               use_ulysses_attention)
+from hybridrl.algorithms.torch_functional import entropy_function, logprobs_from_logits
 from hybridrl.workers.out_of_memory import memory_remedies, training_memory_error
 from hybridrl.workers.ppo_update_loop import (MicroBatchLoss, PPOUpdateLoop, in_row_order, micro_batches_of,
                                               rows_per_rank, take_keys)
@@ -62,6 +66,14 @@ class DataParallelPPOActor:
         self.log_prob_max_token_len = log_prob_max_token_len
         self.use_remove_padding = use_remove_padding
         self.use_fused_kernels = use_fused_kernels
+        # verl's entropy memory keys; the fused kernels never hold the logits, so they need neither
+        self.entropy_from_logits = entropy_function(config.entropy_from_logits_with_chunking,
+                                                    config.entropy_checkpointing)
+        # verl's Ulysses sequence parallelism over groups of P ranks (packed forwards only: a config check)
+        self.sequence_parallel_group = None
+        if config.ulysses_sequence_parallel_size > 1:
+            self.sequence_parallel_group = sequence_parallel_group(config.ulysses_sequence_parallel_size)
+            use_ulysses_attention(fsdp_root(hf_module(actor_module)))
         # a frozen reference sizes its passes by actor_rollout_ref.ref.*, the actor's log-probs by .rollout.*
         self.log_prob_remedies = memory_remedies(
             "actor_rollout_ref." + ("rollout" if actor_optimizer is not None else "ref"), "actor_rollout_ref.model",
@@ -99,9 +111,15 @@ class DataParallelPPOActor:
             inputs = [micro_batch[key].to(self.device) for key in FORWARD_KEYS]
             return response_log_probs_fused(self.actor_module, *inputs, temperature, calculate_entropy, entropy_grad,
                                             remove_padding=self.use_remove_padding)
+        if self.sequence_parallel_group is not None:  # packed, as below, over the group's ranks
+            inputs = [micro_batch[key].to(self.device) for key in FORWARD_KEYS]
+            return response_log_probs_sequence_parallel(self.actor_module, self.sequence_parallel_group, *inputs,
+                                                        temperature, calculate_entropy, entropy_grad,
+                                                        self.entropy_from_logits)
         if self.use_remove_padding:  # packed: 0 (not arbitrary numbers) at response padding; both are masked
             inputs = [micro_batch[key].to(self.device) for key in FORWARD_KEYS]
-            return response_log_probs_packed(self.actor_module, *inputs, temperature, calculate_entropy, entropy_grad)
+            return response_log_probs_packed(self.actor_module, *inputs, temperature, calculate_entropy, entropy_grad,
+                                             self.entropy_from_logits)
         response_length = micro_batch["responses"].shape[1]
         output = self.actor_module(input_ids=micro_batch["input_ids"].to(self.device),
                                    attention_mask=padded_attention_mask(micro_batch["attention_mask"].to(self.device)),
@@ -111,9 +129,9 @@ class DataParallelPPOActor:
         if not calculate_entropy:
             return log_probs, None
         if entropy_grad:
-            return log_probs, entropy_from_logits(logits)
+            return log_probs, self.entropy_from_logits(logits)
         with torch.no_grad():
-            return log_probs, entropy_from_logits(logits.detach())
+            return log_probs, self.entropy_from_logits(logits.detach())
 
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False
                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
