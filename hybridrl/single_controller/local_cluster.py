@@ -35,9 +35,9 @@ own `ray start --head --block` instead, and the driver connects to it:
 - It uses token authentication with a token made for this run (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN), as a local
   `ray.init()` cluster does; the environment's own RAY_AUTH_MODE / RAY_AUTH_TOKEN win.
 - Arguments and results up to 1 MiB travel inside the call (Ray's max_direct_call_object_size, 100 KiB by default),
-  not through the object store, whose put and get each wait on the raylet: a 2-rank call with 150 KiB a rank took 18
-  ms against 6-8 ms inline, 400 KiB 15 against 9-10 ms (2 cores at load 20-38, issue 58). The toy task's batches
-  (60-400 KiB a rank) go inline; a real batch's chunks (megabytes) still go through the store, which copies less.
+  not through the object store, whose put and get each wait on the raylet: a 2-rank call with 150 KiB a rank took
+  17.7-17.9 ms against 8.1-8.2 ms inline, 400 KiB 16.4-17.9 against 10.9-12.5 ms (2 cores at load 30, issue 58). The
+  toy task's batches (60-400 KiB a rank) go inline; a real batch's chunks (megabytes) still go through the store.
 """
 from __future__ import annotations
 
