@@ -96,6 +96,19 @@ def test_slices_and_index_arrays_give_dataprotos():
         data[np.array([True, False])]
 
 
+def test_index_arrays_count_negative_indices_from_the_end_and_refuse_others_out_of_range():
+    """Rows are taken with index_select (issue 58: 15-1000x faster than advanced indexing on a small CPU batch),
+    which knows no negative index; the rows and the error are those of indexing by the array."""
+    data = make_data()
+    assert column(data[[-1, 0, -4]]) == [9, 0, 0]
+    assert data[np.array([-2])].non_tensor_batch["uid"].tolist() == ["c"]
+    assert data.select_idxs(torch.tensor([-1, -1])).batch["mask"].tolist() == data[[3, 3]].batch["mask"].tolist()
+    assert len(data[[]]) == 0 and data[[]].batch["x"].shape == (0, 3)
+    for outside in ([4], [0, -5]):
+        with pytest.raises(IndexError, match=f"index {outside[-1]} is out of range for 4 rows"):
+            data[outside]
+
+
 def test_select_shares_tensors_unless_deepcopy():
     data = make_data()
     selected = data.select(batch_keys=["x"], non_tensor_batch_keys=[], meta_info_keys=[])

@@ -180,6 +180,19 @@ def test_one_to_all_reaches_every_rank_with_its_environment(shard_group):
     assert shard_group.total_of_x(make_rows(4)) == [66, 67]  # the whole batch on each rank
 
 
+def test_only_a_batch_every_rank_gets_goes_through_the_object_store(shard_group):
+    """ONE_TO_ALL: the batch is put once and read by both ranks. DP_COMPUTE_PROTO: each rank's chunk is its own, so
+    it goes with the call (issue 58: a put per chunk cost 1.5-3.5 ms on 2 loaded cores; Ray sends one under
+    100 KiB inside the call and puts a larger one itself)."""
+    with mock.patch.object(ray, "put", wraps=ray.put) as put:
+        assert shard_group.total_of_x(make_rows(4)) == [66, 67]
+        assert put.call_count == 1
+        assert shard_group.sum_rows(make_rows(4)).batch["row_sum"].tolist() == [30, 120, 210, 300]
+        large = DataProto({"x": torch.ones(2 * 12_000, 3, dtype=torch.int64)})  # 288 KB a rank: over 100 KiB
+        assert shard_group.sum_rows(large).batch["row_sum"].tolist() == [30] * 24_000
+        assert put.call_count == 1
+
+
 def test_all_to_all_and_dp_compute_give_each_rank_its_entry(shard_group):
     assert shard_group.multiply([3, 4], factor=[10, 100]) == [30, 800]
     assert shard_group.add_rank([5, 6]) == [5, 7]
