@@ -20,7 +20,8 @@ from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
 from hybridrl.workers.critic.dp_critic import DataParallelPPOCritic
 
-MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
+         "seq-mean-token-sum-norm@4"]  # MODE@F: with actor.loss_scale_factor=F (the critic takes the actor's)
 PROMPT, RESPONSE, TEMPERATURE = 4, 8, 0.9
 # response lengths: rows 0-3 go to rank 0 (31 tokens), rows 4-7 to rank 1 (5 tokens, one row empty)
 LENGTHS = [8, 7, 8, 8, 0, 1, 2, 2]
@@ -45,8 +46,9 @@ def update_batch(vocab_size: int) -> DataProto:
     }, meta_info={"temperature": TEMPERATURE})
 
 
-def configs(model_dir: str, mode: str, world_size: int, micro_batch: int):
-    overrides = [f"trainer.n_gpus_per_node={world_size}", f"actor_rollout_ref.model.path={model_dir}",
+def configs(model_dir: str, mode_at: str, world_size: int, micro_batch: int):
+    mode, _, factor = mode_at.partition("@")
+    overrides = [f"actor_rollout_ref.actor.loss_scale_factor={factor or 'null'}",f"trainer.n_gpus_per_node={world_size}", f"actor_rollout_ref.model.path={model_dir}",
                  "data.train_files=x.parquet", "data.val_files=x.parquet",
                  "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
                  f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro_batch}",
@@ -127,6 +129,14 @@ def test_one_rank_and_two_ranks_give_the_same_gradient(gradients, mode, role):
     assert max(float(g.abs().max()) for g in one.values()) > 1e-3  # a real gradient, not zeros on both sides
     for name in one:
         torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-5, msg=lambda m: f"{role} {name}: {m}")
+
+
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_loss_scale_factor_divides_seq_mean_token_sum_norm_instead_of_the_padded_width(gradients, role):
+    """verl's loss_scale_factor: 4 instead of the padded response width (8) doubles the loss, so the gradient."""
+    default, by_four = gradients[1]["seq-mean-token-sum-norm"][role], gradients[1]["seq-mean-token-sum-norm@4"][role]
+    for name in default:
+        torch.testing.assert_close(by_four[name], 2 * default[name], rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -198,6 +198,7 @@ class ActorConfig(ConfigNode):
     tau_neg: float = positive()   # ... and where it is <= 0
     policy_loss: PolicyLossConfig
     loss_agg_mode: LossAggMode
+    loss_scale_factor: Optional[float] = positive()   # seq-mean-token-sum-norm's divisor; None: the padded width
     entropy_coeff: float
     use_kl_loss: bool
     kl_loss_coef: float = at_least(0)
@@ -368,6 +369,7 @@ class CriticConfig(ConfigNode):
     grad_clip: float = positive()
     cliprange_value: float = at_least(0)
     loss_agg_mode: LossAggMode
+    loss_scale_factor: Optional[float] = positive()
     checkpoint: CheckpointConfig
 
 

@@ -177,6 +177,7 @@ class DataParallelPPOActor:
         """The loss of one micro-batch, its aggregated terms and the policy loss's token-mean metrics; the loss
         and its terms are this micro-batch's share of the global mini-batch's loss (times dp_size)."""
         config, mode = self.config, self.config.loss_agg_mode
+        batch_info = {**batch_info, "loss_scale_factor": config.loss_scale_factor}
         config.global_batch_info = batch_info  # what the policy loss aggregates by (losses.global_batch_info)
         entropy_in_loss = config.entropy_coeff != 0  # else the entropy is only reported
         log_prob, entropy = self._forward_micro_batch(micro_batch, temperature, calculate_entropy=True,

@@ -104,7 +104,7 @@ class DataParallelPPOCritic:
             vpreds=vpreds, returns=micro_batch["returns"].to(self.device),
             values=micro_batch["values"].to(self.device), response_mask=response_mask,
             cliprange_value=self.config.cliprange_value, loss_agg_mode=self.config.loss_agg_mode,
-            **batch_info)
+            loss_scale_factor=self.config.loss_scale_factor, **batch_info)
         return MicroBatchLoss(vf_loss, loss_terms={"critic/vf_loss": vf_loss.detach()},
                               token_metrics={"critic/vf_clipfrac": vf_clipfrac,
                                              "critic/vpred_mean": masked_mean(vpreds.detach(), response_mask)})
