@@ -55,3 +55,10 @@ def test_from_dict_makes_one_metric_per_key():
     metrics = Metric.from_dict({"a": 1.0, "b": [2.0, 4.0]}, aggregation="sum")
     assert {key: metric.aggregate() for key, metric in metrics.items()} == {"a": 1.0, "b": 6.0}
     assert all(metric.aggregation is AggregationType.SUM for metric in metrics.values())
+
+
+def test_a_list_is_reduced_by_the_max_or_min_its_key_names_else_by_its_mean():
+    """verl's rule: a peak over ranks stays a peak (perf/max_memory_allocated_gb of 2 ranks is the larger)."""
+    reduced = reduce_metrics({"perf/max_memory_allocated_gb": [3.0, 5.0], "seqlen_balance/min_partition": [7, 4],
+                              "actor/pg_loss": [1.0, 2.0]})
+    assert reduced == {"perf/max_memory_allocated_gb": 5.0, "seqlen_balance/min_partition": 4.0, "actor/pg_loss": 1.5}

@@ -92,14 +92,17 @@ def compute_throughput_metrics(batch: DataProto, timing: dict[str, float], n_wor
 
 
 def reduce_metrics(metrics: dict[str, list | float | Metric]) -> dict[str, float]:
-    """Mean of each list-valued metric (workers report per-micro-batch values); a Metric by its own aggregation
-    (verl's way to report, e.g., a share of the global loss that must be summed: hybridrl/utils/metric.py)."""
+    """Each list-valued metric (workers report per-micro-batch or per-rank values) reduced as verl does: the max
+    where the key says "max" (a peak over ranks stays a peak), the min where it says "min", else the mean; a Metric
+    by its own aggregation (verl's way to report, e.g., a share of the global loss that must be summed:
+    hybridrl/utils/metric.py)."""
     reduced = {}
     for key, value in metrics.items():
         if isinstance(value, Metric):
             reduced[key] = value.aggregate()
         elif isinstance(value, (list, tuple, np.ndarray)):
-            reduced[key] = float(np.mean(value)) if len(value) else float("nan")
+            reduce = np.max if "max" in key else np.min if "min" in key else np.mean
+            reduced[key] = float(reduce(value)) if len(value) else float("nan")
         elif isinstance(value, torch.Tensor):
             reduced[key] = value.float().mean().item()
         else:
