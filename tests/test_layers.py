@@ -24,7 +24,7 @@ import pytest
 HYBRIDRL = pathlib.Path(__file__).resolve().parent.parent / "hybridrl"
 
 LAYERS = ["utils", "protocol", "config", "single_controller", "algorithms", "models", "data", "reward", "workers",
-          "tools", "interactions", "agent_loop", "trainer", "checks", "defaults", "compat", "entry points"]
+          "tools", "interactions", "agent_loop", "trainer", "dashboard", "checks", "defaults", "compat", "entry points"]
 ENTRY_POINTS = {"hybridrl", "hybridrl.main_ppo", "hybridrl.model_merger"}
 IMPORTED_BY_ALL = {"utils"}
 
