@@ -50,7 +50,7 @@ from hybridrl.data.prompt_source import PromptSource
 from hybridrl.algorithms.core_algos import AdvantageEstimator
 from hybridrl.data.sample import (ABORTED, Sample, baseline_of, groups_to_batch, partial_rollout_metrics, reset_group,
                                   sampled, samples_to_batch)
-from hybridrl.data.route import engine_servers_switch
+from hybridrl.data.route import data_flow_switch, engine_servers_switch
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.ppo.generate import GREEDY, TRAINING, Sampling
 
@@ -84,6 +84,10 @@ class GroupRollout:
         self.tokenizer = tokenizer
         self.score_batch = score_batch
         self.hooks = load_all_hooks(self.flow)
+        # the data flow's features on (data/route.py): its data_flow/* counts are logged; off, a step's metrics are
+        # those of a plain synchronous run
+        self.features_on = data_flow_switch(self.flow.enable, config.algorithm.filter_groups.enable,
+                                            config.async_training.mode) is not None
         self.max_num_gen_batches = self.flow.max_num_gen_batches
         filter_groups = config.algorithm.filter_groups
         if filter_groups.enable:  # verl's DAPO keys: the same machinery, its filter on `metric`
@@ -208,7 +212,8 @@ class GroupRollout:
         carry it; older ones come from the buffer, data_flow/staleness/*)."""
         groups, metrics = self.train_groups(step, prompt_source)
         batch, version_metrics = self.to_batch(groups, weights_version)
-        return batch, {**metrics, **version_metrics}
+        return batch, {key: value for key, value in {**metrics, **version_metrics}.items()
+                       if self.features_on or not key.startswith("data_flow/")}
 
     def train_groups(self, step: int, prompt_source: PromptSource) -> tuple[list[list[Sample]], dict[str, float]]:
         """The step's kept groups from the rollout function, and the metrics of making them; scored, unless
