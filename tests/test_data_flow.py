@@ -40,8 +40,10 @@ def test_groups_to_batch_pads_once_and_puts_the_reward_on_the_last_trained_token
     second = scored_group(4, [{"acc": 0.5, "score": 2.0}, {"acc": 0.25, "score": 3.0}])
     for sample in second:
         sample.reward_key = "acc"
+    second[0].metadata["reward_extra_info"] = {"acc": 0.5, "fmt": 1.0}  # the scorer's extras, as GDPO reads them
     batch = groups_to_batch([first, second], prompt_length=4, response_length=5, pad_token_id=0,
                             with_log_probs=False, scored=True)
+    assert list(batch.non_tensor_batch["fmt"]) == [None, None, 1.0, None]  # a column per extra, None where none
     assert batch.batch["prompts"].tolist()[0] == [0, 0, 1, 2]
     assert batch.batch["responses"].tolist()[1] == [7, 8, 5, 6, 0]
     assert batch.batch["response_mask"].tolist()[1] == [1, 1, 0, 0, 0]

@@ -61,7 +61,10 @@ class AgentLoopGenerate:
         return worker.generate_group.remote(group, self._params(sampling), baseline)
 
     def wait(self, handles: list) -> list[tuple[Any, list[Sample]]]:
-        done, _ = ray.wait(list(handles), num_returns=1)
+        """The first group to finish and every other one finished by then (scored together: one reward call)."""
+        done, pending = ray.wait(list(handles), num_returns=1)
+        if pending:
+            done += ray.wait(pending, num_returns=len(pending), timeout=0)[0]
         return list(zip(done, ray.get(done)))
 
     def abort(self, handles: list) -> list[list[Sample]]:

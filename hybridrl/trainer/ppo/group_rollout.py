@@ -223,7 +223,7 @@ class GroupRollout:
         self.start_counting()
         rollout_fn = self.hooks["rollout_function"] or generate_rollout
         groups = rollout_fn(self, step, prompt_source, False)
-        groups = self._check_groups(groups, "data_flow.rollout_function", self.rollout_config.n,
+        groups = self._check_groups(groups, "data_flow.rollout_function", prompt_source.n,
                                     scored=not self.score_when_taken, baseline=self.with_baseline)
         return groups, self.step_metrics(groups, prompt_source)
 

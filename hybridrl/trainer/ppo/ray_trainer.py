@@ -96,7 +96,8 @@ class RayPPOTrainer:
         self.global_steps = 0
         self.train_data_position = checkpointing.TrainDataPosition(self.train_dataloader)
         # The sample-group flow: the prompt source hands out groups (the buffer first: slime's) of rollout.n samples,
-        # ReMax's greedy baseline last in each; the group rollout is built with the workers (init_workers).
+        # ReMax's greedy baseline last in each; the group rollout is built with the workers (init_workers). The one
+        # place the controller reads rollout.n: everything else asks the prompt source.
         self.prompt_source = PromptSource(
             self.train_data_position.batches, config.actor_rollout_ref.rollout.n, config,
             load_hook("buffer_filter", config.data_flow.buffer_filter),
@@ -203,7 +204,7 @@ class RayPPOTrainer:
                                                        **common)}
         if self.use_critic:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, self.config.critic, self.critic_spec,
-                                                   rollout_n=self.config.actor_rollout_ref.rollout.n,
+                                                   rollout_n=self.prompt_source.n,
                                                    total_training_steps=self.total_training_steps, **common)
         if self.use_rm:
             roles["rm"] = RayClassWithInitArgs(RewardModelWorker, self.config.reward_model, self.rm_spec,
