@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -70,6 +71,7 @@ class StepCounts:
     scored: list[float] = field(default_factory=list)
     generated: int = 0
     errors: list[str] = field(default_factory=list)
+    reward_seconds: float = 0.0  # spent scoring: verl's timing_s/reward (within timing_s/gen)
 
 
 class GroupRollout:
@@ -161,10 +163,15 @@ class GroupRollout:
     def _score_samples(self, todo: list[Sample], evaluation: bool, counts: StepCounts) -> None:
         """The one place scoring happens: data_flow.reward_function when set, else the reward manager (and the
         reward model, when the run has one), on all of `todo` at once; counted in `counts` (counts.scored: the sampled
-        responses' rewards, not the baselines'). A group reward function gets a group's baseline with its samples (the
-        last, is_baseline), so that its score is on the same scale as theirs."""
+        responses' rewards, not the baselines'; reward_seconds: the time it took). A group reward function gets a group's baseline with its samples (the last, is_baseline), so
+        that its score is on the same scale as theirs."""
         if not todo:
             return
+        started = time.perf_counter()
+        self._score_with_the_reward(todo, evaluation, counts)
+        counts.reward_seconds += time.perf_counter() - started
+
+    def _score_with_the_reward(self, todo: list[Sample], evaluation: bool, counts: StepCounts) -> None:
         reward_fn = self.hooks["reward_function"]
         if reward_fn is not None:
             rewards = call_hook("data_flow.reward_function", _call_reward_function, reward_fn, self.config, todo,
@@ -237,6 +244,7 @@ class GroupRollout:
         counts = self.counts
         self.generator.report_failures(counts.errors, counts.generated)
         metrics = dict(counts.metrics)
+        metrics["timing_s/reward"] = counts.reward_seconds
         metrics["data_flow/buffer_size"] = float(len(prompt_source.buffer))
         metrics["data_flow/num_groups_trained"] = float(len(groups))
         if counts.scored:  # the policy's own success, before any filter chose (the trained batch's is biased)
