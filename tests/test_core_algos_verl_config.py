@@ -47,6 +47,8 @@ def test_gdpo_needs_its_components_and_one_weight_each_in_any_route():
                         "algorithm.gdpo_reward_weights=[1.0]") == [
         "algorithm.gdpo_reward_weights: expected one weight per gdpo_reward_keys entry (2: ['acc', 'fmt']), got 1: "
         "[1.0]"]
-    assert problems_for("algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[acc]", "data_flow.enable=true",
-                        "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true") == []
+    # the scorer's extras reach the batch as columns in every route (data/sample.samples_to_batch): the data flow too
+    validate_config(compose_config(["algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[acc]",
+                                    "data_flow.enable=true", "actor_rollout_ref.rollout.mode=async",
+                                    "data.return_raw_chat=true"]))
     validate_config(compose_config(["algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[acc,fmt]"]))
