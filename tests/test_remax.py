@@ -138,8 +138,8 @@ def test_remax_under_the_asynchronous_schedules_baselines_each_group_from_its_ow
             batches.append(batch)
             return batch
 
-        def _start_group_rollout(self):
-            super()._start_group_rollout()
+        def _start_group_rollout(self, generator):
+            super()._start_group_rollout(generator)
             to_batch = self.group_rollout.to_batch
 
             def recording_to_batch(groups, weights_version):
