@@ -16,7 +16,7 @@ import torch
 from hybridrl.protocol import DataProto
 from hybridrl.algorithms import core_algos
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
-from tests.test_e2e_training import make_config
+from tests.test_e2e_training import make_config, read_metrics
 
 N = 4
 LENGTH_REWARD = """
@@ -40,22 +40,27 @@ def advantage_batches(monkeypatch) -> list[DataProto]:
 
 
 def greedy_scores_by_prompt(trainer: RayPPOTrainer) -> dict[int, float]:
-    """By hand, through the run's engines: every training prompt's greedy response (the workers' own batched
-    generate_sequences, one prompt per row), scored with the run's reward function, by the prompt's extra_info
-    index."""
+    """By hand, through the run's engines: every training prompt's greedy response, one prompt per group of one,
+    generated apart from any training group by the run's generate function (batched call or agent loops, whichever
+    the schedule uses) and scored with the run's reward function, by the prompt's extra_info index."""
+    from hybridrl.data.sample import samples_to_batch
+    from hybridrl.data.prompt_source import PromptSource
+    from hybridrl.trainer.ppo.generate import GREEDY
+
     trainer._rollout_mode()
-    scores = {}
-    for batch_dict in trainer.train_dataloader:  # one pass over the training prompts
-        batch = DataProto.from_single_dict(batch_dict)
-        prompts = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
-        prompts.meta_info = {"eos_token_id": trainer.tokenizer.eos_token_id,
-                             "pad_token_id": trainer.tokenizer.pad_token_id, "validate": False, "do_sample": False}
-        greedy = trainer.actor_rollout_wg.generate_sequences(prompts)
-        greedy.non_tensor_batch.update(batch.non_tensor_batch)
-        values = trainer.reward_fn(greedy, return_dict=True)["reward_tensor"].sum(-1).tolist()
-        scores.update({info["index"]: value for info, value in zip(greedy.non_tensor_batch["extra_info"], values)})
+    groups = PromptSource(lambda: iter(trainer.train_dataloader), 1, trainer.config).get_groups(1 << 30, step=0)
+    generator = trainer.group_rollout.generator
+    handles = [generator.submit(group, GREEDY, None) for group in groups]
+    done: dict = {}
+    while len(done) < len(handles):
+        done.update(generator.wait([handle for handle in handles if handle not in done]))
     trainer._trainer_mode()
-    return scores
+    samples = [done[handle][0] for handle in handles]
+    rollout = trainer.config.actor_rollout_ref.rollout
+    greedy = samples_to_batch(samples, prompt_length=rollout.prompt_length, response_length=rollout.response_length,
+                              pad_token_id=trainer.tokenizer.pad_token_id, with_log_probs=False, scored=False)
+    values = trainer.reward_fn(greedy, return_dict=True)["reward_tensor"].sum(-1).tolist()
+    return {info["index"]: value for info, value in zip(greedy.non_tensor_batch["extra_info"], values)}
 
 
 def check_baselines(batch: DataProto, expected: dict[int, float], groups: int) -> None:
