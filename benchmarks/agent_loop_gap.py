@@ -1,5 +1,6 @@
-"""Agent-loop generation against the batch path on the same SGLang engine, the two taking turns (issue 26's first
-target: agent loops at >= 0.95x the batch path with 512 requests in flight, 1 GPU, 0.5B shape).
+"""The sample-group flow's two generate functions (trainer/ppo/generate.py) on the same SGLang engine, taking turns:
+agent loops against the batched engine call (issue 26's first target: agent loops at >= 0.95x the batched call with
+512 requests in flight, 1 GPU, 0.5B shape).
 
     PYTHONPATH=.:/tmp/site python benchmarks/agent_loop_gap.py --model-dir /tmp/q05tok --tokenizer .stage/qwen_tok \
         --out $OUT/agent_loop_gap.json
@@ -10,18 +11,18 @@ One process holds the trainer's rollout worker (ActorRolloutRefWorker: FSDP2 act
 CUDA graphs captured up to the 512 sequences in flight, as the trainer sizes them) and its engine server; local Ray
 runs the AgentLoopManager's workers. Each turn is one rollout window, rollout_mode to trainer_mode, as in a
 training step; only the generation call inside it is timed:
-  batch        the worker's generate_sequences: one engine.generate call for all rows (rollout.mode=sync)
-  agent_loops  AgentLoopManager.generate_sequences: one single_turn_agent loop per row on the manager's workers,
-               each sending its own request to the worker's engine server (rollout.mode=async), padded into the
-               batch on the controller; SGLang's engine server admits the requests that arrive together in batches
-               (workers/rollout/admission.py)
+  batch        BatchGenerate: the worker's generate_sequences, one engine.generate call for all rows (rollout.mode=sync)
+  agent_loops  AgentLoopGenerate: one single_turn_agent loop per row (a group of one) on the manager's workers,
+               each sending its own request to the worker's engine server (rollout.mode=async); SGLang's engine server
+               admits the requests that arrive together in batches (workers/rollout/admission.py)
+Both paths' samples are then padded into the batch on the controller, as a training step assembles it.
   agent_loops_per_request  (--per-request-admission) the same, with the server handing SGLang each request on its
                own (Engine.async_generate), as before admission in batches
 The paths take turns A B B A (A B C C B A with three; hybrid_engine.time_interleaved) for --turns runs each, so
 that none gets all the early or all the late ones: one engine's rate drifts from batch to batch at this shape (its
 step loop is bound by one host core), and runs timed one after the other in separate trainer runs (ppo_step.py) met different stretches
 of that drift. Responses run to the full length (rollout.ignore_eos), so both make the same tokens. For the agent
-loops each turn also records where the time went (the manager's and the server's metrics): when the server saw its
+loops each turn also records where the time went (the loops' and the server's metrics): when the server saw its
 first and last request (the engine has its whole batch only after the last), the slowest sample's generate, and the
 whole call (what is left of it beyond the slowest generate is dispatch, results and padding). The JSON record
 (--out) is rewritten after every turn, so a run cut off keeps the turns it made.
@@ -46,7 +47,6 @@ CPU_DEFAULTS = {  # argument: (cuda default, cpu default)
     "prompts": (64, 4), "n": (8, 2), "prompt_length": (128, 8), "new_tokens": (512, 8), "agent_workers": (8, 2)}
 TURN_MARKER = "=== turn: "
 AGENT_METRICS = {  # the agent-loop turn's breakdown: (label, metric key)
-    "every loop sent its first request (s)": "timing_s/agent_loop/all_loops_sent",
     "server: first request (s)": "timing_s/server_first_request",
     "server: last request (s)": "timing_s/server_last_request",
     "slowest sample's generate (s)": "timing_s/agent_loop/slowest/generate_sequences",
@@ -78,19 +78,42 @@ def build_worker(model_dir: str, args):
     return config, worker
 
 
-def agent_requests(prompts):
-    """The prompts as the agent loops get them: the trainer's rows plus each row's prompt ids (raw_prompt_ids, what
-    single_turn_agent sends), so that both paths generate from the same tokens."""
-    from hybridrl.protocol import DataProto
+def prompt_rows(prompts) -> list[dict]:
+    """Each prompt as the flow's prompt source makes it a row (its prompt ids), so that both paths generate from the
+    same tokens."""
+    return [{"raw_prompt_ids": row[mask.bool()].tolist()}
+            for row, mask in zip(prompts.batch["input_ids"], prompts.batch["attention_mask"])]
 
-    ids = [row[mask.bool()].tolist() for row, mask in zip(prompts.batch["input_ids"], prompts.batch["attention_mask"])]
-    return DataProto.from_dict(dict(prompts.batch), {"raw_prompt_ids": ids}, dict(prompts.meta_info))
+
+def flow_generate(generator, rows: list[dict], rollout_config, pad_token_id: int):
+    """Every row as a group of one through one of the flow's generate functions, all submitted at once and waited
+    for, padded into the batch (data/sample.samples_to_batch) with the agent loops' metrics as a step logs them."""
+    from hybridrl.agent_loop.base import AgentLoopMetrics
+    from hybridrl.agent_loop.manager import agent_loop_metrics
+    from hybridrl.data.sample import new_group, samples_to_batch
+    from hybridrl.trainer.ppo.generate import TRAINING
+
+    started = time.perf_counter()
+    handles = [generator.submit(new_group(row, 1, index, index), TRAINING, None) for index, row in enumerate(rows)]
+    done: dict = {}
+    while len(done) < len(handles):
+        done.update(generator.wait([handle for handle in handles if handle not in done]))
+    samples = [done[handle][0] for handle in handles]
+    batch = samples_to_batch(samples, prompt_length=rollout_config.prompt_length,
+                             response_length=rollout_config.response_length, pad_token_id=pad_token_id,
+                             with_log_probs=False, scored=False)
+    ran = [sample for sample in samples if sample.agent_metrics is not None]
+    batch.meta_info["metrics"] = {"timing_s/agent_loop": time.perf_counter() - started, **(agent_loop_metrics(
+        [sample.num_turns for sample in ran], [AgentLoopMetrics(**sample.agent_metrics) for sample in ran],
+        [(len(sample.prompt_ids), len(sample.response_ids)) for sample in ran]) if ran else {})}
+    return batch
 
 
 def run_turns(args, vocabulary: Vocabulary, record: dict) -> None:
     import ray
 
     from hybridrl.agent_loop.manager import AgentLoopManager
+    from hybridrl.trainer.ppo.generate import AgentLoopGenerate, BatchGenerate
 
     tokenizer = vocabulary.tokenizer
     config, worker = build_worker(args.model_dir, args)
@@ -99,8 +122,9 @@ def run_turns(args, vocabulary: Vocabulary, record: dict) -> None:
     ray.init(num_cpus=args.agent_workers + 2, include_dashboard=False, log_to_driver=True)
     manager = AgentLoopManager(config, tokenizer, [address])
     prompts = random_prompts(args.prompts, args.prompt_length, vocabulary.embeddings).repeat(args.n, interleave=True)
-    prompts.meta_info.update(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    requests = agent_requests(prompts)
+    rows, rollout = prompt_rows(prompts), config.actor_rollout_ref.rollout
+    agent_loop_generate = AgentLoopGenerate(manager, rollout)
+    batch_generate = BatchGenerate(worker, rollout, tokenizer, weights_version=lambda: 0)
     record["turns"] = []
 
     def in_window(path: str, generate) -> tuple[float, int]:
@@ -133,13 +157,15 @@ def run_turns(args, vocabulary: Vocabulary, record: dict) -> None:
         write_record(record, args.out)
         return seconds, turn["tokens"]
 
-    agent_loops = lambda path: in_window(path, lambda: manager.generate_sequences(requests))  # noqa: E731
+    agent_loops = lambda path: in_window(path, lambda: flow_generate(  # noqa: E731
+        agent_loop_generate, rows, rollout, tokenizer.pad_token_id))
     turns = {"agent_loops": lambda: agent_loops("agent_loops")}
     if args.per_request_admission:
         if record["engine"] != "sglang":
             raise SystemExit("--per-request-admission: only the sglang engine server admits requests in batches")
         turns["agent_loops_per_request"] = lambda: agent_loops("agent_loops_per_request")
-    turns["batch"] = lambda: in_window("batch", lambda: worker.generate_sequences(prompts))  # the reference: last
+    turns["batch"] = lambda: in_window("batch", lambda: flow_generate(  # the reference: last
+        batch_generate, rows, rollout, tokenizer.pad_token_id))
     try:
         for _ in range(args.warmup):  # the first agent call starts the loops' sessions; graphs and caches warm up
             for turn in turns.values():

@@ -1,23 +1,19 @@
 """Agent loops without a trainer: the registry and its YAML, the engine server (real HTTP on 127.0.0.1) with the
 batching HF engine on a tiny real model, the server manager's balancing, and the loop reward's placement."""
 import asyncio
-import math
 import textwrap
 import time
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from hybridrl.agent_loop.base import load_agent_loop_config
-from hybridrl.agent_loop.manager import (AGENT_SCORES_KEY, agent_loop_metrics, apply_agent_scores,
-                                         check_agent_names, check_output, join_shares, output_columns, rollout_share,
-                                         scores_on_trained_tokens)
+from hybridrl.agent_loop.manager import agent_loop_metrics, check_agent_names, check_output
 from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, EngineServerError
 from hybridrl.agent_loop import AgentLoopOutput
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.workers.rollout.async_server import EngineServer, HFGenerateEngine
-from hybridrl.data.batch_layout import to_batch_layout
+from hybridrl.data.sample import Sample, samples_to_batch
 
 
 # ---------------------------------------------------------------------- registry
@@ -73,59 +69,20 @@ def test_outputs_that_do_not_fit_are_the_loops_fault():
         check_output(AgentLoopOutput(**good), Rollout, "x")
 
 
-def test_every_verl_output_field_and_metric_reaches_the_batch_or_the_metrics():
-    """routed_experts and extra_fields become columns; verl's metrics (a dict, as verl's loops pass them) become
-    verl's timing_s/agent_loop/* and a loop's own numeric ones agent_loop/<name>/mean; num_preempted -1 (unknown)
-    stays out of its mean."""
+def test_every_verl_metric_reaches_the_metrics():
+    """verl's metrics (a dict, as verl's loops pass them) become verl's timing_s/agent_loop/* and a loop's own numeric
+    ones agent_loop/<name>/mean; num_preempted -1 (unknown) stays out of its mean. (extra_fields, __num_turns__ and
+    routed_experts become batch columns through the sample: test_data_flow.)"""
     base = dict(prompt_ids=[1], response_ids=[2, 3], response_mask=[1, 1], num_turns=2)
     outputs = [AgentLoopOutput(**base, routed_experts=[[0, 1]] * 3, extra_fields={"turn_scores": [1.0]},
                                metrics={"generate_sequences": 0.5, "num_preempted": 2, "compute_score": 0.25,
                                         "queue_s": 3.0, "note": "not a number"}),
                AgentLoopOutput(**base, metrics={"generate_sequences": 1.5, "num_preempted": -1})]
-    columns = output_columns(outputs)
-    assert columns["routed_experts"][0] == [[0, 1]] * 3 and columns["routed_experts"][1] is None
-    assert list(columns["turn_scores"]) == [[1.0], None] and list(columns["__num_turns__"]) == [2, 2]
     metrics = agent_loop_metrics([output.num_turns for output in outputs], [output.metrics for output in outputs],
                                  [(1, 2), (1, 2)])
     assert (metrics["timing_s/agent_loop/generate_sequences/mean"], metrics["agent_loop/num_preempted/mean"],
             metrics["timing_s/agent_loop/compute_score/mean"], metrics["agent_loop/queue_s/mean"]) == (1.0, 2.0, 0.125, 3.0)
     assert "agent_loop/note/mean" not in metrics
-    assert "routed_experts" not in output_columns(outputs[1:])
-
-
-def test_each_worker_pads_its_share_and_the_shares_join_in_row_order_with_every_column():
-    """Worker 0's loops set an extra field and routed experts, worker 1's do not and one of its loops failed: the joined
-    batch has both columns (None where a loop gave none), the failed row is one EOS token with no loss and score 0,
-    and the tensors are the rows padded in order, by hand."""
-    rollout = SimpleNamespace(prompt_length=2, response_length=3, calculate_log_probs=True)
-    EOS, PAD = 9, 0
-    done = AgentLoopOutput(prompt_ids=[5], response_ids=[6, 7], response_mask=[1, 0], response_logprobs=[-0.5, 0.0],
-                           num_turns=4, extra_fields={"turn_scores": [1.0]}, routed_experts=[[1]],
-                           metrics={"generate_sequences": 2.0, "tool_calls": 0.5})
-    plain = AgentLoopOutput(prompt_ids=[3, 4], response_ids=[8], response_mask=[1], response_logprobs=[-0.25],
-                            reward_score=1.0, num_turns=2)
-    first = rollout_share([{"raw_prompt_ids": [5]}], [{"output": done.model_dump(), "token_versions": [2, -1]}],
-                          rollout, EOS, PAD)
-    second = rollout_share([{"raw_prompt_ids": [3, 4]}, {"raw_prompt_ids": [1]}],
-                           [{"output": plain.model_dump(), "token_versions": [3]}, {"error": "Traceback: boom"}],
-                           rollout, EOS, PAD)
-    assert (first["errors"], second["errors"]) == ([], ["Traceback: boom"])
-    assert [summary["num_turns"] for summary in first["summaries"] + second["summaries"]] == [4, 2, 0]
-    assert first["summaries"][0]["metrics"]["tool_calls"] == 0.5
-    assert [(summary["prompt_length"], summary["response_length"]) for summary in second["summaries"]] == [(2, 1), (1, 1)]
-
-    batch = join_shares([first["batch"], second["batch"]])
-    assert batch.batch["prompts"].tolist() == [[PAD, 5], [3, 4], [PAD, 1]]
-    assert batch.batch["responses"].tolist() == [[6, 7, PAD], [8, PAD, PAD], [EOS, PAD, PAD]]
-    assert batch.batch["response_mask"].tolist() == [[1, 0, 0], [1, 0, 0], [0, 0, 0]]
-    assert batch.batch["attention_mask"].tolist() == [[0, 1, 1, 1, 0], [1, 1, 1, 0, 0], [0, 1, 1, 0, 0]]
-    assert batch.batch["rollout_log_probs"].tolist() == [[-0.5, 0.0, 0.0], [-0.25, 0.0, 0.0], [0.0, 0.0, 0.0]]
-    assert batch.batch["response_weight_versions"].tolist() == [[2, -1, -1], [3, -1, -1], [-1, -1, -1]]
-    scores = batch.batch[AGENT_SCORES_KEY].tolist()
-    assert math.isnan(scores[0]) and scores[1:] == [1.0, 0.0]
-    assert list(batch.non_tensor_batch["turn_scores"]) == [[1.0], None, None]
-    assert list(batch.non_tensor_batch["routed_experts"]) == [[[1]], None, None]
-    assert list(batch.non_tensor_batch["__num_turns__"]) == [4, 2, 0]
 
 
 # ---------------------------------------------------------------------- the loop's reward
@@ -152,26 +109,19 @@ def test_verls_timing_metrics_and_the_slowest_sample_by_hand():
     assert got["agent_loop/num_preempted/mean"] == 1.5  # -1 (unknown) left out
 
 
-def test_loop_reward_replaces_the_managers_on_the_last_response_token():
-    batch = to_batch_layout([[5, 6], [7]], [[1, 2, 3], [4]], prompt_length=3, response_length=4, pad_token_id=0,
-                            response_mask=[[1, 0, 0], [1]])
-    batch.batch[AGENT_SCORES_KEY] = torch.tensor([0.5, float("nan")])
-    manager_scores = torch.tensor([[0.0, 0.0, 9.0, 0.0], [2.0, 0.0, 0.0, 0.0]])
-    scores = apply_agent_scores(batch, manager_scores)
-    # row 0: the loop's 0.5 on its last token (a masked one: the last real token, as the reward managers place it)
-    assert scores.tolist() == [[0.0, 0.0, 0.5, 0.0], [2.0, 0.0, 0.0, 0.0]]
-
-
-def test_a_score_on_a_trailing_tool_span_moves_to_the_last_model_token_and_is_not_lost():
+def test_a_score_on_a_trailing_tool_span_goes_on_the_last_model_token_and_is_not_lost():
     from hybridrl.algorithms.core_algos import (compute_gae_advantage_return,
                                                  compute_reinforce_plus_plus_outcome_advantage)
 
-    # row 0: model, model, tool, tool (the manager scored the last real token, a tool token); row 1: no holes;
-    # row 2: a failed loop (nothing trained): left alone
-    response_mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0]])
-    scores = torch.tensor([[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0]])
-    moved = scores_on_trained_tokens(scores, response_mask)
+    # row 0: model, model, tool, tool; row 1: no holes; row 2: a failed loop (nothing trained): its last token
+    samples = [Sample(group_index=0, index=row, prompt_ids=[5], response_ids=[6] * len(mask), loss_mask=mask,
+                      token_versions=[0] * len(mask), reward=reward)
+               for row, (mask, reward) in enumerate([([1, 1, 0, 0], 1.0), ([1, 1, 1], 0.5), ([0], 0.0)])]
+    batch = samples_to_batch(samples, prompt_length=1, response_length=4, pad_token_id=0, with_log_probs=False,
+                             scored=True)
+    moved, response_mask = batch.batch["token_level_scores"], batch.batch["response_mask"]
     assert moved.tolist() == [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0]]
+    scores = torch.tensor([[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0]])  # the last real token
     # where the score sat, the estimators (which skip masked tokens) lost it; moved, row 0 earns it
     _, lost = compute_reinforce_plus_plus_outcome_advantage(scores, response_mask, gamma=1.0)
     _, kept = compute_reinforce_plus_plus_outcome_advantage(moved, response_mask, gamma=1.0)

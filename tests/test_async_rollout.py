@@ -6,6 +6,7 @@ the span must reach the trainer unmasked in attention, masked in response_mask, 
 loss), and the loop's own reward must replace the reward manager's.
 """
 import os
+import re
 import textwrap
 
 import pyarrow as pa
@@ -13,6 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from hybridrl.config.preflight import check_before_start
+from hybridrl.config.validation import ConfigError
 from hybridrl.trainer.ppo.async_trainer import trainer_class
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from test_e2e_training import make_config, read_metrics
@@ -205,32 +208,41 @@ def test_failed_loops_cost_their_samples_until_the_share_is_exceeded(ray_local, 
         assert batch.batch["token_level_scores"][odd].abs().sum() == 0
         assert batch.batch["response_mask"][~odd].sum(-1).min() > 0
 
-        from hybridrl.protocol import DataProto
-        prompts = DataProto.from_single_dict(next(iter(trainer.train_dataloader)))
         trainer.agent_loop_manager.max_failed_ratio = 0.25  # more than a quarter fails: the step fails
         with pytest.raises(RuntimeError, match="(?s)8 of 16 agent loops failed.*max_failed_sample_ratio=0.25.*"
                                                "KeyError: 'flaky loop: odd index'"):
-            trainer.train_step(prompts)
+            trainer.train_step()
         trainer._trainer_mode()  # the failed step left the ranks in rollout mode
         # an engine server's error is no sample failure: it fails the step with the server's own message
-        prompts = DataProto.from_single_dict(next(iter(trainer.train_dataloader)))
-        prompts.non_tensor_batch["agent_name"][:] = "greedy_server_breaker"
+        get_groups = trainer.prompt_source.get_groups
+
+        def breaking_groups(*args):
+            groups = get_groups(*args)
+            for sample in (sample for group in groups for sample in group):
+                sample.metadata["agent_name"] = "greedy_server_breaker"
+            return groups
+
+        trainer.prompt_source.get_groups = breaking_groups
         with pytest.raises(Exception, match="(?s)engine server .* HTTP 500.*max_tokens=1000"):
-            trainer.train_step(prompts)
+            trainer.train_step()
     finally:
         trainer.shutdown()
 
 
-def test_unknown_agent_name_is_refused_before_workers_start(ray_local, toy_task, user_loops, tmp_path):
+def test_unknown_agent_name_is_refused_before_workers_start(toy_task, user_loops, tmp_path):
     rows = [{"data_source": "toy/letter_a", "prompt": [{"role": "user", "content": "say something about dog"}],
              "ability": "toy", "reward_model": {"style": "rule", "ground_truth": "a"},
              "extra_info": {"index": i}, "agent_name": name} for i, name in enumerate(["tool_span_agent", "nope"] * 8)]
     train = write_rows(str(tmp_path / "named.parquet"), rows)
     config = make_config(toy_task, str(tmp_path / "run"), *async_overrides(user_loops, "single_turn_agent"),
                          f"data.train_files={train}")
-    with pytest.raises(ValueError, match=r"data.train_files: column agent_name: agent loop\(s\) \['nope'\] are not "
-                                         r"registered; known: \[.*'single_turn_agent', 'slow_agent', 'tool_agent', 'tool_span_agent'\]"):
-        RayPPOTrainer(config)
+    with pytest.raises(ConfigError) as refused:
+        check_before_start(config)
+    [problem] = [problem for problem in refused.value.problems if "agent_name" in problem]
+    assert re.fullmatch(r"data.train_files\[0\]: expected agent_name values among the registered agent loops \[.*"
+                        r"'single_turn_agent', 'slow_agent', 'tool_agent', 'tool_span_agent'\], got \['nope'\] in "
+                        + re.escape(repr(train)) + r" \(register with @register\(name\) or list them in "
+                        r"actor_rollout_ref.rollout.agent.agent_loop_config_path\)", problem)
 
 
 def test_a_dead_engine_server_fails_the_step_within_60_s(ray_local, toy_task, user_loops, tmp_path):
@@ -251,7 +263,7 @@ def test_a_dead_engine_server_fails_the_step_within_60_s(ray_local, toy_task, us
     try:
         rank1 = trainer.actor_rollout_wg.workers[1]
         pid = ray.get(rank1.__ray_call__.remote(lambda worker: os.getpid()))
-        generate = trainer.agent_loop_manager.generate_sequences
+        wait = trainer.group_rollout.generator.wait
         marker = tmp_path / "rank_killed"  # next to my_agent_loops.py, where SlowLoop looks for it
         killer_errors = []
 
@@ -265,20 +277,20 @@ def test_a_dead_engine_server_fails_the_step_within_60_s(ray_local, toy_task, us
             finally:
                 marker.touch()  # the loops go on either way: a failed kill fails the test, it does not hang it
 
-        def kill_rank1_then_generate(requests):  # in rollout mode, while the loops wait for the marker
+        def kill_rank1_then_wait(handles):  # in rollout mode, while the submitted loops wait for the marker
+            if marker.exists():  # killed at the first wait already
+                return wait(handles)
             killer = threading.Thread(target=kill_rank1)
             killer.start()
             try:
-                return generate(requests)
+                return wait(handles)
             finally:
                 killer.join()
 
-        trainer.agent_loop_manager.generate_sequences = kill_rank1_then_generate
-        from hybridrl.protocol import DataProto
-        prompts = DataProto.from_single_dict(next(iter(trainer.train_dataloader)))
+        trainer.group_rollout.generator.wait = kill_rank1_then_wait
         with pytest.raises(Exception, match=r"engine server \S+ \(rank 1\) is unreachable or died mid-request: "
                                             r"(ClientConnectorError|ServerDisconnectedError|ClientOSError)"):
-            trainer.train_step(prompts)
+            trainer.train_step()
         assert not killer_errors, killer_errors
     finally:
         trainer.shutdown()

@@ -29,15 +29,8 @@ def recording(cls, stop_after: int | None = None):
             self.learned: list = []  # each step's batch, as learn_step gets it
             self.trained_prompts: list[list[int]] = []
             self.taken_prompts: list[int] = []
-            self._recorded_batches = None
-            if self.prompt_source is not None:  # the data flow takes its batches through the prompt source
-                batches = self.prompt_source.batches
-                self.prompt_source.batches = lambda: self._record(batches())
-
-        def _next_step(self, batches):
-            if self._recorded_batches is None:
-                self._recorded_batches = self._record(batches)
-            return super()._next_step(self._recorded_batches)
+            batches = self.prompt_source.batches  # every step takes its batches through the prompt source
+            self.prompt_source.batches = lambda: self._record(batches())
 
         def _record(self, batches):
             for batch in batches:
@@ -59,13 +52,13 @@ def recording(cls, stop_after: int | None = None):
 
 def train(config, stop_after: int | None = None):
     """The run, and the prompts its prompt source holds at the end (buffer and rows not yet made groups), once what
-    the schedule had in flight went back to it as a checkpoint would put it: [] without a prompt source."""
+    the schedule had in flight went back to it as a checkpoint would put it."""
     trainer = recording(trainer_class(config), stop_after)(config)
     trainer.init_workers()
     try:
         trainer.fit()
         trainer.return_in_flight()
-        held = prompts_held(trainer.prompt_source.state_dict()) if trainer.prompt_source is not None else []
+        held = prompts_held(trainer.prompt_source.state_dict())
         if hasattr(trainer, "rollout_version"):  # separate pools
             trainer.versions_at_end = (trainer.rollout_version, trainer.weights_version())
     finally:

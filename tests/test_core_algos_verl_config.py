@@ -39,7 +39,7 @@ def test_the_optimal_token_baselines_are_refused_for_their_missing_input(estimat
         "choose another estimator"]
 
 
-def test_gdpo_needs_its_components_one_weight_each_and_the_batch_path():
+def test_gdpo_needs_its_components_and_one_weight_each_in_any_route():
     assert problems_for("algorithm.adv_estimator=gdpo") == [
         "algorithm.gdpo_reward_keys: expected a non-empty list of the reward components (keys of the dict the scorer "
         "returns) with algorithm.adv_estimator='gdpo', got None"]
@@ -47,9 +47,8 @@ def test_gdpo_needs_its_components_one_weight_each_and_the_batch_path():
                         "algorithm.gdpo_reward_weights=[1.0]") == [
         "algorithm.gdpo_reward_weights: expected one weight per gdpo_reward_keys entry (2: ['acc', 'fmt']), got 1: "
         "[1.0]"]
-    assert problems_for("algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[acc]", "data_flow.enable=true",
-                        "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true") == [
-        "algorithm.adv_estimator: 'gdpo' runs on the synchronous batch path only, which keeps the reward components "
-        "as batch columns (the data flow keeps them as one dict per sample); data_flow.enable=true routes steps "
-        "through the data flow"]
+    # the scorer's extras reach the batch as columns in every route (data/sample.samples_to_batch): the data flow too
+    validate_config(compose_config(["algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[acc]",
+                                    "data_flow.enable=true", "actor_rollout_ref.rollout.mode=async",
+                                    "data.return_raw_chat=true"]))
     validate_config(compose_config(["algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[acc,fmt]"]))

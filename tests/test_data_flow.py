@@ -17,7 +17,7 @@ from hybridrl.config.validation import ConfigError
 from hybridrl.data import filters
 from hybridrl.data.hooks import HookError, load_hook
 from hybridrl.data.prompt_source import PromptSource
-from hybridrl.trainer.ppo.group_rollout import data_flow_enabled
+from hybridrl.data.route import data_flow_switch
 from hybridrl.data.sample import ABORTED, COMPLETED, PENDING, TRUNCATED, Sample, groups_to_batch, partial_rollout_metrics, reset_group
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.agent_loop.base import TokenOutput
@@ -40,8 +40,10 @@ def test_groups_to_batch_pads_once_and_puts_the_reward_on_the_last_trained_token
     second = scored_group(4, [{"acc": 0.5, "score": 2.0}, {"acc": 0.25, "score": 3.0}])
     for sample in second:
         sample.reward_key = "acc"
+    second[0].metadata["reward_extra_info"] = {"acc": 0.5, "fmt": 1.0}  # the scorer's extras, as GDPO reads them
     batch = groups_to_batch([first, second], prompt_length=4, response_length=5, pad_token_id=0,
                             with_log_probs=False, scored=True)
+    assert list(batch.non_tensor_batch["fmt"]) == [None, None, 1.0, None]  # a column per extra, None where none
     assert batch.batch["prompts"].tolist()[0] == [0, 0, 1, 2]
     assert batch.batch["responses"].tolist()[1] == [7, 8, 5, 6, 0]
     assert batch.batch["response_mask"].tolist()[1] == [1, 1, 0, 0, 0]
@@ -232,17 +234,21 @@ def test_good_hooks_load_and_data_flow_keys_are_refused_while_it_is_off(tmp_path
         "data_flow.enable=true), got True",
         "data_flow.buffer_filter: expected null path and name with data_flow.enable=false (set data_flow.enable=true), "
         "got {'path': None, 'name': 'pop_first'}"]
-    # verl's DAPO keys in the default rollout.mode=sync: the data flow runs on the engine servers all the same, so
-    # their checks apply (here FSDP1 with the hf server), but not async mode's raw chat for the single-turn loop
+    # verl's DAPO keys in the default rollout.mode=sync: the flow generates by the engines' batched call, so FSDP1 with
+    # hf and no raw chat are fine; a custom generate function is handed the engine servers, whose checks then apply
+    config = validate_config(flow_config(tmp_path, "data_flow.enable=false", "algorithm.filter_groups.enable=true",
+                                         "actor_rollout_ref.rollout.mode=sync", "data.return_raw_chat=false",
+                                         "actor_rollout_ref.actor.strategy=fsdp"))
+    assert config.algorithm.filter_groups.enable and config.actor_rollout_ref.actor.strategy == "fsdp"
     with pytest.raises(ConfigError) as refused:
-        validate_config(flow_config(tmp_path, "data_flow.enable=false", "algorithm.filter_groups.enable=true",
-                                    "actor_rollout_ref.rollout.mode=sync", "data.return_raw_chat=false",
-                                    "actor_rollout_ref.actor.strategy=fsdp"))
+        validate_config(flow_config(tmp_path, "actor_rollout_ref.rollout.mode=sync", "data.return_raw_chat=false",
+                                    "actor_rollout_ref.actor.strategy=fsdp",
+                                    f"data_flow.custom_generate_function.path={hook_file}",
+                                    "data_flow.custom_generate_function.name=my_generate"))
     assert refused.value.problems == [
-        "actor_rollout_ref.actor.strategy: expected 'fsdp2' with algorithm.filter_groups.enable=true (the data flow "
-        "runs its groups as agent loops on engine servers) and rollout.name='hf' (each rank's server generates on its "
-        "own schedule; FSDP1 may gather layers at every step, a collective the ranks would not join together), got "
-        "'fsdp'"]
+        "actor_rollout_ref.actor.strategy: expected 'fsdp2' with data_flow.custom_generate_function (it is handed the "
+        "engine servers) and rollout.name='hf' (each rank's server generates on its own schedule; FSDP1 may gather "
+        "layers at every step, a collective the ranks would not join together), got 'fsdp'"]
 
 
 # ---------------------------------------------------------------------- abort on the HF engine server
@@ -415,7 +421,7 @@ def test_reward_function_scores_samples_or_whole_groups_and_dapo_keys_pick_the_f
     hooks.write_text(REWARD_HOOKS)
 
     def rollout(*overrides):
-        return GroupRollout(validate_config(flow_config(tmp_path, *overrides)), agent_loop_manager=None,
+        return GroupRollout(validate_config(flow_config(tmp_path, *overrides)), generator=None,
                             tokenizer=None, score_batch=None)
 
     def fresh():
@@ -489,9 +495,11 @@ def test_an_agent_loop_run_becomes_the_sample_the_trainer_batches():
     assert (sample.token_versions, sample.rollout_log_probs) == ([3, 3, -1, -1, 4], [-0.5, -0.25, 0.0, 0.0, -1.0])
     assert (sample.reward, sample.status, sample.num_turns, sample.error) == (None, COMPLETED, 4, None)
     assert sample.agent_metrics["num_tool_calls"] == 1
-    assert sample.metadata == {"data_source": "d", "turn_scores": [0.5]}
+    # extra_fields and the turns become verl's batch columns (the scorer reads __num_turns__ as num_turns)
+    assert sample.metadata == {"data_source": "d", "turn_scores": [0.5], "__num_turns__": 4}
     batch = groups_to_batch([[sample]], prompt_length=4, response_length=6, pad_token_id=0, with_log_probs=True,
                             scored=False)
+    assert (batch.non_tensor_batch["__num_turns__"][0], batch.non_tensor_batch["turn_scores"][0]) == (4, [0.5])
     assert batch.batch["response_mask"][0].tolist() == [1, 1, 0, 0, 1, 0]
     assert batch.batch[WEIGHT_VERSIONS_KEY][0, :5].tolist() == [3, 3, -1, -1, 4]
 
@@ -499,6 +507,10 @@ def test_an_agent_loop_run_becomes_the_sample_the_trainer_batches():
         "output": {**output, "reward_score": 1.0, "metrics": {"response_cut": 1}}, "token_versions": [3] * 5,
         "aborted": False}, eos_token_id=2, with_log_probs=False)
     assert (cut.status, cut.reward, cut.rollout_log_probs) == (TRUNCATED, 1.0, None)
+    routed = sample_from_loop(Sample(group_index=0, index=6, prompt_ids=[5]), {
+        "output": {**output, "routed_experts": [[0, 1]] * 5}, "token_versions": [3] * 5, "aborted": False},
+        eos_token_id=2, with_log_probs=False)
+    assert routed.metadata["routed_experts"] == [[0, 1]] * 5 and "routed_experts" not in cut.metadata
     aborted = sample_from_loop(Sample(group_index=0, index=4, prompt_ids=[5]), {**result, "aborted": True},
                                eos_token_id=2, with_log_probs=True)
     assert (aborted.status, aborted.num_aborts) == (ABORTED, 1)
@@ -530,10 +542,14 @@ def test_the_data_flow_runs_on_a_rollout_pool_in_every_schedule_and_fully_async_
     # the asynchronous schedules have the data flow as their one path: its keys act without data_flow.enable
     config = validate_config(flow_config(tmp_path, *split, "async_training.mode=one_step_off", "data_flow.enable=false",
                                          "data_flow.partial_rollout=true", "data_flow.buffer_filter.name=pop_first"))
-    assert data_flow_enabled(config) and config.data_flow.partial_rollout and not config.data_flow.enable
-    assert data_flow_enabled(validate_config(flow_config(tmp_path, *split, "async_training.mode=fully_async",
-                                                         "data_flow.enable=false")))
-    assert not data_flow_enabled(validate_config(flow_config(tmp_path, *split, "data_flow.enable=false")))
+    def flow_on(config):
+        return data_flow_switch(config.data_flow.enable, config.algorithm.filter_groups.enable,
+                                config.async_training.mode) is not None
+
+    assert flow_on(config) and config.data_flow.partial_rollout and not config.data_flow.enable
+    assert flow_on(validate_config(flow_config(tmp_path, *split, "async_training.mode=fully_async",
+                                               "data_flow.enable=false")))
+    assert not flow_on(validate_config(flow_config(tmp_path, *split, "data_flow.enable=false")))
     with pytest.raises(ConfigError) as refused:
         validate_config(flow_config(tmp_path, *split, "async_training.mode=fully_async",
                                     "data_flow.over_sampling_batch_size=24",
@@ -684,8 +700,8 @@ def test_the_group_rollout_judges_and_counts_only_the_sampled_responses_and_sets
     rollout = GroupRollout(validate_config(flow_config(tmp_path, *remax, f"data_flow.reward_function.path={hooks}",
                                                        "data_flow.reward_function.name=per_sample",
                                                        "data_flow.dynamic_sampling_filter.name=check_reward_nonzero_std")),
-                           agent_loop_manager=None, tokenizer=SimpleNamespace(pad_token_id=0), score_batch=None)
-    assert rollout.with_baseline and rollout.baseline_params["temperature"] == 0.0
+                           generator=None, tokenizer=SimpleNamespace(pad_token_id=0), score_batch=None)
+    assert rollout.with_baseline
     group = with_scored_baseline(scored_group(1, [None, None]), None)
     group[2].response_ids = [3]  # per_sample scores the last token: sampled 9, 9; baseline 3
     rollout.start_counting()

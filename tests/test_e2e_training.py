@@ -89,7 +89,8 @@ def probe_batch(trainer):
     """A fixed prompt+response batch to compare the policy's log-probs before and after training."""
     prompts = DataProto.from_single_dict(next(iter(trainer.val_dataloader)))
     gen = prompts.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
-    gen.meta_info = trainer._generation_meta(validate=True)
+    gen.meta_info = {"eos_token_id": trainer.tokenizer.eos_token_id, "pad_token_id": trainer.tokenizer.pad_token_id,
+                     "validate": True, "do_sample": trainer.config.actor_rollout_ref.rollout.val_kwargs.do_sample}
     trainer.actor_rollout_wg.rollout_mode()
     probe = trainer.actor_rollout_wg.generate_sequences(gen)
     trainer.actor_rollout_wg.trainer_mode()

@@ -11,7 +11,8 @@ the tool agent loop imports both to run tools and interactions, so agent_loop si
 `utils` may be imported by every package; `protocol` by every package but utils. `config` imports nothing of
 hybridrl but utils: the subsystems register their config checks with it (config/checks.py), and hybridrl/checks.py
 imports them. Imports are read with `ast` at any depth (inside functions too); config's string constants are read as
-well, so that an importlib string naming a subsystem's module counts as an import.
+well, so that an importlib string naming a subsystem's module counts as an import. Runtime code imports no
+config_checks module: checks run once, before the start (hybridrl/checks.py gathers them).
 """
 from __future__ import annotations
 
@@ -125,6 +126,16 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     return found
 
 
+def config_checks_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of a subsystem's config_checks module from runtime code: a rule is checked once, before the start, by
+    hybridrl.checks (the one module that gathers them) and the other config_checks modules; runtime code that needs
+    a shared rule imports the runtime module it lives in (e.g. data/route.py), never a check."""
+    gatherers = {"hybridrl.checks"}
+    return [f"{module} -> {target}" for module, targets in sorted(graph.items())
+            if module not in gatherers and not module.endswith(".config_checks")
+            for target in sorted(targets) if target.endswith(".config_checks")]
+
+
 def test_every_package_has_a_layer():
     assert sorted({layer(module) for module in MODULES} - set(LAYERS)) == []
 
@@ -141,6 +152,10 @@ def test_packages_import_only_the_layers_below():
     assert upward_imports(import_graph()) == []
 
 
+def test_runtime_code_imports_no_config_checks():
+    assert config_checks_imports(import_graph()) == []
+
+
 @pytest.mark.parametrize("module, line, check", [
     ("hybridrl.config.validation", "from hybridrl.trainer.tracking import VALID_LOGGERS", config_escapes),
     ("hybridrl.config.checks", "    from hybridrl.data import hooks", config_escapes),
@@ -148,6 +163,9 @@ def test_packages_import_only_the_layers_below():
     ("hybridrl.reward.hub", "from hybridrl.workers.rollout import BaseRollout", upward_imports),
     ("hybridrl.utils.import_utils", "from hybridrl.protocol import DataProto", upward_imports),
     ("hybridrl.reward.custom_function", "from hybridrl.reward.hub import RewardHub", cycles),
+    ("hybridrl.trainer.ppo.group_rollout", "from hybridrl.data.config_checks import DATA_FLOW_DEFAULTS",
+     config_checks_imports),
+    ("hybridrl.agent_loop.manager", "    import hybridrl.agent_loop.config_checks", config_checks_imports),
 ])
 def test_a_forbidden_import_is_found(module, line, check):
     """The checks above can fail: each forbidden import, added to a module's source, is reported."""

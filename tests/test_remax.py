@@ -1,13 +1,12 @@
-"""ReMax end to end (issue #12, point 7; issue #26): a greedy baseline generated and scored every step, by the batch
-path after the step's rollout, or by the data flow with each group (one more sample of the group, greedy, in the same
-agent-loop call), under every schedule.
+"""ReMax end to end (issue #12, point 7; issues #26, 58): each group's greedy baseline is generated with the group
+(one more sample of it, greedy: data/sample.py), by the engines' batched call in rollout.mode=sync and by the agent
+loops on engine servers otherwise, and its score becomes the rows' reward_baselines when the batch is assembled.
 
-Real local Ray, 2 gloo ranks, the toy task of test_e2e_training (reward: the share of "a" in the
-response). A step's batch is checked by hand: reward_baselines must be the score of each prompt's
-greedy response under the weights the step started from, and every advantage must be that row's
-score minus its prompt's baseline. That check scores by the response's length in characters
-instead: the untrained model's greedy answers hold no "a", and a baseline of 0 everywhere would let
-"advantage = score" pass.
+Real local Ray, 2 gloo ranks, the toy task of test_e2e_training. A step's batch is checked by hand: reward_baselines
+must be the score of each prompt's greedy response under the weights the step started from (lr 0 keeps them, so it
+is recomputed after the step through the same engines), and every advantage must be that row's score minus its
+prompt's baseline. That check scores by the response's length in characters instead of the share of "a": the
+untrained model's greedy answers hold no "a", and a baseline of 0 everywhere would let "advantage = score" pass.
 """
 import collections
 
@@ -16,7 +15,7 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.algorithms import core_algos
-from hybridrl.trainer.ppo.ray_trainer import GEN_KEYS, RayPPOTrainer
+from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from tests.test_e2e_training import make_config, read_metrics
 
 N = 4
@@ -24,17 +23,6 @@ LENGTH_REWARD = """
 def length_score(data_source, solution_str, ground_truth, extra_info=None):
     return len(solution_str) / 50
 """
-
-
-def greedy_scores(trainer: RayPPOTrainer, prompts_batch: DataProto) -> torch.Tensor:
-    """By hand: generate each prompt's greedy response and score it with the run's reward function."""
-    batch = DataProto(dict(prompts_batch.batch), dict(prompts_batch.non_tensor_batch), {})
-    prompts = batch.pop(batch_keys=GEN_KEYS)
-    prompts.meta_info = {**trainer._generation_meta(validate=False), "do_sample": False}
-    trainer.actor_rollout_wg.rollout_mode()
-    batch.union(trainer.actor_rollout_wg.generate_sequences(prompts))
-    trainer.actor_rollout_wg.trainer_mode()
-    return trainer.reward_fn(batch, return_dict=True)["reward_tensor"].sum(-1)
 
 
 @pytest.fixture
@@ -51,46 +39,28 @@ def advantage_batches(monkeypatch) -> list[DataProto]:
     return seen
 
 
-def test_remax_baseline_is_the_greedy_score_and_advantages_are_score_minus_baseline(ray_local, toy_task, tmp_path,
-                                                                                    advantage_batches):
-    reward_file = tmp_path / "length_reward.py"
-    reward_file.write_text(LENGTH_REWARD)
-    config = make_config(toy_task, str(tmp_path), "algorithm.adv_estimator=remax", f"actor_rollout_ref.rollout.n={N}",
-                         f"custom_reward_function.path={reward_file}", "custom_reward_function.name=length_score")
-    trainer = RayPPOTrainer(config)
-    trainer.init_workers()
-    try:
-        prompts_batch = DataProto.from_single_dict(next(iter(trainer.train_dataloader)))
-        expected_baselines = greedy_scores(trainer, prompts_batch)  # the weights train_step starts from
-        metrics = trainer.train_step(prompts_batch)
-    finally:
-        trainer.shutdown()
-
-    batch = advantage_batches[0].batch
-    mask = batch["response_mask"].bool()
-    scores = batch["token_level_scores"].sum(-1)
-    assert len(scores) == 8 * N and "timing_s/gen_max" in metrics
-    # the n responses of a prompt are consecutive (interleaved repeat) and share its greedy baseline
-    torch.testing.assert_close(batch["reward_baselines"], expected_baselines.repeat_interleave(N), rtol=0, atol=1e-6)
-    assert float(expected_baselines.min()) > 0  # each greedy answer was scored (a missing one would be 0)
-    expected_advantages = (scores - batch["reward_baselines"]).unsqueeze(-1).expand_as(mask)
-    assert torch.isfinite(batch["advantages"]).all()
-    torch.testing.assert_close(batch["advantages"][mask], expected_advantages[mask], rtol=0, atol=1e-6)
-    assert (batch["advantages"][~mask] == 0).all()
-    assert float((scores - batch["reward_baselines"]).abs().max()) > 0.01  # the baseline is not the score itself
-
-
 def greedy_scores_by_prompt(trainer: RayPPOTrainer) -> dict[int, float]:
-    """By hand, through the run's engines: every training prompt's greedy response (the batch path's generation, one
-    prompt per row), scored with the run's reward function, by the prompt's extra_info index."""
+    """By hand, through the run's engines: every training prompt's greedy response, one prompt per group of one,
+    generated apart from any training group by the run's generate function (batched call or agent loops, whichever
+    the schedule uses) and scored with the run's reward function, by the prompt's extra_info index."""
+    from hybridrl.data.sample import samples_to_batch
+    from hybridrl.data.prompt_source import PromptSource
+    from hybridrl.trainer.ppo.generate import GREEDY
+
     trainer._rollout_mode()
-    scores = {}
-    for batch_dict in trainer.train_dataloader:  # one pass over the training prompts
-        greedy = trainer._generate(DataProto.from_single_dict(batch_dict), n=1, validate=False, do_sample=False)
-        values = trainer._score(greedy, trainer.reward_fn)["reward_tensor"].sum(-1).tolist()
-        scores.update({info["index"]: value for info, value in zip(greedy.non_tensor_batch["extra_info"], values)})
+    groups = PromptSource(lambda: iter(trainer.train_dataloader), 1, trainer.config).get_groups(1 << 30, step=0)
+    generator = trainer.group_rollout.generator
+    handles = [generator.submit(group, GREEDY, None) for group in groups]
+    done: dict = {}
+    while len(done) < len(handles):
+        done.update(generator.wait([handle for handle in handles if handle not in done]))
     trainer._trainer_mode()
-    return scores
+    samples = [done[handle][0] for handle in handles]
+    rollout = trainer.config.actor_rollout_ref.rollout
+    greedy = samples_to_batch(samples, prompt_length=rollout.prompt_length, response_length=rollout.response_length,
+                              pad_token_id=trainer.tokenizer.pad_token_id, with_log_probs=False, scored=False)
+    values = trainer.reward_fn(greedy, return_dict=True)["reward_tensor"].sum(-1).tolist()
+    return {info["index"]: value for info, value in zip(greedy.non_tensor_batch["extra_info"], values)}
 
 
 def check_baselines(batch: DataProto, expected: dict[int, float], groups: int) -> None:
@@ -107,23 +77,25 @@ def check_baselines(batch: DataProto, expected: dict[int, float], groups: int) -
     torch.testing.assert_close(batch.batch["advantages"][mask], expected_advantages[mask], rtol=0, atol=1e-6)
 
 
-def test_remax_in_the_data_flow_baselines_each_group_with_its_prompts_greedy_score(ray_local, toy_task, tmp_path,
-                                                                                   advantage_batches):
-    """The data flow generates each group's greedy baseline with the group (one more sample, greedy, in the same
-    agent-loop call) and its score becomes reward_baselines when the batch is assembled; the baseline is no row of
-    the batch. lr 0 keeps the weights, so the baselines can be recomputed by hand after the step, through the same
-    engines, by the batch path's own greedy generation."""
+ROUTES = {"batched": ["actor_rollout_ref.rollout.mode=sync"],
+          "agent_loops": ["actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
+                          "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.rollout.agent.num_workers=2"]}
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_remax_baselines_each_group_with_its_prompts_greedy_score(ray_local, toy_task, tmp_path, advantage_batches,
+                                                                  route):
+    """Each group's greedy baseline is generated with the group and its score becomes reward_baselines when the batch
+    is assembled; the baseline is no row of the batch."""
     reward_file = tmp_path / "length_reward.py"
     reward_file.write_text(LENGTH_REWARD)
     config = make_config(toy_task, str(tmp_path), "algorithm.adv_estimator=remax", f"actor_rollout_ref.rollout.n={N}",
                          f"custom_reward_function.path={reward_file}", "custom_reward_function.name=length_score",
-                         "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
-                         "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.rollout.agent.num_workers=2",
-                         "data_flow.enable=true", "actor_rollout_ref.actor.optim.lr=0")
+                         *ROUTES[route], "data_flow.enable=true", "actor_rollout_ref.actor.optim.lr=0")
     trainer = RayPPOTrainer(config)
     trainer.init_workers()
     try:
-        metrics = trainer.train_step(None)
+        metrics = trainer.train_step()
         expected = greedy_scores_by_prompt(trainer)
     finally:
         trainer.shutdown()
@@ -171,8 +143,8 @@ def test_remax_under_the_asynchronous_schedules_baselines_each_group_from_its_ow
             batches.append(batch)
             return batch
 
-        def _start_group_rollout(self):
-            super()._start_group_rollout()
+        def _start_group_rollout(self, generator):
+            super()._start_group_rollout(generator)
             to_batch = self.group_rollout.to_batch
 
             def recording_to_batch(groups, weights_version):

@@ -7,13 +7,13 @@ reason in PATHS or the case's `replaced`: the data, model and reward paths becom
 tiny random Qwen2), and keys a 2-core CPU machine cannot honour (engine, device counts, batch sizes and lengths shrunk
 to a tiny model in seconds, logging without network) take CPU values. Keys we accept are not dropped, and no key is
 added but the reward, the run directory, the step count and (DAPO) the local Ray's CPUs; not rollout.mode: the DAPO
-list turns on algorithm.filter_groups, whose data flow runs on the engine servers in hybridrl's default
-rollout.mode=sync as in verl's default async (data/config_checks.engine_servers_switch). No key is left out, and only
-DAPO's run differs in size: its ulysses_sequence_parallel_size=4 groups 4 ranks, so it runs on 4 CPU ranks (the local
-Ray's 4 logical CPUs, named by ray_init.num_cpus on a 2-core machine) with a tiny model whose 4 attention and 4
-key/value heads a group of 4 splits. Its run took 49 s (+7 s set-up) on the 2-core machine at a load average of 3-5,
-109 s at 13-15, and did not finish within the test's 5 minutes near 30 (2026-12-06). Its entropy_checkpointing and
-entropy_from_logits_with_chunking run as pasted.
+list turns on algorithm.filter_groups, whose data flow every step takes in either mode (data/route.py: in hybridrl's
+default rollout.mode=sync the colocated engines' batched call generates its groups, in verl's default async the agent
+loops). No key is left out, and only DAPO's run differs in size: its ulysses_sequence_parallel_size=4 groups 4 ranks,
+so it runs on 4 CPU ranks (the local Ray's 4 logical CPUs, named by ray_init.num_cpus on a 2-core machine) with a
+tiny model whose 4 attention and 4 key/value heads a group of 4 splits. Its run took 49 s (+7 s set-up) on the 2-core
+machine at a load average of 3-5, 109 s at 13-15, and did not finish within the test's 5 minutes near 30
+(2026-12-06). Its entropy_checkpointing and entropy_from_logits_with_chunking run as pasted.
 """
 from dataclasses import dataclass, field
 
@@ -418,20 +418,13 @@ def test_verl_override_list_trains_two_steps_in_the_default_mode(name, ray_local
                 assert len(group) == rollout_n and float(group.std()) > 1e-6, (uid, group)
 
 
-def test_engine_server_rules_follow_the_data_flow_into_sync_mode(toy_values):
-    """With the data flow on in rollout.mode=sync the engine servers run, so what they cannot serve is refused there
-    as in async mode; the built-in single-turn loop reads the dataset's tokens, so only another default loop needs
-    the raw chat."""
+def test_engine_server_rules_follow_the_engine_servers_not_the_data_flow(toy_values):
+    """The DAPO keys in rollout.mode=sync generate by the colocated engines' batched call, which a custom rollout class
+    serves; in async mode the engine servers run, so what they cannot serve is refused there."""
     base = runnable(CASES["dapo"], toy_values)
     assert config_errors(base) == []
-    assert config_errors(base + ["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"]) == [
-        "data.return_raw_chat: expected true with algorithm.filter_groups.enable=true (the data flow runs its groups as "
-        "agent loops on engine servers) and actor_rollout_ref.rollout.agent.default_agent_loop='tool_agent' (agent "
-        "loops get the raw chat messages as raw_prompt), got False"]
     custom_rollout = ["actor_rollout_ref.rollout.custom_cls.path=x.py", "actor_rollout_ref.rollout.custom_cls.name=X"]
-    assert config_errors(base + custom_rollout)[0].startswith(
-        "actor_rollout_ref.rollout.custom_cls: expected null with algorithm.filter_groups.enable=true (the data flow")
-    # without the data flow (nor its groups per request, which only it reads), sync mode is the batch path, which
-    # generates with a custom rollout class
-    no_data_flow = ["algorithm.filter_groups.enable=false", "data.gen_batch_size=null"]
-    assert config_errors(base + custom_rollout + no_data_flow) == []
+    assert config_errors(base + custom_rollout) == []
+    async_mode = ["actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true"]
+    assert config_errors(base + async_mode + custom_rollout)[0].startswith(
+        "actor_rollout_ref.rollout.custom_cls: expected null with actor_rollout_ref.rollout.mode='async' (the engine")

@@ -1,18 +1,19 @@
-"""Config checks of the agent loops (rollout.mode=async, or the data flow in any mode: engine_servers_switch;
+"""Config checks of the agent loops (rollout.mode=async, or a data_flow.custom_generate_function: data/route.py;
 multi-turn), registered with hybridrl.config.checks: loops other than the built-in single-turn one read the raw chat,
 the engine server serves the built-in engines, multi-turn runs as an agent loop with a tool-call syntax it parses, the
 data flow's partial rollout continues only a default loop that can resume, and before the start every agent-loop YAML
-entry imports (its file's verl imports all provided by hybridrl.compat.verl) and the default loop is registered."""
+entry imports (its file's verl imports all provided by hybridrl.compat.verl), and the default loop and every agent_name
+of the data files are registered."""
 from __future__ import annotations
 
 from hybridrl.config.checks import Values, register_check
 from hybridrl.config.schema import PPOConfig
-from hybridrl.data.config_checks import data_flow_switch, engine_servers_switch
+from hybridrl.data.route import data_flow_switch, engine_servers_switch
 
 
 def _engine_servers_switch(values: Values) -> str | None:
-    return engine_servers_switch(values("actor_rollout_ref.rollout.mode"), values("data_flow.enable"),
-                                 values("algorithm.filter_groups.enable"), values("async_training.mode"))
+    return engine_servers_switch(values("actor_rollout_ref.rollout.mode"),
+                                 values("data_flow.custom_generate_function")["name"])
 
 
 @register_check()
@@ -90,8 +91,8 @@ def _check_agent_loops(config: PPOConfig, problems: list[str]) -> None:
     """Import every _target_ of the agent-loop YAML and find the default loop, as the agent-loop workers will: a
     module or class that does not import is refused now, not after the cluster is up."""
     agent = config.actor_rollout_ref.rollout.agent
-    if engine_servers_switch(config.actor_rollout_ref.rollout.mode, config.data_flow.enable,
-                             config.algorithm.filter_groups.enable, config.async_training.mode) is None:
+    if engine_servers_switch(config.actor_rollout_ref.rollout.mode,
+                             config.data_flow.custom_generate_function.name) is None:
         return
     from hybridrl.agent_loop.base import load_agent_loop_config, read_agent_loop_entries
     from hybridrl.agent_loop.verl_imports import unprovided_verl_imports
@@ -120,3 +121,30 @@ def _check_agent_loops(config: PPOConfig, problems: list[str]) -> None:
     if agent.default_agent_loop not in registry:
         problems.append(f"actor_rollout_ref.rollout.agent.default_agent_loop: expected a registered agent loop "
                         f"(one of {sorted(registry)}), got {agent.default_agent_loop!r}")
+    problems += _unregistered_agent_names(config, registry)
+
+
+def _unregistered_agent_names(config: PPOConfig, registry: dict) -> list[str]:
+    """Each data file whose agent_name column names a loop that is not registered (a null row runs the default
+    loop). A custom dataset class decides its rows itself: the workers look its names up as they run them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hybridrl.data.config_checks import eval_set_files, files_read
+
+    if config.data.custom_cls.path:
+        return []
+    problems = []
+    for where, path in files_read(config) + eval_set_files(config):
+        try:
+            if "agent_name" not in pq.read_schema(path).names:
+                continue
+            names = {name for name in pq.read_table(path, columns=["agent_name"]).column(0).to_pylist() if name}
+        except (pa.ArrowException, OSError):  # an unreadable file: data/config_checks.py reports it
+            continue
+        unknown = sorted(names - set(registry))
+        if unknown:
+            problems.append(f"{where}: expected agent_name values among the registered agent loops "
+                            f"{sorted(registry)}, got {unknown} in {path!r} (register with @register(name) or list "
+                            f"them in actor_rollout_ref.rollout.agent.agent_loop_config_path)")
+    return problems

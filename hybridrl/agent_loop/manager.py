@@ -1,47 +1,44 @@
-"""AgentLoopManager: `rollout.mode=async` generation, one agent loop per sample, from the controller.
+"""AgentLoopManager: the agent-loop workers that generate the sample-group flow's groups on engine servers.
 
-    controller ── AgentLoopManager.generate_sequences(prompts)
-                    │  splits the rows over rollout.agent.num_workers AgentLoopWorker Ray actors
+    controller ── GroupRollout.submit(group) (trainer/ppo/group_rollout.py, through generate.AgentLoopGenerate)
+                    │  one group per call, round-robin over rollout.agent.num_workers AgentLoopWorker Ray actors
                     ▼
-                  AgentLoopWorker (async actor): one asyncio task per row → agent loop `run`
+                  AgentLoopWorker.generate_group (async actor): one asyncio task per sample → its agent loop `run`
                     │  server_manager.generate(request_id, prompt_ids, sampling_params)
                     ▼
                   engine servers, one per actor-rollout rank (workers/rollout/async_server.py)
 
-Each row's loop is chosen by its `agent_name` column, else rollout.agent.default_agent_loop; it gets
-every column of its dataset row as keyword arguments. The outputs come back as token lists and
-are padded once, here, into the trainer's batch layout (batch_layout.to_batch_layout), each generated
-token with the weight version the engine server reported for it (response_weight_versions, VersionRecorder);
-each key of a loop's extra_fields becomes a non-tensor column (None for rows whose loop did not set it), as in verl.
+Each sample's loop is chosen by its `agent_name` column, else rollout.agent.default_agent_loop; it gets every column
+of its dataset row as keyword arguments. Its output becomes the sample (sample_generate.sample_from_loop), each
+generated token with the weight version the engine server reported for it (VersionRecorder); each key of a loop's
+extra_fields becomes a batch column when the batch is assembled, as in verl.
 
-Partial rollout (the data flow, `AgentLoopWorker.generate_group`): an aborted sample whose loop declares
-`can_resume` (tool_agent) is continued by its loop from the sample's resume_state (`resume_from`); the tokens it
-already had keep their versions, the new ones get the versions the engines report now. An aborted sample of any
-other loop is refused (its groups are generated again when data_flow.partial_rollout is false).
+Partial rollout (`AgentLoopWorker.generate_group`): an aborted sample whose loop declares `can_resume` (tool_agent)
+is continued by its loop from the sample's resume_state (`resume_from`); the tokens it already had keep their
+versions, the new ones get the versions the engines report now. An aborted sample of any other loop is refused (its
+groups are generated again when data_flow.partial_rollout is false).
 
 Faults:
-- a loop that raises (or returns an output that does not fit) costs its row only: the row gets a
-  one-token response (EOS) with response_mask 0 (no loss, no advantage) and score 0, is counted in
-  `agent_loop/num_failed`, and its traceback is printed once per place it fails at. When more than
-  `rollout.agent.max_failed_sample_ratio` of the rows fail, the step fails with the first traceback.
+- a loop that raises (or returns an output that does not fit) costs its sample only: it gets a one-token response
+  (EOS) with no loss and score 0, is counted in `agent_loop/num_failed`, and its traceback is printed once per place
+  it fails at. When more than `rollout.agent.max_failed_sample_ratio` of a step's samples fail, the step fails with
+  the first traceback.
 - an engine server's error or death (EngineServerError, also when a loop wrapped it) fails the step.
-- an agent name that no loop is registered under is refused before any row runs, naming the known ones.
 - a loop that cannot be built (its __init__ or init_class reads a config key or attribute that does not exist)
   fails the run when the manager starts, naming the loop and the error: the default loop and every loop of
-  rollout.agent.agent_loop_config_path are built once in a worker then.
+  rollout.agent.agent_loop_config_path are built once in a worker then. (Agent names are checked before the start:
+  agent_loop/config_checks.py.)
 """
 from __future__ import annotations
 
 import asyncio
 import os
-import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
 import ray
-import torch
 
 from hybridrl.agent_loop.base import (AgentLoopMetrics, AgentLoopOutput, DictConfigWrap, ToolListWrap,
                                       instantiate_agent_loop, load_agent_loop_config, loop_can_resume,
@@ -52,14 +49,10 @@ from hybridrl.agent_loop.sample_generate import GenerateContext
 from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, EngineServerError
 from hybridrl.data.hooks import load_hook
 from hybridrl.data.sample import ABORTED, PENDING, Sample
-from hybridrl.protocol import DataProto
 from hybridrl.data.rl_dataset import get_dataset_class
 from hybridrl.tools import initialize_tools_from_config
 from hybridrl.utils.import_utils import load_extensions
-from hybridrl.data.batch_layout import to_batch_layout
 from hybridrl.workers.rollout.sampling import SAMPLING_OVERRIDES, max_new_tokens, sampling_source
-
-AGENT_SCORES_KEY = "agent_reward_scores"  # per row: the loop's reward_score, NaN when it gave none
 
 
 def rollout_sampling_params(rollout_config, validate: bool, do_sample: bool,
@@ -196,18 +189,6 @@ class AgentLoopWorker:
                                       dataset_cls=self.dataset_cls, data_config=DictConfigWrap(config.data),
                                       tools=self.tools)
 
-    async def run(self, rows: list[dict[str, Any]], sampling_params: dict[str, Any]) -> dict[str, Any]:
-        """The rows' loops run concurrently, their outputs padded here into the rows' share of the batch (RolloutShare
-        as a dict): each worker pads its own share, in parallel with the others, and the controller only joins the
-        shares' tensors. Padded on the controller after the last sample, 512 rows of 512 tokens took 0.33 s of a
-        3.9 s rollout (H200 host, py-spy on benchmarks/agent_loop_gap.py's process, 2026-12-02)."""
-        results = list(await asyncio.gather(*(self._run_row(row, sampling_params) for row in rows)))
-        share = rollout_share(rows, results, self.config.actor_rollout_ref.rollout, self.tokenizer.eos_token_id,
-                              self.tokenizer.pad_token_id)
-        share["last_first_request"] = max((result["first_sent"] for result in results if result.get("first_sent")),
-                                          default=None)  # None: no loop sent a request
-        return share
-
     async def _run_row(self, row: dict[str, Any], sampling_params: dict[str, Any],
                        resume: Optional["ResumePoint"] = None) -> dict[str, Any]:
         """One row's loop run: from the prompt, or (`resume`) continuing the conversation an abort interrupted."""
@@ -222,8 +203,7 @@ class AgentLoopWorker:
             check_output(output, self.config.actor_rollout_ref.rollout, agent_name)
             versions = recorder.token_versions(output.response_mask) if resume is None else \
                 resume.token_versions(output, recorder)
-            return {"output": output.model_dump(), "token_versions": versions, "aborted": recorder.aborted,
-                    "first_sent": recorder.first_sent}
+            return {"output": output.model_dump(), "token_versions": versions, "aborted": recorder.aborted}
         except Exception as error:
             server_error = _caused_by_server(error)
             if server_error is not None:
@@ -258,11 +238,8 @@ class VersionRecorder:
         self.server_manager = server_manager
         self.calls: list[tuple[int, Optional[int]]] = []  # (tokens generated, weight_version) per generate call
         self.aborted = False  # an engine server answered a call as aborted (the data flow stopped the stragglers)
-        self.first_sent: Optional[float] = None  # wall-clock time of the loop's first request
 
     async def generate(self, request_id: str, **kwargs):
-        if self.first_sent is None:
-            self.first_sent = time.time()
         output = await self.server_manager.generate(request_id, **kwargs)
         self.calls.append((len(output.token_ids), output.weight_version))
         self.aborted = self.aborted or output.stop_reason == "aborted"
@@ -316,71 +293,22 @@ def check_output(output, rollout_config, agent_name: str) -> None:
 
 
 class AgentLoopManager:
-    """Owns the AgentLoopWorker actors; `generate_sequences` is the async mode's generate_sequences."""
+    """Owns the AgentLoopWorker actors (GroupRollout submits groups to them) and reports their loops' failures."""
 
     def __init__(self, config, tokenizer, server_addresses: list[str]):
         """tokenizer: the run's policy tokenizer, resolved by the controller (utils/tokenizer.py); every worker gets
         this one (its EOS ends a failed row's response, its pad fills the batch)."""
         rollout = config.actor_rollout_ref.rollout
-        self.rollout_config = rollout
-        self.default_agent_loop = rollout.agent.default_agent_loop
         self.max_failed_ratio = rollout.agent.max_failed_sample_ratio
-        self.eos_token_id, self.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
         self.server_addresses = list(server_addresses)  # the data flow aborts them (server_manager.abort_servers)
-        self.registry = load_agent_loop_config(rollout.agent.agent_loop_config_path)
-        check_agent_names([self.default_agent_loop], self.registry,
-                          "actor_rollout_ref.rollout.agent.default_agent_loop")
         # The YAML's _target_ modules must import in the workers as they do here: they get this process's PYTHONPATH.
         env = {"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}} if os.environ.get("PYTHONPATH") else None
         self.workers = [AgentLoopWorker.options(num_cpus=0, runtime_env=env).remote(config, tokenizer,
                                                                                     server_addresses)
                         for _ in range(rollout.agent.num_workers)]
-        loops_used = [self.default_agent_loop, *yaml_agent_loop_names(rollout.agent.agent_loop_config_path)]
+        loops_used = [rollout.agent.default_agent_loop, *yaml_agent_loop_names(rollout.agent.agent_loop_config_path)]
         ray.get(self.workers[0].check_loops.remote(list(dict.fromkeys(loops_used))))
         self._reported: set[str] = set()
-
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """The rollout of every row of `prompts` (its tensors and all its non-tensor columns), in the layout of
-        the sync rollouts plus AGENT_SCORES_KEY; meta_info["metrics"]: agent_loop/* for this batch."""
-        started, started_wall = time.perf_counter(), time.time()
-        rows = self._rows(prompts)
-        check_agent_names([row["agent_name"] for row in rows], self.registry, "dataset column agent_name")
-        params = rollout_sampling_params(self.rollout_config, validate=prompts.meta_info.get("validate", False),
-                                         do_sample=prompts.meta_info.get("do_sample", self.rollout_config.do_sample),
-                                         overrides=prompts.meta_info.get(SAMPLING_OVERRIDES))
-        splits = np.array_split(np.arange(len(rows)), len(self.workers))
-        pending = [worker.run.remote([rows[i] for i in split], params)
-                   for worker, split in zip(self.workers, splits) if len(split)]
-        shares = ray.get(pending)
-        output = join_shares([share["batch"] for share in shares])
-        errors = [error for share in shares for error in share["errors"]]
-        self.report_failures(errors, len(rows))
-        summaries = [summary for share in shares for summary in share["summaries"]]
-        sent = [share["last_first_request"] for share in shares if share["last_first_request"] is not None]
-        output.meta_info["metrics"] = {
-            "agent_loop/num_failed": float(len(errors)),
-            **agent_loop_metrics([summary["num_turns"] for summary in summaries],
-                                 [AgentLoopMetrics(**summary["metrics"]) for summary in summaries],
-                                 [(summary["prompt_length"], summary["response_length"]) for summary in summaries]),
-            # when the last loop sent its first request (the workers' clocks: one host, or a cluster's synchronised
-            # ones): with the server's timing_s/server_last_request it tells a slow start of the loops from a slow
-            # admission at the engine
-            **({"timing_s/agent_loop/all_loops_sent": max(sent) - started_wall} if sent else {}),
-            "timing_s/agent_loop": time.perf_counter() - started}
-        return output
-
-    def _rows(self, prompts: DataProto) -> list[dict[str, Any]]:
-        """Each row's non-tensor columns (raw_prompt, extra_info, raw_prompt_ids, ...) plus its agent_name."""
-        columns = prompts.non_tensor_batch
-        rows = [{key: value[i] for key, value in columns.items()} for i in range(len(prompts))]
-        for row in rows:
-            row.setdefault("agent_name", self.default_agent_loop)
-            if row["agent_name"] is None:
-                row["agent_name"] = self.default_agent_loop
-        if rows and "raw_prompt_ids" not in rows[0]:  # a custom dataset: the prompt tensors say it
-            for row, ids, mask in zip(rows, prompts.batch["input_ids"], prompts.batch["attention_mask"]):
-                row["raw_prompt_ids"] = ids[mask.bool()].tolist()
-        return rows
 
     def report_failures(self, errors: list[str], rows: int) -> None:
         """Print each failed loop's traceback once per place it fails at; fail the step when more than
@@ -399,73 +327,6 @@ class AgentLoopManager:
     def shutdown(self) -> None:
         for worker in self.workers:
             ray.kill(worker)
-
-
-def rollout_share(rows: list[dict[str, Any]], results: list[dict[str, Any]], rollout_config, eos_token_id: int,
-                  pad_token_id: int) -> dict[str, Any]:
-    """One worker's rows as the controller joins them (join_shares), a dict of
-    - batch: the rows in the trainer's batch layout (batch_layout.to_batch_layout) with every generated token's
-      weight version, each loop's extra_fields as columns (output_columns) and AGENT_SCORES_KEY;
-    - errors: the traceback of each row whose loop failed (its row: a one-token EOS response with response_mask 0,
-      no loss, score 0);
-    - summaries: per row its num_turns, AgentLoopMetrics (as a dict) and prompt and response lengths, for
-      agent_loop_metrics over the whole batch."""
-    outputs, errors, token_versions = [], [], []
-    for row, result in zip(rows, results):
-        if "error" in result:
-            errors.append(result["error"])
-            outputs.append(AgentLoopOutput(prompt_ids=list(row["raw_prompt_ids"]), response_ids=[eos_token_id],
-                                           response_mask=[0], reward_score=0.0))
-            token_versions.append([-1])
-        else:
-            outputs.append(AgentLoopOutput(**result["output"]))
-            token_versions.append(result["token_versions"])
-    batch = to_batch_layout(
-        [output.prompt_ids for output in outputs], [output.response_ids for output in outputs],
-        prompt_length=rollout_config.prompt_length, response_length=rollout_config.response_length,
-        pad_token_id=pad_token_id, response_mask=[output.response_mask for output in outputs],
-        # failed rows have none: zeros, under their all-zero response_mask
-        response_logprobs=([output.response_logprobs or [0.0] * len(output.response_ids) for output in outputs]
-                           if rollout_config.calculate_log_probs else None),
-        weight_versions=token_versions)
-    batch.non_tensor_batch.update(output_columns(outputs))
-    batch.batch[AGENT_SCORES_KEY] = torch.tensor(
-        [float("nan") if output.reward_score is None else float(output.reward_score) for output in outputs],
-        dtype=torch.float32)
-    summaries = [{"num_turns": output.num_turns, "metrics": output.metrics.model_dump(),
-                  "prompt_length": len(output.prompt_ids), "response_length": len(output.response_ids)}
-                 for output in outputs]
-    return {"batch": batch, "errors": errors, "summaries": summaries}
-
-
-def join_shares(batches: list[DataProto]) -> DataProto:
-    """The workers' shares as one batch, in row order. A column that only some shares' loops set (an extra_fields key)
-    is None in the rows of the others, as output_columns makes it within a share."""
-    columns = sorted({key for batch in batches for key in batch.non_tensor_batch})
-    for batch in batches:
-        for key in columns:
-            if key not in batch.non_tensor_batch:
-                batch.non_tensor_batch[key] = object_column([None] * len(batch))
-    return DataProto.concat(batches)
-
-
-def output_columns(outputs: list[AgentLoopOutput]) -> dict[str, np.ndarray]:
-    """The non-tensor batch columns of the outputs, as verl's: each key of a loop's extra_fields (None for rows
-    whose loop did not set it), __num_turns__, and routed_experts when a loop gave it."""
-    columns = {key: object_column([output.extra_fields.get(key) for output in outputs])
-               for key in sorted({key for output in outputs for key in output.extra_fields})}
-    columns["__num_turns__"] = np.array([output.num_turns for output in outputs], dtype=object)
-    if any(output.routed_experts is not None for output in outputs):
-        columns["routed_experts"] = object_column([output.routed_experts for output in outputs])
-    return columns
-
-
-def object_column(values: list[Any]) -> np.ndarray:
-    """A non-tensor batch column holding each value as one object (a list value stays one element)."""
-    column = np.empty(len(values), dtype=object)
-    for row, value in enumerate(values):
-        column[row] = value
-    return column
 
 
 def agent_loop_metrics(turns: list[int], metrics: list[AgentLoopMetrics],
@@ -521,42 +382,3 @@ def _failure_site(error: str) -> str:
     lines = error.rstrip().splitlines()
     return "\n".join(lines[:-1] + [lines[-1].split(":", 1)[0]]) if lines else error
 
-
-def scores_on_trained_tokens(token_level_scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """token_level_scores with what lies after each row's last trained token (response_mask 1) moved onto it.
-
-    The reward managers score a response on its last token. When an agent loop's response ends in tokens it
-    inserted (a tool's answer, response_mask 0), that token is one the estimators skip (GAE, REINFORCE++ carry
-    nothing across masked tokens), and the score would be lost; the model's last action is the token that
-    earns it. Sums per row are unchanged; rows without a trained token (failed loops) are left as they are."""
-    trained = response_mask.bool()
-    has_trained = trained.any(dim=-1)
-    if not has_trained.any():
-        return token_level_scores
-    width = trained.shape[1]
-    positions = torch.arange(width).expand_as(trained)
-    last = torch.where(trained, positions, torch.full_like(positions, -1)).max(dim=-1).values
-    after = positions > last.unsqueeze(-1)
-    moved = token_level_scores.masked_fill(after, 0)
-    rows = has_trained.nonzero().squeeze(-1)
-    moved[rows, last[rows]] += (token_level_scores * after)[rows].sum(dim=-1)
-    return moved
-
-
-def apply_agent_scores(batch: DataProto, token_level_scores: torch.Tensor) -> torch.Tensor:
-    """token_level_scores with each row whose agent loop computed a reward_score replaced by that score, placed on
-    the row's last response token (the reward managers' place); rows without one keep the reward manager's."""
-    if AGENT_SCORES_KEY not in batch.batch.keys():
-        return token_level_scores
-    scores = batch.batch[AGENT_SCORES_KEY]
-    from_loop = ~torch.isnan(scores)
-    if not from_loop.any():
-        return token_level_scores
-    response_width = token_level_scores.shape[1]
-    response_attention = batch.batch["attention_mask"][:, -response_width:]
-    last = (response_attention.cumsum(-1) == response_attention.sum(-1, keepdim=True)).long().argmax(-1)
-    replaced = token_level_scores.clone()
-    replaced[from_loop] = 0
-    rows = from_loop.nonzero().squeeze(-1)
-    replaced[rows, last[rows]] = scores[rows].to(replaced.dtype)
-    return replaced

@@ -65,7 +65,8 @@ def sample_from_loop(sample: Sample, result: dict[str, Any], eos_token_id: int, 
     """`sample` filled from one agent-loop run (AgentLoopWorker._run_row's result), as the async rollout's batch holds
     it: the loop's own prompt (its chat template and tools), response tokens with response_mask as the loss mask
     (tool output: 0), every generated token's weight version (inserted ones: -1), the loop's reward_score when it
-    gave one (else the reward manager scores it), its turns, metrics and extra_fields (as metadata, verl's columns).
+    gave one (else the reward manager scores it), its turns, metrics and extra_fields (as metadata, verl's columns, with
+    __num_turns__ and routed_experts).
 
     A loop that failed leaves the sample one EOS token with no loss and reward 0, its traceback in `error`, as a failed
     row of the async rollout. A run cut by an abort is marked aborted, with the loop's resume_state (a resumable loop
@@ -84,6 +85,9 @@ def sample_from_loop(sample: Sample, result: dict[str, Any], eos_token_id: int, 
     sample.reward = output["reward_score"]
     sample.num_turns, sample.agent_metrics = output["num_turns"], dict(output["metrics"])
     sample.metadata.update(output["extra_fields"])
+    sample.metadata["__num_turns__"] = output["num_turns"]  # verl's column (the scorer's extra_info num_turns)
+    if output.get("routed_experts") is not None:
+        sample.metadata["routed_experts"] = output["routed_experts"]
     sample.resume_state = output.get("resume_state") if result["aborted"] else None
     if result["aborted"]:
         sample.status, sample.num_aborts = ABORTED, sample.num_aborts + 1

@@ -53,8 +53,8 @@ def _estimator_inputs_exist(values: Values, problems: list[str]) -> None:
 
 @register_check()
 def _gdpo_settings(values: Values, problems: list[str]) -> None:
-    """GDPO needs its reward components named and one weight per component (that it needs the batch path, which
-    keeps the scorer's per-sample extras as batch columns, is the data flow's check: data/config_checks.py)."""
+    """GDPO needs its reward components named and one weight per component (the scorer's per-sample extras reach the
+    batch as columns: data/sample.samples_to_batch)."""
     if values("algorithm.adv_estimator") != "gdpo":
         return
     keys, weights = values("algorithm.gdpo_reward_keys"), values("algorithm.gdpo_reward_weights")

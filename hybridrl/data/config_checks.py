@@ -1,4 +1,4 @@
-"""Config checks of the data: the data flow (what turns it on: data_flow_switch) and its hooks, and before the start
+"""Config checks of the data: the data flow (what turns it on: route.data_flow_switch) and its hooks, and before the start
 the data files (they exist, are readable parquet with rows and the columns the dataset reads, and hold one training
 batch) and every row of them (row_checks.py: messages, lengths), registered with hybridrl.config.checks. The
 validation files and eval sets are not opened when the run never validates."""
@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from hybridrl.config.checks import Values, expect_file, register_check
 from hybridrl.config.schema import PPOConfig
+from hybridrl.data.route import data_flow_switch
 
 
 # data_flow keys that do something only when the data flow is on, with their off values.
@@ -19,29 +20,6 @@ DATA_FLOW_DEFAULTS: dict[str, Any] = {
     "over_sampling_batch_size": None, "max_num_gen_batches": 0, "insufficient_groups": "fail",
     "partial_rollout": False, "mask_offpolicy_in_partial_rollout": False, "group_reward": False, "reward_key": None,
 }
-
-
-def data_flow_switch(enable: bool, filter_groups: bool, schedule: str) -> str | None:
-    """What turns the data flow on, as a config setting (None: off, the synchronous schedule's batch path):
-    data_flow.enable, verl's algorithm.filter_groups.enable, or an asynchronous schedule (async_training.mode
-    one_step_off or fully_async), whose one path the data flow is."""
-    if enable:
-        return "data_flow.enable=true"
-    if filter_groups:
-        return "algorithm.filter_groups.enable=true"
-    return None if schedule == "sync" else f"async_training.mode={schedule!r}"
-
-
-def engine_servers_switch(rollout_mode: str, enable: bool, filter_groups: bool, schedule: str) -> str | None:
-    """What makes the run generate through agent loops on the ranks' engine servers, as a config setting (None: the
-    batch path): rollout.mode=async, or the data flow's switch (data_flow_switch) in rollout.mode=sync too, since its
-    groups are agent-loop requests, which the servers can abort mid-way. The data flow then takes every generation of
-    the run, validation included; rollout.mode=sync chooses the batch path only for a run without it (so verl's DAPO
-    keys work in either mode, as in verl, whose default mode is async)."""
-    if rollout_mode == "async":
-        return "actor_rollout_ref.rollout.mode='async'"
-    switch = data_flow_switch(enable, filter_groups, schedule)
-    return None if switch is None else f"{switch} (the data flow runs its groups as agent loops on engine servers)"
 
 
 # with a reward model, one_step_off scores each batch when its step takes it: these need the scores earlier
@@ -54,9 +32,9 @@ SCORE_WHILE_GENERATING = {
 
 @register_check()
 def _data_flow_settings(values: Values, problems: list[str]) -> None:
-    """data_flow (slime's) and algorithm.filter_groups (verl's DAPO form of it): in any rollout.mode (it runs on the
-    engine servers: engine_servers_switch), its hooks importable with the right signatures (hybridrl/data/hooks.py),
-    its keys unused while it is off refused."""
+    """data_flow (slime's) and algorithm.filter_groups (verl's DAPO form of it): in any rollout.mode, schedule and
+    engine (every step's groups pass through it: data/route.py), its hooks importable with the right signatures
+    (hybridrl/data/hooks.py), its keys unused while it is off refused."""
     from hybridrl.data.hooks import HOOKS, HookError, load_hook
 
     flow = values("data_flow")
@@ -73,10 +51,6 @@ def _data_flow_settings(values: Values, problems: list[str]) -> None:
                 problems.append(f"data_flow.{hook}: expected null path and name with data_flow.enable=false (set "
                                 f"data_flow.enable=true), got {flow[hook]!r}")
         return
-    if values("algorithm.adv_estimator") == "gdpo":
-        problems.append(f"algorithm.adv_estimator: 'gdpo' runs on the synchronous batch path only, which keeps the "
-                        f"reward components as batch columns (the data flow keeps them as one dict per sample); "
-                        f"{switch} routes steps through the data flow")
     if schedule == "fully_async":
         _fully_async_stream_settings(flow, problems)
     if schedule == "one_step_off" and values("reward_model.enable") and flow["reward_function"].get("name") is None:

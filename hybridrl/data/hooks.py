@@ -11,8 +11,9 @@ function of the right kind taking the listed positional parameters; errors name 
         ReMax (algorithm.adv_estimator=remax) each group of the prompt source ends with its greedy baseline
         (Sample.is_baseline; data/sample.py sampled / baseline_of): return the groups with it, scored (a group
         without one fails the step naming this key); rollout.keep judges the sampled responses only.
-    data_flow.eval_function             same signature, called with evaluation=True and the validation prompts;
-        returns scored groups whose mean reward is logged as val-core/<data_source>/reward/mean@n.
+    data_flow.eval_function             same signature, called with evaluation=True and the validation prompts (and
+        each eval set's: rollout.submit(group, evaluation=True) draws with its sampling); returns scored groups,
+        logged as validation's metrics (val-core/<data_source>/reward/mean@n, ...).
     data_flow.custom_generate_function  async def f(ctx, sample, sampling_params) -> Sample
         one sample in, one out, run in an agent-loop worker: ctx.server_manager.generate(...), ctx.tokenizer,
         ctx.config, ctx.response_length. Record generated tokens with the version the engine reported for them,

@@ -192,7 +192,8 @@ def samples_to_batch(samples: list[Sample], *, prompt_length: int, response_leng
     Tensors: to_batch_layout's (prompts, responses, input_ids, attention_mask, position_ids, response_mask,
     response_weight_versions and, with_log_probs, rollout_log_probs) plus, when `scored`, token_level_scores
     (each sample's reward_value() on its last trained token, the reward managers' place). Non-tensor columns: `uid`
-    (the group index, which the group estimators read) and every metadata key (None where a sample lacks it).
+    (the group index, which the group estimators read), every metadata key (None where a sample lacks it) and
+    every key of the scorer's reward_extra_info (likewise).
     mask_stale_tokens: response_mask 0 on tokens older than `current_version`, the version the engines hold now
     (slime's mask_offpolicy_in_partial_rollout).
     """
@@ -219,6 +220,9 @@ def samples_to_batch(samples: list[Sample], *, prompt_length: int, response_leng
     batch.non_tensor_batch["uid"] = _column([str(sample.group_index) for sample in samples])
     for key in sorted({key for sample in samples for key in sample.metadata}):
         batch.non_tensor_batch[key] = _column([sample.metadata.get(key) for sample in samples])
+    extras = [sample.metadata.get("reward_extra_info") or {} for sample in samples]
+    for key in sorted({key for extra in extras for key in extra}):  # the scorer's extras as columns, as verl keeps
+        batch.non_tensor_batch[key] = _column([extra.get(key) for extra in extras])  # them (GDPO's components)
     return batch
 
 

@@ -80,12 +80,12 @@ class OneStepOffPolicyTrainer(DisaggregatedPPOTrainer):
         self._generator = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate-ahead")
         self._ahead: Future | None = None  # the next step's generation: (groups, metrics, timing, weights version)
 
-    def _start_group_rollout(self) -> None:
-        super()._start_group_rollout()
+    def _start_group_rollout(self, generator) -> None:
+        super()._start_group_rollout(generator)
         # the reward model's forward runs on the trainer ranks: scored on this thread when the step takes the groups
         self.group_rollout.score_when_taken = self.use_rm and self.group_rollout.hooks["reward_function"] is None
 
-    def _next_step(self, batches) -> dict[str, float]:
+    def _next_step(self) -> dict[str, float]:
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         with timer("step", timing):
@@ -153,7 +153,7 @@ class FullyAsyncTrainer(DisaggregatedPPOTrainer):
         self.capacity = (self.max_staleness + 1) * self.groups_per_step
         self.stream: GroupStream | None = None
 
-    def _next_step(self, batches) -> dict[str, float]:
+    def _next_step(self) -> dict[str, float]:
         """The first kept groups fresh enough, learn, sync the weights (with partial rollout the groups in flight
         are recalled first and continued under the new weights)."""
         if self.stream is None:  # the first step, or after a resume or a checkpoint (the buffer holds the groups)

@@ -20,7 +20,6 @@ import time
 
 import ray
 
-from hybridrl.agent_loop.manager import AgentLoopManager
 from hybridrl.single_controller.heartbeat import WorkerWatch
 from hybridrl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
 from hybridrl.trainer.ppo.metric_utils import mean_of_rank_metrics
@@ -30,10 +29,8 @@ from hybridrl.workers.rollout.async_server import WINDOW_METRICS
 
 class DisaggregatedPPOTrainer(RayPPOTrainer):
     def __init__(self, config, run_control=None):
+        """The config's hybrid_engine=false and rollout.mode=async (trainer/config_checks.py checked them)."""
         super().__init__(config, run_control)
-        if config.actor_rollout_ref.hybrid_engine or not self.async_rollout:
-            raise ValueError("DisaggregatedPPOTrainer needs actor_rollout_ref.hybrid_engine=false and "
-                             "actor_rollout_ref.rollout.mode=async")
         self.rollout_wg: RayWorkerGroup | None = None
         self.rollout_version: int | None = None  # the policy version every engine holds
         self.weight_metas: list = []
@@ -55,8 +52,7 @@ class DisaggregatedPPOTrainer(RayPPOTrainer):
         self.rollout_wg.init_model()
         addresses = [address for address in self.rollout_wg.start_engine_server(  # TP: the groups' leaders serve
             [self.tokenizer.eos_token_id], self.tokenizer.pad_token_id) if address is not None]
-        self.agent_loop_manager = AgentLoopManager(self.config, self.tokenizer, addresses)
-        self._start_group_rollout()
+        self._start_group_rollout(self._agent_loop_generate(addresses))
         self._init_weight_transfer()
         self.sync_weights()
 

@@ -33,6 +33,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from hybridrl.data.sample import groups_to_batch, sampled
 from hybridrl.trainer.ppo.generation_dump import decode_generations
 from hybridrl.trainer.ppo.metric_utils import compute_validation_metrics
 
@@ -160,6 +161,18 @@ class ValidationResults:
         self._by_n: dict[int, dict[str, list]] = defaultdict(lambda: {"sources": [], "scores": [], "extra": {}})
         self._reward_metrics: dict[str, float] = {}
         self._per_set: dict[EvalSet, dict[str, list]] = {}
+
+    def add_groups(self, groups: list, reward_metrics: dict[str, float], n: int, eval_set: Optional[EvalSet], *,
+                   prompt_length: int, response_length: int, pad_token_id: int) -> None:
+        """Scored groups of the sample-group flow (each `n` samples of one prompt) and the reward metrics of scoring
+        them, added as one batch with the scorer's extras of each sample."""
+        batch = groups_to_batch(groups, prompt_length=prompt_length, response_length=response_length,
+                                pad_token_id=pad_token_id, with_log_probs=False, scored=True)
+        extras = [sample.metadata.get("reward_extra_info") or {} for group in groups for sample in sampled(group)]
+        reward = {"reward_tensor": batch.batch["token_level_scores"], "reward_metrics": reward_metrics,
+                  "reward_extra_info": {key: [extra.get(key) for extra in extras]
+                                        for key in sorted({key for extra in extras for key in extra})}}
+        self.add(batch, reward, n=n, eval_set=eval_set)
 
     def add(self, batch, reward: dict, n: int, eval_set: Optional[EvalSet] = None) -> None:
         """One scored batch (`reward`: the reward manager's dict) generated with n responses per prompt."""

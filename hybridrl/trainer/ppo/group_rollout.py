@@ -1,9 +1,11 @@
-"""The data flow's rollout (slime's): groups in flight, scored as they finish, filtered, the stragglers aborted.
+"""The sample-group flow (slime's data flow): the one route by which every step, in every schedule and with every
+engine, gets its batch, and validation its scored groups. Groups in flight, scored as they finish, filtered, the
+stragglers aborted.
 
-    prompt_source.get_groups ──► submit: one group per agent-loop worker call (async Ray actors, many at once)
-                                   │ sample_generate.generate (or the custom generate function) per sample
+    prompt_source.get_groups ──► submit: the generate function (generate.py; data/route.py picks it): one batched
+                                   │ call of the colocated engines, or one agent-loop worker call per group
                                    ▼
-    as each group finishes: score_group (reward manager or data_flow.reward_function)
+    as groups finish:       score_groups (reward manager or data_flow.reward_function), the one place scores
                             dynamic-sampling filter: keep or drop (counted); refill while short
     enough kept:            abort the engine servers; groups still in flight come back with their tokens so far
                             (and groups that finished beyond what was needed)
@@ -12,8 +14,9 @@
     over-sampling filter:   orders what was kept; the first data.train_batch_size groups are trained on
 
 With ReMax (algorithm.adv_estimator=remax) every training group also holds its prompt's greedy baseline, last
-(data/sample.py): it is submitted with the group (the same agent-loop worker call, greedy sampling parameters), so it
-is generated from the same weights, scored with the group, aborted, buffered and continued or reset with it; the
+(data/sample.py), the one place ReMax's baseline is made: it is submitted with the group (greedy sampling: the same
+agent-loop worker call, or the batched call's greedy twin in the same rollout window), so it is generated from the
+same weights, scored with the group, aborted, buffered and continued or reset with it; the
 filters, the trained batch and the counts of samples see only the `rollout.n` sampled responses (`sampled`), and
 its score becomes the group's `reward_baselines` in `to_batch` (data_flow/baseline_reward/mean).
 
@@ -33,40 +36,31 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
-import ray
-import torch
 
 from hybridrl.agent_loop.base import AgentLoopMetrics
-from hybridrl.agent_loop.manager import agent_loop_metrics, rollout_sampling_params
-from hybridrl.agent_loop.server_manager import abort_servers, reset_abort_servers
-from hybridrl.data.config_checks import data_flow_switch, engine_servers_switch
+from hybridrl.agent_loop.manager import agent_loop_metrics
 from hybridrl.data.filters import metric_nonzero_std
 from hybridrl.data.hooks import load_all_hooks
 from hybridrl.data.prompt_source import PromptSource
 from hybridrl.algorithms.core_algos import AdvantageEstimator
 from hybridrl.data.sample import (ABORTED, Sample, baseline_of, groups_to_batch, partial_rollout_metrics, reset_group,
                                   sampled, samples_to_batch)
+from hybridrl.data.route import data_flow_switch, engine_servers_switch
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.ppo.metric_utils import compute_validation_metrics
-
-
-def data_flow_enabled(config) -> bool:
-    """Whether steps run through the data flow (data/config_checks.data_flow_switch: data_flow.enable, verl's
-    algorithm.filter_groups.enable, or an asynchronous schedule, whose one path it is)."""
-    return data_flow_switch(config.data_flow.enable, config.algorithm.filter_groups.enable,
-                            config.async_training.mode) is not None
+from hybridrl.trainer.ppo.generate import GREEDY, TRAINING, Sampling
 
 
 def generates_on_engine_servers(config) -> bool:
-    """Whether the run generates through agent loops on engine servers (data/config_checks.engine_servers_switch):
-    rollout.mode=async, or the data flow, whose groups are agent-loop requests, in rollout.mode=sync too."""
-    return engine_servers_switch(config.actor_rollout_ref.rollout.mode, config.data_flow.enable,
-                                 config.algorithm.filter_groups.enable, config.async_training.mode) is not None
+    """Whether the flow generates through agent loops on engine servers (data/route.engine_servers_switch), else
+    by the colocated engines' batched call."""
+    return engine_servers_switch(config.actor_rollout_ref.rollout.mode,
+                                 config.data_flow.custom_generate_function.name) is not None
 
 
 @dataclass
@@ -77,20 +71,25 @@ class StepCounts:
     scored: list[float] = field(default_factory=list)
     generated: int = 0
     errors: list[str] = field(default_factory=list)
+    reward_seconds: float = 0.0  # spent scoring: verl's timing_s/reward (within timing_s/gen)
 
 
 class GroupRollout:
-    """The controller's handle on group generation for one run (built by the trainer when the data flow is on, in any
-    rollout.mode: its groups run on the engine servers)."""
+    """The controller's handle on group generation for one run (built by the trainer with its workers)."""
 
-    def __init__(self, config, agent_loop_manager, tokenizer, score_batch: Callable[[DataProto, bool], dict]):
-        """score_batch(batch, evaluation): the trainer's reward manager on a padded batch (RayPPOTrainer._score)."""
+    def __init__(self, config, generator, tokenizer, score_batch: Callable[[DataProto, bool], dict]):
+        """generator: the generate function (generate.py); score_batch(batch, evaluation): the reward manager (and
+        reward model) on a padded batch (RayPPOTrainer._score)."""
         self.config = config
         self.flow = config.data_flow
-        self.manager = agent_loop_manager
+        self.generator = generator
         self.tokenizer = tokenizer
         self.score_batch = score_batch
         self.hooks = load_all_hooks(self.flow)
+        # the data flow's features on (data/route.py): its data_flow/* counts are logged; off, a step's metrics are
+        # those of a plain synchronous run
+        self.features_on = data_flow_switch(self.flow.enable, config.algorithm.filter_groups.enable,
+                                            config.async_training.mode) is not None
         self.max_num_gen_batches = self.flow.max_num_gen_batches
         filter_groups = config.algorithm.filter_groups
         if filter_groups.enable:  # verl's DAPO keys: the same machinery, its filter on `metric`
@@ -98,68 +97,56 @@ class GroupRollout:
                 metric_nonzero_std(filter_groups.metric)
             self.max_num_gen_batches = filter_groups.max_num_gen_batches
         self.rollout_config = config.actor_rollout_ref.rollout
-        # ReMax: each training group carries its greedy baseline (the prompt source makes it), generated with these
-        self.baseline_params = rollout_sampling_params(self.rollout_config, validate=False, do_sample=False) \
-            if config.algorithm.adv_estimator == AdvantageEstimator.REMAX else None
+        # ReMax: each training group carries its greedy baseline (the prompt source makes it)
+        self.with_baseline = config.algorithm.adv_estimator == AdvantageEstimator.REMAX
+        self.eval_sampling = Sampling(validate=True)  # what submit(evaluation=True) draws with (an eval set's own)
         self.counts = StepCounts()  # of the step being generated
         # True: training groups are scored only when the step takes them (score_taken), on the thread that calls
         # it; one_step_off sets it with a reward model, whose forward must not run on its generating thread
         self.score_when_taken = False
-        self._next_worker = 0
-        self._evaluation = False
 
     # ------------------------------------------------------------------ what rollout functions use
     @property
     def train_batch_size(self) -> int:
         return self.config.data.train_batch_size
 
-    def sampling_params(self, evaluation: bool) -> dict[str, Any]:
-        source = self.rollout_config.val_kwargs if evaluation else self.rollout_config
-        return rollout_sampling_params(self.rollout_config, validate=evaluation, do_sample=source.do_sample)
+    def submit(self, group: list[Sample], evaluation: bool = False):
+        """Start generating one group; `wait` returns it when it is done. Its ReMax baseline, if it has one,
+        generates with it, greedily. Returns the group's handle."""
+        sampling = self.eval_sampling if evaluation else TRAINING
+        return self.generator.submit(group, sampling, GREEDY if self.with_baseline and not evaluation else None)
 
-    @property
-    def with_baseline(self) -> bool:
-        """Training groups carry ReMax's greedy baseline (algorithm.adv_estimator=remax)."""
-        return self.baseline_params is not None
+    def wait(self, handles: list) -> list[tuple[Any, list[Sample]]]:
+        """Block until at least one of `handles` is done; (handle, group) of each finished one. A worker's error (an
+        engine's, a custom generate function's) is raised here, with its traceback."""
+        return self.generator.wait(handles)
 
-    def submit(self, group: list[Sample], evaluation: bool = False) -> ray.ObjectRef:
-        """Start generating one group on the next agent-loop worker; `wait` returns it when it is done. Its ReMax
-        baseline, if it has one, generates in the same call with greedy parameters."""
-        worker = self.manager.workers[self._next_worker % len(self.manager.workers)]
-        self._next_worker += 1
-        return worker.generate_group.remote(group, self.sampling_params(evaluation), self.baseline_params)
-
-    def wait(self, refs: list[ray.ObjectRef]) -> list[tuple[ray.ObjectRef, list[Sample]]]:
-        """Block until at least one of `refs` is done; (ref, group) of each finished one. A worker's error (an engine
-        server's, a custom generate function's) is raised here, with its traceback."""
-        done, _ = ray.wait(list(refs), num_returns=1)
-        return list(zip(done, ray.get(done)))
-
-    def abort(self, refs: list[ray.ObjectRef]) -> list[list[Sample]]:
-        """Stop the groups of `refs` (submitted, not finished) and return them: every engine server answers what it
-        generates with the tokens so far (status aborted), and new requests likewise (an agent loop's next turn)
-        until every group is back; then the servers generate again (a generation before the next rollout mode, as
-        one_step_off's next batch or fully_async's stream, must not be aborted). Counts data_flow/num_aborted_groups
+    def abort(self, handles: list) -> list[list[Sample]]:
+        """Stop the groups of `handles` (submitted, not finished) and return them with their tokens so far (status
+        aborted; generate.py says how each generate function stops). Counts data_flow/num_aborted_groups
         (the groups in flight at the abort) and num_aborted_samples (of their sampled responses; a ReMax baseline is
         aborted with its group and not counted)."""
-        abort_servers(self.manager.server_addresses)
-        groups = ray.get(list(refs))
-        reset_abort_servers(self.manager.server_addresses)
+        groups = self.generator.abort(handles)
         self.record("data_flow/num_aborted_groups", len(groups))
         self.record("data_flow/num_aborted_samples",
                     sum(sample.status == ABORTED for group in groups for sample in sampled(group)))
         return groups
 
     def score_group(self, group: list[Sample], evaluation: bool = False) -> list[Sample]:
-        """Reward every sample of a finished group that has none yet (a custom generate function or an agent loop may
-        set its own), its ReMax baseline too; with score_when_taken, a training group is scored later, when its step
-        takes it. Every finished group passes here, so the agent loops' failures are counted here too (a baseline's
-        loop among them: it ran like the others)."""
-        self.counts.generated += len(group)
-        self.counts.errors += [sample.error for sample in group if sample.error is not None]
+        """score_groups of one group."""
+        return self.score_groups([group], evaluation)[0]
+
+    def score_groups(self, groups: list[list[Sample]], evaluation: bool = False) -> list[list[Sample]]:
+        """Reward every sample of finished groups that has none yet (a custom generate function or an agent loop may
+        set its own), ReMax baselines too, all in one reward call; with score_when_taken, training groups are scored
+        later, when their step takes them. Every finished group passes here, so the agent loops' failures are counted
+        here too (a baseline's loop among them: it ran like the others)."""
+        samples = [sample for group in groups for sample in group]
+        self.counts.generated += len(samples)
+        self.counts.errors += [sample.error for sample in samples if sample.error is not None]
         if evaluation or not self.score_when_taken:
-            self._score_samples([sample for sample in group if sample.reward is None], evaluation, self.counts)
-        return group
+            self._score_samples([sample for sample in samples if sample.reward is None], evaluation, self.counts)
+        return groups
 
     def score_taken(self, groups: list[list[Sample]]) -> dict[str, float]:
         """score_when_taken: score the training groups a step takes (what is not scored yet, in one batch, on the
@@ -176,10 +163,15 @@ class GroupRollout:
     def _score_samples(self, todo: list[Sample], evaluation: bool, counts: StepCounts) -> None:
         """The one place scoring happens: data_flow.reward_function when set, else the reward manager (and the
         reward model, when the run has one), on all of `todo` at once; counted in `counts` (counts.scored: the sampled
-        responses' rewards, not the baselines'). A group reward function gets a group's baseline with its samples (the
-        last, is_baseline), so that its score is on the same scale as theirs."""
+        responses' rewards, not the baselines'; reward_seconds: the time it took). A group reward function gets a group's baseline with its samples (the last, is_baseline), so
+        that its score is on the same scale as theirs."""
         if not todo:
             return
+        started = time.perf_counter()
+        self._score_with_the_reward(todo, evaluation, counts)
+        counts.reward_seconds += time.perf_counter() - started
+
+    def _score_with_the_reward(self, todo: list[Sample], evaluation: bool, counts: StepCounts) -> None:
         reward_fn = self.hooks["reward_function"]
         if reward_fn is not None:
             rewards = call_hook("data_flow.reward_function", _call_reward_function, reward_fn, self.config, todo,
@@ -227,7 +219,8 @@ class GroupRollout:
         carry it; older ones come from the buffer, data_flow/staleness/*)."""
         groups, metrics = self.train_groups(step, prompt_source)
         batch, version_metrics = self.to_batch(groups, weights_version)
-        return batch, {**metrics, **version_metrics}
+        return batch, {key: value for key, value in {**metrics, **version_metrics}.items()
+                       if self.features_on or not key.startswith("data_flow/")}
 
     def train_groups(self, step: int, prompt_source: PromptSource) -> tuple[list[list[Sample]], dict[str, float]]:
         """The step's kept groups from the rollout function, and the metrics of making them; scored, unless
@@ -237,7 +230,7 @@ class GroupRollout:
         self.start_counting()
         rollout_fn = self.hooks["rollout_function"] or generate_rollout
         groups = rollout_fn(self, step, prompt_source, False)
-        groups = self._check_groups(groups, "data_flow.rollout_function", self.rollout_config.n,
+        groups = self._check_groups(groups, "data_flow.rollout_function", prompt_source.n,
                                     scored=not self.score_when_taken, baseline=self.with_baseline)
         return groups, self.step_metrics(groups, prompt_source)
 
@@ -249,8 +242,9 @@ class GroupRollout:
         """The metrics of the step that trains `groups`, from the counts since `start_counting`; fails the step
         when too many agent loops failed (agent_loop.manager.report_failures)."""
         counts = self.counts
-        self.manager.report_failures(counts.errors, counts.generated)
+        self.generator.report_failures(counts.errors, counts.generated)
         metrics = dict(counts.metrics)
+        metrics["timing_s/reward"] = counts.reward_seconds
         metrics["data_flow/buffer_size"] = float(len(prompt_source.buffer))
         metrics["data_flow/num_groups_trained"] = float(len(groups))
         if counts.scored:  # the policy's own success, before any filter chose (the trained batch's is biased)
@@ -275,13 +269,17 @@ class GroupRollout:
                 [baseline_of(group).reward_value() for group in groups]))
         return batch, metrics
 
-    def eval_groups(self, step: int, prompt_source: PromptSource) -> list[list[Sample]]:
-        """The scored validation groups from data_flow.eval_function. Needs rollout mode."""
+    def eval_groups(self, step: int, prompt_source: PromptSource, n: int,
+                    sampling: Sampling) -> tuple[list[list[Sample]], dict[str, float]]:
+        """The scored groups of `n` samples each of every prompt of `prompt_source`, drawn with `sampling`, from
+        data_flow.eval_function (the built-in: every prompt once, all in flight together), and the reward metrics of
+        scoring them. Needs rollout mode."""
         self.start_counting()
-        groups = self.hooks["eval_function"](self, step, prompt_source, True)
-        groups = self._check_groups(groups, "data_flow.eval_function", self.rollout_config.val_kwargs.n)
-        self.manager.report_failures(self.counts.errors, self.counts.generated)
-        return groups
+        self.eval_sampling = sampling
+        eval_function = self.hooks["eval_function"] or generate_rollout
+        groups = self._check_groups(eval_function(self, step, prompt_source, True), "data_flow.eval_function", n)
+        self.generator.report_failures(self.counts.errors, self.counts.generated)
+        return groups, dict(self.counts.metrics)
 
     def _check_groups(self, groups, key: str, n: int, scored: bool = True, baseline: bool = False) -> list[list[Sample]]:
         """Each group is `n` samples (and, `baseline`, ReMax's baseline last, as the prompt source made it), scored
@@ -332,7 +330,7 @@ def generate_rollout(rollout: GroupRollout, step: int, prompt_source: PromptSour
     chunk = flow.over_sampling_batch_size or rollout.train_batch_size
     over_sampling_filter = rollout.hooks["over_sampling_filter"]
     target = chunk if over_sampling_filter is not None else rollout.train_batch_size
-    in_flight: dict[ray.ObjectRef, None] = {}
+    in_flight: dict[Any, None] = {}
     kept: list[list[Sample]] = []
     chunks = 0
     for count in ("num_dropped_groups", "num_aborted_groups", "num_aborted_samples"):  # every step logs each, 0 too
@@ -345,9 +343,10 @@ def generate_rollout(rollout: GroupRollout, step: int, prompt_source: PromptSour
             chunks += 1
         if len(kept) >= target or not in_flight:
             break
-        for ref, group in rollout.wait(list(in_flight)):
+        finished = rollout.wait(list(in_flight))
+        for ref, _ in finished:
             del in_flight[ref]
-            rollout.score_group(group)
+        for group in rollout.score_groups([group for _, group in finished]):
             if len(kept) < target and rollout.keep(group):
                 kept.append(group)
             elif len(kept) < target:
@@ -414,8 +413,11 @@ def _mini_batch_groups(config) -> int:
 def _evaluate(rollout: GroupRollout, step: int, prompt_source: PromptSource) -> list[list[Sample]]:
     """Every validation prompt once, all in flight together, scored with the validation reward manager."""
     groups = prompt_source.get_groups(1 << 62, step)  # a finite source: all of it
-    refs = [rollout.submit(group, evaluation=True) for group in groups]
-    return [rollout.score_group(group, evaluation=True) for group in ray.get(refs)]
+    handles = [rollout.submit(group, evaluation=True) for group in groups]
+    finished: dict = {}
+    while len(finished) < len(handles):
+        finished.update(rollout.wait([handle for handle in handles if handle not in finished]))
+    return rollout.score_groups([finished[handle] for handle in handles], evaluation=True)
 
 
 def _call_reward_function(reward_fn, config, samples: list[Sample], group_reward: bool) -> list:
@@ -462,10 +464,3 @@ def _agent_loop_metrics(groups: list[list[Sample]], failed: int) -> dict[str, fl
                                           [(len(sample.prompt_ids), len(sample.response_ids)) for sample in ran]))
     return metrics
 
-
-def validation_metrics(groups: list[list[Sample]], reward_fn_key: str, n: int) -> dict[str, float]:
-    """val-core/<data source>/reward/mean@n of scored validation groups (as RayPPOTrainer._validate logs them)."""
-    samples = [sample for group in groups for sample in group]
-    sources = np.array([str(sample.metadata.get(reward_fn_key)) for sample in samples], dtype=object)
-    scores = torch.tensor([sample.reward_value() for sample in samples], dtype=torch.float32)
-    return compute_validation_metrics(sources, scores, n=n)

@@ -1,11 +1,12 @@
 """RayPPOTrainer: PPO / GRPO from one controller process.
 
-`fit()` is the algorithm, top to bottom: sample prompts; put the workers in rollout mode (the
-engine gets the current weights), generate `n` responses each, put them back in trainer mode (the
-engine gives its memory back); score the responses, compute old / reference log-probs and values, correct for
-the rollout-training mismatch (algorithm.rollout_correction, with the rollout's log-probs), turn scores into
-advantages, update the critic and the actor (ReMax generates each prompt greedily too: its score is the
-baseline; the data flow generates it with each group, group_rollout.py). Numbers that are not finite stop the run with a reason instead of training on without learning
+`fit()` is the algorithm, top to bottom: put the workers in rollout mode (the engine gets the current weights);
+the sample-group flow (group_rollout.py, the one route of every schedule and engine) takes groups of prompts from
+the prompt source, generates `n` responses each, scores and filters them; put the workers back in trainer mode (the
+engine gives its memory back); compute old / reference log-probs and values, correct for the rollout-training
+mismatch (algorithm.rollout_correction, with the rollout's log-probs), turn scores into advantages, update the
+critic and the actor. Validation is the same flow with val_kwargs' sampling and no training. Numbers that are not
+finite stop the run with a reason instead of training on without learning
 (nonfinite_guard.py). The controller owns the loop and the small per-token tensors; the worker
 groups own every model (see workers/). Nothing here touches a weight.
 """
@@ -15,14 +16,11 @@ import dataclasses
 import json
 import os
 import time
-import uuid
 
 import numpy as np
 import ray
 
-from hybridrl.agent_loop.manager import (AgentLoopManager, apply_agent_scores, check_agent_names, object_column,
-                                         scores_on_trained_tokens)
-from hybridrl.agent_loop.base import load_agent_loop_config
+from hybridrl.agent_loop.manager import AgentLoopManager
 from hybridrl.data.hooks import load_hook
 from hybridrl.data.prompt_source import PromptSource
 from hybridrl.protocol import DataProto
@@ -33,8 +31,8 @@ from hybridrl.algorithms import core_algos
 from hybridrl.algorithms.rollout_correction import compute_rollout_correction_and_add_to_batch
 from hybridrl.trainer.ppo import checkpointing
 from hybridrl.trainer.ppo.evaluation import ValidationResults, eval_sets_from_config
-from hybridrl.trainer.ppo.group_rollout import (GroupRollout, data_flow_enabled, generates_on_engine_servers,
-                                                validation_metrics)
+from hybridrl.trainer.ppo.generate import AgentLoopGenerate, BatchGenerate, Sampling
+from hybridrl.trainer.ppo.group_rollout import GroupRollout, generates_on_engine_servers
 from hybridrl.trainer.ppo.generation_dump import decode_generations, dump_generations, select_val_samples
 from hybridrl.trainer.ppo.metric_utils import (
     compute_data_metrics,
@@ -55,9 +53,6 @@ from hybridrl.utils.tokenizer import policy_tokenizer
 from hybridrl.trainer.tracking import Tracking
 from hybridrl.reward.managers import load_reward_manager
 from hybridrl.workers.rollout.engine_load import EngineLoad, engine_load
-from hybridrl.workers.rollout.sampling import SAMPLING_OVERRIDES
-
-GEN_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
 
 def resolve_device(requested: str) -> str:
@@ -92,27 +87,23 @@ class RayPPOTrainer:
         self.nonfinite_guard = NonFiniteStepGuard(config.trainer.max_consecutive_nonfinite_steps, self.world_size)
         self.train_dataloader, self.val_dataloader = self._create_dataloaders()
         self.eval_sets = self._create_eval_sets()  # data.eval_sets: [(EvalSet, its loader)]
-        # agent loops on engine servers: rollout.mode=async, or the data flow in any mode (group_rollout.py)
+        # the flow's generate function: agent loops on engine servers, else the engines' batched call (data/route.py)
         self.async_rollout = generates_on_engine_servers(config)
         self.agent_loop_manager: AgentLoopManager | None = None  # built by init_workers when async_rollout
-        if self.async_rollout:
-            self._check_agent_loops()
         self.total_training_steps = self._total_training_steps()  # the workers' LR schedules get it at init
 
         self.reward_fn = load_reward_manager(config, self.tokenizer, num_examine=0)
         self.val_reward_fn = load_reward_manager(config, self.tokenizer, num_examine=1)
         self.global_steps = 0
         self.train_data_position = checkpointing.TrainDataPosition(self.train_dataloader)
-        # data_flow (slime's sample buffer, dynamic sampling, partial rollout): a prompt source hands out groups and
-        # keeps the buffer; the group rollout is built with the engine servers (init_workers). None: off.
-        self.prompt_source: PromptSource | None = None
+        # The sample-group flow: the prompt source hands out groups (the buffer first: slime's) of rollout.n samples,
+        # ReMax's greedy baseline last in each; the group rollout is built with the workers (init_workers). The one
+        # place the controller reads rollout.n: everything else asks the prompt source.
+        self.prompt_source = PromptSource(
+            self.train_data_position.batches, config.actor_rollout_ref.rollout.n, config,
+            load_hook("buffer_filter", config.data_flow.buffer_filter),
+            baseline=config.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX)
         self.group_rollout: GroupRollout | None = None
-        if data_flow_enabled(config):
-            # ReMax: each group also holds its prompt's greedy baseline, generated and scored with it
-            self.prompt_source = PromptSource(
-                self.train_data_position.batches, config.actor_rollout_ref.rollout.n, config,
-                load_hook("buffer_filter", config.data_flow.buffer_filter),
-                baseline=config.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX)
         self.tracking: Tracking | None = None  # set by fit(); _validate logs its generations to it
         self.latest_checkpoint_dir: str | None = None  # the last checkpoint this run saved
 
@@ -145,20 +136,6 @@ class RayPPOTrainer:
                                                       num_workers=data.dataloader_num_workers)))
         return loaders
 
-    def _check_agent_loops(self) -> None:
-        """Async mode, before any worker starts: the loops' YAML loads and every agent name the data asks for (or
-        the default) is registered."""
-        agent = self.config.actor_rollout_ref.rollout.agent
-        registry = load_agent_loop_config(agent.agent_loop_config_path)
-        check_agent_names([agent.default_agent_loop], registry, "actor_rollout_ref.rollout.agent.default_agent_loop")
-        loaders = [("data.train_files", self.train_dataloader), ("data.val_files", self.val_dataloader)]
-        loaders += [(f"data.eval_sets {eval_set.name!r}", loader) for eval_set, loader in self.eval_sets]
-        for key, loader in loaders:
-            rows = getattr(loader.dataset, "rows", None) if loader is not None else None
-            if rows:  # a custom dataset without rows is checked batch by batch
-                names = {row.get("agent_name") or agent.default_agent_loop for row in rows}
-                check_agent_names(names, registry, f"{key}: column agent_name")
-
     def _total_training_steps(self) -> int:
         steps = len(self.train_dataloader) * self.config.trainer.total_epochs
         if self.config.trainer.total_training_steps is not None:
@@ -173,16 +150,21 @@ class RayPPOTrainer:
         if self.async_rollout:  # one engine server per engine; agent-loop workers on the controller's node
             addresses = [address for address in self.actor_rollout_wg.start_engine_server(
                 [self.tokenizer.eos_token_id], self.tokenizer.pad_token_id) if address is not None]  # TP: leaders'
-            self.agent_loop_manager = AgentLoopManager(self.config, self.tokenizer, addresses)
-            self._start_group_rollout()
+            self._start_group_rollout(self._agent_loop_generate(addresses))
+        else:
+            self._start_group_rollout(BatchGenerate(self.actor_rollout_wg, self.config.actor_rollout_ref.rollout,
+                                                    self.tokenizer, self.weights_version))
 
-    def _start_group_rollout(self) -> None:
-        """data_flow: kept groups come through the prompt source, generated by the agent-loop manager's engines
-        (group_rollout.py); colocated or on the rollout pool alike."""
-        if self.prompt_source is not None:
-            self.group_rollout = GroupRollout(self.config, self.agent_loop_manager, self.tokenizer,
-                                              lambda batch, evaluation: self._score(
-                                                  batch, self.val_reward_fn if evaluation else self.reward_fn))
+    def _agent_loop_generate(self, addresses: list[str]) -> AgentLoopGenerate:
+        """Agent loops against the engine servers at `addresses` (their workers on the controller's node)."""
+        self.agent_loop_manager = AgentLoopManager(self.config, self.tokenizer, addresses)
+        return AgentLoopGenerate(self.agent_loop_manager, self.config.actor_rollout_ref.rollout)
+
+    def _start_group_rollout(self, generator) -> None:
+        """The sample-group flow, generating with `generator` (generate.py), scoring with the reward managers."""
+        self.group_rollout = GroupRollout(self.config, generator, self.tokenizer,
+                                          lambda batch, evaluation: self._score(
+                                              batch, self.val_reward_fn if evaluation else self.reward_fn))
 
     def _create_resource_pools(self) -> ResourcePoolManager:
         """The pools of every role (single_controller/resource_pool_manager.py), checked against the Ray cluster
@@ -223,7 +205,7 @@ class RayPPOTrainer:
                                                        **common)}
         if self.use_critic:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, self.config.critic, self.critic_spec,
-                                                   rollout_n=self.config.actor_rollout_ref.rollout.n,
+                                                   rollout_n=self.prompt_source.n,
                                                    total_training_steps=self.total_training_steps, **common)
         if self.use_rm:
             roles["rm"] = RayClassWithInitArgs(RewardModelWorker, self.config.reward_model, self.rm_spec,
@@ -275,15 +257,13 @@ class RayPPOTrainer:
             return self._finish(logger, start, val_before, val_after)
 
         progress = ProgressReporter(self.total_training_steps, initial_step=self.global_steps)
-        # An endless iterator over epochs that knows its position, so a checkpoint can resume mid-epoch.
-        batches = self.train_data_position.batches()
         while self.global_steps < self.total_training_steps:
             if self._stop_requested():
                 progress.close()
                 self._save_before_stopping()
                 return self._finish(logger, start, val_before, val_after, stopped_early=True)
             self.global_steps += 1
-            metrics = self._next_step(batches)
+            metrics = self._next_step()
             is_last = self.global_steps >= self.total_training_steps
             if trainer.test_freq > 0 and (self.global_steps % trainer.test_freq == 0 or is_last):
                 val_metrics = self._validate()
@@ -306,12 +286,9 @@ class RayPPOTrainer:
             logger.log(val_metrics, step=self.global_steps)
         return self._finish(logger, start, val_before, val_after)
 
-    def _next_step(self, batches) -> dict[str, float]:
-        """One training step on the next batch of prompts; its metrics. (The asynchronous schedules,
-        async_trainer.py, generate ahead instead.)"""
-        if self.group_rollout is not None:  # data_flow: the group rollout takes its groups from the prompt source
-            return self.train_step(None)
-        return self.train_step(DataProto.from_single_dict(next(batches)))
+    def _next_step(self) -> dict[str, float]:
+        """One training step; its metrics. (The asynchronous schedules, async_trainer.py, generate ahead instead.)"""
+        return self.train_step()
 
     def return_in_flight(self) -> None:
         """Before a checkpoint: put the work in flight back into the prompt source's buffer, which the checkpoint
@@ -357,65 +334,35 @@ class RayPPOTrainer:
             print(f"stopping: saving a checkpoint of step {self.global_steps}", flush=True)
             self._save_checkpoint()
 
-    def train_step(self, batch: DataProto | None) -> dict[str, float]:
-        """One PPO/GRPO iteration on a batch of prompts (None with data_flow: the prompt source gives them); returns
-        its metrics."""
+    def train_step(self) -> dict[str, float]:
+        """One PPO/GRPO iteration on the groups the prompt source gives; returns its metrics."""
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         with timer("step", timing):
-            batch = self.generate_step(batch, timing, metrics)
+            batch = self.generate_step(timing, metrics)
             batch = self.learn_step(batch, timing, metrics)
         return self.step_metrics(batch, timing, metrics)
 
-    def generate_step(self, prompts: DataProto | None, timing: dict[str, float], metrics: dict[str, float]) -> DataProto:
-        """The rollout of one step: `rollout.n` responses per prompt from the current weights, each prompt's rows
-        sharing a uid (group estimators: GRPO, RLOO, ...); ReMax adds each prompt's greedy baseline score
-        (reward_baselines): generated here after the batch, or, with the data flow, with each group (group_rollout.py,
-        which sets reward_baselines when it assembles the batch)."""
-        rollout = self.config.actor_rollout_ref.rollout
-        is_remax = self.config.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX \
-            and self.group_rollout is None
-        if prompts is not None:  # data_flow: each group's uid is its group index
-            prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
-
+    def generate_step(self, timing: dict[str, float], metrics: dict[str, float]) -> DataProto:
+        """The rollout of one step: the sample-group flow's scored batch (group_rollout.py), `rollout.n` responses
+        per prompt from the current weights, each prompt's rows sharing a uid (group estimators: GRPO, RLOO, ...),
+        with ReMax each prompt's greedy baseline score (reward_baselines)."""
         with timer("rollout_mode", timing):  # the engine gets its memory and the current weights
             metrics.update(self._rollout_mode())
         with timer("gen", timing):
-            if self.group_rollout is not None:  # groups kept by the filters, already scored (token_level_scores)
-                batch, flow_metrics = self.group_rollout.train_batch(self.global_steps, self.prompt_source,
-                                                                     self.weights_version())
-                metrics.update(flow_metrics)
-            else:
-                batch = self._generate(prompts, n=rollout.n, validate=False)
-                metrics.update(reduce_metrics(batch.meta_info.pop("metrics", {})))  # async: agent_loop/*
-        if is_remax:  # ReMax's baseline: each prompt's greedy response from the same weights
-            with timer("gen_max", timing):
-                greedy = self._generate(prompts, n=1, validate=False, do_sample=False)
+            batch, flow_metrics = self.group_rollout.train_batch(self.global_steps, self.prompt_source,
+                                                                 self.weights_version())
+            metrics.update(flow_metrics)
         with timer("trainer_mode", timing):  # the engine gives its memory back
             metrics.update(self._trainer_mode())
-
-        if is_remax:
-            with timer("gen_max", timing):
-                baselines = self._score(greedy, self.reward_fn)["reward_tensor"].sum(dim=-1)
-            batch.batch["reward_baselines"] = baselines.repeat_interleave(rollout.n)
         return batch
 
     def learn_step(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> DataProto:
-        """Everything after generation: score, log-probs (old, reference), values, advantages, then the critic's
-        and the actor's updates. Returns the batch with what each phase added."""
+        """Everything after generation (the flow scored the batch): log-probs (old, reference), values, advantages,
+        then the critic's and the actor's updates. Returns the batch with what each phase added."""
         batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
         if self.config.trainer.balance_batch:  # equal tokens per rank in every pass below
             metrics.update(balance_batch(batch, self.world_size))
-
-        if self.group_rollout is None:  # data_flow scores each group as it finishes
-            with timer("reward", timing):
-                reward = self._score(batch, self.reward_fn)
-                batch.batch["token_level_scores"] = reward["reward_tensor"]
-                metrics.update(reward.get("reward_metrics", {}))
-                metrics.update(_reward_extra_metrics(reward.get("reward_extra_info", {})))
-                # the scorer's per-sample extras as batch columns, as verl keeps them (GDPO's reward components)
-                batch.non_tensor_batch.update({key: object_column(values) for key, values in
-                                               reward.get("reward_extra_info", {}).items()})
 
         with timer("old_log_prob", timing):
             batch = batch.union(pop_worker_metrics(self.actor_rollout_wg.compute_log_prob(batch), metrics))
@@ -485,73 +432,34 @@ class RayPPOTrainer:
         with the tokens they generate once they hold these weights."""
         return self.actor_rollout_wg.current_weights_version()[0]
 
-    def _generate(self, prompts: DataProto, *, n: int, validate: bool, do_sample: bool | None = None,
-                  sampling_overrides: dict | None = None) -> DataProto:
-        """Each row of `prompts` repeated `n` times (interleaved: a prompt's responses are consecutive) with its
-        generated response; the rows' other columns come along. Needs rollout mode. `prompts` is not changed.
-
-        rollout.mode=sync: each rank's engine generates its slice of the padded prompts in one call.
-        rollout.mode=async, or the data flow in any mode (async_rollout): the AgentLoopManager runs one agent loop
-        per row against the ranks' engine servers; a loop gets its row's columns (raw chat, extra_info, ...) too.
-        Its agent_loop/* metrics ride in meta_info["metrics"] (train_step pops them). sampling_overrides: an eval set's own temperature, top_p,
-        top_k and max_tokens (workers/rollout/sampling.py)."""
-        generation_input = prompts.select(batch_keys=GEN_KEYS)
-        generation_input.meta_info = self._generation_meta(validate=validate, do_sample=do_sample)
-        if sampling_overrides:
-            generation_input.meta_info[SAMPLING_OVERRIDES] = dict(sampling_overrides)
-        rows = prompts.select(batch_keys=[key for key in prompts.batch if key not in GEN_KEYS]).repeat(
-            n, interleave=True)
-        generation_input = generation_input.repeat(n, interleave=True)
-        if self.async_rollout:
-            requests = DataProto(generation_input.batch, dict(rows.non_tensor_batch), generation_input.meta_info)
-            generated = self.agent_loop_manager.generate_sequences(requests)
-        else:
-            generated = self.actor_rollout_wg.generate_sequences(generation_input)
-        return rows.union(generated)
-
     def _score(self, batch: DataProto, reward_fn) -> dict:
         """The reward manager's result for `batch` (reward_tensor, reward_metrics, reward_extra_info); with a
         reward model its rm_scores are added to `batch` first (the managers add them to the rule scores)."""
         if self.use_rm:
             batch.union(self.rm_wg.compute_rm_score(batch))
-        reward = reward_fn(batch, return_dict=True)
-        # rollout.mode=async: a score an agent loop computed itself replaces the manager's for its row, and a score
-        # on inserted tokens at a response's end (a tool's answer, response_mask 0) moves to the model's last token
-        reward["reward_tensor"] = scores_on_trained_tokens(apply_agent_scores(batch, reward["reward_tensor"]),
-                                                           batch.batch["response_mask"])
-        return reward
+        return reward_fn(batch, return_dict=True)
 
     def _validate(self) -> dict[str, float]:
-        """Generate the validation set with `rollout.val_kwargs` (greedy by default) and each named eval set with
-        its own settings, all in one rollout-mode window, then score them: the same _generate and _score as a
-        training step. Metrics: trainer/ppo/evaluation.py."""
+        """The validation set with `rollout.val_kwargs` (greedy by default) and each named eval set with its own
+        settings, all in one rollout-mode window: the training step's flow (data_flow.eval_function's groups, by
+        default every prompt once), scored with the validation reward manager. Metrics: trainer/ppo/evaluation.py."""
         val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
-        if self.group_rollout is not None and self.group_rollout.hooks["eval_function"] is not None:
-            return self._validate_with_eval_function()
+        sets = [(None, val_kwargs.n, Sampling(validate=True), self.val_dataloader)] if self.val_dataloader else []
+        sets += [(eval_set, eval_set.n, Sampling(validate=True, do_sample=eval_set.do_sample,
+                                                 overrides=tuple(sorted(eval_set.sampling_overrides().items()))),
+                  loader) for eval_set, loader in self.eval_sets]
         self._rollout_mode()
-        generated = [(None, val_kwargs.n, self._generate(DataProto.from_single_dict(batch_dict), n=val_kwargs.n,
-                                                         validate=True))
-                     for batch_dict in (self.val_dataloader or [])]
-        for eval_set, loader in self.eval_sets:
-            generated += [(eval_set, eval_set.n, self._generate(
-                DataProto.from_single_dict(batch_dict), n=eval_set.n, validate=True, do_sample=eval_set.do_sample,
-                sampling_overrides=eval_set.sampling_overrides())) for batch_dict in loader]
+        generated = [(eval_set, n, *self.group_rollout.eval_groups(
+            self.global_steps, PromptSource(lambda loader=loader: iter(loader), n, self.config), n, sampling))
+            for eval_set, n, sampling, loader in sets]
         self._trainer_mode()
         results = ValidationResults(self.tokenizer, self.config.data.reward_fn_key)
-        for eval_set, n, batch in generated:
-            results.add(batch, self._score(batch, self.val_reward_fn), n=n, eval_set=eval_set)
+        rollout = self.config.actor_rollout_ref.rollout
+        for eval_set, n, groups, reward_metrics in generated:
+            results.add_groups(groups, reward_metrics, n=n, eval_set=eval_set, prompt_length=rollout.prompt_length,
+                               response_length=rollout.response_length, pad_token_id=self.tokenizer.pad_token_id)
         self._record_val_generations(results.samples)
         return results.metrics()
-
-    def _validate_with_eval_function(self) -> dict[str, float]:
-        """data_flow.eval_function's scored groups on the validation prompts, as _validate's metrics."""
-        source = PromptSource(lambda: iter(self.val_dataloader), self.config.actor_rollout_ref.rollout.val_kwargs.n,
-                              self.config)
-        self._rollout_mode()
-        groups = self.group_rollout.eval_groups(self.global_steps, source)
-        self._trainer_mode()
-        return validation_metrics(groups, self.config.data.reward_fn_key,
-                                  self.config.actor_rollout_ref.rollout.val_kwargs.n)
 
     def _record_val_generations(self, samples: list[tuple[str, str, float]]) -> None:
         """Dump them to `validation_data_dir`; log `log_val_generations` of them to the trackers."""
@@ -561,14 +469,6 @@ class RayPPOTrainer:
         if trainer.log_val_generations > 0 and self.tracking is not None:
             self.tracking.log_generations(select_val_samples(samples, trainer.log_val_generations),
                                           step=self.global_steps)
-
-    def _generation_meta(self, validate: bool, do_sample: bool | None = None) -> dict:
-        """What generate_sequences reads from meta_info; do_sample=None: the config's (val_kwargs when validating)."""
-        rollout = self.config.actor_rollout_ref.rollout
-        if do_sample is None:
-            do_sample = rollout.val_kwargs.do_sample if validate else rollout.do_sample
-        return {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id,
-                "validate": validate, "do_sample": do_sample}
 
     def _count_reward_errors(self, metrics: dict[str, float]) -> None:
         """Add the samples whose reward scorer failed (scored 0) to the run's total, for summary.json."""
@@ -606,12 +506,3 @@ def _val_score(val_metrics: dict[str, float], metric: str | None) -> float | Non
     scores = [v for k, v in val_metrics.items() if k.startswith("val-core/")]
     return float(np.mean(scores)) if scores else None
 
-
-def _reward_extra_metrics(extra: dict[str, list]) -> dict[str, float]:
-    """The mean of each numeric per-sample extra; None (a sample whose scorer raised) is left out."""
-    metrics = {}
-    for key, values in extra.items():
-        values = [value for value in values if value is not None]
-        if values and all(isinstance(v, (int, float, bool, np.number)) for v in values):
-            metrics[f"reward/{key}/mean"] = float(np.mean(values))
-    return metrics

@@ -12,7 +12,7 @@ import os
 
 from hybridrl.config.checks import Values, expect_file, register_check, register_registry
 from hybridrl.config.schema import PPOConfig
-from hybridrl.data.config_checks import engine_servers_switch
+from hybridrl.data.route import engine_servers_switch
 from hybridrl.models.config_checks import INSTALL_GPU_EXTRAS, cuda_available
 from hybridrl.workers.rollout.engine_load import engine_load
 
@@ -72,13 +72,13 @@ def _tensor_parallel_engines_built(values: Values, problems: list[str]) -> None:
     prompts, vllm_rollout.py: an engine server answers requests as they arrive on one rank, so its followers would
     have nothing to step with; the data flow runs on engine servers in rollout.mode=sync too)."""
     tp = values("actor_rollout_ref.rollout.tensor_model_parallel_size")
-    servers = engine_servers_switch(values("actor_rollout_ref.rollout.mode"), values("data_flow.enable"),
-                                    values("algorithm.filter_groups.enable"), values("async_training.mode"))
+    servers = engine_servers_switch(values("actor_rollout_ref.rollout.mode"),
+                                    values("data_flow.custom_generate_function")["name"])
     if values("actor_rollout_ref.rollout.name") == "vllm" and tp > 1 and servers is not None:
         problems.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size: expected 1 with "
                         f"actor_rollout_ref.rollout.name=vllm and {servers} (each rank holds a shard of vLLM's engine "
                         f"and all of them step together on the same prompts; an engine server takes requests on one "
-                        f"rank as they arrive: use rollout.mode=sync without the data flow, or rollout.name=sglang, "
+                        f"rank as they arrive: use rollout.mode=sync, or rollout.name=sglang, "
                         f"whose tensor-parallel engine one rank serves), got {tp}")
 
 
@@ -129,8 +129,7 @@ def _engine_load_fits_max_num_seqs(config: PPOConfig) -> list[str]:
     max_num_seqs, the hf engine server's batch); more in flight on one engine queue and wait for a free slot.
     The validation sets' sizes are not read here: only data.val_batch_size counts (rollout/engine_load.py)."""
     data, rollout = config.data, config.actor_rollout_ref.rollout
-    servers = engine_servers_switch(rollout.mode, config.data_flow.enable, config.algorithm.filter_groups.enable,
-                                    config.async_training.mode)
+    servers = engine_servers_switch(rollout.mode, config.data_flow.custom_generate_function.name)
     if rollout.name not in GPU_ENGINES and servers is None:
         return []  # the hf rollout's batch call generates every row of its rank at once
     load = engine_load(config, [(data.val_batch_size, rollout.val_kwargs.n)] if data.val_batch_size else [])
