@@ -61,7 +61,7 @@ def test_a_run_directory_is_checked_and_its_dumps_follow_it_when_moved(tmp_path)
     Tracking("p", "e", ["jsonl"], config={"trainer": {
         "default_local_dir": cluster_dir, "rollout_data_dir": f"{cluster_dir}/rollouts",
         "validation_data_dir": None}}, local_dir=str(tmp_path)).finish()
-    dump_generations(str(tmp_path / "rollouts"), 4, [("1+1=", "2", 1.0)])
+    dump_generations(str(tmp_path / "rollouts"), 4, [{"input": "1+1=", "output": "2", "score": 1.0}])
     os.mkdir(tmp_path / "global_step_4")
     run = RunDir(str(tmp_path))
     assert run.dump_dir("rollout_data_dir") == str(tmp_path / "rollouts")
@@ -192,7 +192,11 @@ def write_run(run_dir, lr: float, steps: int, finished: bool, dump_max_mb: float
     for step in range(1, steps + 1):
         tracking.log(step_metrics(step, lr / 1e-4), step=step)
         dump_generations(str(run_dir / "rollouts"), step,
-                         [(f"1+{step}=", f"<answer>{step + 1}</answer>", 1.0), (f"1+{step}=", "The answer is", 0.0)],
+                         [{"input": f"1+{step}=", "output": f"<answer>{step + 1}</answer>", "score": 1.0,
+                           "reward": 1.0, "advantage": 0.5, "response_tokens": 5},
+                          {"input": f"1+{step}=", "output": "The answer is calc", "score": 0.0, "reward": 0.0,
+                           "advantage": -0.5, "response_tokens": 4,
+                           "turns": [{"by": "policy", "text": "The answer is "}, {"by": "tool", "text": "calc"}]}],
                          max_mb=dump_max_mb)
     tracking.log_generations([("2+2=", "<answer>4</answer>", 1.0)], step=steps)
     if finished:
@@ -206,7 +210,7 @@ def write_run(run_dir, lr: float, steps: int, finished: bool, dump_max_mb: float
 
 def test_the_page_shows_finished_and_running_runs_and_the_new_step_without_a_reload(tmp_path, page):
     finished_dir, running_dir, shots = tmp_path / "finished", tmp_path / "running", tmp_path / "screenshots"
-    write_run(finished_dir, lr=1e-4, steps=3, finished=True, dump_max_mb=200 / 2 ** 20)  # room for 2 steps
+    write_run(finished_dir, lr=1e-4, steps=3, finished=True, dump_max_mb=500 / 2 ** 20)  # room for 2 steps (348 bytes each)
     running = write_run(running_dir, lr=2e-5, steps=2, finished=False)
     server = DashboardProcess([finished_dir, running_dir])
     try:
@@ -223,9 +227,12 @@ def test_the_page_shows_finished_and_running_runs_and_the_new_step_without_a_rel
         check_rollout_row(page, 0, 2, "<answer>3</answer>", 1.0)
         assert page.locator("#rollout-step option").all_inner_texts() == ["1", "2"]
         assert page.inner_text("#rollout-note") == \
-            f"steps from 3 on were not dumped: the dumps reached trainer.rollout_data_max_mb={200 / 2 ** 20}"
+            f"steps from 3 on were not dumped: the dumps reached trainer.rollout_data_max_mb={500 / 2 ** 20}"
         page.click('#rollout-table th[data-key="score"]')  # sorted by score, ascending now
         assert page.locator('#rollout-table tbody td[data-column="score"]').all_inner_texts() == ["0", "1"]
+        page.click('#rollout-table th[data-key="advantage"]')  # the update's columns sort too: advantage, descending
+        assert page.locator('#rollout-table tbody td[data-column="advantage"]').all_inner_texts() == ["0.5", "-0.5"]
+        assert page.locator("#rollout-table pre.tool").all_inner_texts() == ["calc"]  # the tool's piece, set apart
 
         page.goto(f"{server.url}#validation")
         page.select_option("#val-question", "2+2=")

@@ -47,19 +47,20 @@ def test_decode_uses_the_attention_mask_and_drops_special_tokens(tokenizer):
 
 
 def test_dump_writes_one_json_object_per_sample_and_replaces_the_steps_file(tmp_path):
-    path = dump_generations(str(tmp_path / "dumps"), 3, [("q1", "a1", 0.25), ("q2", "a2", 1.0)])
+    path = dump_generations(str(tmp_path / "dumps"), 3, [{"input": "q1", "output": "a1", "score": 0.25},
+                                                          {"input": "q2", "output": "a2", "score": 1.0}])
     assert path == str(tmp_path / "dumps" / "3.jsonl")
     with open(path) as f:
         assert [json.loads(line) for line in f] == [{"input": "q1", "output": "a1", "score": 0.25, "step": 3},
                                                     {"input": "q2", "output": "a2", "score": 1.0, "step": 3}]
-    dump_generations(str(tmp_path / "dumps"), 3, [("q3", "a3", 0.0)])  # a resumed run redoing step 3
+    dump_generations(str(tmp_path / "dumps"), 3, [{"input": "q3", "output": "a3", "score": 0.0}])  # a resumed run redoing step 3
     with open(path) as f:
         assert [json.loads(line)["input"] for line in f] == ["q3"]
 
 
 def test_rollout_dumps_stop_at_their_size_limit_and_say_where(tmp_path, caplog):
     directory, max_mb = str(tmp_path / "dumps"), 100 / 2 ** 20  # 100 bytes: room for two one-sample steps
-    written = [dump_generations(directory, step, [("q", "a", 1.0)], max_mb=max_mb) for step in (1, 2, 3, 4)]
+    written = [dump_generations(directory, step, [{"input": "q", "output": "a", "score": 1.0}], max_mb=max_mb) for step in (1, 2, 3, 4)]
     step_bytes = os.path.getsize(written[0])  # 54: {"input": "q", "output": "a", "score": 1.0, "step": 1}
     assert 50 <= step_bytes < 100 <= 2 * step_bytes
     assert written[2:] == [None, None] and sorted(os.listdir(directory)) == ["1.jsonl", "2.jsonl",

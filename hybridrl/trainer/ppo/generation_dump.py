@@ -5,7 +5,7 @@ object per response: ``{"input": prompt text, "output": response text, "score": 
 training step's rows also carry what the update saw (``rollout_records``): ``reward`` (the score with any KL or
 length penalty), ``advantage`` (its mean over the trained tokens), ``response_tokens``, ``group`` (the prompt's uid),
 and, for an answer with tokens the policy did not write (tool results), ``turns``: the response cut into the
-policy's and the tool's pieces. Groups the data flow filtered out are dumped too, with ``"filtered": true``.
+policy's and the tool's pieces.
 ``trainer.rollout_data_max_mb`` bounds the rollout dumps of a long run: once their files reach it, later steps are
 not dumped; the first step left out is logged as a warning and recorded in ``{dir}/size_limit_reached.json``.
 ``trainer.log_val_generations=N``: N validation samples per validation go to ``Tracking.log_generations`` (a table
@@ -87,8 +87,7 @@ def _turns(tokenizer, tokens: torch.Tensor, by_policy: torch.Tensor) -> list[dic
     return turns
 
 
-def dump_generations(directory: str, step: int, samples: list[tuple[str, str, float]] | list[dict],
-                     max_mb: float | None = None) -> str | None:
+def dump_generations(directory: str, step: int, records: list[dict], max_mb: float | None = None) -> str | None:
     """Write ``{directory}/{step}.jsonl`` (replacing a file left by an earlier, interrupted run); returns its path,
     or None when the directory's dumps have reached ``max_mb`` (see the module docstring)."""
     os.makedirs(directory, exist_ok=True)
@@ -96,8 +95,7 @@ def dump_generations(directory: str, step: int, samples: list[tuple[str, str, fl
         return None
     path = os.path.join(directory, f"{step}.jsonl")
     with open(path, "w") as f:
-        for sample in samples:
-            record = sample if isinstance(sample, dict) else dict(zip(("input", "output", "score"), sample))
+        for record in records:
             f.write(json.dumps({**record, "step": step}) + "\n")
     return path
 

@@ -33,7 +33,7 @@ from hybridrl.trainer.ppo import checkpointing
 from hybridrl.trainer.ppo.evaluation import ValidationResults, eval_sets_from_config
 from hybridrl.trainer.ppo.generate import AgentLoopGenerate, BatchGenerate, Sampling
 from hybridrl.trainer.ppo.group_rollout import GroupRollout, generates_on_engine_servers
-from hybridrl.trainer.ppo.generation_dump import decode_generations, dump_generations, select_val_samples
+from hybridrl.trainer.ppo.generation_dump import dump_generations, rollout_records, select_val_samples
 from hybridrl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_rollout_probs_diff,
@@ -412,10 +412,8 @@ class RayPPOTrainer:
         metrics.update(compute_timing_metrics(timing))
         metrics.update(compute_throughput_metrics(batch, timing, n_workers=self.world_size))
         if self.config.trainer.rollout_data_dir:
-            scores = batch.batch["token_level_scores"].sum(-1)
             dump_generations(self.config.trainer.rollout_data_dir, self.global_steps,
-                             decode_generations(self.tokenizer, batch, scores),
-                             max_mb=self.config.trainer.rollout_data_max_mb)
+                             rollout_records(self.tokenizer, batch), max_mb=self.config.trainer.rollout_data_max_mb)
         return metrics
 
     # ------------------------------------------------------------------ the rollout, shared by training and validation
@@ -465,7 +463,8 @@ class RayPPOTrainer:
         """Dump them to `validation_data_dir`; log `log_val_generations` of them to the trackers."""
         trainer = self.config.trainer
         if trainer.validation_data_dir:
-            dump_generations(trainer.validation_data_dir, self.global_steps, samples)
+            records = [{"input": prompt, "output": response, "score": score} for prompt, response, score in samples]
+            dump_generations(trainer.validation_data_dir, self.global_steps, records)
         if trainer.log_val_generations > 0 and self.tracking is not None:
             self.tracking.log_generations(select_val_samples(samples, trainer.log_val_generations),
                                           step=self.global_steps)
