@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from hybridrl.data.sample import Sample
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.ppo.generation_dump import (decode_generations, dump_generations, rollout_records,
-                                                  select_val_samples)
+from hybridrl.trainer.ppo.generation_dump import (decode_generations, dump_generations, filtered_records,
+                                                  rollout_records, select_val_samples)
 from hybridrl.defaults.tiny_model import build_tokenizer
 
 
@@ -110,3 +111,19 @@ def test_rollout_records_carry_reward_advantage_tokens_group_and_the_tools_turns
     assert second["advantage"] == -0.25 and second["response_tokens"] == int(written[1].sum())
     assert [(turn["by"], turn["text"].strip()) for turn in second["turns"]] == [
         ("policy", "apple"), ("tool", "hello"), ("policy", "banana")]
+
+
+def test_filtered_records_mark_a_dropped_groups_samples_and_leave_out_its_baseline(tokenizer):
+    prompt, answer, tool = ids(tokenizer, "apple"), ids(tokenizer, "banana"), ids(tokenizer, "hello")
+    group = [Sample(group_index=7, index=0, prompt_ids=prompt, response_ids=answer, loss_mask=[1] * len(answer),
+                    reward=0.0),
+             Sample(group_index=7, index=1, prompt_ids=prompt, response_ids=answer + tool + answer,
+                    loss_mask=[1] * len(answer) + [0] * len(tool) + [1] * len(answer), reward=0.0),
+             Sample(group_index=7, index=2, prompt_ids=prompt, response_ids=answer, loss_mask=[1] * len(answer),
+                    reward=0.0, is_baseline=True)]
+    first, second = filtered_records(tokenizer, [group])  # two: the baseline is not a sampled response
+    assert (first["input"].strip(), first["output"].strip(), first["score"]) == ("apple", "banana", 0.0)
+    assert (first["group"], first["filtered"], first["response_tokens"]) == ("7", True, len(answer))
+    assert "turns" not in first
+    assert [(turn["by"], turn["text"].strip()) for turn in second["turns"]] == [
+        ("policy", "banana"), ("tool", "hello"), ("policy", "banana")]

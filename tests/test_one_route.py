@@ -4,6 +4,8 @@ the hf engine on the CPU.
 
 Real local Ray, gloo ranks, the toy task of test_e2e_training (a tiny Qwen2), 2 steps a run.
 """
+import json
+
 import numpy as np
 import pytest
 
@@ -63,7 +65,8 @@ def test_dapo_keys_train_in_sync_mode_with_the_hf_engine_filtering_by_a_hand_cou
                          f"actor_rollout_ref.rollout.n={N}", f"data.train_batch_size={GROUPS}",
                          f"data.gen_batch_size={GEN_BATCH}", "algorithm.filter_groups.enable=true",
                          "algorithm.filter_groups.metric=acc", "algorithm.filter_groups.max_num_gen_batches=10",
-                         f"custom_reward_function.path={reward}", "custom_reward_function.name=score_and_acc")
+                         f"custom_reward_function.path={reward}", "custom_reward_function.name=score_and_acc",
+                         f"trainer.rollout_data_dir={tmp_path / 'rollouts'}")
     engine_calls = recorded(monkeypatch, generate.BatchGenerate, "_generate")
     scored = recorded(monkeypatch, GroupRollout, "score_groups")
     learned = recorded(monkeypatch, RayPPOTrainer, "learn_step")
@@ -81,8 +84,13 @@ def test_dapo_keys_train_in_sync_mode_with_the_hf_engine_filtering_by_a_hand_cou
     finally:
         trainer.shutdown()
 
-    for metrics, calls, accs, buffered in steps:
+    for step, (metrics, calls, accs, buffered) in enumerate(steps, start=1):
         count = hand_count(accs, GROUPS)
+        with open(tmp_path / "rollouts" / f"{step}.jsonl") as f:  # the dump: trained rows, then the dropped groups'
+            dumped = [json.loads(line) for line in f]
+        filtered = [record for record in dumped if record.get("filtered")]
+        assert len(dumped) - len(filtered) == GROUPS * N and len(filtered) == count["dropped"] * N
+        assert all(len([r for r in filtered if r["group"] == record["group"]]) == N for record in filtered)
         assert count["dropped"] >= 1
         assert metrics["data_flow/num_gen_batches"] == calls  # one batched engine call per generated batch
         assert metrics["data_flow/num_dropped_groups"] == count["dropped"]

@@ -5,7 +5,8 @@ object per response: ``{"input": prompt text, "output": response text, "score": 
 training step's rows also carry what the update saw (``rollout_records``): ``reward`` (the score with any KL or
 length penalty), ``advantage`` (its mean over the trained tokens), ``response_tokens``, ``group`` (the prompt's uid),
 and, for an answer with tokens the policy did not write (tool results), ``turns``: the response cut into the
-policy's and the tool's pieces.
+policy's and the tool's pieces. The groups the dynamic-sampling filter dropped follow, with ``"filtered": true``
+(``filtered_records``: no reward or advantage, they were never trained).
 ``trainer.rollout_data_max_mb`` bounds the rollout dumps of a long run: once their files reach it, later steps are
 not dumped; the first step left out is logged as a warning and recorded in ``{dir}/size_limit_reached.json``.
 ``trainer.log_val_generations=N``: N validation samples per validation go to ``Tracking.log_generations`` (a table
@@ -73,6 +74,25 @@ def rollout_records(tokenizer, batch: DataProto) -> list[dict]:
         if bool((written[row] & ~trained[row]).any()):
             record["turns"] = _turns(tokenizer, batch.batch["responses"][row][written[row]],
                                      trained[row][written[row]])
+    return records
+
+
+def filtered_records(tokenizer, groups: list) -> list[dict]:
+    """One record per sampled response of the dropped groups (data/sample.Sample records; ReMax's greedy baselines
+    left out): its text, score, token count and group, marked filtered."""
+    records = []
+    for group in groups:
+        for sample in group:
+            if sample.is_baseline:
+                continue
+            record = {"input": tokenizer.decode(sample.prompt_ids, skip_special_tokens=True),
+                      "output": tokenizer.decode(sample.response_ids, skip_special_tokens=True),
+                      "score": sample.reward_value(), "response_tokens": sample.response_length,
+                      "group": str(sample.group_index), "filtered": True}
+            if 0 in sample.loss_mask:
+                record["turns"] = _turns(tokenizer, torch.tensor(sample.response_ids),
+                                         torch.tensor(sample.loss_mask).bool())
+            records.append(record)
     return records
 
 

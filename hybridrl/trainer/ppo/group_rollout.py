@@ -101,6 +101,10 @@ class GroupRollout:
         self.with_baseline = config.algorithm.adv_estimator == AdvantageEstimator.REMAX
         self.eval_sampling = Sampling(validate=True)  # what submit(evaluation=True) draws with (an eval set's own)
         self.counts = StepCounts()  # of the step being generated
+        # the groups the dynamic-sampling filter dropped, held for the rollout dump (trainer.rollout_data_dir) until
+        # the trainer takes them (take_dropped); none are held when nothing dumps them
+        self.dropped: list[list[Sample]] = []
+        self.keep_dropped = bool(config.trainer.rollout_data_dir)
         # True: training groups are scored only when the step takes them (score_taken), on the thread that calls
         # it; one_step_off sets it with a reward model, whose forward must not run on its generating thread
         self.score_when_taken = False
@@ -210,6 +214,18 @@ class GroupRollout:
     def record(self, name: str, value: float) -> None:
         """Add to a data_flow/* (or reward/*) count of this step."""
         self.counts.metrics[name] = self.counts.metrics.get(name, 0.0) + float(value)
+
+    def drop(self, group: list[Sample]) -> None:
+        """A scored group the dynamic-sampling filter refused: counted, and held for the rollout dump."""
+        self.record("data_flow/num_dropped_groups", 1)
+        if self.keep_dropped:
+            self.dropped.append(group)
+
+    def take_dropped(self) -> list[list[Sample]]:
+        """The groups dropped since the last call (in the async schedules, some may be those generated ahead for
+        the next step)."""
+        taken, self.dropped = self.dropped, []
+        return taken
 
     # ------------------------------------------------------------------ what the trainer calls
     def train_batch(self, step: int, prompt_source: PromptSource,
@@ -350,7 +366,7 @@ def generate_rollout(rollout: GroupRollout, step: int, prompt_source: PromptSour
             if len(kept) < target and rollout.keep(group):
                 kept.append(group)
             elif len(kept) < target:
-                rollout.record("data_flow/num_dropped_groups", 1)
+                rollout.drop(group)
             else:  # finished together with the last one needed: back to the buffer (reset unless partial rollout,
                 # so that without it every trained token comes from the weights of its step)
                 prompt_source.add_groups([group if flow.partial_rollout else reset_group(group)])

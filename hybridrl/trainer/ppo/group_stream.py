@@ -155,7 +155,7 @@ class GroupStream:
         if self.rollout.keep(group):
             self.kept.append(group)
         else:
-            self.rollout.record("data_flow/num_dropped_groups", 1)
+            self.rollout.drop(group)
 
 
 def is_finished(group: list[Sample]) -> bool:

@@ -33,7 +33,8 @@ from hybridrl.trainer.ppo import checkpointing
 from hybridrl.trainer.ppo.evaluation import ValidationResults, eval_sets_from_config
 from hybridrl.trainer.ppo.generate import AgentLoopGenerate, BatchGenerate, Sampling
 from hybridrl.trainer.ppo.group_rollout import GroupRollout, generates_on_engine_servers
-from hybridrl.trainer.ppo.generation_dump import dump_generations, rollout_records, select_val_samples
+from hybridrl.trainer.ppo.generation_dump import (dump_generations, filtered_records, rollout_records,
+                                                  select_val_samples)
 from hybridrl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_rollout_probs_diff,
@@ -412,8 +413,10 @@ class RayPPOTrainer:
         metrics.update(compute_timing_metrics(timing))
         metrics.update(compute_throughput_metrics(batch, timing, n_workers=self.world_size))
         if self.config.trainer.rollout_data_dir:
-            dump_generations(self.config.trainer.rollout_data_dir, self.global_steps,
-                             rollout_records(self.tokenizer, batch), max_mb=self.config.trainer.rollout_data_max_mb)
+            records = rollout_records(self.tokenizer, batch) + \
+                filtered_records(self.tokenizer, self.group_rollout.take_dropped())
+            dump_generations(self.config.trainer.rollout_data_dir, self.global_steps, records,
+                             max_mb=self.config.trainer.rollout_data_max_mb)
         return metrics
 
     # ------------------------------------------------------------------ the rollout, shared by training and validation
