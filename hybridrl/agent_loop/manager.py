@@ -57,9 +57,11 @@ from hybridrl.data.rl_dataset import get_dataset_class
 from hybridrl.tools import initialize_tools_from_config
 from hybridrl.utils.import_utils import load_extensions
 from hybridrl.data.batch_layout import to_batch_layout
+from hybridrl.workers.rollout.request_seeds import row_seed, turn_seed
 from hybridrl.workers.rollout.sampling import SAMPLING_OVERRIDES, max_new_tokens, sampling_source
 
 AGENT_SCORES_KEY = "agent_reward_scores"  # per row: the loop's reward_score, NaN when it gave none
+ROW_SEED_KEY = "__row_seed"  # per row under rollout.full_determinism: its requests' seed (taken off before the loop)
 
 
 def rollout_sampling_params(rollout_config, validate: bool, do_sample: bool,
@@ -113,7 +115,7 @@ class AgentLoopWorker:
         multi_turn = rollout.multi_turn
         self.tools = ToolListWrap(initialize_tools_from_config(multi_turn.tool_config_path)
                                   if multi_turn.enable and multi_turn.tool_config_path else [])
-        self.server_manager = AsyncLLMServerManager(server_addresses)
+        self.server_manager = AsyncLLMServerManager(server_addresses, stable_routing=rollout.full_determinism)
         self.generate_fn = None  # the data flow's generate function, loaded on first use
 
     async def generate_group(self, group: list[Sample], sampling_params: dict[str, Any],
@@ -213,7 +215,7 @@ class AgentLoopWorker:
         """One row's loop run: from the prompt, or (`resume`) continuing the conversation an abort interrupted."""
         row = dict(row)
         agent_name = row.pop("agent_name")
-        recorder = VersionRecorder(self.server_manager)
+        recorder = VersionRecorder(self.server_manager, row.pop(ROW_SEED_KEY, None))
         try:
             loop = self._new_loop(agent_name, recorder)
             if resume is not None:
@@ -254,8 +256,11 @@ class VersionRecorder:
     tokens, so that every generated token of the sample gets its version (a multi-turn sample may span weight
     updates between its turns)."""
 
-    def __init__(self, server_manager: AsyncLLMServerManager):
+    def __init__(self, server_manager: AsyncLLMServerManager, row_seed: Optional[int] = None):
+        """row_seed: the row's seed under rollout.full_determinism (rollout/request_seeds.py), else None."""
         self.server_manager = server_manager
+        self.row_seed = row_seed
+        self.sent = 0  # generate calls sent so far: a conversation's turns, numbered as they are sent
         self.calls: list[tuple[int, Optional[int]]] = []  # (tokens generated, weight_version) per generate call
         self.aborted = False  # an engine server answered a call as aborted (the data flow stopped the stragglers)
         self.first_sent: Optional[float] = None  # wall-clock time of the loop's first request
@@ -263,6 +268,10 @@ class VersionRecorder:
     async def generate(self, request_id: str, **kwargs):
         if self.first_sent is None:
             self.first_sent = time.time()
+        if self.row_seed is not None:  # full_determinism: the turn's seed; one id per row, routed alike every run
+            request_id = f"det-{self.row_seed}"
+            kwargs["sampling_params"] = {**kwargs["sampling_params"], "seed": turn_seed(self.row_seed, self.sent)}
+        self.sent += 1
         output = await self.server_manager.generate(request_id, **kwargs)
         self.calls.append((len(output.token_ids), output.weight_version))
         self.aborted = self.aborted or output.stop_reason == "aborted"
@@ -345,6 +354,9 @@ class AgentLoopManager:
         started, started_wall = time.perf_counter(), time.time()
         rows = self._rows(prompts)
         check_agent_names([row["agent_name"] for row in rows], self.registry, "dataset column agent_name")
+        if self.rollout_config.full_determinism:
+            for index, row in enumerate(rows):
+                row[ROW_SEED_KEY] = row_seed(self.rollout_config, prompts.meta_info, index)
         params = rollout_sampling_params(self.rollout_config, validate=prompts.meta_info.get("validate", False),
                                          do_sample=prompts.meta_info.get("do_sample", self.rollout_config.do_sample),
                                          overrides=prompts.meta_info.get(SAMPLING_OVERRIDES))

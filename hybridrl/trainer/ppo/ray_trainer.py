@@ -55,6 +55,7 @@ from hybridrl.trainer.tracking import Tracking
 from hybridrl.reward.managers import load_reward_manager
 from hybridrl.workers.rollout.engine_load import EngineLoad, engine_load
 from hybridrl.workers.rollout.sampling import SAMPLING_OVERRIDES
+from hybridrl.workers.rollout.request_seeds import STEP_KEY
 
 GEN_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
@@ -545,7 +546,8 @@ class RayPPOTrainer:
         if do_sample is None:
             do_sample = rollout.val_kwargs.do_sample if validate else rollout.do_sample
         return {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id,
-                "validate": validate, "do_sample": do_sample}
+                "validate": validate, "do_sample": do_sample,
+                STEP_KEY: self.global_steps}  # rollout.full_determinism's request seeds derive from it
 
     def _count_reward_errors(self, metrics: dict[str, float]) -> None:
         """Add the samples whose reward scorer failed (scored 0) to the run's total, for summary.json."""
