@@ -28,7 +28,8 @@ from hybridrl.defaults.assets import ensure_default_assets
 from hybridrl.defaults.tool_task import ensure_tool_task_assets
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-KEYS_ON = ["actor_rollout_ref.rollout.full_determinism=true", "actor_rollout_ref.actor.fsdp_config.full_determinism=true",
+KEYS_ON = ["actor_rollout_ref.rollout.full_determinism=true",
+           "actor_rollout_ref.actor.fsdp_config.full_determinism=true",
            "actor_rollout_ref.ref.fsdp_config.full_determinism=true"]
 # Left out of the comparison, and only these: what measures wall time (timing_s/*, the per-second rates, the tool
 # calls' latency) or the host's memory in use (other processes share it); they differ between any two runs.
@@ -137,7 +138,8 @@ def run_steps(cache_dir, run_dir, *overrides, config_name: str = "ppo_trainer", 
     """`steps` GRPO steps of the named built-in config with validation before and after; the metrics.jsonl lines."""
     config = validate_config(compose_config(
         [f"cache_dir={cache_dir}", f"trainer.default_local_dir={run_dir}", f"trainer.total_training_steps={steps}",
-         f"trainer.test_freq={steps}", "trainer.logger=[console,jsonl]", "trainer.device=cpu", *overrides], config_name))
+         f"trainer.test_freq={steps}", "trainer.logger=[console,jsonl]", "trainer.device=cpu", *overrides],
+        config_name))
     ensure_default_assets(config)
     ensure_tool_task_assets(config)
     check_paths(config)
@@ -152,8 +154,8 @@ def run_steps(cache_dir, run_dir, *overrides, config_name: str = "ppo_trainer", 
 
 
 def compared(lines: list[dict]) -> list[dict]:
-    return [{key: value for key, value in line.items() if key not in NOT_COMPARED and not key.startswith(NOT_COMPARED_PREFIX)}
-            for line in lines]
+    return [{key: value for key, value in line.items()
+             if key not in NOT_COMPARED and not key.startswith(NOT_COMPARED_PREFIX)} for line in lines]
 
 
 def assert_bitwise_equal(first: list[dict], second: list[dict]) -> None:
@@ -199,8 +201,8 @@ def test_the_comparison_sees_another_rollout_seed(default_run, builtin_cache, tm
 
 
 def test_the_tool_agent_run_twice_with_the_keys_on_logs_bitwise_equal_metrics(ray_local, builtin_cache, tmp_path):
-    small = ["data.train_batch_size=4", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-             "data.val_max_samples=8", "trainer.n_gpus_per_node=2"]
+    small = ["data.train_batch_size=4", "actor_rollout_ref.rollout.n=4",
+             "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.val_max_samples=8", "trainer.n_gpus_per_node=2"]
     first = run_steps(builtin_cache, tmp_path / "a", *KEYS_ON, *small, config_name="tool_default")
     second = run_steps(builtin_cache, tmp_path / "b", *KEYS_ON, *small, config_name="tool_default")
     assert first[1]["agent_loop/num_tool_calls/mean"] > 0  # the loop called its tool: turns were ordered, not one

@@ -20,9 +20,10 @@ Engines (`AsyncEngine`: `async generate(prompt_ids, sampling_params) -> dict`):
   that arrive together (sglang_async.py has SGLang's, vllm_async.py vLLM's).
 
 Request (POST /generate, JSON): {"request_id", "prompt_ids": [int], "sampling_params": {temperature, top_p, top_k,
-logprobs, max_tokens (default rollout.response_length), seed (full_determinism)}}. Temperature 0 = greedy. Both ways the JSON is msgspec's: it
-took 0.015 s for 512 answers of 512 tokens and log-probs where the standard library's took 0.13 s on a 2-core CPU,
-time the engine's event loop spends between answers (benchmarks/engine_server_requests.py).
+logprobs, max_tokens (default rollout.response_length), seed (rollout.full_determinism)}}. Temperature 0 = greedy.
+Both ways the JSON is msgspec's: it took 0.015 s for 512 answers of 512 tokens and log-probs where the standard
+library's took 0.13 s on a 2-core CPU, time the engine's event loop spends between answers
+(benchmarks/engine_server_requests.py).
 Answer: verl's TokenOutput as JSON {token_ids, log_probs, stop_reason} plus `weight_version`, the policy version
 of the weights that generated it (training steps whose update produced them, batch_layout.py): the one source of
 every per-token version the trainer sees (response_weight_versions); an engine error is an HTTP 500 whose body is
