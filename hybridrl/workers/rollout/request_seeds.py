@@ -75,7 +75,8 @@ def seeded_generator(seed: Optional[int], device: torch.device) -> Iterator[None
     if seed is None:
         yield
         return
-    cuda_devices = [device.index or 0] if device.type == "cuda" else []
+    cuda_devices = [torch.cuda.current_device() if device.index is None else device.index] \
+        if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda_devices):
         torch.manual_seed(seed)
         yield
