@@ -16,16 +16,21 @@ import os
 from types import SimpleNamespace
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM
 
 from hybridrl.agent_loop.server_manager import AsyncLLMServerManager
 from hybridrl.config import ConfigError, check_paths, compose_config, validate_config
 from hybridrl.defaults.tiny_model import build_tiny_model, build_tokenizer
 from hybridrl.workers.rollout.async_server import HFGenerateEngine
-from hybridrl.workers.rollout.request_seeds import row_seed, turn_seed
+from hybridrl.data.prompt_source import PromptSource
+from hybridrl.data.sample import COMPLETED, new_group
+from hybridrl.workers.rollout.request_seeds import group_seeds, row_seed, turn_seed
 from test_agent_loop import served
+from test_data_flow import dataset_batches
 from hybridrl.defaults.assets import ensure_default_assets
 from hybridrl.defaults.tool_task import ensure_tool_task_assets
+from hybridrl.trainer.ppo.group_rollout import GroupRollout
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 KEYS_ON = ["actor_rollout_ref.rollout.full_determinism=true",
@@ -57,6 +62,18 @@ def test_a_requests_seed_is_its_rollout_seed_step_phase_row_and_turn():
     assert row_seed(off, train, 5) is None
     with pytest.raises(ValueError, match=r"needs meta_info\['global_steps'\]"):
         row_seed(on, {"validate": False}, 5)
+
+
+def test_an_agent_loop_samples_seed_is_its_row_in_the_step():
+    """Row = the group's place among the groups its step submitted x n + the sample's place in the group (the row the
+    batched engine call gives it too); a ReMax baseline (greedy) gets a seed of its group's own."""
+    on, off = SimpleNamespace(full_determinism=True, seed=42), SimpleNamespace(full_determinism=False, seed=42)
+    group = new_group({"raw_prompt_ids": [1, 2]}, n=3, group_index=17, first_index=51, baseline=True)
+    seeds = group_seeds(on, 3, False, 2, group)
+    assert seeds == [blake2_seed(42, 3, "train", 6), blake2_seed(42, 3, "train", 7), blake2_seed(42, 3, "train", 8),
+                     blake2_seed(42, 3, "baseline", 2)]
+    assert group_seeds(on, 3, True, 2, group)[0] == blake2_seed(42, 3, "validate", 6)
+    assert group_seeds(off, 3, False, 2, group) == [None] * 4
 
 
 def test_stable_routing_sends_a_request_id_to_the_same_server_whatever_the_load():
@@ -209,3 +226,44 @@ def test_the_tool_agent_run_twice_with_the_keys_on_logs_bitwise_equal_metrics(ra
     second = run_steps(builtin_cache, tmp_path / "b", *KEYS_ON, *small, config_name="tool_default")
     assert first[1]["agent_loop/num_tool_calls/mean"] > 0  # the loop called its tool: turns were ordered, not one
     assert_bitwise_equal(first, second)
+
+
+class FinishesLastFirst:
+    """A generate function whose groups finish in the reverse of their submission (one token each), noting the step
+    and place each group was submitted with."""
+
+    def __init__(self):
+        self.submitted: list[tuple[int, int, int]] = []  # (group_index, step, position)
+        self.groups: dict[int, list] = {}
+
+    def submit(self, group, sampling, baseline_sampling, step, position):
+        self.submitted.append((group[0].group_index, step, position))
+        for sample in group:
+            sample.append([5], None, 0)
+            sample.status = COMPLETED
+        self.groups[len(self.groups)] = group
+        return len(self.groups) - 1
+
+    def wait(self, handles):
+        last = max(handles)
+        return [(last, self.groups[last])]
+
+    def report_failures(self, errors, samples):
+        assert not errors
+
+
+def zero_rewards(batch, evaluation):
+    """The reward manager's answer, every response scored 0 (the order test needs scored groups, not scores)."""
+    return {"reward_tensor": torch.zeros(len(batch), 1)}
+
+
+def test_the_flow_hands_the_step_its_groups_in_submission_order_not_finish_order(tmp_path):
+    config = validate_config(compose_config([
+        f"actor_rollout_ref.model.path={tmp_path}", "trainer.device=cpu", "data.train_batch_size=3",
+        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=3",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3", *KEYS_ON]))
+    generator = FinishesLastFirst()
+    rollout = GroupRollout(config, generator, tokenizer=SimpleNamespace(pad_token_id=0), score_batch=zero_rewards)
+    groups, _ = rollout.train_groups(4, PromptSource(dataset_batches(), n=2, config=None))
+    assert generator.submitted == [(0, 4, 0), (1, 4, 1), (2, 4, 2)]  # the step, and each group's place in it
+    assert [group[0].group_index for group in groups] == [0, 1, 2]  # finished 2, 1, 0
