@@ -37,8 +37,8 @@ def row_seed(rollout_config, meta_info: dict[str, Any], row: int) -> Optional[in
         return None
     if STEP_KEY not in meta_info:
         raise ValueError(f"actor_rollout_ref.rollout.full_determinism: a generation needs meta_info[{STEP_KEY!r}], the "
-                         f"training step its request seeds derive from (generate.BatchGenerate sets it); got meta_info keys "
-                         f"{sorted(meta_info)}")
+                         f"training step its request seeds derive from (generate.BatchGenerate sets it); got "
+                         f"meta_info keys {sorted(meta_info)}")
     phase = "validate" if meta_info.get("validate", False) else "train"
     return stable_seed(int(rollout_config.seed), int(meta_info[STEP_KEY]), phase, int(row))
 
