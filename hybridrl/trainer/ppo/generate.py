@@ -9,7 +9,8 @@
 Both take a group (list[Sample]) with the Sampling its samples are drawn with, and give it back generated:
 `submit(group, sampling, baseline_sampling, step, position) -> handle` (`position`: the group's index among those
 its step submitted; with `step`, where rollout.full_determinism's request seeds come from: rollout/request_seeds.py),
-`wait(handles) -> [(handle, group)]` (at least one finished), `abort(handles) -> [group]` (what had not finished, with its tokens so far), `report_failures(errors, samples)`.
+`wait(handles) -> [(handle, group)]` (at least one finished), `abort(handles) -> [group]` (what had not finished,
+with its tokens so far), `report_failures(errors, samples)`.
 """
 from __future__ import annotations
 
