@@ -704,7 +704,7 @@ def test_the_group_rollout_judges_and_counts_only_the_sampled_responses_and_sets
     assert rollout.with_baseline
     group = with_scored_baseline(scored_group(1, [None, None]), None)
     group[2].response_ids = [3]  # per_sample scores the last token: sampled 9, 9; baseline 3
-    rollout.start_counting()
+    rollout.start_counting(1)
     rollout.score_group(group)
     assert [sample.reward for sample in group] == [9.0, 9.0, 3.0]  # the baseline is scored with its group
     assert rollout.counts.scored == [9.0, 9.0] and rollout.counts.generated == 3

@@ -50,7 +50,7 @@ def greedy_scores_by_prompt(trainer: RayPPOTrainer) -> dict[int, float]:
     trainer._rollout_mode()
     groups = PromptSource(lambda: iter(trainer.train_dataloader), 1, trainer.config).get_groups(1 << 30, step=0)
     generator = trainer.group_rollout.generator
-    handles = [generator.submit(group, GREEDY, None) for group in groups]
+    handles = [generator.submit(group, GREEDY, None, 0, position) for position, group in enumerate(groups)]
     done: dict = {}
     while len(done) < len(handles):
         done.update(generator.wait([handle for handle in handles if handle not in done]))

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import os
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import numpy as np
@@ -52,6 +52,7 @@ from hybridrl.data.sample import ABORTED, PENDING, Sample
 from hybridrl.data.rl_dataset import get_dataset_class
 from hybridrl.tools import initialize_tools_from_config
 from hybridrl.utils.import_utils import load_extensions
+from hybridrl.workers.rollout.request_seeds import turn_seed
 from hybridrl.workers.rollout.sampling import SAMPLING_OVERRIDES, max_new_tokens, sampling_source
 
 
@@ -106,15 +107,17 @@ class AgentLoopWorker:
         multi_turn = rollout.multi_turn
         self.tools = ToolListWrap(initialize_tools_from_config(multi_turn.tool_config_path)
                                   if multi_turn.enable and multi_turn.tool_config_path else [])
-        self.server_manager = AsyncLLMServerManager(server_addresses)
+        self.server_manager = AsyncLLMServerManager(server_addresses, stable_routing=rollout.full_determinism)
         self.generate_fn = None  # the data flow's generate function, loaded on first use
 
     async def generate_group(self, group: list[Sample], sampling_params: dict[str, Any],
-                             baseline_params: Optional[dict[str, Any]] = None) -> list[Sample]:
+                             baseline_params: Optional[dict[str, Any]] = None,
+                             seeds: Optional[list[Optional[int]]] = None) -> list[Sample]:
         """The data flow (trainer/ppo/group_rollout.py): one group's samples generated concurrently, each by
         data_flow.custom_generate_function when set, else by its agent loop (sample_generate.py says which runs how).
         A ReMax baseline (Sample.is_baseline) is generated with `baseline_params` (greedy), the others with
-        `sampling_params`: together, so from the same weights.
+        `sampling_params`: together, so from the same weights. `seeds`: each sample's request seed under
+        rollout.full_determinism (rollout/request_seeds.py; None: unseeded), which its every request carries.
         Whatever a custom generate function raises fails the step with its traceback: it is user logic, not one
         sample's bad luck; an agent loop's failure costs its sample only, as in the async rollout."""
         if self.generate_fn is None:
@@ -125,9 +128,11 @@ class AgentLoopWorker:
                              f"it with")
         ctx = GenerateContext(server_manager=self.server_manager, tokenizer=self.tokenizer, config=self.config,
                               response_length=self.config.actor_rollout_ref.rollout.response_length)
+        seeded = [ctx if seed is None else replace(ctx, server_manager=SeededRequests(self.server_manager, seed))
+                  for seed in seeds or [None] * len(group)]
         outputs = await asyncio.gather(*(
-            self.generate_fn(ctx, sample, dict(baseline_params if sample.is_baseline else sampling_params))
-            for sample in group))
+            self.generate_fn(sample_ctx, sample, dict(baseline_params if sample.is_baseline else sampling_params))
+            for sample, sample_ctx in zip(group, seeded)))
         for output in outputs:
             if not isinstance(output, Sample):
                 raise TypeError(f"data_flow.custom_generate_function returned {type(output).__name__}, expected the "
@@ -149,7 +154,7 @@ class AgentLoopWorker:
             resume = self._resume_point(sample, agent_name)
         row = {**{key: value for key, value in sample.metadata.items() if key != "agent_name"},
                "raw_prompt_ids": list(sample.prompt_ids), "agent_name": agent_name}
-        result = await self._run_row(row, sampling_params, resume)
+        result = await self._run_row(row, sampling_params, ctx.server_manager, resume)
         return sample_generate.sample_from_loop(sample, result, self.tokenizer.eos_token_id,
                                                 with_log_probs=bool(sampling_params.get("logprobs")))
 
@@ -189,12 +194,13 @@ class AgentLoopWorker:
                                       dataset_cls=self.dataset_cls, data_config=DictConfigWrap(config.data),
                                       tools=self.tools)
 
-    async def _run_row(self, row: dict[str, Any], sampling_params: dict[str, Any],
+    async def _run_row(self, row: dict[str, Any], sampling_params: dict[str, Any], server_manager,
                        resume: Optional["ResumePoint"] = None) -> dict[str, Any]:
-        """One row's loop run: from the prompt, or (`resume`) continuing the conversation an abort interrupted."""
+        """One row's loop run against `server_manager` (the worker's, or its seeded view): from the prompt, or
+        (`resume`) continuing the conversation an abort interrupted."""
         row = dict(row)
         agent_name = row.pop("agent_name")
-        recorder = VersionRecorder(self.server_manager)
+        recorder = VersionRecorder(server_manager)
         try:
             loop = self._new_loop(agent_name, recorder)
             if resume is not None:
@@ -227,6 +233,25 @@ class ResumePoint:
                              f"first {before} response tokens differ from the ones it was given in resume_from")
         kept = [version if mask else -1 for version, mask in zip(self.versions, output.response_mask)]
         return kept + recorder.token_versions(output.response_mask[before:])
+
+
+class SeededRequests:
+    """The server manager as one sample sees it under rollout.full_determinism: every request it sends carries its
+    turn's seed (the sample's seed, then one per later turn, numbered as they are sent) under one id per sample, which
+    stable routing sends to the same server in every run (rollout/request_seeds.py)."""
+
+    def __init__(self, server_manager: AsyncLLMServerManager, seed: int):
+        self.server_manager = server_manager
+        self.seed = seed
+        self.sent = 0  # generate calls sent so far: the conversation's turns
+
+    async def generate(self, request_id: str, **kwargs):
+        kwargs["sampling_params"] = {**kwargs["sampling_params"], "seed": turn_seed(self.seed, self.sent)}
+        self.sent += 1
+        return await self.server_manager.generate(f"det-{self.seed}", **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.server_manager, name)
 
 
 class VersionRecorder:

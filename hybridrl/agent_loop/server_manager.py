@@ -4,7 +4,9 @@ Balancing: a new request id goes to the server with the fewest requests in fligh
 the first listed); a request id seen before goes back to the server it went to (sticky, an LRU map
 of `max_cache_size` ids), so a multi-turn conversation that reuses its request id hits the server
 whose prefix cache already holds its earlier turns. verl counts requests ever assigned; counting
-the ones in flight balances by the load the servers actually carry.
+the ones in flight balances by the load the servers actually carry. With stable_routing
+(rollout.full_determinism) a request id goes to the server its stable hash picks, the same in every run:
+the load at the moment it is sent depends on timing.
 
 Failures: any error of the server (HTTP 5xx with its message, a refused or dropped connection of a
 dead worker) raises EngineServerError, which fails the step, never only the sample (see manager.py).
@@ -19,6 +21,7 @@ import aiohttp
 import msgspec
 
 from hybridrl.agent_loop.base import TokenOutput
+from hybridrl.utils.determinism import stable_seed
 
 
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -33,8 +36,10 @@ class EngineServerError(RuntimeError):
 
 
 class AsyncLLMServerManager:
-    def __init__(self, server_addresses: list[str], max_cache_size: int = 10000, connect_timeout_s: float = 30.0):
-        """server_addresses: "host:port" of each replica's engine server, in rank order (errors name the rank)."""
+    def __init__(self, server_addresses: list[str], max_cache_size: int = 10000, connect_timeout_s: float = 30.0,
+                 stable_routing: bool = False):
+        """server_addresses: "host:port" of each replica's engine server, in rank order (errors name the rank).
+        stable_routing: route by the request id alone (rollout.full_determinism), not by the load."""
         if not server_addresses:
             raise ValueError("AsyncLLMServerManager needs at least one server address")
         self.server_addresses = list(server_addresses)
@@ -42,6 +47,7 @@ class AsyncLLMServerManager:
         self.request_to_server: OrderedDict[str, str] = OrderedDict()
         self.max_cache_size = max_cache_size
         self.connect_timeout_s = connect_timeout_s
+        self.stable_routing = stable_routing
         self._session: Optional[aiohttp.ClientSession] = None
 
     def choose_server(self, request_id: str) -> str:
@@ -49,6 +55,8 @@ class AsyncLLMServerManager:
         if request_id in self.request_to_server:
             self.request_to_server.move_to_end(request_id)
             return self.request_to_server[request_id]
+        if self.stable_routing:
+            return self.server_addresses[stable_seed(request_id) % len(self.server_addresses)]
         server = min(self.server_addresses, key=lambda address: self.in_flight[address])
         self.request_to_server[request_id] = server
         if len(self.request_to_server) > self.max_cache_size:

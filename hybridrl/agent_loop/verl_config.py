@@ -1,35 +1,22 @@
 """The run config as verl hands it to an agent loop: hybridrl's config, plus verl's keys that hybridrl keeps elsewhere.
 
 hybridrl's schema uses verl's key names, so most of what a verl loop reads (`self.config.actor_rollout_ref.rollout.
-multi_turn.max_user_turns`, `self.data_config.get("apply_chat_template_kwargs", {})`) is already there. A few keys of
-verl's schema are, in verl itself, derived from others or fixed by what the engines do; a loop reads them all the
-same. VERL_KEYS says, for each, where its value comes from here:
-
-- a key path of hybridrl's config (verl's YAML interpolates the same one), or
-- a Fixed value: what the key means in hybridrl, where the behaviour it switches has one setting.
+multi_turn.max_user_turns`, `self.data_config.get("apply_chat_template_kwargs", {})`,
+`self.rollout_config.full_determinism`) is already there. A few keys of verl's schema are, in verl itself, derived
+from others; a loop reads them all the same. VERL_KEYS says, for each, the key path of hybridrl's config its value
+comes from (verl's YAML interpolates the same one).
 
 Every other key reads as it does on hybridrl's config (attribute, `.get`, `[]`, `in`); a key neither has raises
 AttributeError naming its full path, as a loop reading it would on verl's config without that key.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional
 
 
-@dataclass(frozen=True)
-class Fixed:
-    """A verl key whose value hybridrl fixes, and why."""
-    value: Any
-    reason: str
-
-
-VERL_KEYS: dict[str, Any] = {
+VERL_KEYS: dict[str, str] = {
     # verl's data config: `tool_config_path: ${oc.select:actor_rollout_ref.rollout.multi_turn.tool_config_path,null}`
     "data.tool_config_path": "actor_rollout_ref.rollout.multi_turn.tool_config_path",
-    # verl 0.9's ToolAgentLoop reads it to name its requests "det-<priority>"; hybridrl's engines make no bitwise
-    # reproducibility promise across runs, so requests keep unique ids
-    "actor_rollout_ref.rollout.full_determinism": Fixed(False, "hybridrl's engines are not run bitwise-deterministic"),
 }
 
 
@@ -80,9 +67,7 @@ class VerlConfigView:
         if _has_key(self._node, key):
             return True, self._wrap(_read(self._node, key), path)
         source = VERL_KEYS.get(path)
-        if isinstance(source, Fixed):
-            return True, source.value
-        if isinstance(source, str):
+        if source is not None:
             node = self._root
             for part in source.split("."):
                 node = _read(node, part)

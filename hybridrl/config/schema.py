@@ -168,6 +168,7 @@ class FSDPConfig(ConfigNode):
     fsdp_size: int
     forward_prefetch: bool
     use_torch_compile: bool                           # verl's key; only false (validation.NOT_IMPLEMENTED)
+    full_determinism: bool                            # utils/determinism.enable_full_determinism in its process
 
 
 @dataclass
@@ -272,6 +273,8 @@ class RolloutConfig(ConfigNode):
     top_k: int
     top_p: float = between(0, 1, low_open=True)
     do_sample: bool
+    full_determinism: bool                            # per-request seeds, stable routing (rollout/request_seeds.py)
+    seed: int                                         # the sampling seed under full_determinism
     n: int = positive()
     prompt_length: int = positive()
     response_length: int = positive()
@@ -308,6 +311,7 @@ class RefFSDPConfig(ConfigNode):
     reshard_after_forward: bool
     forward_prefetch: bool
     use_torch_compile: bool                           # verl's key; only false (validation.NOT_IMPLEMENTED)
+    full_determinism: bool                            # utils/determinism.enable_full_determinism in its process
     wrap_policy: WrapPolicyConfig
 
 

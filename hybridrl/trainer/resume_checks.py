@@ -28,7 +28,7 @@ import os
 import zipfile
 
 from hybridrl.config.schema import PPOConfig
-from hybridrl.data.config_checks import data_flow_switch
+from hybridrl.data.route import data_flow_switch
 from hybridrl.utils.checkpoint_io import load_file
 
 # config.json keys that decide the shapes of the weights a checkpoint holds.

@@ -36,6 +36,7 @@ from hybridrl.models.flops import model_flops_utilization
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller import Dispatch, Worker, register
 from hybridrl.utils.distributed import device_name, init_process_group_once
+from hybridrl.utils.determinism import enable_full_determinism
 from hybridrl.models.checkpoint import (load_sharded_model_state, save_hf_config_and_tokenizer,
                                         save_sharded_model_state)
 from hybridrl.models.fsdp_utils import build_lr_scheduler, build_optimizer, fsdp_root, hf_module, shard_model
@@ -47,6 +48,7 @@ from hybridrl.workers.actor.dp_actor import DataParallelPPOActor
 from hybridrl.workers.rollout import build_rollout, load_rollout_class
 from hybridrl.workers.rollout.engine_load import EngineLoad
 from hybridrl.workers.rollout.mode_switch import RolloutModeSwitch
+from hybridrl.workers.rollout.request_seeds import FIRST_ROW_KEY
 from hybridrl.workers.weight_transfer_worker import WeightTransferMixin
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref", "actor_ref")
@@ -77,6 +79,8 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref", "actor_ref")
         load_extensions(list(extensions))
+        if self._wants_full_determinism():  # before the process group: NCCL reads its settings at start
+            enable_full_determinism(seed + self.rank)
         init_process_group_once("nccl" if self.device == "cuda" else "gloo")
         self.seed = seed
         self.total_training_steps = total_training_steps
@@ -89,6 +93,14 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
         # the engine holds another version.
         self.weights_version = 0
         self.engine_server = None  # this rank's engine server, where they run (start_engine_server)
+
+    def _wants_full_determinism(self) -> bool:
+        """Whether a role this process holds asks for deterministic kernels (its fsdp_config.full_determinism, the
+        rollout's full_determinism); the setting is per process, so one role's key covers the roles colocated with it."""
+        config = self.config
+        return ((self._is_actor and config.actor.fsdp_config.full_determinism)
+                or (self._is_ref and config.ref.fsdp_config.full_determinism)
+                or (self._is_rollout and config.rollout.full_determinism))
 
     # ------------------------------------------------------------------ set-up
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -228,6 +240,7 @@ class ActorRolloutRefWorker(Worker, WeightTransferMixin):
         if not self.mode_switch.in_rollout_mode:
             raise RuntimeError("generate_sequences: the worker is in trainer mode; call rollout_mode() first "
                                "(and trainer_mode() after the last generation)")
+        prompts.meta_info[FIRST_ROW_KEY] = self.rank * len(prompts)  # DP_COMPUTE_PROTO: equal chunks in rank order
         return self.rollout.generate_sequences(prompts)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -7,8 +7,10 @@
                         they finish one by one and can be aborted mid-way (partial rollout)
 
 Both take a group (list[Sample]) with the Sampling its samples are drawn with, and give it back generated:
-`submit(group, sampling, baseline_sampling) -> handle`, `wait(handles) -> [(handle, group)]` (at least one finished),
-`abort(handles) -> [group]` (what had not finished, with its tokens so far), `report_failures(errors, samples)`.
+`submit(group, sampling, baseline_sampling, step, position) -> handle` (`position`: the group's index among those
+its step submitted; with `step`, where rollout.full_determinism's request seeds come from: rollout/request_seeds.py),
+`wait(handles) -> [(handle, group)]` (at least one finished), `abort(handles) -> [group]` (what had not finished,
+with its tokens so far), `report_failures(errors, samples)`.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from hybridrl.agent_loop.server_manager import abort_servers, reset_abort_server
 from hybridrl.data.batch_layout import to_batch_layout
 from hybridrl.data.sample import ABORTED, COMPLETED, PENDING, TRUNCATED, Sample
 from hybridrl.protocol import DataProto
+from hybridrl.workers.rollout.request_seeds import STEP_KEY, group_seeds
 from hybridrl.workers.rollout.sampling import SAMPLING_OVERRIDES
 
 
@@ -54,11 +57,13 @@ class AgentLoopGenerate:
         self.rollout_config = rollout_config
         self._next_worker = 0
 
-    def submit(self, group: list[Sample], sampling: Sampling, baseline_sampling: Optional[Sampling]) -> ray.ObjectRef:
+    def submit(self, group: list[Sample], sampling: Sampling, baseline_sampling: Optional[Sampling], step: int,
+               position: int) -> ray.ObjectRef:
         worker = self.manager.workers[self._next_worker % len(self.manager.workers)]
         self._next_worker += 1
         baseline = None if baseline_sampling is None else self._params(baseline_sampling)
-        return worker.generate_group.remote(group, self._params(sampling), baseline)
+        seeds = group_seeds(self.rollout_config, step, sampling.validate, position, group)
+        return worker.generate_group.remote(group, self._params(sampling), baseline, seeds)
 
     def wait(self, handles: list) -> list[tuple[Any, list[Sample]]]:
         """The first group to finish and every other one finished by then (scored together: one reward call)."""
@@ -96,12 +101,15 @@ class BatchGenerate:
         self.tokenizer = tokenizer
         self.weights_version = weights_version
         self._handles = itertools.count()
-        self._queued: dict[int, tuple[list[Sample], Sampling, Optional[Sampling]]] = {}
+        self._queued: dict[int, tuple[list[Sample], Sampling, Optional[Sampling], int]] = {}  # ..., step
         self._done: dict[int, list[Sample]] = {}
 
-    def submit(self, group: list[Sample], sampling: Sampling, baseline_sampling: Optional[Sampling]) -> int:
+    def submit(self, group: list[Sample], sampling: Sampling, baseline_sampling: Optional[Sampling], step: int,
+               position: int) -> int:
+        """position: not needed here: the groups are generated in submission order, so a sample's row in the batched
+        call is its place in its step (rollout/request_seeds.py)."""
         handle = next(self._handles)
-        self._queued[handle] = (group, sampling, baseline_sampling)
+        self._queued[handle] = (group, sampling, baseline_sampling, step)
         return handle
 
     def wait(self, handles: list) -> list[tuple[Any, list[Sample]]]:
@@ -119,32 +127,35 @@ class BatchGenerate:
         """No agent loop runs here: nothing fails one sample alone (an engine's error fails the step)."""
 
     def _generate_queued(self) -> None:
-        """Every pending sample of the queued groups, one engine call per sampling setting."""
-        by_sampling: dict[Sampling, list[Sample]] = {}
-        for group, sampling, baseline_sampling in self._queued.values():
+        """Every pending sample of the queued groups, one engine call per sampling setting (and step)."""
+        by_sampling: dict[tuple[Sampling, int], list[Sample]] = {}
+        for group, sampling, baseline_sampling, step in self._queued.values():
             for sample in group:
                 if sample.status == ABORTED:
                     raise ValueError(f"sample {sample.index} was aborted by an engine server (a checkpoint of a run "
                                      f"with rollout.mode=async?); the batched engine call generates from the prompt "
                                      f"only: resume it with actor_rollout_ref.rollout.mode=async")
                 if sample.status == PENDING:
-                    by_sampling.setdefault(baseline_sampling if sample.is_baseline else sampling, []).append(sample)
+                    by_sampling.setdefault((baseline_sampling if sample.is_baseline else sampling, step),
+                                           []).append(sample)
         version = self.weights_version()
-        for sampling, samples in by_sampling.items():
-            self._generate(samples, sampling, version)
-        self._done.update({handle: group for handle, (group, _, _) in self._queued.items()})
+        for (sampling, step), samples in by_sampling.items():
+            self._generate(samples, sampling, step, version)
+        self._done.update({handle: group for handle, (group, *_) in self._queued.items()})
         self._queued.clear()
 
-    def _generate(self, samples: list[Sample], sampling: Sampling, version: int) -> None:
+    def _generate(self, samples: list[Sample], sampling: Sampling, step: int, version: int) -> None:
         """One batched engine call: the samples' prompts padded into the rollout's prompt layout; each generated
-        response back into its sample, every token of `version`."""
+        response back into its sample, every token of `version`. The `step` goes with it (the rows' seeds under
+        rollout.full_determinism)."""
         rollout = self.rollout_config
         prompts = to_batch_layout([sample.prompt_ids for sample in samples], [[] for _ in samples],
                                   prompt_length=rollout.prompt_length, response_length=0,
                                   pad_token_id=self.tokenizer.pad_token_id)
         request = prompts.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
         request.meta_info = {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id,
-                             "validate": sampling.validate, "do_sample": sampling.resolved_do_sample(rollout)}
+                             "validate": sampling.validate, "do_sample": sampling.resolved_do_sample(rollout),
+                             STEP_KEY: step}
         if sampling.overrides:
             request.meta_info[SAMPLING_OVERRIDES] = dict(sampling.overrides)
         output: DataProto = self.worker_group.generate_sequences(request)

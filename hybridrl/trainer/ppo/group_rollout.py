@@ -105,6 +105,8 @@ class GroupRollout:
         # the trainer takes them (take_dropped); none are held when nothing dumps them
         self.dropped: list[list[Sample]] = []
         self.keep_dropped = bool(config.trainer.rollout_data_dir)
+        self.step = 0  # the step being generated, and how many groups it has submitted (start_counting resets them)
+        self.submitted = 0
         # True: training groups are scored only when the step takes them (score_taken), on the thread that calls
         # it; one_step_off sets it with a reward model, whose forward must not run on its generating thread
         self.score_when_taken = False
@@ -118,7 +120,9 @@ class GroupRollout:
         """Start generating one group; `wait` returns it when it is done. Its ReMax baseline, if it has one,
         generates with it, greedily. Returns the group's handle."""
         sampling = self.eval_sampling if evaluation else TRAINING
-        return self.generator.submit(group, sampling, GREEDY if self.with_baseline and not evaluation else None)
+        position, self.submitted = self.submitted, self.submitted + 1
+        return self.generator.submit(group, sampling, GREEDY if self.with_baseline and not evaluation else None,
+                                     self.step, position)
 
     def wait(self, handles: list) -> list[tuple[Any, list[Sample]]]:
         """Block until at least one of `handles` is done; (handle, group) of each finished one. A worker's error (an
@@ -243,16 +247,18 @@ class GroupRollout:
         score_when_taken (then score_taken scores them). (The one-step-off schedule runs this on its generating
         thread and holds the groups until the step takes them, so that a checkpoint can put them back into the
         prompt source's buffer: async_trainer.py.)"""
-        self.start_counting()
+        self.start_counting(step)
         rollout_fn = self.hooks["rollout_function"] or generate_rollout
         groups = rollout_fn(self, step, prompt_source, False)
         groups = self._check_groups(groups, "data_flow.rollout_function", prompt_source.n,
                                     scored=not self.score_when_taken, baseline=self.with_baseline)
         return groups, self.step_metrics(groups, prompt_source)
 
-    def start_counting(self) -> None:
-        """A new step's counts: data_flow/* records, rewards given, samples finished, failed agent loops."""
+    def start_counting(self, step: int) -> None:
+        """A new step's counts: data_flow/* records, rewards given, samples finished, failed agent loops; and its
+        number, and no group submitted yet (the groups' places in the step: rollout/request_seeds.py)."""
         self.counts = StepCounts()
+        self.step, self.submitted = step, 0
 
     def step_metrics(self, groups: list[list[Sample]], prompt_source: PromptSource) -> dict[str, float]:
         """The metrics of the step that trains `groups`, from the counts since `start_counting`; fails the step
@@ -290,7 +296,7 @@ class GroupRollout:
         """The scored groups of `n` samples each of every prompt of `prompt_source`, drawn with `sampling`, from
         data_flow.eval_function (the built-in: every prompt once, all in flight together), and the reward metrics of
         scoring them. Needs rollout mode."""
-        self.start_counting()
+        self.start_counting(step)
         self.eval_sampling = sampling
         eval_function = self.hooks["eval_function"] or generate_rollout
         groups = self._check_groups(eval_function(self, step, prompt_source, True), "data_flow.eval_function", n)
@@ -372,6 +378,7 @@ def generate_rollout(rollout: GroupRollout, step: int, prompt_source: PromptSour
                 prompt_source.add_groups([group if flow.partial_rollout else reset_group(group)])
     rollout.record("data_flow/num_gen_batches", chunks)
     _stop_stragglers(rollout, list(in_flight), prompt_source)
+    kept.sort(key=lambda group: group[0].group_index)  # in submission order, not finish order: the same every run
     if over_sampling_filter is not None:
         kept = _order(rollout, over_sampling_filter, kept)
     trained, rest = kept[:rollout.train_batch_size], kept[rollout.train_batch_size:]

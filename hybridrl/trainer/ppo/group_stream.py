@@ -55,7 +55,7 @@ class GroupStream:
     def take(self, count: int, oldest_version: int, step: int) -> list[list[Sample]]:
         """The first `count` kept groups to finish whose oldest token version is `oldest_version` or later (fewer
         only when the generation cap is reached and data_flow.insufficient_groups=train)."""
-        self._start_counting()
+        self._start_counting(step)
         taken: list[list[Sample]] = []
         while len(taken) < count:
             if not self.kept:
@@ -119,8 +119,8 @@ class GroupStream:
         self.kept = []
 
     # ------------------------------------------------------------------ inside
-    def _start_counting(self) -> None:
-        self.rollout.start_counting()
+    def _start_counting(self, step: int) -> None:
+        self.rollout.start_counting(step)
         for count in ("data_flow/num_dropped_groups", "data_flow/num_aborted_groups",
                       "data_flow/num_aborted_samples", "async_training/dropped_groups",
                       "async_training/requeued_groups"):  # every step logs each, 0 too

@@ -17,6 +17,7 @@ from hybridrl.utils.distributed import device_name, init_process_group_once
 from hybridrl.models.fsdp_utils import build_lr_scheduler, build_optimizer, shard_model
 from hybridrl.models.offload import FSDPOffload
 from hybridrl.models.spec import ModelSpec
+from hybridrl.utils.determinism import enable_full_determinism
 from hybridrl.utils.import_utils import load_extensions
 from hybridrl.workers.critic.dp_critic import DataParallelPPOCritic
 
@@ -34,6 +35,8 @@ class CriticWorker(Worker):
         self.rollout_n = rollout_n
         self.device = device or device_name()
         load_extensions(list(extensions))
+        if config.model.fsdp_config.full_determinism:  # before the process group: NCCL reads its settings at start
+            enable_full_determinism(seed + self.rank)
         init_process_group_once("nccl" if self.device == "cuda" else "gloo")
         self.seed = seed
         self.total_training_steps = total_training_steps

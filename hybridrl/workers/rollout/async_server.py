@@ -20,9 +20,10 @@ Engines (`AsyncEngine`: `async generate(prompt_ids, sampling_params) -> dict`):
   that arrive together (sglang_async.py has SGLang's, vllm_async.py vLLM's).
 
 Request (POST /generate, JSON): {"request_id", "prompt_ids": [int], "sampling_params": {temperature, top_p, top_k,
-logprobs, max_tokens (default rollout.response_length)}}. Temperature 0 = greedy. Both ways the JSON is msgspec's: it
-took 0.015 s for 512 answers of 512 tokens and log-probs where the standard library's took 0.13 s on a 2-core CPU,
-time the engine's event loop spends between answers (benchmarks/engine_server_requests.py).
+logprobs, max_tokens (default rollout.response_length), seed (rollout.full_determinism)}}. Temperature 0 = greedy.
+Both ways the JSON is msgspec's: it took 0.015 s for 512 answers of 512 tokens and log-probs where the standard
+library's took 0.13 s on a 2-core CPU, time the engine's event loop spends between answers
+(benchmarks/engine_server_requests.py).
 Answer: verl's TokenOutput as JSON {token_ids, log_probs, stop_reason} plus `weight_version`, the policy version
 of the weights that generated it (training steps whose update produced them, batch_layout.py): the one source of
 every per-token version the trainer sees (response_weight_versions); an engine error is an HTTP 500 whose body is
@@ -51,6 +52,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from hybridrl.models.fsdp_utils import hf_module
 from hybridrl.algorithms.torch_functional import logprobs_from_logits
 from hybridrl.workers.rollout.engine_io import aborted_answer, requested_max_tokens
+from hybridrl.workers.rollout.request_seeds import seeded_generator
 
 # Up to rollout.n x the batch of agent loops connect at once: at the start of a run, and at every step whose gap since
 # the last one outlasted the clients' keep-alive (server_manager.py). A connection beyond the listen queue is dropped
@@ -60,7 +62,8 @@ from hybridrl.workers.rollout.engine_io import aborted_answer, requested_max_tok
 LISTEN_BACKLOG = 4096
 KEEPALIVE_S = 75.0  # how long an idle connection stays open here (aiohttp's default); clients close theirs sooner
 
-SAMPLING_KEYS = {"temperature", "top_p", "top_k", "logprobs", "max_tokens", "max_new_tokens", "repetition_penalty"}
+SAMPLING_KEYS = {"temperature", "top_p", "top_k", "logprobs", "max_tokens", "max_new_tokens", "repetition_penalty",
+                 "seed"}  # seed: rollout.full_determinism's per-request seed (rollout/request_seeds.py)
 
 
 class AsyncEngine(Protocol):
@@ -202,7 +205,9 @@ class HFGenerateEngine:
     runs one batch at a time), while new requests queue for the next batch. Each row is cut at its
     first EOS (kept) and at its own max_tokens. Sampling matches the sync hf rollout: temperature /
     top_p / top_k (-1 off), greedy at temperature 0, repetition penalty pinned to 1; log-probs under
-    logits / temperature (raw logits when greedy).
+    logits / temperature (raw logits when greedy). A request with a `seed` (rollout.full_determinism) is generated
+    alone from a generator of that seed: HF draws a batch's rows from one generator, so a row's tokens would
+    depend on the requests that happened to arrive with it.
     """
 
     def __init__(self, module, response_length: int, eos_token_ids: list[int], pad_token_id: int,
@@ -296,14 +301,16 @@ class HFGenerateEngine:
                     {"do_sample": True, "temperature": temperature, "top_p": float(params["top_p"]),
                      "top_k": 0 if params["top_k"] == -1 else int(params["top_k"])})
         self.batch_sizes.append(len(batch))
-        output = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                max_new_tokens=max(request.max_tokens for request in batch),
-                                eos_token_id=self.eos_token_ids, pad_token_id=self.pad_token_id,
-                                repetition_penalty=1.0, use_cache=True, return_dict_in_generate=True,
-                                # each rank's server runs its own batches: no collective per step (HF turns
-                                # one on for FSDP modules; FSDP2 in rollout mode holds every layer gathered)
-                                synced_gpus=False, output_logits=params["logprobs"],
-                                stopping_criteria=StoppingCriteriaList([_StopOnAbort(self._aborting)]), **sampling)
+        with seeded_generator(params["seed"], device):  # a seeded request is alone in its batch (_sampling_key)
+            output = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                    max_new_tokens=max(request.max_tokens for request in batch),
+                                    eos_token_id=self.eos_token_ids, pad_token_id=self.pad_token_id,
+                                    repetition_penalty=1.0, use_cache=True, return_dict_in_generate=True,
+                                    # each rank's server runs its own batches: no collective per step (HF turns
+                                    # one on for FSDP modules; FSDP2 in rollout mode holds every layer gathered)
+                                    synced_gpus=False, output_logits=params["logprobs"],
+                                    stopping_criteria=StoppingCriteriaList([_StopOnAbort(self._aborting)]),
+                                    **sampling)
         generated = output.sequences[:, width:].cpu()
         log_probs = None
         if params["logprobs"]:
@@ -338,9 +345,12 @@ class _StopOnAbort(StoppingCriteria):
 
 
 def _sampling_key(params: dict[str, Any]) -> tuple:
-    """The parameters a batch must share, normalised (hashable; the batch's max_tokens is the rows' max)."""
+    """The parameters a batch must share, normalised (hashable; the batch's max_tokens is the rows' max). Requests
+    with different seeds never share one."""
+    seed = params.get("seed")
     return (("temperature", float(params.get("temperature", 1.0))), ("top_p", float(params.get("top_p", 1.0))),
-            ("top_k", int(params.get("top_k", -1))), ("logprobs", bool(params.get("logprobs", False))))
+            ("top_k", int(params.get("top_k", -1))), ("logprobs", bool(params.get("logprobs", False))),
+            ("seed", None if seed is None else int(seed)))
 
 
 def build_engine_server(rollout, rollout_config, module, eos_token_ids: list[int], pad_token_id: int,

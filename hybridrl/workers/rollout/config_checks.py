@@ -12,7 +12,7 @@ import os
 
 from hybridrl.config.checks import Values, expect_file, register_check, register_registry
 from hybridrl.config.schema import PPOConfig
-from hybridrl.data.route import engine_servers_switch
+from hybridrl.data.route import data_flow_switch, engine_servers_switch
 from hybridrl.models.config_checks import INSTALL_GPU_EXTRAS, cuda_available
 from hybridrl.workers.rollout.engine_load import engine_load
 
@@ -80,6 +80,37 @@ def _tensor_parallel_engines_built(values: Values, problems: list[str]) -> None:
                         f"and all of them step together on the same prompts; an engine server takes requests on one "
                         f"rank as they arrive: use rollout.mode=sync, or rollout.name=sglang, "
                         f"whose tensor-parallel engine one rank serves), got {tp}")
+
+
+# The engines that take a seed per request (rollout/request_seeds.py says how each does).
+SEEDED_ENGINES = ("hf", "sglang", "vllm")
+
+
+@register_check()
+def _full_determinism_covered(values: Values, problems: list[str]) -> None:
+    """rollout.full_determinism promises two runs of one config bitwise-equal metrics: refused, with the reason, where
+    the run's generation is not made reproducible (README "Reproducibility")."""
+    if not values("actor_rollout_ref.rollout.full_determinism"):
+        return
+    key = "actor_rollout_ref.rollout.full_determinism"
+    name = values("actor_rollout_ref.rollout.name")
+    if name not in SEEDED_ENGINES or values("actor_rollout_ref.rollout.custom_cls.path") is not None:
+        problems.append(f"{key}: expected rollout.name in {list(SEEDED_ENGINES)} without rollout.custom_cls (the "
+                        f"engines that take a seed per request), got rollout.name={name!r}")
+    if values("actor_rollout_ref.rollout.tensor_model_parallel_size") > 1:
+        problems.append(f"{key}: expected rollout.tensor_model_parallel_size=1 (a tensor-parallel group generates the "
+                        f"prompts its ranks gather, whose request seeds are not carried with them), got "
+                        f"{values('actor_rollout_ref.rollout.tensor_model_parallel_size')}")
+    if not values("actor_rollout_ref.hybrid_engine"):
+        problems.append(f"{key}: expected actor_rollout_ref.hybrid_engine=true (the rollout on its own pool is not "
+                        f"shown bitwise-reproducible yet), got false")
+    switch = data_flow_switch(values("data_flow.enable"), values("algorithm.filter_groups.enable"),
+                              values("async_training.mode"))
+    if switch is not None:
+        problems.append(f"{key}: expected the data flow's features off (buffer, dynamic sampling, over-sampling, "
+                        f"partial rollout, async schedules), got {switch} (with them the groups a step trains are "
+                        f"the first to finish, the stragglers aborted and buffered: which samples make a batch, and "
+                        f"under an async schedule which weights generate them, depends on timing)")
 
 
 @register_check()

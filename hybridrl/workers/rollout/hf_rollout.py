@@ -21,7 +21,8 @@ Sampling comes from the config only: `temperature`, `top_p`, `top_k` (-1 = off),
 with meta_info["validate"] the `val_kwargs` block is used instead (greedy by default). Greedy
 decoding happens when do_sample is false or the temperature is 0. The repetition penalty is pinned
 to 1: a model directory's generation_config (Qwen's sets 1.05) must not bend the sampling
-distribution away from the policy that the trainer scores.
+distribution away from the policy that the trainer scores. With rollout.full_determinism the call samples from a
+generator seeded for the rank's rows (rollout/request_seeds.py), not from the process's.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.models.fsdp_utils import hf_module
 from hybridrl.algorithms.torch_functional import logprobs_from_logits
 from hybridrl.workers.rollout.base import BaseRollout, register_rollout
+from hybridrl.workers.rollout.request_seeds import first_row_seed, seeded_generator
 from hybridrl.data.batch_layout import to_batch_layout
 from hybridrl.workers.rollout.sampling import max_new_tokens, sampling_source
 
@@ -99,12 +101,12 @@ class HFRollout(BaseRollout):
         sampling = self._sampling(prompts.meta_info)
         response_length = self.config.response_length
 
-        output = model.generate(
-            input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
-            max_new_tokens=max_new_tokens(self.config, prompts.meta_info), eos_token_id=eos_ids, pad_token_id=pad_id,
-            repetition_penalty=1.0, use_cache=True, synced_gpus=self._ranks_step_together(),
-            return_dict_in_generate=True,
-            output_logits=self.config.calculate_log_probs, **sampling)
+        with seeded_generator(first_row_seed(self.config, prompts.meta_info), device):  # full_determinism only
+            output = model.generate(
+                input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
+                max_new_tokens=max_new_tokens(self.config, prompts.meta_info), eos_token_id=eos_ids,
+                pad_token_id=pad_id, repetition_penalty=1.0, use_cache=True, synced_gpus=self._ranks_step_together(),
+                return_dict_in_generate=True, output_logits=self.config.calculate_log_probs, **sampling)
 
         generated = output.sequences[:, prompt_ids.shape[1]:].cpu()
         response_mask = mask_through_first_eos(generated, eos_ids)  # HF pads finished rows: cut at the EOS

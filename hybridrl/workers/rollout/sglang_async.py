@@ -57,6 +57,8 @@ class SGLangAsyncEngine:
         max_tokens = requested_max_tokens(params, config.response_length, "sglang")
         base = {"max_new_tokens": max_tokens, "ignore_eos": config.ignore_eos, "stop_token_ids": self.eos_token_ids,
                 "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+        if params.get("seed") is not None:  # rollout.full_determinism's per-request seed
+            base["sampling_seed"] = int(params["seed"])
         temperature = float(params.get("temperature", 1.0))
         if temperature == 0:
             return {**base, "temperature": 0.0, "top_p": 1.0, "top_k": -1}

@@ -65,6 +65,7 @@ from hybridrl.workers.rollout.engine_load import EngineLoad, cuda_graph_size
 from hybridrl.workers.rollout.engine_io import (RESUME_HEADROOM, EngineDiedError, GiB,
                                                 engine_output, generation_config_ids, prompt_token_lists,
                                                 resume_memory_error, token_ids)
+from hybridrl.workers.rollout.request_seeds import batch_row_seeds
 from hybridrl.workers.rollout.sampling import max_new_tokens, sampling_source
 from hybridrl.workers.rollout.tensor_parallel import visible_devices
 from hybridrl.workers.rollout.sglang_weights import DTYPES, FlatBucket, bucket_capacity, gpu_memory
@@ -87,7 +88,8 @@ CONFIG_OWNED_ENGINE_KWARGS = {
     "enable_memory_saver": "(always on: the hybrid engine releases memory)",
     "skip_tokenizer_init": "(always on: token ids in and out)",
     "base_gpu_id": "(this process's CUDA device)",
-    "random_seed": "(this process's torch seed)",
+    "random_seed": "(this process's torch seed; rollout.seed with rollout.full_determinism)",
+    "enable_deterministic_inference": "rollout.full_determinism",
 }
 DEFAULT_ENGINE_KWARGS = {"attention_backend": "triton", "sampling_backend": "pytorch", "log_level": "error"}
 # The decode CUDA graphs' largest batch (sglang 0.5.16's ServerArgs; benchmarks/hybrid_engine.py sets it), and every
@@ -150,6 +152,9 @@ class SGLangRollout(BaseRollout):
         pad_id = token_ids(prompts.meta_info, "pad_token_id", self.generation_config)[0]
         params = sampling_params(self.config, prompts.meta_info, eos_ids)
         token_lists = prompt_token_lists(prompts)
+        if self.config.full_determinism:  # each row with its own seed (rollout/request_seeds.py)
+            params = [{**params, "sampling_seed": seed}
+                      for seed in batch_row_seeds(self.config, prompts.meta_info, len(token_lists))]
         started = time.perf_counter()
         outputs = self.monitor.call("generate", self.engine.generate, input_ids=token_lists,
                                     sampling_params=params, return_logprob=self.config.calculate_log_probs)
@@ -397,7 +402,9 @@ def engine_kwargs(config, model_path: str, gpu_id: int, seed: int, tp_size: int 
         "enable_memory_saver": True,
         "skip_tokenizer_init": True,
         "base_gpu_id": gpu_id,
-        "random_seed": seed,
+        "random_seed": config.seed if config.full_determinism else seed,
+        # batch-invariant kernels and per-request sampling_seed (SGLang's deterministic inference)
+        **({"enable_deterministic_inference": True} if config.full_determinism else {}),
         **graphs,
         **DEFAULT_ENGINE_KWARGS,
         **user,

@@ -50,10 +50,13 @@ class VLLMAsyncEngine:
 
     def sampling_params(self, params: dict[str, Any]) -> dict[str, Any]:
         config = self.rollout.config
-        return vllm_sampling(config, max_tokens=requested_max_tokens(params, config.response_length, "vllm"),
-                             eos_ids=self.eos_token_ids, log_probs=bool(params.get("logprobs", False)),
-                             temperature=float(params.get("temperature", 1.0)), top_p=params.get("top_p", 1.0),
-                             top_k=params.get("top_k", -1))
+        sampling = vllm_sampling(config, max_tokens=requested_max_tokens(params, config.response_length, "vllm"),
+                                 eos_ids=self.eos_token_ids, log_probs=bool(params.get("logprobs", False)),
+                                 temperature=float(params.get("temperature", 1.0)), top_p=params.get("top_p", 1.0),
+                                 top_k=params.get("top_k", -1))
+        if params.get("seed") is not None:  # rollout.full_determinism's per-request seed
+            sampling["seed"] = int(params["seed"])
+        return sampling
 
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
         rollout = self.rollout

@@ -52,6 +52,7 @@ import torch
 from hybridrl.protocol import DataProto
 from hybridrl.utils.distributed import environment_variable
 from hybridrl.workers.rollout.base import BaseRollout, register_rollout
+from hybridrl.workers.rollout.request_seeds import batch_row_seeds
 from hybridrl.workers.rollout.sampling import max_new_tokens, sampling_source
 from hybridrl.workers.rollout.engine_load import EngineLoad, cuda_graph_size
 from hybridrl.workers.rollout.tensor_parallel import TensorParallelGroup
@@ -80,7 +81,7 @@ CONFIG_OWNED_ENGINE_KWARGS = {
     "enable_sleep_mode": "(always on: the hybrid engine releases memory)",
     "skip_tokenizer_init": "(always on: token ids in and out)",
     "logprobs_mode": "(always processed_logprobs: log-probs under logits / temperature, as the actor scores)",
-    "seed": "(this process's torch seed)",
+    "seed": "(this process's torch seed; rollout.seed with rollout.full_determinism)",
     "disable_log_stats": "rollout.disable_log_stats",
 }
 # compilation_config's largest CUDA-graph batch (vLLM's CompilationConfig), and every key of it that sizes the
@@ -155,6 +156,8 @@ class VLLMRollout(BaseRollout):
                              "model path")
         self.memory = device_memory or DeviceMemory()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process (see the module docstring)
+        if config.full_determinism:  # vLLM's batch-invariant kernels, read when the engine builds its model
+            os.environ["VLLM_BATCH_INVARIANT"] = "1"
         self.vllm = load_vllm()
         self.tp = TensorParallelGroup(config.tensor_model_parallel_size) if config.tensor_model_parallel_size > 1 \
             else None
@@ -191,7 +194,11 @@ class VLLMRollout(BaseRollout):
                                "pushed since; call update_weights after resume(('weights',))")
         eos_ids = token_ids(prompts.meta_info, "eos_token_id", self.generation_config)
         pad_id = token_ids(prompts.meta_info, "pad_token_id", self.generation_config)[0]
-        params = self.vllm.SamplingParams(**sampling_params(self.config, prompts.meta_info, eos_ids))
+        kwargs = sampling_params(self.config, prompts.meta_info, eos_ids)
+        params = self.vllm.SamplingParams(**kwargs)
+        if self.config.full_determinism:  # each row with its own seed (rollout/request_seeds.py); no TP (config_checks)
+            params = [self.vllm.SamplingParams(**kwargs, seed=seed)
+                      for seed in batch_row_seeds(self.config, prompts.meta_info, len(prompts))]
         if self.tp is not None:
             return self._generate_in_group(prompts, params, pad_id)
         return self._generate(prompts, params, pad_id)
@@ -416,7 +423,7 @@ def engine_kwargs(config, model_path: str, seed: int, load: EngineLoad | None = 
         "enable_sleep_mode": True,
         "skip_tokenizer_init": True,
         "logprobs_mode": "processed_logprobs",
-        "seed": seed,
+        "seed": config.seed if config.full_determinism else seed,
         "disable_log_stats": config.disable_log_stats,
         **user,
     }
