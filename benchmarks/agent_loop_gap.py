@@ -94,7 +94,8 @@ def flow_generate(generator, rows: list[dict], rollout_config, pad_token_id: int
     from hybridrl.trainer.ppo.generate import TRAINING
 
     started = time.perf_counter()
-    handles = [generator.submit(new_group(row, 1, index, index), TRAINING, None) for index, row in enumerate(rows)]
+    handles = [generator.submit(new_group(row, 1, index, index), TRAINING, None, 0, index)
+               for index, row in enumerate(rows)]
     done: dict = {}
     while len(done) < len(handles):
         done.update(generator.wait([handle for handle in handles if handle not in done]))

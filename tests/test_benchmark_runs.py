@@ -175,8 +175,9 @@ def test_agent_loop_gap_takes_turns_on_one_engine_and_its_summary_is_its_turns_b
     assert min(pairs) <= low <= high <= max(pairs)  # a mean of pair ratios' parts lies within their range
     agent_turns = [turn for turn in turns if turn["path"] == "agent_loops"]
     assert all(turn["timing_s/server_first_request"] <= turn["timing_s/server_last_request"] for turn in agent_turns)
-    assert all(turn["timing_s/agent_loop/slowest/generate_sequences"] <= turn["timing_s/agent_loop"]
-               for turn in agent_turns)
+    # the flow's single-turn path generates through sample_generate.generate, not a loop object: no per-sample loop
+    # metrics (timing_s/agent_loop/slowest/*), only the whole call's seconds
+    assert not any(key.startswith("timing_s/agent_loop/") for turn in agent_turns for key in turn)
     assert summary["agent_breakdown_mean"]["whole call (s)"] == pytest.approx(
         statistics.mean(turn["timing_s/agent_loop"] for turn in agent_turns))
     assert "agent_loops / batch" in run.stdout
