@@ -160,17 +160,17 @@ class OneVersionEngine(GroupRollout):
         super().__init__(config, SimpleNamespace(report_failures=lambda errors, rows: None), tokenizer=None,
                          score_batch=None)
         self.version = 0
-        self.submitted: dict[int, tuple[list[Sample], int]] = {}
+        self.in_engine: dict[int, tuple[list[Sample], int]] = {}  # by ref: the group and its version
         self._refs = itertools.count()
 
     def submit(self, group, evaluation=False):
         ref = next(self._refs)
-        self.submitted[ref] = (group, self.version)
+        self.in_engine[ref] = (group, self.version)
         return ref
 
     def wait(self, refs):
         ref = min(refs)
-        group, version = self.submitted.pop(ref)
+        group, version = self.in_engine.pop(ref)
         for sample in group:
             sample.append([7, 7], None, version)
             sample.status, sample.reward = COMPLETED, 1.0
@@ -178,7 +178,7 @@ class OneVersionEngine(GroupRollout):
 
     def abort(self, refs):
         """Each group back with one token of its version, aborted."""
-        groups = [self.submitted.pop(ref) for ref in refs]
+        groups = [self.in_engine.pop(ref) for ref in refs]
         for group, version in groups:
             for sample in group:
                 sample.append([7], None, version)
@@ -226,7 +226,7 @@ def test_the_stream_never_hands_out_a_group_staler_than_the_bound(stale_samples)
         assert handed_out == [list(range(4 * k, 4 * k + 4)) for k in range(6)]
     else:  # the 8 in flight at each update are lost, counted; the next 8 prompts replace them
         assert handed_out == [[0, 1, 2, 3]] + [list(range(12 * k, 12 * k + 4)) for k in range(1, 6)]
-    in_flight = [prompt_of(group) for _, (group, _) in sorted(engine.submitted.items())]
+    in_flight = [prompt_of(group) for _, (group, _) in sorted(engine.in_engine.items())]
     stream.return_to_source()  # a checkpoint: the groups in flight go back to the buffer, reset (no partial rollout)
     assert [prompt_of(group) for group in source.buffer] == in_flight and len(in_flight) == 8
     assert all(sample.status == PENDING and not sample.response_ids for group in source.buffer for sample in group)
