@@ -31,30 +31,16 @@ from hybridrl.defaults.tool_task import prepare_tool_task  # noqa: E402
 from tests.test_determinism import KEYS_ON, assert_bitwise_equal  # noqa: E402
 
 STEPS = 5
-QWEN25_05B_LAYERS = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                         num_key_value_heads=2, tie_word_embeddings=True, rms_norm_eps=1e-6, rope_theta=1e6)
 
 
 @pytest.fixture(scope="module")
 def toy_05b(tmp_path_factory) -> dict[str, str]:
-    """The toy task with its model replaced by random bf16 weights of the Qwen2.5-0.5B layer shapes."""
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    """The toy task with its model replaced by random bf16 weights of the Qwen2.5-0.5B layer shapes (ppo_step.py's)."""
+    from benchmarks.ppo_step import make_model
+    from benchmarks.vocab import load_vocabulary
 
     task = write_toy_task(str(tmp_path_factory.mktemp("toy")))
-    tokenizer = AutoTokenizer.from_pretrained(task["model"])
-    model_dir = str(tmp_path_factory.mktemp("q05_shape"))
-    config = Qwen2Config(**QWEN25_05B_LAYERS, vocab_size=len(tokenizer), bos_token_id=tokenizer.eos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                         use_sliding_window=False)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    del model
-    torch.cuda.empty_cache()
+    model_dir = make_model("0.5b", load_vocabulary(task["model"]), str(tmp_path_factory.mktemp("q05_shape")))
     return {**task, "model": model_dir}
 
 
