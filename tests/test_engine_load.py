@@ -108,6 +108,18 @@ def test_vllm_captures_graphs_up_to_the_peak_and_keeps_the_user_s_compilation_co
     assert kwargs["compilation_config"] == {"mode": 3, "max_cudagraph_capture_size": 512}
 
 
+def test_full_determinism_keeps_vllm_s_inductor_from_timing_combo_kernels():
+    """torch.use_deterministic_algorithms puts Inductor in its deterministic mode, which raises on vLLM's default
+    combo-kernel timing (the GPU gate's first vLLM runs, 2026-12-06): the flag goes to vLLM off, the user's own wins."""
+    on = "actor_rollout_ref.rollout.full_determinism=true"
+    assert vllm_kwargs(rollout_config(on))["compilation_config"] == {
+        "max_cudagraph_capture_size": 512, "inductor_compile_config": {"benchmark_combo_kernel": False}}
+    user = {"compilation_config": {"inductor_compile_config": {"benchmark_combo_kernel": True, "x": 1}}}
+    assert vllm_kwargs(rollout_config(on, vllm=user))["compilation_config"]["inductor_compile_config"] == \
+        {"benchmark_combo_kernel": True, "x": 1}
+    assert "inductor_compile_config" not in vllm_kwargs(rollout_config())["compilation_config"]
+
+
 def test_the_size_is_capped_at_max_num_seqs(caplog):
     with caplog.at_level(logging.INFO, logger="hybridrl.workers.rollout.engine_load"):
         kwargs = sglang_kwargs(rollout_config("actor_rollout_ref.rollout.max_num_seqs=384"))

@@ -13,6 +13,9 @@
 # It takes longer than one 10-minute call on the GPU host: start it detached and wait on it (scripts/gpu/detached.sh),
 #   bash scripts/gpu/detached.sh start det bash scripts/gpu/determinism.sh /tmp/determinism
 #   bash scripts/gpu/detached.sh wait det 570       # again until it has ended, then: cp -r /tmp/determinism "$OUT"/
+# GATE_K=EXPR runs only the gate cases pytest's -k selects (e.g. "sglang and single_turn or vllm"); ENGINES="vllm"
+# measures only that engine's cost. TOOL_TASK_CACHE=DIR takes the tool task prepared on a CPU (saves 3-4 minutes):
+#   python -c "from hybridrl.defaults.tool_task import prepare_tool_task; prepare_tool_task('.stage/tool_cache')"
 # Needs the gpu extra (sglang) and vLLM (scripts/gpu/install_vllm.sh); an engine that is not installed is skipped by
 # the gate and its cost run fails at its first step (its record says so).
 set -uo pipefail
@@ -20,7 +23,7 @@ out=${1:-${OUT:-/tmp/determinism}}
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
-python -m pytest tests/gpu/test_determinism_gpu.py -q -s -p no:cacheprovider --junitxml "$out/gate.xml" \
+python -m pytest tests/gpu/test_determinism_gpu.py -q -s -p no:cacheprovider -n 0 ${GATE_K:+-k "$GATE_K"} --junitxml "$out/gate.xml" \
     > "$out/gate.log" 2>&1
 echo "gate: exit $? (log $out/gate.log)"
 
@@ -28,7 +31,7 @@ toy=$out/toy
 mkdir -p "$toy"
 python -c "import sys; sys.path.insert(0, 'tests/gpu'); from tiny_gpu import write_toy_task; write_toy_task('$toy')"
 cp "$toy/val.parquet" "$toy/test.parquet"  # ppo_step.py reads DIR/train.parquet and DIR/test.parquet
-for engine in sglang vllm; do
+for engine in ${ENGINES:-sglang vllm}; do
     python benchmarks/ppo_step.py --data-dir "$toy" --tokenizer "$toy/model" --shape 0.5b --gpus 1 \
         --layouts "rmpad32k@$engine" --steps 4 --prompts 64 --n 8 --response-length 256 --no-standalone \
         --deadline 0 --work-dir "$out/work_$engine" --out "$out/cost_$engine.json" \

@@ -46,8 +46,10 @@ def toy_05b(tmp_path_factory) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def tool_cache(tmp_path_factory) -> str:
-    """The built-in tool task prepared once (data and warm start) for both engines' runs."""
-    cache = str(tmp_path_factory.mktemp("tool_cache"))
+    """The built-in tool task prepared once (data and warm start) for both engines' runs. TOOL_TASK_CACHE names one
+    prepared on another machine (its warm start is 3 to 4 CPU-minutes the GPU would wait for); a complete one is
+    reused as it is (defaults/tool_task.py)."""
+    cache = os.environ.get("TOOL_TASK_CACHE") or str(tmp_path_factory.mktemp("tool_cache"))
     prepare_tool_task(cache)
     return cache
 
@@ -76,6 +78,7 @@ def run_main_ppo(run_dir, *overrides, config_name: str = "ppo_trainer") -> list[
         return [json.loads(line) for line in f]
 
 
+@pytest.mark.timeout(1200)  # two trainer runs of about 150 s each with a fresh host's kernel builds; 300 s cut one
 @pytest.mark.parametrize("loop", ["single_turn", "tool_agent"])
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_two_runs_with_the_keys_on_log_bitwise_equal_metrics(engine, loop, toy_05b, tool_cache, tmp_path):

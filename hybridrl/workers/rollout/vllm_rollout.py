@@ -408,7 +408,9 @@ def engine_kwargs(config, model_path: str, seed: int, load: EngineLoad | None = 
              if isinstance(compilation, Mapping) else ["compilation_config"])  # vLLM also takes a bare mode (int)
     graph_size = cuda_graph_size("vllm", f"compilation_config.{GRAPH_SIZE_KEY}", config, load, sized)
     if graph_size is not None:
-        user["compilation_config"] = {**compilation, GRAPH_SIZE_KEY: graph_size}
+        user["compilation_config"] = compilation = {**compilation, GRAPH_SIZE_KEY: graph_size}
+    if config.full_determinism and isinstance(compilation, Mapping):
+        user["compilation_config"] = deterministic_compilation(compilation)
     return {
         "model": model_path,
         "dtype": config.dtype,
@@ -427,6 +429,16 @@ def engine_kwargs(config, model_path: str, seed: int, load: EngineLoad | None = 
         "disable_log_stats": config.disable_log_stats,
         **user,
     }
+
+
+def deterministic_compilation(compilation: Mapping) -> dict[str, Any]:
+    """`compilation` with Inductor told not to time its combo kernels. torch.use_deterministic_algorithms (which
+    full_determinism turns on in this process) puts Inductor in its deterministic mode, which refuses any kernel
+    timing that could pick a different kernel from one run to the next; vLLM asks for that timing by default
+    (benchmark_combo_kernel), so its compile failed there. Combo kernels stay; the user's own choice is kept."""
+    inductor = dict(compilation.get("inductor_compile_config") or {})
+    inductor.setdefault("benchmark_combo_kernel", False)
+    return {**compilation, "inductor_compile_config": inductor}
 
 
 def stop_token_ids(config, eos_ids: list[int]) -> list[int]:
