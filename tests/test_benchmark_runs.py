@@ -149,8 +149,8 @@ def test_ppo_step_runs_name_their_engine_and_a_misspelt_one_is_refused_by_name()
 def test_agent_loop_gap_takes_turns_on_one_engine_and_its_summary_is_its_turns_by_hand(tmp_path):
     """benchmarks/agent_loop_gap.py --device cpu, a real run (tiny model, the hf engine, local Ray, the engine server
     on 127.0.0.1): the timed turns go A B B A after the untimed warm-up pair, each one rollout window that made
-    tokens, and the summary is those turns' own numbers: each path's mean rate, their ratio, the turn-by-turn
-    ratios and the agent turns' mean breakdown."""
+    tokens, and the summary is those turns' own numbers: the ratio of the paths' seconds per token, each repeat's
+    ratio, and the agent turns' mean breakdown."""
     import statistics
     import subprocess
 
@@ -164,15 +164,16 @@ def test_agent_loop_gap_takes_turns_on_one_engine_and_its_summary_is_its_turns_b
     turns = record["turns"]
     assert [turn["path"] for turn in turns] == ["agent_loops", "batch", "batch", "agent_loops"]
     assert all(0 < turn["tokens"] <= 4 * 2 * 8 and turn["seconds"] > 0 for turn in turns)
-    rates = {path: [turn["tokens"] / turn["seconds"] for turn in turns if turn["path"] == path]
-             for path in ("agent_loops", "batch")}
+    runs = {path: [(turn["seconds"], turn["tokens"]) for turn in turns if turn["path"] == path]
+            for path in ("agent_loops", "batch")}
+    seconds_per_token = {path: sum(s for s, _ in path_runs) / sum(t for _, t in path_runs)
+                         for path, path_runs in runs.items()}
     summary = record["summary"]
-    assert summary["ratio_of_means"] == pytest.approx(statistics.mean(rates["agent_loops"]) /
-                                                      statistics.mean(rates["batch"]))
-    pairs = [agent / batch for agent, batch in zip(rates["agent_loops"], rates["batch"])]
-    assert (summary["pair_ratio_min"], summary["pair_ratio_max"]) == pytest.approx((min(pairs), max(pairs)))
-    low, high = summary["ratio_of_means_90"]
-    assert min(pairs) <= low <= high <= max(pairs)  # a mean of pair ratios' parts lies within their range
+    assert summary["time_ratio"] == pytest.approx(seconds_per_token["batch"] / seconds_per_token["agent_loops"])
+    repeats = [(bs / bt) / (s / t) for (s, t), (bs, bt) in zip(runs["agent_loops"], runs["batch"])]
+    assert summary["repeat_ratios"] == pytest.approx(repeats)
+    low, high = summary["time_ratio_90"]
+    assert min(repeats) <= low <= high <= max(repeats)  # a resample's ratio of sums lies within its repeats' range
     agent_turns = [turn for turn in turns if turn["path"] == "agent_loops"]
     assert all(turn["timing_s/server_first_request"] <= turn["timing_s/server_last_request"] for turn in agent_turns)
     # the flow's single-turn path generates through sample_generate.generate, not a loop object: no per-sample loop
@@ -208,14 +209,24 @@ def test_engine_server_requests_measures_both_codecs_and_every_request_of_a_real
     assert "last_answer_s" in run.stdout and "listen_overflows" in run.stdout
 
 
-def test_the_ratio_interval_resamples_turn_pairs():
-    """agent_loop_gap.ratio_interval by hand: pairs of one ratio give exactly it; pairs (1, 1) and (2, 1) resample to
-    a mean ratio of 1 (both draws the first, a quarter of the time), 1.5 or 2 (both the second, a quarter), so the 5th
-    percentile is 1 and the 95th 2."""
-    from benchmarks.agent_loop_gap import ratio_interval
+def test_the_time_ratio_sums_seconds_per_token_over_repeats_and_resamples_them():
+    """agent_loop_gap.time_ratio by hand.
+    - Repeats of one ratio give exactly it, point and interval: batch 2 s against agent 3 s for the same tokens is 2/3.
+    - Tokens count: agent 2 s for 4 tokens (0.5 s each) against batch 1 s for 1 token is 2.0, not 0.5.
+    - Agent (1 s, 2 s) against batch (1 s, 1 s), one token each: the times' ratio is 2/3 (not 0.75, the mean of the
+      repeats' 1 and 0.5); a resample of 2 is both first (1), both second (0.5, a quarter of the time, more than 5 %)
+      or one of each (2/3), so the 5th percentile is 0.5 and the 95th 1.
+    - Unequal repeat counts are refused."""
+    from benchmarks.agent_loop_gap import time_ratio
 
-    assert ratio_interval([3.0, 6.0, 9.0], [2.0, 4.0, 6.0]) == [1.5, 1.5]
-    assert ratio_interval([1.0, 2.0], [1.0, 1.0]) == [1.0, 2.0]
+    same = time_ratio([(3.0, 10), (6.0, 20), (9.0, 30)], [(2.0, 10), (4.0, 20), (6.0, 30)])
+    assert same["time_ratio"] == pytest.approx(2 / 3) and same["time_ratio_90"] == pytest.approx([2 / 3, 2 / 3])
+    assert time_ratio([(2.0, 4)], [(1.0, 1)])["time_ratio"] == 2.0
+    two = time_ratio([(1.0, 1), (2.0, 1)], [(1.0, 1), (1.0, 1)])
+    assert two["time_ratio"] == pytest.approx(2 / 3) and two["repeat_ratios"] == [1.0, 0.5]
+    assert two["time_ratio_90"] == [0.5, 1.0]
+    with pytest.raises(ValueError, match="one pair a repeat.*got 2 and 1"):
+        time_ratio([(1.0, 1), (2.0, 1)], [(1.0, 1)])
 
 
 def test_decode_lines_are_read_per_turn_and_summarized_per_path(tmp_path):
