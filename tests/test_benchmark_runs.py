@@ -107,21 +107,42 @@ def test_heavy_tail_overrides_validate_under_every_schedule(tmp_path, schedule):
     assert "data_flow.custom_generate_function.name=heavy_tailed_generate" in overrides
 
 
-def test_partial_rollout_rows_count_only_timed_steps_and_say_how_a_run_ended():
-    """A run cut off at its share of the deadline keeps a row: how it ended, and no numbers where no step was timed
-    (None, not a 0 that reads as infinitely fast)."""
+def test_partial_rollout_counts_whole_steps_per_trained_token_and_each_samples_staleness_by_hand():
+    """partial_rollout.summarise on three hand-made steps, warm-up 1 (step s generates under version s - 1):
+    - all steps: 6 s of steps for 8 + 14 + 8 trained tokens, 200 ms a token;
+    - after the warm-up: steps 2-3 (4 s) credited only the samples started under version 1 or later (4 + 4 + 4
+      tokens), not step 2's 10-token sample carried in from step 1: 4000 / 12 ms a token, one carried-in sample;
+    - staleness of the six trained samples: 0, 0, 1, 0, 0, 1;
+    - a dump whose staleness disagrees with the trainer's data_flow/staleness/max stops it, naming the step;
+    - a run cut off before any step (or any after the warm-up) has None there, not a 0 that reads as infinitely
+      fast, and says how it ended."""
     from benchmarks.partial_rollout import summarise
 
-    steps = [{"training/global_step": step, "timing_s/gen": 1.0 * step, "timing_s/step": 2.0 * step,
-              "response_length/mean": 10.0, "data_flow/partial_ratio": 0.5} for step in (1, 2, 3, 4)]
-    row = summarise("partial", steps, None, warmup=2, samples_per_step=8)
-    assert row["ended"] == "finished" and row["steps timed"] == 2 and row["trained samples"] == 16
-    assert row["gen s (sum)"] == 7.0 and row["gen ms / sample"] == 1000 * 7.0 / 16
-    assert row["step s (mean)"] == 7.0 and row["partial share"] == 0.5 and row["response len"] == 10.0
+    def step(number, seconds, stale_max):
+        return {"training/global_step": number, "timing_s/step": seconds, "timing_s/gen": seconds / 2,
+                "data_flow/staleness/max": float(stale_max)}
 
-    cut = summarise("baseline", steps[:2], "exit timeout: trainer log line", warmup=2, samples_per_step=8)
-    assert cut["ended"] == "exit timeout after 2 steps" and cut["steps timed"] == 0
-    assert cut["gen ms / sample"] is None and cut["step s (mean)"] is None
+    def sample(tokens, started):
+        return {"response_tokens": tokens, "started_version": started}
+
+    steps = [step(1, 2.0, 0), step(2, 3.0, 1), step(3, 1.0, 1)]
+    samples = {1: [sample(4, 0), sample(4, 0)], 2: [sample(10, 0), sample(4, 1)], 3: [sample(4, 2), sample(4, 1)]}
+    row = summarise("partial", steps, samples, None, warmup=1)
+    assert row == {"mode": "partial", "ended": "finished", "steps": 3, "trained tokens": 30, "step s (sum)": 6.0,
+                   "gen s (sum)": 3.0, "ms / token": 200.0, "steps after warm-up": 2, "carried-in samples": 1,
+                   "ms / token after warm-up": pytest.approx(4000 / 12),
+                   "staleness": {"min": 0, "median": 0.0, "max": 1, "histogram": {"0": 4, "1": 2}}}
+
+    steps[2]["data_flow/staleness/max"] = 2.0
+    with pytest.raises(SystemExit, match=r"partial, step 3: the dumped samples' staleness reaches 1, the trainer "
+                                         r"logged data_flow/staleness/max=2.0"):
+        summarise("partial", steps, samples, None, warmup=1)
+
+    warm_only = summarise("baseline", steps[:1], samples, "exit timeout: trainer log line", warmup=1)
+    assert warm_only["ended"] == "exit timeout after 1 steps" and warm_only["ms / token"] == 2000 / 8
+    assert warm_only["steps after warm-up"] == 0 and warm_only["ms / token after warm-up"] is None
+    none = summarise("baseline", [], {}, "exit timeout: trainer log line", warmup=1)
+    assert none["ms / token"] is None and none["staleness"] == dict.fromkeys(["min", "median", "max", "histogram"])
 
 
 def test_ppo_step_runs_name_their_engine_and_a_misspelt_one_is_refused_by_name():
