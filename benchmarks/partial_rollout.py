@@ -25,14 +25,14 @@ whole budget (the hf engine's tiny random model rarely ends earlier).
 
 What is compared (issue 59): whole-step time per trained response token, over every step of each run. Both runs'
 warm-up is inside that window: the partial run trains only short answers at first while its long ones are still in
-flight, so any window that leaves its first steps out also leaves out part of the work its later steps train, and
-the partial run pays for the samples still in flight at its last step without training them. Second, the steps after
+flight, so any window that leaves its first steps out also leaves out part of the work its later steps train, and the
+partial run pays for the samples still in flight at its last step without training them. Second, the steps after
 --warmup-steps with only the samples whose generation started there (started_version, from the runs' rollout dumps):
 it leaves out the start-up both runs pay in their first steps, and charges partial rollout in that window for what it
-carries out of it while crediting nothing it carried in. Both are printed with the staleness of every trained sample (min, median, max, histogram), read back
-from the dumps and checked against the trainer's data_flow/staleness/max. A table is printed (markdown), also when a
-run failed or was cut off at its share of --deadline (column `ended`; its logged steps still count); the issue's
-target is partial >= 1.5x faster on one H100.
+carries out of it while crediting nothing it carried in. Both are printed with the staleness of every trained sample
+(min, median, max, histogram), read back from the dumps and checked against the trainer's data_flow/staleness/max. A
+table is printed (markdown), also when a run failed or was cut off at its share of --deadline (column `ended`; its
+logged steps still count); the issue's target is partial >= 1.5x faster on one H100.
 """
 from __future__ import annotations
 

@@ -2,12 +2,13 @@
 
 ``trainer.rollout_data_dir`` / ``trainer.validation_data_dir``: one file per step, ``{dir}/{step}.jsonl``, one JSON
 object per response: ``{"input": prompt text, "output": response text, "score": sequence score, "step": N}``. A
-training step's rows also carry what the update saw (``rollout_records``): ``reward`` (the score with any KL or
-length penalty), ``advantage`` (its mean over the trained tokens), ``response_tokens``, ``group`` (the prompt's uid),
+training step's rows also carry what the update saw (``rollout_records``): ``reward`` (the score with any KL or length
+penalty), ``advantage`` (its mean over the trained tokens), ``response_tokens``, ``group`` (the prompt's uid),
 ``started_version`` (the policy version its generation started under: the oldest version among its generated tokens,
-where the batch carries them; so a step's staleness of each sample can be read back), and, for an answer with tokens the policy did not write (tool results), ``turns``: the response cut into the
-policy's and the tool's pieces. The groups the dynamic-sampling filter dropped follow, with ``"filtered": true``
-(``filtered_records``: no reward or advantage, they were never trained).
+where the batch carries them; so a step's staleness of each sample can be read back), and, for an answer with tokens
+the policy did not write (tool results), ``turns``: the response cut into the policy's and the tool's pieces. The
+groups the dynamic-sampling filter dropped follow, with ``"filtered": true`` (``filtered_records``: no reward or
+advantage, they were never trained).
 ``trainer.rollout_data_max_mb`` bounds the rollout dumps of a long run: once their files reach it, later steps are
 not dumped; the first step left out is logged as a warning and recorded in ``{dir}/size_limit_reached.json``.
 ``trainer.log_val_generations=N``: N validation samples per validation go to ``Tracking.log_generations`` (a table
