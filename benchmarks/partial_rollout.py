@@ -37,9 +37,9 @@ logged steps still count); the issue's target is partial >= 1.5x faster on one H
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
-import collections
 import statistics
 import sys
 import tempfile
