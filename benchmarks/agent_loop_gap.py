@@ -25,7 +25,9 @@ of that drift. Responses run to the full length (rollout.ignore_eos), so both ma
 loops each turn also records where the time went (the loops' and the server's metrics): when the server saw its
 first and last request (the engine has its whole batch only after the last), the slowest sample's generate, and the
 whole call (what is left of it beyond the slowest generate is dispatch, results and padding). The JSON record
-(--out) is rewritten after every turn, so a run cut off keeps the turns it made.
+(--out) is rewritten after every turn, so a run cut off keeps the turns it made. The headline is a ratio of times:
+the batch path's seconds per token over the agent path's, over the repeats, with its 90 % bootstrap interval
+(time_ratio; issue 59).
 """
 from __future__ import annotations
 
@@ -248,36 +250,45 @@ def decode_lines_by_turn(log_path: str) -> dict:
 
 
 def summary(record: dict, path: str = "agent_loops") -> dict:
-    """An agent path's rate over the batch path's: the ratio of the mean rates with its bootstrap interval, the
-    turn-by-turn ratios (their median, lowest and highest), and the path's mean breakdown."""
-    agent, batch = record[path], record["batch"]
-    pairs = agent["pair_ratios"]
+    """An agent path against the batch path as a ratio of times (time_ratio: the headline, with its bootstrap interval
+    and each repeat's ratio), and the path's mean breakdown."""
     agent_turns = [turn for turn in record["turns"] if turn["path"] == path]
+    batch_turns = [turn for turn in record["turns"] if turn["path"] == "batch"]
     breakdown = {label: statistics.mean(turn[key] for turn in agent_turns) for label, key in AGENT_METRICS.items()
                  if all(key in turn for turn in agent_turns)}
     if all("admission_batches" in turn for turn in agent_turns):
         breakdown["admission batches a turn"] = statistics.mean(len(turn["admission_batches"]) for turn in agent_turns)
-    return {"ratio_of_means": agent["tok_per_s"] / batch["tok_per_s"],
-            "ratio_of_means_90": ratio_interval(agent["tok_per_s_runs"], batch["tok_per_s_runs"]),
-            "pair_ratio_median": statistics.median(pairs), "pair_ratio_min": min(pairs), "pair_ratio_max": max(pairs),
+    return {**time_ratio([(turn["seconds"], turn["tokens"]) for turn in agent_turns],
+                         [(turn["seconds"], turn["tokens"]) for turn in batch_turns]),
             "agent_breakdown_mean": breakdown}
 
 
-def ratio_interval(agent_rates: list[float], batch_rates: list[float], draws: int = 4000) -> list[float]:
-    """The 5th and 95th percentiles of the ratio of mean rates over `draws` bootstrap resamples of the turn pairs
-    (each agent turn with the batch turn beside it, so that a resample keeps them meeting the same drift). Why: one
-    engine's rate moves 20-40 % from turn to turn on this shape, and a ratio is a claim only with its spread. Seeded,
-    so a record's interval is reproducible from its turns."""
+def time_ratio(agent_runs: list[tuple[float, int]], batch_runs: list[tuple[float, int]], draws: int = 4000) -> dict:
+    """The agent path against the batch path as a ratio of times: the batch path's seconds per token over the agent
+    path's, summed over the repeats (`time_ratio`; both make the same tokens on the GPU, so it is total batch seconds
+    over total agent seconds), each repeat's own (`repeat_ratios`: the agent turn with the batch turn of the same
+    repeat), and the 5th and 95th percentiles of time_ratio over `draws` bootstrap resamples of the repeats
+    (`time_ratio_90`; a resample keeps each repeat's two turns together, so that they meet the same drift).
+    Why times, not a mean of per-turn tok/s: a user waits for the seconds, and a mean of rates weighs a fast turn's
+    rate as much as a slow one's. Seeded, so a record's interval is reproducible from its turns. Runs: (seconds,
+    tokens), in the order the repeats ran."""
     import random
 
+    if len(agent_runs) != len(batch_runs) or not agent_runs:
+        raise ValueError(f"time_ratio: expected as many agent runs as batch runs (one pair a repeat), got "
+                         f"{len(agent_runs)} and {len(batch_runs)}")
+    repeats = list(zip(agent_runs, batch_runs))
+
+    def over(chosen: list) -> float:
+        agent_s_per_token = sum(a[0] for a, _ in chosen) / sum(a[1] for a, _ in chosen)
+        batch_s_per_token = sum(b[0] for _, b in chosen) / sum(b[1] for _, b in chosen)
+        return batch_s_per_token / agent_s_per_token
+
     rng = random.Random(0)
-    pairs = list(zip(agent_rates, batch_rates))
-    ratios = []
-    for _ in range(draws):
-        sample = [pairs[rng.randrange(len(pairs))] for _ in pairs]
-        ratios.append(statistics.mean(a for a, _ in sample) / statistics.mean(b for _, b in sample))
-    ratios.sort()
-    return [ratios[int(0.05 * draws)], ratios[int(0.95 * draws) - 1]]
+    resampled = sorted(over([repeats[rng.randrange(len(repeats))] for _ in repeats]) for _ in range(draws))
+    return {"time_ratio": over(repeats),
+            "time_ratio_90": [resampled[int(0.05 * draws)], resampled[int(0.95 * draws) - 1]],
+            "repeat_ratios": [over([repeat]) for repeat in repeats]}
 
 
 def agent_paths(record: dict) -> list[str]:
@@ -293,10 +304,11 @@ def print_table(record: dict, args) -> None:
               f"{max(rates):,.0f}; {record[path]['seconds']:.2f} s a turn)")
     for path in agent_paths(record):
         result = record["summary"] if path == "agent_loops" else record[f"summary_{path}"]
-        low, high = result["ratio_of_means_90"]
-        print(f"{path} / batch: {result['ratio_of_means']:.3f} (ratio of means; 90 % bootstrap interval "
-              f"{low:.3f}-{high:.3f}); turn by turn median "
-              f"{result['pair_ratio_median']:.3f}, {result['pair_ratio_min']:.3f}-{result['pair_ratio_max']:.3f}")
+        low, high = result["time_ratio_90"]
+        repeats = result["repeat_ratios"]
+        print(f"{path} / batch: {result['time_ratio']:.3f} (ratio of times: batch seconds per token over {path}'s, "
+              f"over {len(repeats)} repeats; 90 % bootstrap interval {low:.3f}-{high:.3f}); repeat by repeat median "
+              f"{statistics.median(repeats):.3f}, {min(repeats):.3f}-{max(repeats):.3f}")
         for label, value in result["agent_breakdown_mean"].items():
             print(f"  {path}, {label}: {value:.3f} (mean)")
     sys.stdout.flush()

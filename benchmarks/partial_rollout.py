@@ -21,14 +21,23 @@ prompts and model for the same number of steps, so they train on the same number
 Heavy-tailed lengths (benchmarks/heavy_tail.py): a custom generate function (data_flow.custom_generate_function,
 written to the work directory) gives each sample a length budget drawn from its index: --tail-fraction of them get the whole
 response_length, the others --short-length tokens; on sglang `rollout.ignore_eos=true` makes the engine use the
-whole budget (the hf engine's tiny random model rarely ends earlier). What is compared is the generation phase:
-the sum of `timing_s/gen` over the steps after --warmup-steps, per trained sample. A table is printed (markdown),
-also when a run failed or was cut off at its share of --deadline (column `ended`; its logged steps still count);
-the issue's target is partial >= 1.5x faster on one H100.
+whole budget (the hf engine's tiny random model rarely ends earlier).
+
+What is compared (issue 59): whole-step time per trained response token, over every step of each run. Both runs'
+warm-up is inside that window: the partial run trains only short answers at first while its long ones are still in
+flight, so any window that leaves its first steps out also leaves out part of the work its later steps train, and the
+partial run pays for the samples still in flight at its last step without training them. Second, the steps after
+--warmup-steps with only the samples whose generation started there (started_version, from the runs' rollout dumps):
+it leaves out the start-up both runs pay in their first steps, and charges partial rollout in that window for what it
+carries out of it while crediting nothing it carried in. Both are printed with the staleness of every trained sample
+(min, median, max, histogram), read back from the dumps and checked against the trainer's data_flow/staleness/max. A
+table is printed (markdown), also when a run failed or was cut off at its share of --deadline (column `ended`; its
+logged steps still count); the issue's target is partial >= 1.5x faster on one H100.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -41,6 +50,7 @@ sys.path.insert(0, REPO_ROOT)
 from benchmarks.heavy_tail import heavy_tail_overrides  # noqa: E402
 from benchmarks.trainer_run import Deadline, fresh_dir, run_trainer  # noqa: E402
 from benchmarks.vocab import Vocabulary, load_vocabulary, tiny_model  # noqa: E402
+from hybridrl.trainer.ppo.checkpointing import weights_version_after  # noqa: E402
 
 REWARD_FILE = '''
 def length_reward(data_source, solution_str, ground_truth, extra_info=None):
@@ -82,12 +92,27 @@ def write_prompts(work_dir: str) -> str:
     return path
 
 
-def run(name: str, overrides: list[str], work_dir: str, timeout: float | None) -> tuple[list[dict], str | None]:
-    """One main_ppo run, at most `timeout` seconds: the steps it logged, and its error (None when it finished). A run
-    that failed or was cut off keeps its steps, so the table still shows what it did."""
+def rollouts_dir(run_dir: str) -> str:
+    return os.path.join(run_dir, "rollouts")
+
+
+def trained_samples(run_dir: str, steps: list[dict]) -> dict[int, list[dict]]:
+    """Per logged step, its trained samples as the trainer dumped them (generation_dump.rollout_records: the rows
+    with response_tokens and started_version; the filter's dropped groups, never trained, left out)."""
+    samples = {}
+    for step in steps:
+        number = int(step["training/global_step"])
+        with open(os.path.join(rollouts_dir(run_dir), f"{number}.jsonl")) as dump:
+            samples[number] = [record for record in map(json.loads, dump) if not record.get("filtered")]
+    return samples
+
+
+def run(name: str, overrides: list[str], work_dir: str, timeout: float | None) -> tuple[list[dict], dict, str | None]:
+    """One main_ppo run, at most `timeout` seconds: the steps it logged, their trained samples, and its error (None
+    when it finished). A run that failed or was cut off keeps its steps, so the table still shows what it did."""
     run_dir = fresh_dir(os.path.join(work_dir, name))
     command = [sys.executable, "-m", "hybridrl.main_ppo", f"trainer.default_local_dir={run_dir}",
-               "trainer.logger=[console,jsonl]", *overrides]
+               "trainer.logger=[console,jsonl]", f"trainer.rollout_data_dir={rollouts_dir(run_dir)}", *overrides]
     log_path = os.path.join(work_dir, f"{name}.log")
     limit = "no time limit" if timeout is None else f"at most {timeout:.0f} s"
     print(f"[{name}] {' '.join(command)}\n[{name}] log: {log_path} ({limit})", flush=True)
@@ -98,23 +123,51 @@ def run(name: str, overrides: list[str], work_dir: str, timeout: float | None) -
         with open(log_path) as log:
             print(f"[{name}] main_ppo {trained.error}\n[{name}] the end of {log_path}:\n{log.read()[-4000:]}",
                   flush=True)
-    return trained.steps, trained.error
+    return trained.steps, trained_samples(run_dir, trained.steps), trained.error
 
 
-def summarise(name: str, steps: list[dict], error: str | None, warmup: int, samples_per_step: int) -> dict:
-    """One table row. The numbers cover the steps after the warm-up; a run with none has None there, not 0."""
+def engine_version(step: int) -> int:
+    """The policy version the engines hold while step `step` generates: the weights of the steps before it (this
+    benchmark has no critic warm-up)."""
+    return weights_version_after(step - 1, critic_warmup=0)
+
+
+def staleness_summary(staleness: list[int]) -> dict:
+    """min, median, max and the histogram (staleness: samples) of the trained samples' staleness."""
+    if not staleness:
+        return dict.fromkeys(["min", "median", "max", "histogram"])
+    return {"min": min(staleness), "median": statistics.median(staleness), "max": max(staleness),
+            "histogram": {str(k): n for k, n in sorted(collections.Counter(staleness).items())}}
+
+
+def summarise(name: str, steps: list[dict], samples: dict[int, list[dict]], error: str | None, warmup: int) -> dict:
+    """One table row (see the module docstring): whole-step seconds per trained response token over every step, and
+    over the steps after `warmup` counting only the samples whose generation started after it; the staleness of every
+    trained sample. A staleness read back from the dumps that differs from the trainer's own data_flow/staleness/max
+    stops the benchmark: the version arithmetic would be wrong. A run with no step (or none after the warm-up) has
+    None there, not a 0 that reads as infinitely fast."""
+    staleness = []
+    for step in steps:
+        number = int(step["training/global_step"])
+        own = [engine_version(number) - sample["started_version"] for sample in samples[number]]
+        if max(own) != step["data_flow/staleness/max"]:
+            raise SystemExit(f"{name}, step {number}: the dumped samples' staleness reaches {max(own)}, the trainer "
+                             f"logged data_flow/staleness/max={step['data_flow/staleness/max']}")
+        staleness += own
     timed = [step for step in steps if step["training/global_step"] > warmup]
-    row = {"mode": name, "ended": "finished" if error is None else f"{error.split(':')[0]} after {len(steps)} steps",
-           "steps timed": len(timed), "trained samples": len(timed) * samples_per_step}
-    if not timed:
-        return {**row, **dict.fromkeys(["gen s (sum)", "gen ms / sample", "step s (mean)", "partial share",
-                                        "staleness max", "response len"])}
-    gen_s = sum(step["timing_s/gen"] for step in timed)
-    return {**row, "gen s (sum)": gen_s, "gen ms / sample": 1000 * gen_s / (len(timed) * samples_per_step),
-            "step s (mean)": statistics.mean(step["timing_s/step"] for step in timed),
-            "partial share": statistics.mean(step.get("data_flow/partial_ratio", 0.0) for step in timed),
-            "staleness max": max(step.get("data_flow/staleness/max", 0.0) for step in timed),
-            "response len": statistics.mean(step["response_length/mean"] for step in timed)}
+    timed_samples = [sample for step in timed for sample in samples[int(step["training/global_step"])]]
+    started_after = [sample for sample in timed_samples if sample["started_version"] >= engine_version(warmup + 1)]
+    own_tokens = sum(sample["response_tokens"] for sample in started_after)
+    tokens = sum(sample["response_tokens"] for step in steps for sample in samples[int(step["training/global_step"])])
+    step_s = sum(step["timing_s/step"] for step in steps)
+    timed_s = sum(step["timing_s/step"] for step in timed)
+    return {"mode": name, "ended": "finished" if error is None else f"{error.split(':')[0]} after {len(steps)} steps",
+            "steps": len(steps), "trained tokens": tokens, "step s (sum)": step_s,
+            "gen s (sum)": sum(step["timing_s/gen"] for step in steps),
+            "ms / token": 1000 * step_s / tokens if tokens else None,
+            "steps after warm-up": len(timed), "carried-in samples": len(timed_samples) - len(started_after),
+            "ms / token after warm-up": 1000 * timed_s / own_tokens if own_tokens else None,
+            "staleness": staleness_summary(staleness)}
 
 
 def main() -> None:
@@ -125,7 +178,8 @@ def main() -> None:
     parser.add_argument("--data", help="prompt parquet (default: short generated prompts)")
     parser.add_argument("--gpus", type=int, default=1, help="ranks (trainer.n_gpus_per_node); cpu: 2")
     parser.add_argument("--steps", type=int, default=None, help="training steps per run (default cpu 6, cuda 12)")
-    parser.add_argument("--warmup-steps", type=int, default=2, help="first steps left out of the timing")
+    parser.add_argument("--warmup-steps", type=int, default=2,
+                        help="the second measure's warm-up: steps it leaves out, with the samples started in them")
     parser.add_argument("--train-batch-size", type=int, default=None, help="groups per step (cpu 8, cuda 64)")
     parser.add_argument("--n", type=int, default=4, help="samples per group (rollout.n)")
     parser.add_argument("--response-length", type=int, default=None, help="length cap (cpu 64, cuda 1024)")
@@ -187,22 +241,32 @@ def main() -> None:
              ["data_flow.partial_rollout=true", f"data_flow.over_sampling_batch_size={over}"])]
     for index, (name, mode, extra) in enumerate(runs):
         timeout = deadline.share(len(runs) - index)  # an equal share of what is left; the last run, all of it
-        steps_logged, error = run(name, common + extra, work_dir, timeout)
-        rows.append(summarise(mode, steps_logged, error, args.warmup_steps, batch * args.n))
+        steps_logged, samples, error = run(name, common + extra, work_dir, timeout)
+        rows.append(summarise(mode, steps_logged, samples, error, args.warmup_steps))
         write_record(args, vocabulary, rows)  # after each run: a benchmark cut off at its limit keeps the first
     print(f"\ndevice {args.device}, {gpus} rank(s), model {model}; {batch} groups x {args.n} per step, {steps} steps "
-          f"({args.warmup_steps} warm-up not timed); lengths: {args.tail_fraction:.0%} to {cap}, the rest {short}\n"
-          f"vocab: {vocabulary.describe()}\n")
-    keys = list(rows[0])
-    print("| " + " | ".join(keys + ["speed-up"]) + " |")
-    print("|" + " --- |" * (len(keys) + 1))
-    base = rows[0]["gen ms / sample"]
+          f"(after warm-up: the steps after {args.warmup_steps}); lengths: {args.tail_fraction:.0%} to {cap}, the "
+          f"rest {short}\nvocab: {vocabulary.describe()}\n")
+    print_table(rows)
+    print(f"\nwork dir: {work_dir}")
+
+
+def print_table(rows: list[dict]) -> None:
+    """The rows as markdown, each speed-up the baseline's ms / token over the row's (- where a run timed nothing)."""
+    keys = [key for key in rows[0] if key != "staleness"]
+    print("| " + " | ".join(keys + ["staleness min / median / max", "speed-up", "speed-up after warm-up"]) + " |")
+    print("|" + " --- |" * (len(keys) + 3))
     for row in rows:
         cells = [f"{row[key]:.3g}" if isinstance(row[key], float) else "-" if row[key] is None else str(row[key])
                  for key in keys]
-        timed = base is not None and row["gen ms / sample"] is not None  # a run with no timed step has no speed
-        print("| " + " | ".join(cells + [f"{base / row['gen ms / sample']:.2f}x" if timed else "-"]) + " |")
-    print(f"\nwork dir: {work_dir}")
+        stale = row["staleness"]
+        cells.append("-" if stale["min"] is None else f"{stale['min']} / {stale['median']:g} / {stale['max']}")
+        for key in ("ms / token", "ms / token after warm-up"):
+            base, own = rows[0][key], row[key]
+            cells.append(f"{base / own:.2f}x" if base is not None and own is not None else "-")
+        print("| " + " | ".join(cells) + " |")
+    for row in rows:
+        print(f"{row['mode']}: staleness histogram (staleness: trained samples) {row['staleness']['histogram']}")
 
 
 def write_record(args, vocabulary: Vocabulary, rows: list[dict]) -> None:

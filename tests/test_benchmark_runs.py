@@ -107,21 +107,42 @@ def test_heavy_tail_overrides_validate_under_every_schedule(tmp_path, schedule):
     assert "data_flow.custom_generate_function.name=heavy_tailed_generate" in overrides
 
 
-def test_partial_rollout_rows_count_only_timed_steps_and_say_how_a_run_ended():
-    """A run cut off at its share of the deadline keeps a row: how it ended, and no numbers where no step was timed
-    (None, not a 0 that reads as infinitely fast)."""
+def test_partial_rollout_counts_whole_steps_per_trained_token_and_each_samples_staleness_by_hand():
+    """partial_rollout.summarise on three hand-made steps, warm-up 1 (step s generates under version s - 1):
+    - all steps: 6 s of steps for 8 + 14 + 8 trained tokens, 200 ms a token;
+    - after the warm-up: steps 2-3 (4 s) credited only the samples started under version 1 or later (4 + 4 + 4
+      tokens), not step 2's 10-token sample carried in from step 1: 4000 / 12 ms a token, one carried-in sample;
+    - staleness of the six trained samples: 0, 0, 1, 0, 0, 1;
+    - a dump whose staleness disagrees with the trainer's data_flow/staleness/max stops it, naming the step;
+    - a run cut off before any step (or any after the warm-up) has None there, not a 0 that reads as infinitely
+      fast, and says how it ended."""
     from benchmarks.partial_rollout import summarise
 
-    steps = [{"training/global_step": step, "timing_s/gen": 1.0 * step, "timing_s/step": 2.0 * step,
-              "response_length/mean": 10.0, "data_flow/partial_ratio": 0.5} for step in (1, 2, 3, 4)]
-    row = summarise("partial", steps, None, warmup=2, samples_per_step=8)
-    assert row["ended"] == "finished" and row["steps timed"] == 2 and row["trained samples"] == 16
-    assert row["gen s (sum)"] == 7.0 and row["gen ms / sample"] == 1000 * 7.0 / 16
-    assert row["step s (mean)"] == 7.0 and row["partial share"] == 0.5 and row["response len"] == 10.0
+    def step(number, seconds, stale_max):
+        return {"training/global_step": number, "timing_s/step": seconds, "timing_s/gen": seconds / 2,
+                "data_flow/staleness/max": float(stale_max)}
 
-    cut = summarise("baseline", steps[:2], "exit timeout: trainer log line", warmup=2, samples_per_step=8)
-    assert cut["ended"] == "exit timeout after 2 steps" and cut["steps timed"] == 0
-    assert cut["gen ms / sample"] is None and cut["step s (mean)"] is None
+    def sample(tokens, started):
+        return {"response_tokens": tokens, "started_version": started}
+
+    steps = [step(1, 2.0, 0), step(2, 3.0, 1), step(3, 1.0, 1)]
+    samples = {1: [sample(4, 0), sample(4, 0)], 2: [sample(10, 0), sample(4, 1)], 3: [sample(4, 2), sample(4, 1)]}
+    row = summarise("partial", steps, samples, None, warmup=1)
+    assert row == {"mode": "partial", "ended": "finished", "steps": 3, "trained tokens": 30, "step s (sum)": 6.0,
+                   "gen s (sum)": 3.0, "ms / token": 200.0, "steps after warm-up": 2, "carried-in samples": 1,
+                   "ms / token after warm-up": pytest.approx(4000 / 12),
+                   "staleness": {"min": 0, "median": 0.0, "max": 1, "histogram": {"0": 4, "1": 2}}}
+
+    steps[2]["data_flow/staleness/max"] = 2.0
+    with pytest.raises(SystemExit, match=r"partial, step 3: the dumped samples' staleness reaches 1, the trainer "
+                                         r"logged data_flow/staleness/max=2.0"):
+        summarise("partial", steps, samples, None, warmup=1)
+
+    warm_only = summarise("baseline", steps[:1], samples, "exit timeout: trainer log line", warmup=1)
+    assert warm_only["ended"] == "exit timeout after 1 steps" and warm_only["ms / token"] == 2000 / 8
+    assert warm_only["steps after warm-up"] == 0 and warm_only["ms / token after warm-up"] is None
+    none = summarise("baseline", [], {}, "exit timeout: trainer log line", warmup=1)
+    assert none["ms / token"] is None and none["staleness"] == dict.fromkeys(["min", "median", "max", "histogram"])
 
 
 def test_ppo_step_runs_name_their_engine_and_a_misspelt_one_is_refused_by_name():
@@ -149,8 +170,8 @@ def test_ppo_step_runs_name_their_engine_and_a_misspelt_one_is_refused_by_name()
 def test_agent_loop_gap_takes_turns_on_one_engine_and_its_summary_is_its_turns_by_hand(tmp_path):
     """benchmarks/agent_loop_gap.py --device cpu, a real run (tiny model, the hf engine, local Ray, the engine server
     on 127.0.0.1): the timed turns go A B B A after the untimed warm-up pair, each one rollout window that made
-    tokens, and the summary is those turns' own numbers: each path's mean rate, their ratio, the turn-by-turn
-    ratios and the agent turns' mean breakdown."""
+    tokens, and the summary is those turns' own numbers: the ratio of the paths' seconds per token, each repeat's
+    ratio, and the agent turns' mean breakdown."""
     import statistics
     import subprocess
 
@@ -164,15 +185,16 @@ def test_agent_loop_gap_takes_turns_on_one_engine_and_its_summary_is_its_turns_b
     turns = record["turns"]
     assert [turn["path"] for turn in turns] == ["agent_loops", "batch", "batch", "agent_loops"]
     assert all(0 < turn["tokens"] <= 4 * 2 * 8 and turn["seconds"] > 0 for turn in turns)
-    rates = {path: [turn["tokens"] / turn["seconds"] for turn in turns if turn["path"] == path]
-             for path in ("agent_loops", "batch")}
+    runs = {path: [(turn["seconds"], turn["tokens"]) for turn in turns if turn["path"] == path]
+            for path in ("agent_loops", "batch")}
+    seconds_per_token = {path: sum(s for s, _ in path_runs) / sum(t for _, t in path_runs)
+                         for path, path_runs in runs.items()}
     summary = record["summary"]
-    assert summary["ratio_of_means"] == pytest.approx(statistics.mean(rates["agent_loops"]) /
-                                                      statistics.mean(rates["batch"]))
-    pairs = [agent / batch for agent, batch in zip(rates["agent_loops"], rates["batch"])]
-    assert (summary["pair_ratio_min"], summary["pair_ratio_max"]) == pytest.approx((min(pairs), max(pairs)))
-    low, high = summary["ratio_of_means_90"]
-    assert min(pairs) <= low <= high <= max(pairs)  # a mean of pair ratios' parts lies within their range
+    assert summary["time_ratio"] == pytest.approx(seconds_per_token["batch"] / seconds_per_token["agent_loops"])
+    repeats = [(bs / bt) / (s / t) for (s, t), (bs, bt) in zip(runs["agent_loops"], runs["batch"])]
+    assert summary["repeat_ratios"] == pytest.approx(repeats)
+    low, high = summary["time_ratio_90"]
+    assert min(repeats) <= low <= high <= max(repeats)  # a resample's ratio of sums lies within its repeats' range
     agent_turns = [turn for turn in turns if turn["path"] == "agent_loops"]
     assert all(turn["timing_s/server_first_request"] <= turn["timing_s/server_last_request"] for turn in agent_turns)
     # the flow's single-turn path generates through sample_generate.generate, not a loop object: no per-sample loop
@@ -208,14 +230,24 @@ def test_engine_server_requests_measures_both_codecs_and_every_request_of_a_real
     assert "last_answer_s" in run.stdout and "listen_overflows" in run.stdout
 
 
-def test_the_ratio_interval_resamples_turn_pairs():
-    """agent_loop_gap.ratio_interval by hand: pairs of one ratio give exactly it; pairs (1, 1) and (2, 1) resample to
-    a mean ratio of 1 (both draws the first, a quarter of the time), 1.5 or 2 (both the second, a quarter), so the 5th
-    percentile is 1 and the 95th 2."""
-    from benchmarks.agent_loop_gap import ratio_interval
+def test_the_time_ratio_sums_seconds_per_token_over_repeats_and_resamples_them():
+    """agent_loop_gap.time_ratio by hand.
+    - Repeats of one ratio give exactly it, point and interval: batch 2 s against agent 3 s for the same tokens is 2/3.
+    - Tokens count: agent 2 s for 4 tokens (0.5 s each) against batch 1 s for 1 token is 2.0, not 0.5.
+    - Agent (1 s, 2 s) against batch (1 s, 1 s), one token each: the times' ratio is 2/3 (not 0.75, the mean of the
+      repeats' 1 and 0.5); a resample of 2 is both first (1), both second (0.5, a quarter of the time, more than 5 %)
+      or one of each (2/3), so the 5th percentile is 0.5 and the 95th 1.
+    - Unequal repeat counts are refused."""
+    from benchmarks.agent_loop_gap import time_ratio
 
-    assert ratio_interval([3.0, 6.0, 9.0], [2.0, 4.0, 6.0]) == [1.5, 1.5]
-    assert ratio_interval([1.0, 2.0], [1.0, 1.0]) == [1.0, 2.0]
+    same = time_ratio([(3.0, 10), (6.0, 20), (9.0, 30)], [(2.0, 10), (4.0, 20), (6.0, 30)])
+    assert same["time_ratio"] == pytest.approx(2 / 3) and same["time_ratio_90"] == pytest.approx([2 / 3, 2 / 3])
+    assert time_ratio([(2.0, 4)], [(1.0, 1)])["time_ratio"] == 2.0
+    two = time_ratio([(1.0, 1), (2.0, 1)], [(1.0, 1), (1.0, 1)])
+    assert two["time_ratio"] == pytest.approx(2 / 3) and two["repeat_ratios"] == [1.0, 0.5]
+    assert two["time_ratio_90"] == [0.5, 1.0]
+    with pytest.raises(ValueError, match="one pair a repeat.*got 2 and 1"):
+        time_ratio([(1.0, 1), (2.0, 1)], [(1.0, 1)])
 
 
 def test_decode_lines_are_read_per_turn_and_summarized_per_path(tmp_path):

@@ -113,6 +113,25 @@ def test_rollout_records_carry_reward_advantage_tokens_group_and_the_tools_turns
         ("policy", "apple"), ("tool", "hello"), ("policy", "banana")]
 
 
+def test_rollout_records_name_the_version_each_samples_generation_started_under(tokenizer):
+    """started_version: the oldest version among a row's generated tokens (a sample continued after an abort spans
+    versions 2 and 3: it started under 2), inserted tokens (-1) not counted; a batch without versions has none."""
+    from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY
+
+    junk = ids(tokenizer, "zebra")[0]
+    rows = [padded_row(tokenizer, "hello", "banana apple", 40, 40, junk),
+            padded_row(tokenizer, "apple", "hello", 40, 40, junk)]
+    attention = torch.tensor([r[2] for r in rows])
+    versions = torch.full((2, 40), -1)
+    versions[0, :3] = torch.tensor([3, 2, 3])  # continued: started under 2
+    versions[1, 0], versions[1, 2] = 5, 5  # a tool token (-1) between
+    tensors = {"prompts": torch.tensor([r[0] for r in rows]), "responses": torch.tensor([r[1] for r in rows]),
+               "attention_mask": attention, "token_level_scores": torch.zeros(2, 40)}
+    first, second = rollout_records(tokenizer, DataProto.from_dict({**tensors, WEIGHT_VERSIONS_KEY: versions}))
+    assert (first["started_version"], second["started_version"]) == (2, 5)
+    assert "started_version" not in rollout_records(tokenizer, DataProto.from_dict(tensors))[0]
+
+
 def test_filtered_records_mark_a_dropped_groups_samples_and_leave_out_its_baseline(tokenizer):
     prompt, answer, tool = ids(tokenizer, "apple"), ids(tokenizer, "banana"), ids(tokenizer, "hello")
     group = [Sample(group_index=7, index=0, prompt_ids=prompt, response_ids=answer, loss_mask=[1] * len(answer),

@@ -2,9 +2,14 @@
 
     python recipes/qwen25_coder_gsm_symbolic/seed_table.py DIR VARIANT --model 0.5b --commit C --date D \
         --card "..." --command "..." --out benchmarks/results/NAME.json
+    python recipes/qwen25_coder_gsm_symbolic/seed_table.py DIR verl --trainer verl ...    # verl_compare.py's seeds
 
-DIR holds `<MODEL>_<VARIANT>_seed<N>.metrics.jsonl` and `.summary.json` as `compare.sh` names its run folders. The
-table is mean ± sd over the seeds at the validation steps (0, 5, ..., 25), never a best step (issue 60).
+DIR holds `<MODEL>_<VARIANT>_seed<N>.metrics.jsonl` and `.summary.json` as `compare.sh` (and verl_compare.py) name
+their run folders. The table is mean ± sd over the seeds at the validation steps (0, 5, ..., 25), never a best step
+(issue 60), with the training time to each step beside it (the sum of timing_s/step so far: both trainers time a step
+without its validation). `--trainer verl` reads verl's file logger ({"step": N, "data": {...}} a line) with verl's
+metric names mapped to the recipe's (VERL_METRICS); a column no seed's log has (verl validates only the held-out set)
+shows as "-".
 """
 import argparse
 import json
@@ -15,17 +20,40 @@ from pathlib import Path
 HEADLINE = "eval/held_out/last_number_right"
 COLUMNS = (HEADLINE, "eval/held_out/acc", "eval/in_template/last_number_right", "eval/in_template/acc")
 VERSIONS = {"torch": "2.11.0+cu130", "transformers": "5.17.0", "sglang": "0.5.16", "ray": "2.60.0", "hydra-core": "1.3.8"}
+VERL_VERSIONS = "verl 0.9.1 in its own site, with the transformers it pins (benchmarks/vs_verl.py's VERL_TF_SITE)"
+# verl 0.9.1's names (val-core/val-aux/<data_source>/<reward key>/mean@1: greedy, one answer a question; "acc" is its
+# core variable when the reward returns one) for the recipe's; verl validates the held-out set alone (verl_compare.py)
+VERL_DATA_SOURCE = "reasoning_gym/gsm_symbolic"
+VERL_METRICS = {
+    "eval/held_out/last_number_right": f"val-aux/{VERL_DATA_SOURCE}/last_number_right/mean@1",
+    "eval/held_out/acc": f"val-core/{VERL_DATA_SOURCE}/acc/mean@1",
+    "eval/held_out/formatted": f"val-aux/{VERL_DATA_SOURCE}/formatted/mean@1",
+    "eval/held_out": f"val-aux/{VERL_DATA_SOURCE}/reward/mean@1",  # the task's score
+    "perf/max_memory_allocated_gb": "actor/perf/max_memory_allocated_gb",
+}
 
 
-def read_seed(metrics_path: Path) -> dict:
-    """A seed's validations by step, its summary, median step time, peak memory and sampled answer lengths."""
-    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+def verl_record(line: dict) -> dict:
+    """One line of verl's file logger as a step's metrics under the recipe's names."""
+    metrics = {"step": line["step"], **line["data"]}
+    return {**metrics, **{ours: metrics[theirs] for ours, theirs in VERL_METRICS.items() if theirs in metrics}}
+
+
+READERS = {"hybridrl": lambda line: line, "verl": verl_record}
+
+
+def read_seed(metrics_path: Path, trainer: str = "hybridrl") -> dict:
+    """A seed's validations by step, the training seconds to each of them, its summary, median step time, peak
+    memory and sampled answer lengths."""
+    records = [READERS[trainer](json.loads(line)) for line in metrics_path.read_text().splitlines() if line.strip()]
     validation = {str(r["step"]): {k: v for k, v in r.items() if k.startswith("eval/")}
                   for r in records if HEADLINE in r}
-    training = [r for r in records if "response_length/mean" in r]
+    training = sorted((r for r in records if "response_length/mean" in r), key=lambda r: r["step"])
     summary_path = metrics_path.with_name(metrics_path.name.replace(".metrics.jsonl", ".summary.json"))
     return {
         "validation": validation,
+        "train_s_to_step": {step: sum(r["timing_s/step"] for r in training if r["step"] <= int(step))
+                            for step in validation},
         "summary": json.loads(summary_path.read_text()),
         "step_time_s_median": statistics.median(r["timing_s/step"] for r in training),
         "peak_memory_allocated_gib": max(r.get("perf/max_memory_allocated_gb", 0.0) for r in training),
@@ -34,28 +62,37 @@ def read_seed(metrics_path: Path) -> dict:
 
 
 def mean_sd(seeds: dict, metric: str) -> dict:
-    """{step: per-seed values, mean, sd} for the steps every seed validated at."""
+    """{step: per-seed values, mean, sd} for the steps every seed validated at; `metric` "train_s_to_step": the
+    training seconds to that step."""
     steps = sorted(set.intersection(*(set(s["validation"]) for s in seeds.values())), key=int)
     table = {}
     for step in steps:
-        values = [s["validation"][step][metric] for s in seeds.values()]
+        values = [s["train_s_to_step"][step] if metric == "train_s_to_step" else s["validation"][step][metric]
+                  for s in seeds.values()]
         table[step] = {"per_seed": values, "mean": statistics.mean(values),
                        "sd": statistics.stdev(values) if len(values) > 1 else 0.0}
     return table
 
 
 def markdown(table: dict) -> str:
-    """The README's rows: step | headline mean ± sd (per seed) | the other columns' mean ± sd, in %."""
+    """The README's rows: step | headline mean ± sd (per seed) | the other columns' mean ± sd, in % ("-" for a
+    column the logs lack) | training seconds to the step, mean ± sd."""
     lines = ["| step | held-out, format-free (headline) | held-out, task (`#### N` right) "
-             "| in-template, format-free | in-template, task |", "| --- | --- | --- | --- | --- |"]
+             "| in-template, format-free | in-template, task | training s to the step |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for step in table[HEADLINE]:
         cells = []
         for metric in COLUMNS:
+            if metric not in table:
+                cells.append("-")
+                continue
             cell = table[metric][step]
             text = f"{100 * cell['mean']:.1f} ± {100 * cell['sd']:.1f}"
             if metric == HEADLINE:
                 text += " (" + ", ".join(f"{100 * v:.1f}" for v in cell["per_seed"]) + ")"
             cells.append(text)
+        time_cell = table["train_s_to_step"][step]
+        cells.append(f"{time_cell['mean']:.0f} ± {time_cell['sd']:.0f}")
         lines.append(f"| {step} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -65,19 +102,27 @@ def main() -> None:
     parser.add_argument("dir", type=Path)
     parser.add_argument("variant")
     parser.add_argument("--model", default="0.5b")
+    parser.add_argument("--trainer", choices=sorted(READERS), default="hybridrl",
+                        help="whose logs: verl reads verl's file logger (verl_compare.py's runs)")
     for key in ("commit", "date", "card", "command", "what"):
         parser.add_argument(f"--{key}", required=key != "what", default="")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     pattern = re.compile(rf"{re.escape(args.model)}_{re.escape(args.variant)}_seed(\d+)\.metrics\.jsonl")
-    seeds = {m.group(1): read_seed(path) for path in sorted(args.dir.iterdir()) if (m := pattern.fullmatch(path.name))}
+    seeds = {m.group(1): read_seed(path, args.trainer) for path in sorted(args.dir.iterdir())
+             if (m := pattern.fullmatch(path.name))}
     if not seeds:
         raise SystemExit(f"{args.dir}: no {args.model}_{args.variant}_seed<N>.metrics.jsonl")
-    table = {metric: mean_sd(seeds, metric) for metric in COLUMNS}
-    record = {"what": args.what or f"issue 60 item 3: compare.sh {args.variant}, MODEL={args.model}, seeds "
-                                    + ", ".join(seeds),
-              "command": args.command, "date": args.date, "commit": args.commit, "card": args.card,
-              "versions": VERSIONS, "table_mean_sd": table, "seeds": seeds}
+    logged = [metric for metric in COLUMNS  # a column every seed's every validation has
+              if all(metric in values for seed in seeds.values() for values in seed["validation"].values())]
+    table = {metric: mean_sd(seeds, metric) for metric in [*logged, "train_s_to_step"]}
+    if args.trainer == "verl":
+        source, versions = "issue 59 item 3: verl_compare.py (verl 0.9.1)", VERL_VERSIONS
+    else:
+        source, versions = f"issue 60 item 3: compare.sh {args.variant}", VERSIONS
+    record = {"what": args.what or f"{source}, MODEL={args.model}, seeds " + ", ".join(seeds),
+              "trainer": args.trainer, "command": args.command, "date": args.date, "commit": args.commit,
+              "card": args.card, "versions": versions, "table_mean_sd": table, "seeds": seeds}
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(markdown(table))
 

@@ -2,11 +2,13 @@
 
 ``trainer.rollout_data_dir`` / ``trainer.validation_data_dir``: one file per step, ``{dir}/{step}.jsonl``, one JSON
 object per response: ``{"input": prompt text, "output": response text, "score": sequence score, "step": N}``. A
-training step's rows also carry what the update saw (``rollout_records``): ``reward`` (the score with any KL or
-length penalty), ``advantage`` (its mean over the trained tokens), ``response_tokens``, ``group`` (the prompt's uid),
-and, for an answer with tokens the policy did not write (tool results), ``turns``: the response cut into the
-policy's and the tool's pieces. The groups the dynamic-sampling filter dropped follow, with ``"filtered": true``
-(``filtered_records``: no reward or advantage, they were never trained).
+training step's rows also carry what the update saw (``rollout_records``): ``reward`` (the score with any KL or length
+penalty), ``advantage`` (its mean over the trained tokens), ``response_tokens``, ``group`` (the prompt's uid),
+``started_version`` (the policy version its generation started under: the oldest version among its generated tokens,
+where the batch carries them; so a step's staleness of each sample can be read back), and, for an answer with tokens
+the policy did not write (tool results), ``turns``: the response cut into the policy's and the tool's pieces. The
+groups the dynamic-sampling filter dropped follow, with ``"filtered": true`` (``filtered_records``: no reward or
+advantage, they were never trained).
 ``trainer.rollout_data_max_mb`` bounds the rollout dumps of a long run: once their files reach it, later steps are
 not dumped; the first step left out is logged as a warning and recorded in ``{dir}/size_limit_reached.json``.
 ``trainer.log_val_generations=N``: N validation samples per validation go to ``Tracking.log_generations`` (a table
@@ -22,6 +24,7 @@ import os
 import numpy as np
 import torch
 
+from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY
 from hybridrl.protocol import DataProto
 
 logger = logging.getLogger(__name__)
@@ -62,8 +65,11 @@ def rollout_records(tokenizer, batch: DataProto) -> list[dict]:
     written = batch.batch["attention_mask"][:, -width:].bool()
     trained = batch.batch["response_mask"].bool() if "response_mask" in batch.batch.keys() else written
     group = batch.non_tensor_batch.get("uid")
+    versions = batch.batch[WEIGHT_VERSIONS_KEY] if WEIGHT_VERSIONS_KEY in batch.batch.keys() else None
     for row, record in enumerate(records):
         record["response_tokens"] = int(written[row].sum())
+        if versions is not None and bool((versions[row] >= 0).any()):  # inserted and padding tokens are -1
+            record["started_version"] = int(versions[row][versions[row] >= 0].min())
         if "token_level_rewards" in batch.batch.keys():
             record["reward"] = float(batch.batch["token_level_rewards"][row].sum())
         if "advantages" in batch.batch.keys():

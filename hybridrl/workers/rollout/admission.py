@@ -5,8 +5,8 @@ of a second. Handed to SGLang one at a time, each costs the server's event loop 
 manager and its own message to the scheduler, while the requests behind it wait on the same loop; the last of 512
 reached the server 0.258 s after the call began, 0.053 s with admission in batches (H200, 512 requests,
 benchmarks/README.md "Session 27", issue 26). The batch path hands SGLang all its requests in one message too. The
-agent loops' rate did not move with it (0.955 against 0.958 of the batch path's, within the turns' noise): what is
-left of that gap is not admission.
+agent loops' speed did not move with it (0.944 against 0.955 of the batch path's, as ratios of times, within the
+turns' noise): what is left of that gap is not admission.
 
 How: the first request of an event-loop iteration schedules a flush for the next iteration (`call_soon`); every
 request whose handler runs before that flush joins it. Nothing waits on a timer, so a lone request is admitted at

@@ -1,0 +1,162 @@
+"""The 0.5B recipe under verl, staged on the CPU (issue 59 item 3): verl_compare.py's table covers every setting of
+run.sh, its argv composes under verl 0.9.1's own config (read from verl's released files, not run), the recipe's
+reward takes verl's call, and seed_table.py builds the held-out table from a verl-style log made here by hand."""
+import importlib.util
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybridrl.reward.scorers.reasoning_gym import make_train_test_rows
+from hybridrl.utils.import_utils import load_extern_object
+from verl_release import LATEST, verl_release
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "recipes" / "qwen25_coder_gsm_symbolic"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"recipe_{name}", RECIPE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_sh_keys() -> set[str]:
+    """The keys run.sh gives hybridrl for MODEL=0.5b: its main_ppo lines and START's (MEMORY is the 1.5B's)."""
+    text = (RECIPE / "run.sh").read_text()
+    trainer_lines = text[text.index("exec python -m hybridrl.main_ppo"):]
+    start = re.search(r"^START=\((.*)\)$", text, re.MULTILINE).group(1)
+    return set(re.findall(r"([+\w.]+)=", trainer_lines + " " + start))
+
+
+def test_every_setting_of_run_sh_is_mapped_and_the_argv_composes_under_verls_own_config(tmp_path):
+    """Each key run.sh sets (and compare.sh vs_verl adds) is a row of verl_compare's table; a row verl cannot take
+    says why; verl's argv composes with verl 0.9.1's ppo_trainer config (hydra refuses an unknown key), to the
+    values the table gives; compare.sh's vs_verl variant passes hybridrl what SHARED_OVERRIDES passes verl."""
+    from hydra import compose, initialize_config_dir
+
+    verl_compare = load("verl_compare")
+    rows = verl_compare.settings(2, tmp_path, tmp_path / "compare" / "0.5b_verl_seed2")
+    mapped = {match for row in rows for match in re.findall(r"([+\w.]+)=", row.recipe)}
+    assert run_sh_keys() <= mapped, sorted(run_sh_keys() - mapped)
+    assert all(row.note for row in rows if row.verl_key is None or row.recipe.startswith("-"))
+
+    argv = verl_compare.verl_argv(rows)
+    assert argv[1:3] == ["-m", "verl.trainer.main_ppo"]
+    with initialize_config_dir(config_dir=str(verl_release(LATEST) / "verl" / "trainer" / "config"),
+                               version_base=None):
+        config = compose("ppo_trainer", overrides=argv[3:])
+    rollout = config.actor_rollout_ref.rollout
+    assert (config.data.seed, rollout.seed, rollout.n, rollout.tensor_model_parallel_size) == (2, 2, 8, 1)
+    assert config.data.val_files == [f"{tmp_path}/data/test.parquet"]  # the held-out set alone
+    assert dict(rollout.engine_kwargs.sglang) == {"attention_backend": "triton", "cuda_graph_max_bs": 512,
+                                                  "sampling_backend": "pytorch"}
+    assert config.reward.custom_reward_function.path == str(REPO / "recipes" / "gsm_symbolic_reward.py")
+    assert (config.algorithm.adv_estimator, config.actor_rollout_ref.actor.optim.lr) == ("grpo", 3e-6)
+    assert config.actor_rollout_ref.model.use_fused_kernels is True
+    assert list(config.trainer.logger) == ["console", "file"]
+
+    env = verl_compare.verl_env(tmp_path / "run")
+    assert env["VERL_FILE_LOGGER_PATH"] == str(tmp_path / "run" / "metrics.jsonl")
+    compare_sh = (RECIPE / "compare.sh").read_text()
+    variant = re.search(r"vs_verl\) OVERRIDES=\((.*?)\) ;;", compare_sh, re.DOTALL).group(1).split()
+    assert tuple(variant) == verl_compare.SHARED_OVERRIDES
+
+
+def test_dry_run_prints_the_table_and_each_seeds_command_and_a_real_run_refuses_before_verl_starts(tmp_path):
+    script = str(RECIPE / "verl_compare.py")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    dry = subprocess.run([sys.executable, script, "--dry-run", "--seeds", "1", "3", "--work-dir", str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    assert "| `trainer.seed=1` | `actor_rollout_ref.rollout.seed` | `1` |" in dry.stdout
+    assert f"VERL_FILE_LOGGER_PATH={tmp_path}/compare/0.5b_verl_seed3/metrics.jsonl" in dry.stdout
+    assert "data.seed=3" in dry.stdout and "-m \\\n    verl.trainer.main_ppo" in dry.stdout
+    real = subprocess.run([sys.executable, script, "--seeds", "1", "--work-dir", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert real.returncode != 0 and f"missing: {tmp_path}/data/train.parquet" in real.stderr
+    assert not (tmp_path / "compare").exists()
+
+
+def test_the_recipe_reward_takes_verls_call():
+    """verl 0.9.1's naive reward manager (experimental/reward_loop/reward_manager/naive.py) calls the custom
+    function with keywords data_source, solution_str, ground_truth and extra_info (the row's, plus num_turns and
+    rollout_reward_scores), and reads a dict's "score" and its other keys as extra info (the validation metrics)."""
+    compute_score = load_extern_object(str(REPO / "recipes" / "gsm_symbolic_reward.py"), "compute_score")
+    train, _ = make_train_test_rows("gsm_symbolic", 1, 1, seed=3, answer_format="hash")
+    row = train[0]
+    answer = row["reward_model"]["ground_truth"]
+    call = {"data_source": row["data_source"], "solution_str": f"so #### {answer}", "ground_truth": answer,
+            "extra_info": {**row["extra_info"], "num_turns": 2, "rollout_reward_scores": {}}}
+    inspect.signature(compute_score).bind(**call)
+    assert compute_score(**call) == {"score": 1.0, "acc": 1.0, "formatted": 1.0, "last_number_right": 1.0}
+    assert row["data_source"] == load("seed_table").VERL_DATA_SOURCE  # verl names its val metrics by it
+
+
+def verl_line(step: int, data: dict) -> str:
+    return json.dumps({"step": step, "data": data})
+
+
+def val(source: str, held_out: float, acc: float) -> dict:
+    return {f"val-aux/{source}/last_number_right/mean@1": held_out, f"val-core/{source}/acc/mean@1": acc,
+            f"val-aux/{source}/formatted/mean@1": 1.0, f"val-aux/{source}/reward/mean@1": acc,
+            "val-aux/num_turns/mean": 2.0}
+
+
+def train(seconds: float, length: float) -> dict:
+    return {"timing_s/step": seconds, "response_length/mean": length, "actor/perf/max_memory_allocated_gb": 40.0}
+
+
+def test_seed_table_reads_verls_file_logger_into_the_held_out_table(tmp_path):
+    """Two verl seeds as verl's file logger writes them (validation at step 0 alone, at step 2 in the step's line),
+    by hand: held-out format-free 0.2 / 0.4 at step 0 and 0.3 / 0.5 at step 2 -> means 0.3 and 0.4, sd 0.1414;
+    training seconds to step 2: 10 + 12 and 20 + 22 -> 32 ± 14.1; the in-template columns verl does not log show
+    as "-"."""
+    source = "reasoning_gym/gsm_symbolic"
+    for seed, (before, after, seconds) in {1: (0.2, 0.3, (10.0, 12.0)), 2: (0.4, 0.5, (20.0, 22.0))}.items():
+        lines = [verl_line(0, val(source, before, 0.0)), verl_line(1, train(seconds[0], 250.0)),
+                 verl_line(2, {**train(seconds[1], 240.0), **val(source, after, after)})]
+        (tmp_path / f"0.5b_verl_seed{seed}.metrics.jsonl").write_text("\n".join(lines) + "\n")
+        (tmp_path / f"0.5b_verl_seed{seed}.summary.json").write_text(json.dumps({"wall_s": 300.0, "returncode": 0}))
+    out = tmp_path / "table.json"
+    result = subprocess.run([sys.executable, str(RECIPE / "seed_table.py"), str(tmp_path), "verl", "--trainer", "verl",
+                             "--commit", "c0ffee", "--date", "2026-12-06", "--card", "none", "--command", "by hand",
+                             "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    table = record["table_mean_sd"]
+    headline = table["eval/held_out/last_number_right"]
+    assert headline["0"]["per_seed"] == [0.2, 0.4] and headline["2"]["mean"] == pytest.approx(0.4)
+    assert headline["2"]["sd"] == pytest.approx(0.1414, abs=1e-4)
+    assert table["eval/held_out/acc"]["2"]["per_seed"] == [0.3, 0.5]
+    assert table["train_s_to_step"]["2"]["per_seed"] == [22.0, 42.0] and table["train_s_to_step"]["0"]["mean"] == 0
+    assert "eval/in_template/acc" not in table and record["trainer"] == "verl"
+    assert record["seeds"]["1"]["peak_memory_allocated_gib"] == 40.0
+    assert "| 2 | 40.0 ± 14.1 (30.0, 50.0) | 40.0 ± 14.1 | - | - | 32 ± 14 |" in result.stdout
+
+
+def test_seed_table_reads_hybridrls_own_log_with_both_sets_as_before(tmp_path):
+    """hybridrl's metrics.jsonl (the metrics themselves a line, both eval sets): all four columns filled, and the
+    training seconds to step 2 beside them (one seed: sd 0)."""
+    sets = {"held_out": (0.25, 0.5), "in_template": (0.125, 0.75)}
+
+    def evals(index: int) -> dict:
+        return {f"eval/{name}/{metric}": values[index] for name, values in sets.items()
+                for metric in ("last_number_right", "acc")}
+
+    lines = [{"step": 0, **evals(0)}, {"step": 1, **train(7.0, 200.0)}, {"step": 2, **train(8.0, 210.0), **evals(1)}]
+    (tmp_path / "0.5b_vs_verl_seed1.metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (tmp_path / "0.5b_vs_verl_seed1.summary.json").write_text(json.dumps({"wall_s": 100.0}))
+    result = subprocess.run([sys.executable, str(RECIPE / "seed_table.py"), str(tmp_path), "vs_verl", "--commit", "c",
+                             "--date", "d", "--card", "none", "--command", "by hand",
+                             "--out", str(tmp_path / "t.json")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "| 2 | 50.0 ± 0.0 (50.0) | 50.0 ± 0.0 | 75.0 ± 0.0 | 75.0 ± 0.0 | 15 ± 0 |" in result.stdout
+    assert json.loads((tmp_path / "t.json").read_text())["trainer"] == "hybridrl"
