@@ -22,7 +22,9 @@ for its build. So, as issue 59 says for that case, both trainers take their own 
   `logprobs_from_logits_v2` are never called. The entropy comes out of the same function, so verl's
   torch.compile'd `entropy_from_logits` (transformer_impl.py:183-187, `use_torch_compile`, default true) is never
   called either: verl keeps that default, and `actor.use_torch_compile=false` (given to verl before) is dropped.
-  VERL_LOG_PROB_PATH below is this path, written into the record.
+  KERNELS["verl_log_probs"] below is this path, written into the record; benchmarks/vs_verl_kernels.py shows it by
+  running verl's patch on a tiny Qwen2 (calls counted: the fused function once, neither logprobs_from_logits nor its
+  row loop).
 
 Attention: verl asks for flash_attention_2, which cannot load without flash-attn. With remove padding both get the
 kernel hybridrl uses, PyTorch's own varlen flash attention (`hybridrl_varlen`, models/attention.py): verl through its
