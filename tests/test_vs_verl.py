@@ -146,7 +146,8 @@ def test_a_run_is_read_summarised_and_its_log_kept(vs_verl, tmp_path):
     metrics = tmp_path / "run" / "verl_metrics.jsonl"
     lines = [json.dumps({"step": k, "data": {"timing_s/step": 10.0 + k, "actor/perf/max_memory_allocated_gb": 5.0}})
              for k in (1, 2, 3)]
-    code = f"import pathlib; print('sglang: cuda graph bs 512'); pathlib.Path({str(metrics)!r}).write_text({chr(10).join(lines)!r})"
+    code = (f"import pathlib; print('sglang: cuda graph bs 512'); "
+            f"pathlib.Path({str(metrics)!r}).write_text({chr(10).join(lines)!r})")
     spec = {"index": 2, "trainer": "verl", "run_dir": str(tmp_path / "run"), "metrics": str(metrics),
             "argv": [sys.executable, "-c", code], "env": {}}
     out = tmp_path / "out"
