@@ -1,180 +1,107 @@
-"""verl and hybridrl side by side (issue 18): the same model, data, reward and settings, one invocation.
+"""verl and hybridrl side by side (issues 18, 59): the same model, data, reward, kernels and engine settings, taking
+turns within one host job.
 
-    python3 benchmarks/vs_verl.py --data-dir D --tokenizer D/tokenizer --shape 0.5b --gpus 1 --steps 5 --out $OUT/vs.json
-    python3 benchmarks/vs_verl.py ... --dry-run        # both command lines and the settings map; runs nothing
+    python3 benchmarks/vs_verl.py --tokenizer D --shape 0.5b --out-dir DIR    # A B B A: hybridrl, verl, verl, hybridrl
+    python3 benchmarks/vs_verl.py ... --dry-run        # the settings table, both command lines, both validated; runs nothing
     python3 benchmarks/vs_verl.py --check-imports      # what verl's run imports, and from where (GPU host preflight)
 
-Each trainer is one subprocess: `python -m verl.trainer.main_ppo` (verl 0.9.1 from /tmp/verl-site, see
-scripts/gpu/stage_verl.sh) and `python -m hybridrl.main_ppo`, for --steps GRPO steps on the same parquet files (the
-built-in task, verl's layout), the same model directory (random bf16 weights of the Qwen2.5 layer shapes with the
-task's tokenizer, made by benchmarks/ppo_step.py's make_model; `--shape default-sft` takes hybridrl's warm-started
-tiny model instead, the one on which GRPO visibly learns), the same reward function file (benchmarks/vs_verl_reward.py)
-and every setting in SETTINGS below, given explicitly to both. Per-step metrics come from each trainer's own
-JSON-lines logger (verl: trainer.logger=[console,file] with VERL_FILE_LOGGER_PATH; hybridrl: trainer.logger=[console,
-jsonl] into trainer.default_local_dir/metrics.jsonl), under verl's metric names in both.
+Each run is one subprocess: `python -m verl.trainer.main_ppo` (verl 0.9.1 from /tmp/verl-site with its own pinned
+transformers first on its path, scripts/gpu/stage_verl.sh) or `python -m hybridrl.main_ppo`, for --steps GRPO steps
+on the same parquet files (the built-in task, verl's layout), the same model directory (random bf16 weights of the
+Qwen2.5 layer shapes with the tokenizer's vocabulary, benchmarks/ppo_step.py's make_model; `--shape default-sft`:
+hybridrl's warm-started tiny model), the same reward file (vs_verl_reward.py) and every row of
+benchmarks/vs_verl_settings.py, which says which kernels both get and why (use_fused_kernels=true for both: flash-attn
+has no wheel for the host; remove padding: PyTorch's varlen flash attention for both) and gives each row's reason.
 
-Printed: per step, each trainer's seconds per phase (timing_s/gen, old_log_prob, update_actor, step), tokens/s/GPU
-(perf/throughput), peak GPU memory (perf/max_memory_allocated_gb) and reward mean (critic/score/mean); then the means
-over the steps after the first (the first carries kernel compilation) and hybridrl / verl.
+--order (default ABBA; A = hybridrl, B = verl) runs the trainers in turn, so a drift of the host over the job weighs
+on both. Each run's first --warmup-steps steps (kernel compilation, CUDA-graph capture, first allocation) are outside
+the timed window; the steps after them are the steady steps (>= 5 by default). The four runs of ABBA take longer than
+one 10-minute host command: start the job with scripts/gpu/detached.sh and wait on it (benchmarks/README.md).
+
+The record, DIR/vs_verl.json, is rewritten after each run: the kernels and why, each trainer's settings table (key,
+value, the trainer's default, whether it departs, the reason), and per run its argv, environment (the variables that
+matter), exit, per-step metrics (verl's names for both), steady-state medians per phase (generate, old log-probs,
+update, weight switch, step), peak memory, and the log's path and tail (each run's log is copied to DIR as well).
+The summary gives per trainer the medians over all its steady steps, and hybridrl / verl ratios of median step TIME
+(never of rates), the least flattering fair one first.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import re
 import shlex
+import shutil
+import statistics
 import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.trainer_run import Deadline, mean_metrics, read_jsonl, run_trainer  # noqa: E402
+from benchmarks import vs_verl_settings as table  # noqa: E402
+from benchmarks.trainer_run import Deadline, log_tail, read_jsonl, run_trainer  # noqa: E402
 
 VERL_SITE = os.environ.get("VS_VERL_SITE", "/tmp/verl-site")   # scripts/gpu/install_verl.sh .stage/verl
 VERL_TF_SITE = "/tmp/verl-tf-site"     # TARGET=/tmp/verl-tf-site scripts/gpu/install_verl.sh .stage/verl-tf
+VERL_TRANSFORMERS = "5.9.0"            # verl 0.9.1's pin for its SGLang install (extra "sglang": transformers==5.9.0)
 SHARED_SITE = "/tmp/site"              # slim (SGLang 0.5.16), ray, deps: scripts/gpu/setup_host.sh
-REWARD_FILE = os.path.join(REPO, "benchmarks", "vs_verl_reward.py")
-PHASES = ["gen", "reward", "old_log_prob", "adv", "update_actor", "update_weights", "step"]
-COLUMNS = [(f"{phase} s", f"timing_s/{phase}", "{:.2f}") for phase in PHASES] + [
-    ("tok/s/GPU", "perf/throughput", "{:,.0f}"), ("peak GiB", "perf/max_memory_allocated_gb", "{:.1f}"),
+LETTERS = {"A": "hybridrl", "B": "verl"}
+# the phases of a step, as both trainers log them (verl's names)
+PHASES = {"generate": "timing_s/gen", "old_log_prob": "timing_s/old_log_prob", "update": "timing_s/update_actor",
+          "weight_switch": "timing_s/update_weights", "step": "timing_s/step"}
+PEAK_MEMORY = "perf/max_memory_allocated_gb"
+THROUGHPUT = "perf/throughput"
+COLUMNS = [(f"{phase} s", key, "{:.2f}") for phase, key in PHASES.items()] + [
+    ("tok/s/GPU", THROUGHPUT, "{:,.0f}"), ("peak GiB", PEAK_MEMORY, "{:.1f}"),
     ("reward", "critic/score/mean", "{:.3f}"), ("resp len", "response_length/mean", "{:.0f}")]
+# environment variables recorded with each run: the ones that change what a trainer or its engine does
+RELEVANT_ENV = re.compile(r"^(PYTHONPATH|CUDA_VISIBLE_DEVICES|HF_HUB_OFFLINE|TRANSFORMERS_OFFLINE|HYBRIDRL_\w+|"
+                          r"PYTORCH_\w+|TOKENIZERS_PARALLELISM|OMP_NUM_THREADS|(RAY|NCCL|VERL|SGLANG|TORCH|TORCHINDUCTOR|"
+                          r"TRITON|FLASHINFER|TVM_FFI|CUDA)_\w+)$")
+ENGINE_LINE = re.compile(r"sglang|cuda.?graph|attn_implementation|fused kernel|monkey patch", re.IGNORECASE)
 
 
-def settings(args, model_dir: str) -> list[tuple[str, object, str | None, str]]:
-    """(hybridrl key, value, verl key when it differs else None, note). Every row is passed to both trainers.
+# ---------------------------------------------------------------------- the plan: one command per run
 
-    Key names are verl's in hybridrl too; the rows whose verl key differs, or that only one side has, are in
-    ONLY_VERL / ONLY_HYBRIDRL with the reason."""
-    rmpad = not args.padded
-    offload = args.shape == "7b"
-    tokens = args.max_token_len
-    return [
-        ("data.train_files", f"[{args.data_dir}/train.parquet]", None, "the built-in task, verl's parquet layout"),
-        ("data.val_files", f"[{args.data_dir}/test.parquet]", None, "never read: no validation"),
-        ("data.train_batch_size", args.prompts, None, "prompts per step"),
-        ("data.max_prompt_length", args.prompt_length, None, ""),
-        ("data.max_response_length", args.response_length, None, ""),
-        ("data.return_raw_chat", "true", None, "verl's agent loop (and hybridrl's async mode) read the raw chat"),
-        ("actor_rollout_ref.model.path", model_dir, None, "one directory: weights + tokenizer"),
-        ("actor_rollout_ref.model.use_remove_padding", str(rmpad).lower(), None, "see ATTENTION note"),
-        ("actor_rollout_ref.model.enable_gradient_checkpointing", str(offload).lower(), None,
-         "verl's default is true: set explicitly"),
-        ("actor_rollout_ref.actor.strategy", "fsdp2", None, "verl's default is fsdp (FSDP1)"),
-        ("actor_rollout_ref.actor.ppo_mini_batch_size", args.prompts // 2, None, "2 optimizer steps per step"),
-        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", 8, None, "used when use_dynamic_bsz=false"),
-        ("actor_rollout_ref.actor.use_dynamic_bsz", str(rmpad).lower(), None, ""),
-        ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", tokens, None, "tokens per micro-batch (rmpad)"),
-        ("actor_rollout_ref.actor.optim.lr", args.lr, None, ""),
-        ("actor_rollout_ref.actor.use_kl_loss", "false", None, "no reference model"),
-        ("actor_rollout_ref.actor.entropy_coeff", 0, None, ""),
-        ("actor_rollout_ref.actor.loss_agg_mode", "token-mean", None, ""),
-        ("actor_rollout_ref.actor.clip_ratio", 0.2, None, ""),
-        ("actor_rollout_ref.actor.grad_clip", 1.0, None, ""),
-        ("actor_rollout_ref.actor.ppo_epochs", 1, None, ""),
-        ("actor_rollout_ref.actor.use_torch_compile", "false", None, "verl's default is true: set explicitly"),
-        ("actor_rollout_ref.actor.fsdp_config.param_offload", "false", None, ""),
-        ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", str(offload).lower(), None,
-         "7B on 80 GB: AdamW state in CPU memory while the engine generates"),
-        ("actor_rollout_ref.rollout.name", "sglang", None, "SGLang 0.5.16 (.stage/slim) for both"),
-        ("actor_rollout_ref.rollout.mode", "async", None, "verl 0.9.1 has only server mode + agent loops"),
-        ("actor_rollout_ref.rollout.n", args.n, None, "GRPO group size"),
-        ("actor_rollout_ref.rollout.temperature", 1.0, None, ""),
-        ("actor_rollout_ref.rollout.top_p", 1.0, None, ""),
-        ("actor_rollout_ref.rollout.top_k", -1, None, ""),
-        ("actor_rollout_ref.rollout.gpu_memory_utilization", args.gpu_memory_utilization, None,
-         "SGLang mem_fraction_static"),
-        ("actor_rollout_ref.rollout.tensor_model_parallel_size", 1, None, "verl's default is 2: set explicitly"),
-        ("actor_rollout_ref.rollout.free_cache_engine", "true", None, "release the engine's memory while training"),
-        ("actor_rollout_ref.rollout.enforce_eager", "false", None, "CUDA graphs on"),
-        ("actor_rollout_ref.rollout.load_format", "dummy", None, "weights come from the trainer"),
-        ("actor_rollout_ref.rollout.calculate_log_probs", "false", None, "verl's default is true: set explicitly"),
-        ("actor_rollout_ref.rollout.max_num_seqs", 1024, None,
-         "SGLang max_running_requests; verl's default is 256, below one step's 512 sequences: set explicitly"),
-        ("actor_rollout_ref.rollout.max_num_batched_tokens", 8192, None, ""),
-        ("actor_rollout_ref.rollout.update_weights_bucket_megabytes", 2048,
-         "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes",
-         "verl's default (hybridrl's is 512); verl moved the key under checkpoint_engine"),
-        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", 32, None, ""),
-        ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", str(rmpad).lower(), None, ""),
-        ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", tokens, None, ""),
-        ("+actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend", "triton", None,
-         "FA3 kernels are not in the offline bundle; verl would default to fa3 on Hopper"),
-        ("+actor_rollout_ref.rollout.engine_kwargs.sglang.sampling_backend", "pytorch", None,
-         "hybridrl's default; verl's would be flashinfer (JIT-compiled)"),
-        ("algorithm.adv_estimator", "grpo", None, ""),
-        ("algorithm.norm_adv_by_std_in_grpo", "true", None, ""),
-        ("algorithm.use_kl_in_reward", "false", None, ""),
-        ("trainer.nnodes", 1, None, ""),
-        ("trainer.n_gpus_per_node", args.gpus, None, ""),
-        ("trainer.device", "cuda", None, ""),
-        ("trainer.total_training_steps", args.steps, None, ""),
-        ("trainer.val_before_train", "false", None, "no validation"),
-        ("trainer.test_freq", -1, None, ""),
-        ("trainer.save_freq", -1, None, "no checkpoints"),
-        ("trainer.balance_batch", "true", None, ""),
-        ("custom_reward_function.path", REWARD_FILE, "reward.custom_reward_function.path",
-         "verl 0.9.1 reads the reward function under reward.*"),
-        ("custom_reward_function.name", "compute_score", "reward.custom_reward_function.name", ""),
-    ]
+def run_order(order: str) -> list[str]:
+    """The trainers of --order, in turn ("ABBA" -> hybridrl, verl, verl, hybridrl)."""
+    if not order or set(order) - set(LETTERS):
+        raise SystemExit(f"--order: expected letters A (hybridrl) and B (verl), e.g. ABBA or BAAB, got {order!r}")
+    return [LETTERS[letter] for letter in order]
 
 
-def only_verl(args, run_dir: str) -> list[tuple[str, object, str]]:
-    return [
-        ("+actor_rollout_ref.model.override_config.attn_implementation", "sdpa",
-         "ATTENTION: verl's default is flash_attention_2, and flash-attn has no wheel for torch 2.11 (nor can the "
-         "offline host build one). With sdpa and remove padding, transformers builds a block-diagonal mask from the "
-         "packed position_ids (masking_utils.find_packed_sequence_indices): correct, but a dense tokens x tokens mask. "
-         "hybridrl picks its attention itself: PyTorch's varlen flash kernel for remove padding, sdpa when padded."),
-        ("actor_rollout_ref.actor.fsdp_config.use_torch_compile", "true",
-         "verl's default, written out: torch.compile of the entropy from logits only (transformer_impl.py:183-187); "
-         "hybridrl has no such key"),
-        ("trainer.logger", "[console,file]", "per-step JSON lines into VERL_FILE_LOGGER_PATH"),
-        ("+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH", os.path.join(run_dir, "verl_metrics.jsonl"),
-         "the file logger lives in the TaskRunner actor: give it the path through Ray as well as the environment"),
-        ("trainer.project_name", "vs_verl", ""), ("trainer.experiment_name", os.path.basename(run_dir), ""),
-        ("trainer.default_local_dir", run_dir, ""),
-        ("trainer.use_v1", "true", "verl 0.9.1's default trainer (TransferQueue); v0 is deprecated"),
-    ]
+def python_path(trainer: str, verl_transformers: str) -> str:
+    """verl's run: its own transformers (pinned) and verl first; hybridrl's run never sees either."""
+    verl_sites = ([VERL_TF_SITE] if verl_transformers == "pinned" else []) + [VERL_SITE]
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(":") if p and p not in (VERL_SITE, VERL_TF_SITE)]
+    head = verl_sites + [REPO, SHARED_SITE] if trainer == "verl" else [REPO, SHARED_SITE]
+    return ":".join(head + [p for p in inherited if p not in head])
 
 
-def only_hybridrl(args, run_dir: str) -> list[tuple[str, object, str]]:
-    return [("trainer.logger", "[console,jsonl]", "per-step JSON lines into trainer.default_local_dir/metrics.jsonl"),
-            ("trainer.default_local_dir", run_dir, "")]
+def run_spec(args, model_dir: str, index: int, trainer: str) -> dict:
+    """Run `index` (1-based) of the plan: its directory, metrics file, argv and environment."""
+    run_dir = os.path.join(args.work_dir, f"{index}_{trainer}_{args.shape}_{args.gpus}gpu")
+    rows = table.settings(args, model_dir, run_dir)
+    env = {"PYTHONPATH": python_path(trainer, args.verl_transformers)}
+    if trainer == "verl":
+        env["VERL_FILE_LOGGER_PATH"] = table.verl_metrics_path(run_dir)
+    metrics = env.get("VERL_FILE_LOGGER_PATH") or os.path.join(run_dir, "metrics.jsonl")
+    module = "verl.trainer.main_ppo" if trainer == "verl" else "hybridrl.main_ppo"
+    return {"index": index, "trainer": trainer, "run_dir": run_dir, "metrics": metrics,
+            "argv": [sys.executable, "-m", module, *table.overrides(rows, trainer)], "env": env}
 
 
-def overrides(rows, which: str) -> list[str]:
-    out = []
-    for row in rows:
-        key, value = (row[2] or row[0]) if which == "verl" and len(row) == 4 else row[0], row[1]
-        out.append(f"{key}={value}")
-    return out
+def plan(args, model_dir: str) -> list[dict]:
+    return [run_spec(args, model_dir, index, trainer) for index, trainer in enumerate(run_order(args.order), 1)]
 
 
-def commands(args, model_dir: str) -> dict[str, dict]:
-    """The two command lines and their environments."""
-    base = settings(args, model_dir)
-    verl_dir = os.path.join(args.work_dir, f"verl_{args.shape}_{args.gpus}gpu")
-    ours_dir = os.path.join(args.work_dir, f"hybridrl_{args.shape}_{args.gpus}gpu")
-    verl_path = [VERL_TF_SITE] if args.verl_transformers == "pinned" else []
-    verl_path += [VERL_SITE, REPO, SHARED_SITE]
-    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(":") if p and p not in verl_path]
-    return {
-        "verl": {"run_dir": verl_dir, "metrics": os.path.join(verl_dir, "verl_metrics.jsonl"),
-                 "argv": [sys.executable, "-m", "verl.trainer.main_ppo", *overrides(base, "verl"),
-                          *overrides(only_verl(args, verl_dir), "verl")],
-                 "env": {"PYTHONPATH": ":".join(verl_path + inherited),
-                         "VERL_FILE_LOGGER_PATH": os.path.join(verl_dir, "verl_metrics.jsonl")}},
-        "hybridrl": {"run_dir": ours_dir, "metrics": os.path.join(ours_dir, "metrics.jsonl"),
-                     "argv": [sys.executable, "-m", "hybridrl.main_ppo", *overrides(base, "hybridrl"),
-                              *overrides(only_hybridrl(args, ours_dir), "hybridrl")],
-                     "env": {"PYTHONPATH": ":".join([REPO, SHARED_SITE] + [p for p in inherited if p not in
-                                                                              (VERL_SITE, VERL_TF_SITE)])}},
-    }
+# ---------------------------------------------------------------------- reading and summarising the steps
 
-
-# metrics verl 0.9.1 logs under another name than hybridrl (and verl's own trainer before the engine workers)
-VERL_NAMES = {"perf/max_memory_allocated_gb": "actor/perf/max_memory_allocated_gb"}
+# metrics verl 0.9.1 logs under another name than hybridrl
+VERL_NAMES = {PEAK_MEMORY: "actor/perf/max_memory_allocated_gb"}
 
 
 def verl_step(record: dict) -> dict:
@@ -189,82 +116,203 @@ def verl_step(record: dict) -> dict:
 STEP_READERS = {"verl": verl_step, "hybridrl": lambda record: record}
 
 
-def read_steps(name: str, path: str) -> list[dict]:
+def read_steps(trainer: str, path: str) -> list[dict]:
     """Per-step metric dicts in step order, under hybridrl's names."""
-    return read_jsonl(path, STEP_READERS[name])
+    return read_jsonl(path, STEP_READERS[trainer])
 
 
-MIN_RUN_S = 60  # less than this is not even a trainer's start-up
+def medians(steps: list[dict]) -> dict[str, float]:
+    """The median of each phase's seconds over `steps` (a phase no step logged is left out)."""
+    out = {}
+    for phase, key in PHASES.items():
+        values = [step[key] for step in steps if isinstance(step.get(key), (int, float))]
+        if values:
+            out[phase] = statistics.median(values)
+    return out
 
 
-def run_one(name: str, spec: dict, timeout: float) -> dict:
+def steady_summary(steps: list[dict], warmup: int) -> dict:
+    """A run's steady steps (those after the warm-up) as medians per phase, their count, the median throughput and
+    the peak memory over all its steps (the warm-up's included: a peak is a peak)."""
+    steady = steps[warmup:]
+    throughput = [step[THROUGHPUT] for step in steady if isinstance(step.get(THROUGHPUT), (int, float))]
+    peaks = [step[PEAK_MEMORY] for step in steps if isinstance(step.get(PEAK_MEMORY), (int, float))]
+    return {"steady_steps": len(steady), "median_s": medians(steady),
+            "median_throughput": statistics.median(throughput) if throughput else None,
+            "peak_memory_gb": max(peaks) if peaks else None}
+
+
+def ratios(runs: list[dict], warmup: int) -> list[dict]:
+    """hybridrl / verl of median step time, every fair way of pairing the runs, least flattering (largest) first:
+    all steady steps of each trainer pooled; each pair of runs (the k-th of each, neighbours in an ABBA order); and
+    hybridrl's slowest run against verl's fastest, a bound no pairing can exceed."""
+    by_trainer = {trainer: [run for run in runs if run["trainer"] == trainer and run.get("steps")]
+                  for trainer in table.TRAINERS}
+    ours, theirs = by_trainer["hybridrl"], by_trainer["verl"]
+
+    def step_median(selected: list[dict]) -> float | None:
+        return medians([step for run in selected for step in run["steps"][warmup:]]).get("step")
+
+    candidates = [("pooled: all steady steps of each trainer", ours, theirs)]
+    candidates += [(f"pair {k + 1}: run {a['index']} (hybridrl) / run {b['index']} (verl)", [a], [b])
+                   for k, (a, b) in enumerate(zip(ours, theirs))]
+    run_medians = {id(run): step_median([run]) for run in ours + theirs}
+    slowest = [run for run in ours if run_medians[id(run)] is not None]
+    fastest = [run for run in theirs if run_medians[id(run)] is not None]
+    if len(slowest) > 1 or len(fastest) > 1:
+        candidates.append(("bound: hybridrl's slowest run / verl's fastest run",
+                           [max(slowest, key=lambda run: run_medians[id(run)])] if slowest else [],
+                           [min(fastest, key=lambda run: run_medians[id(run)])] if fastest else []))
+    out = []
+    for name, a, b in candidates:
+        numerator, denominator = step_median(a), step_median(b)
+        if numerator is not None and denominator:
+            out.append({"ratio": numerator / denominator, "what": name, "hybridrl_step_s": numerator,
+                        "verl_step_s": denominator})
+    return sorted(out, key=lambda entry: entry["ratio"], reverse=True)
+
+
+def summarize(runs: list[dict], warmup: int) -> dict:
+    """Per trainer: medians over all its steady steps and its peak memory; the step-time ratios; per-phase ratios
+    of the pooled medians."""
+    trainers = {}
+    for trainer in table.TRAINERS:
+        steps = [step for run in runs if run["trainer"] == trainer for step in run.get("steps", [])[warmup:]]
+        peaks = [run["peak_memory_gb"] for run in runs if run["trainer"] == trainer and run.get("peak_memory_gb")]
+        trainers[trainer] = {"steady_steps": len(steps), "median_s": medians(steps),
+                             "peak_memory_gb": max(peaks) if peaks else None}
+    ours, theirs = trainers["hybridrl"]["median_s"], trainers["verl"]["median_s"]
+    phase_ratios = {phase: ours[phase] / theirs[phase] for phase in PHASES if phase in ours and theirs.get(phase)}
+    return {"trainers": trainers, "step_time_ratios": ratios(runs, warmup), "phase_ratios_pooled": phase_ratios}
+
+
+# ---------------------------------------------------------------------- the record
+
+def relevant_env(env: dict) -> dict:
+    return {key: value for key, value in sorted(env.items()) if RELEVANT_ENV.match(key)}
+
+
+def hybridrl_commit(given: str | None) -> str | None:
+    """--commit when given (the host's copy of the tree has no .git), else this checkout's HEAD (+ '-dirty')."""
+    if given:
+        return given
+    try:
+        head = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def installed_version(site: str, package: str) -> str | None:
+    """The version of `package` installed in `site` (its dist-info folder), None when absent."""
+    if not os.path.isdir(site):
+        return None
+    found = [name for name in os.listdir(site) if re.match(rf"{package}-[^-]+\.dist-info$", name)]
+    return found[0][len(package) + 1:-len(".dist-info")] if found else None
+
+
+def new_record(args, runs: list[dict], model_dir: str) -> dict:
+    rows = table.settings(args, model_dir, "RUN_DIR")
+    return {
+        "issue": 59, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "args": vars(args), "order": args.order, "warmup_steps": args.warmup_steps,
+        "kernels": table.KERNELS,
+        "settings": {trainer: table.override_table(rows, trainer, table.default_config(trainer, VERL_SITE))
+                     for trainer in table.TRAINERS},
+        "versions": {"hybridrl_commit": hybridrl_commit(args.commit),
+                     "verl": installed_version(VERL_SITE, "verl"),
+                     "verl_transformers": (installed_version(VERL_TF_SITE, "transformers")
+                                           if args.verl_transformers == "pinned" else "the image's")},
+        "runs": [{key: run[key] for key in ("index", "trainer", "run_dir", "argv")}
+                 | {"env": relevant_env({**os.environ, **run["env"]})} for run in runs],
+    }
+
+
+def write_record(record: dict, out_dir: str) -> None:
+    """Rewrite DIR/vs_verl.json whole (a temporary file renamed over it: a reader never sees half of one)."""
+    path = os.path.join(out_dir, "vs_verl.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=1, default=str)
+    os.replace(path + ".tmp", path)
+
+
+def run_one(spec: dict, timeout: float | None, warmup: int, out_dir: str) -> dict:
+    """Run one trainer; its steps, steady summary, exit and log (copied into out_dir) for the record."""
     os.makedirs(spec["run_dir"], exist_ok=True)
+    name = f"{spec['index']}_{spec['trainer']}"
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     run = run_trainer(spec["argv"], os.path.join(spec["run_dir"], f"{name}.log"), spec["metrics"], timeout,
-                      env={**os.environ, **spec["env"]}, read_step=STEP_READERS[name])
-    result = {"wall_s": run.wall_s, "steps": run.steps, "log": run.log_path}
-    if run.error:
-        result["error"] = run.error
-    return result
+                      env={**os.environ, **spec["env"]}, read_step=STEP_READERS[spec["trainer"]])
+    shutil.copy(run.log_path, os.path.join(out_dir, f"{name}.log"))
+    with open(run.log_path, errors="replace") as log:
+        engine_lines = [line.rstrip() for line in log if ENGINE_LINE.search(line)]
+    return {"started": started, "wall_s": run.wall_s, "exit": run.code, "error": run.error, "steps": run.steps,
+            **steady_summary(run.steps, warmup), "log": run.log_path, "log_copy": f"{name}.log",
+            "log_tail": log_tail(run.log_path, 40), "engine_log_lines": engine_lines[-30:]}
 
 
-def print_tables(results: dict, args) -> None:
-    print(f"\n{args.shape} shape, {args.gpus} GPU(s), {args.prompts} prompts x {args.n}, responses <= "
-          f"{args.response_length} tokens, {'padded' if args.padded else 'remove padding'}")
-    for name, result in results.items():
-        print(f"\n{name}: {len(result['steps'])} steps logged, wall {result['wall_s']:.0f} s"
-              + (f", FAILED: {result['error']}" if "error" in result else "") + f" (log: {result['log']})")
-        if not result["steps"]:
+# ---------------------------------------------------------------------- printing
+
+def print_tables(record: dict) -> None:
+    warmup = record["warmup_steps"]
+    for run in record["runs"]:
+        if "steps" not in run:
             continue
+        print(f"\nrun {run['index']} {run['trainer']}: {len(run['steps'])} steps logged, wall {run['wall_s']:.0f} s"
+              + (f", FAILED: {run['error']}" if run["error"] else "") + f" (log: {run['log']})")
         print("| step | " + " | ".join(title for title, _, _ in COLUMNS) + " |")
         print("|---" * (len(COLUMNS) + 1) + "|")
-        for index, step in enumerate(result["steps"], 1):
-            cells = [fmt.format(step[key]) if isinstance(step.get(key), (int, float)) else "-" for _, key, fmt in COLUMNS]
-            print(f"| {index} | " + " | ".join(cells) + " |")
-    first = {name: result["steps"][0] for name, result in results.items() if result["steps"]}
-    print_ratio_table("step 1 (kernel compilation and warm-up included)", first)
-    print_ratio_table("mean of steps 2.. (a trainer with fewer than 2 steps has none)",
-                      {name: mean_after_first(result["steps"]) for name, result in results.items()})
+        for number, step in enumerate(run["steps"], 1):
+            cells = [fmt.format(step[key]) if isinstance(step.get(key), (int, float)) else "-"
+                     for _, key, fmt in COLUMNS]
+            print(f"| {number}{' (warm-up)' if number <= warmup else ''} | " + " | ".join(cells) + " |")
+    summary = record.get("summary")
+    if not summary:
+        return
+    print(f"\nmedians over the steady steps (after {warmup} warm-up step(s)) | verl | hybridrl | hybridrl / verl |"
+          "\n|---|---|---|---|")
+    verl, ours = (summary["trainers"][name] for name in ("verl", "hybridrl"))
+    for phase in PHASES:
+        a, b = verl["median_s"].get(phase), ours["median_s"].get(phase)
+        ratio = summary["phase_ratios_pooled"].get(phase)
+        print(f"| {phase} s | {'-' if a is None else f'{a:.2f}'} | {'-' if b is None else f'{b:.2f}'} | "
+              f"{'-' if ratio is None else f'{ratio:.2f}'} |")
+    print(f"| steady steps | {verl['steady_steps']} | {ours['steady_steps']} | |")
+    print(f"| peak GiB | {verl['peak_memory_gb']} | {ours['peak_memory_gb']} | |")
+    print("\nhybridrl / verl, median step time (least flattering first):")
+    for entry in summary["step_time_ratios"]:
+        print(f"  {entry['ratio']:.3f}  {entry['what']} ({entry['hybridrl_step_s']:.2f} s / {entry['verl_step_s']:.2f} s)")
 
 
-def print_ratio_table(title: str, values: dict[str, dict]) -> None:
-    print(f"\n{title} | verl | hybridrl | hybridrl / verl |\n|---|---|---|---|")
-    for column, key, fmt in COLUMNS:
-        verl, ours = values.get("verl", {}).get(key), values.get("hybridrl", {}).get(key)
-        ratio = f"{ours / verl:.2f}" if verl and ours is not None else "-"
-        print(f"| {column} | {fmt.format(verl) if verl is not None else '-'} | "
-              f"{fmt.format(ours) if ours is not None else '-'} | {ratio} |")
+def print_dry_run(record: dict, runs: list[dict]) -> None:
+    print(f"kernels: {record['kernels']['choice']}\n  verl's log-probs: {record['kernels']['verl_log_probs']}")
+    for trainer, rows in record["settings"].items():
+        print(f"\n{trainer}: key = value   [default; * departs]   # reason")
+        for row in rows:
+            mark = "*" if row["departs"] else " " if row["departs"] is False else "?"
+            print(f"  {mark} {row['key']} = {row['value']}   [{row['default']}]   # {row['reason']}")
+    order = " ".join(f"{run['index']}:{run['trainer']}" for run in runs)
+    print(f"\norder: {order}, "
+          f"{record['warmup_steps']} warm-up step(s) + {record['args']['steps'] - record['warmup_steps']} steady each")
+    for run in {run["trainer"]: run for run in runs}.values():
+        env = " ".join(f"{key}={shlex.quote(value)}" for key, value in run["env"].items())
+        print(f"\n{run['trainer']} command (run {run['index']}):\n  {env} \\\n  "
+              + " \\\n    ".join(shlex.quote(part) for part in run["argv"]))
 
 
-def mean_after_first(steps: list[dict]) -> dict:
-    """Means over the steps after the first (which carries compilation); empty with fewer than 2 steps, so a
-    first step is never compared with another trainer's later ones."""
-    return mean_metrics(steps[1:])
+# ---------------------------------------------------------------------- checks before any run
 
-
-def print_dry_run(args, specs: dict, model_dir: str) -> None:
-    print("settings given to both (hybridrl key = value [verl key when it differs]  # note):")
-    for key, value, verl_key, note in settings(args, model_dir):
-        print(f"  {key} = {value}" + (f"   [verl: {verl_key}]" if verl_key else "") + (f"   # {note}" if note else ""))
-    for name, extra in (("verl", only_verl(args, specs["verl"]["run_dir"])),
-                        ("hybridrl", only_hybridrl(args, specs["hybridrl"]["run_dir"]))):
-        print(f"only {name}:")
-        for key, value, note in extra:
-            print(f"  {key} = {value}" + (f"   # {note}" if note else ""))
-    for name, spec in specs.items():
-        env = " ".join(f"{key}={shlex.quote(value)}" for key, value in spec["env"].items())
-        print(f"\n{name} command:\n  {env} \\\n  " + " \\\n    ".join(shlex.quote(part) for part in spec["argv"]))
-
-
-def check_hybridrl_overrides(specs: dict) -> None:
+def check_hybridrl_overrides(argv: list[str]) -> None:
     """Compose and validate hybridrl's side here: an unknown or refused key fails the dry run. On a machine without
     a GPU or SGLang the validator also says so; those problems (and only those) are this machine's, not the config's."""
     import hybridrl.checks  # noqa: F401  registers the subsystems' config checks
     from hybridrl.config import compose_config, validate_config
     from hybridrl.config.validation import ConfigError
 
-    argv = specs["hybridrl"]["argv"][3:]
     try:
-        validate_config(compose_config(argv))
+        validate_config(compose_config(argv[3:]))
         print("\nhybridrl: the override list composes and validates")
     except ConfigError as error:
         machine = ("CUDA", "not importable", "no CUDA GPU")
@@ -275,31 +323,47 @@ def check_hybridrl_overrides(specs: dict) -> None:
               "machine (no GPU / no SGLang):\n  " + "\n  ".join(error.problems))
 
 
-def check_verl_overrides(specs: dict) -> None:
+VERL_CHECK = """\
+import sys, os
+from hydra import compose, initialize_config_dir
+import verl.trainer.main_ppo as m
+from verl.utils.config import validate_config, omega_conf_to_dataclass
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+d = os.path.join(os.path.dirname(m.__file__), 'config')
+with initialize_config_dir(config_dir=d, version_base=None):
+    c = compose(config_name='ppo_trainer', overrides=sys.argv[1:])
+validate_config(config=c, use_reference_policy=need_reference_policy(c), use_critic=need_critic(c))
+omega_conf_to_dataclass(c.actor_rollout_ref.rollout); omega_conf_to_dataclass(c.actor_rollout_ref.actor)
+print('verl: the override list composes and validates (verl', __import__('verl').__version__, ')')
+"""
+
+
+def check_verl_overrides(argv: list[str], env: dict) -> None:
     """Compose verl's own config with the verl override list (Hydra struct mode refuses unknown keys) and build
     verl's validated config objects, where verl is importable (VS_VERL_SITE; on the GPU host /tmp/verl-site)."""
     if not os.path.isdir(os.path.join(VERL_SITE, "verl")):
         print(f"\nverl: not checked ({VERL_SITE}/verl missing; VS_VERL_SITE points elsewhere)")
         return
-    code = ("import sys, os\n"
-            "from hydra import compose, initialize_config_dir\n"
-            "import verl.trainer.main_ppo as m\n"
-            "from verl.utils.config import validate_config, omega_conf_to_dataclass\n"
-            "from verl.trainer.ppo.utils import need_critic, need_reference_policy\n"
-            "d = os.path.join(os.path.dirname(m.__file__), 'config')\n"
-            "with initialize_config_dir(config_dir=d, version_base=None):\n"
-            "    c = compose(config_name='ppo_trainer', overrides=sys.argv[1:])\n"
-            "validate_config(config=c, use_reference_policy=need_reference_policy(c), use_critic=need_critic(c))\n"
-            "omega_conf_to_dataclass(c.actor_rollout_ref.rollout); omega_conf_to_dataclass(c.actor_rollout_ref.actor)\n"
-            "print('verl: the override list composes and validates (verl', __import__('verl').__version__, ')')\n")
-    env = {**os.environ, "PYTHONPATH": specs["verl"]["env"]["PYTHONPATH"]}
-    completed = subprocess.run([sys.executable, "-c", code, *specs["verl"]["argv"][3:]], env=env,
+    completed = subprocess.run([sys.executable, "-c", VERL_CHECK, *argv[3:]], env={**os.environ, **env},
                                capture_output=True, text=True)
-    lines = [line for line in (completed.stdout + completed.stderr).splitlines() if "WARN" not in line
-             and "warn" not in line]
+    lines = [line for line in (completed.stdout + completed.stderr).splitlines() if "warn" not in line.lower()]
     print("\n" + "\n".join(lines[-12:]))
     if completed.returncode != 0:
         raise SystemExit("verl refused the override list (above)")
+
+
+def check_installed(trainers: list[str], verl_transformers: str) -> None:
+    """Before any run: verl and its pinned transformers are where verl's PYTHONPATH looks."""
+    if "verl" not in trainers:
+        return
+    missing = []
+    if not os.path.isdir(os.path.join(VERL_SITE, "verl")):
+        missing.append(f"{VERL_SITE}/verl (bash scripts/gpu/install_verl.sh .stage/verl)")
+    if verl_transformers == "pinned" and installed_version(VERL_TF_SITE, "transformers") != VERL_TRANSFORMERS:
+        missing.append(f"transformers {VERL_TRANSFORMERS} in {VERL_TF_SITE} (TARGET={VERL_TF_SITE} bash "
+                       "scripts/gpu/install_verl.sh .stage/verl-tf), or --verl-transformers image")
+    if missing:
+        raise SystemExit("verl's run needs " + "; ".join(missing))
 
 
 def check_imports() -> None:
@@ -308,7 +372,8 @@ def check_imports() -> None:
                "transfer_queue", "verl.workers.engine_workers", "verl.workers.engine.fsdp.transformer_impl",
                "verl.experimental.agent_loop", "verl.experimental.reward_loop", "verl.utils.dataset.rl_dataset",
                "verl.workers.rollout.sglang_rollout.async_sglang_server",
-               "verl.workers.rollout.sglang_rollout.sglang_rollout"]
+               "verl.workers.rollout.sglang_rollout.sglang_rollout", "verl.models.transformers.dense_common",
+               "verl.utils.experimental.torch_functional", table.VERL_ATTENTION_LIB]
     code = ("import importlib, sys\n"
             f"for m in {modules!r}:\n"
             "    try:\n        importlib.import_module(m); print('OK  ', m)\n"
@@ -316,16 +381,20 @@ def check_imports() -> None:
             "for top in sorted({n.split('.')[0] for n in sys.modules}):\n"
             "    f = getattr(sys.modules.get(top), '__file__', None) or ''\n"
             "    if 'site' in f or 'dist-packages' in f: print('FROM', top, f.rsplit('/', 2)[0])\n"
+            "from transformers import AttentionInterface\n"
+            f"print('ATTENTION {table.VARLEN} registered:', {table.VARLEN!r} in AttentionInterface._global_mapping)\n"
             "import transformers, torch; print('VERSIONS transformers', transformers.__version__, 'torch', torch.__version__)\n")
     for variant in ("image", "pinned"):
-        path = ([VERL_TF_SITE] if variant == "pinned" else []) + [VERL_SITE, REPO, SHARED_SITE]
         if variant == "pinned" and not os.path.isdir(VERL_TF_SITE):
             continue
-        print(f"== verl's imports with transformers from the {variant} ({':'.join(path)})", flush=True)
-        subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": ":".join(path)})
+        path = python_path("verl", variant)
+        print(f"== verl's imports with transformers from the {variant} ({path})", flush=True)
+        subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": path})
 
 
-def main() -> None:
+# ---------------------------------------------------------------------- main
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", help="train.parquet / test.parquet in verl's layout (default: the built-in task)")
     parser.add_argument("--tokenizer", help="tokenizer directory for the random-weight shapes (default: the built-in "
@@ -337,39 +406,35 @@ def main() -> None:
     parser.add_argument("--prompt-length", type=int, default=256)
     parser.add_argument("--response-length", type=int, default=512)
     parser.add_argument("--lr", type=float, default=1e-6)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--order", default="ABBA", help="the runs in turn: A = hybridrl, B = verl (ABBA, BAAB, AB, ...)")
+    parser.add_argument("--steps", type=int, default=6, help="GRPO steps per run, the warm-up included")
+    parser.add_argument("--warmup-steps", type=int, default=1, help="first steps of each run outside the timed window")
     parser.add_argument("--padded", action="store_true", help="use_remove_padding=false (both use sdpa then)")
-    parser.add_argument("--max-token-len", type=int, default=32768, help="ppo/log_prob max token len per GPU")
+    parser.add_argument("--max-token-len", type=int, default=16384, help="ppo/log_prob max token len per GPU")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
-    parser.add_argument("--trainers", default="verl,hybridrl")
-    parser.add_argument("--verl-transformers", choices=["image", "pinned"], default="image",
-                        help="image: the host's transformers 5.17 (as hybridrl and SGLang use); pinned: 5.10.4 from "
-                             f"{VERL_TF_SITE} (verl's own pin <5.11)")
-    parser.add_argument("--timeout", type=float, default=540, help="seconds per trainer run, at most")
-    parser.add_argument("--deadline", type=float, default=570,
-                        help="seconds for the whole invocation (model and data preparation included), 0: none. Each "
-                             "trainer's limit is cut to what is left, so the last one ends inside the GPU host's "
-                             "10-minute command with its steps read; one left under %d s is recorded as not run"
-                             % MIN_RUN_S)
+    parser.add_argument("--verl-transformers", choices=["pinned", "image"], default="pinned",
+                        help=f"pinned: transformers {VERL_TRANSFORMERS} from {VERL_TF_SITE}, verl's own pin; image: "
+                             "the host's (as hybridrl and SGLang use)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per run, at most")
+    parser.add_argument("--deadline", type=float, default=0,
+                        help="seconds for the whole invocation, 0: none (a detached job). Each run's limit is cut to "
+                             "what is left")
     parser.add_argument("--work-dir", default="/tmp/vs_verl")
-    parser.add_argument("--out", help="write args and every step's metrics as JSON here")
+    parser.add_argument("--out-dir", help="the record (vs_verl.json) and each run's log, rewritten after each run")
+    parser.add_argument("--commit", help="hybridrl's commit, for the record (default: git rev-parse HEAD here)")
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--check-imports", action="store_true")
-    parser.add_argument("--merge", nargs="+", metavar="JSON",
-                        help="print the tables from earlier --out files (one trainer per call, e.g. under a 10-minute "
-                             "limit per command) instead of running")
-    args = parser.parse_args()
-    deadline = Deadline(args.deadline or None)  # counted from here: preparing the model and data spends it too
-    if args.check_imports:
-        return check_imports()
-    if args.merge:
-        results = {}
-        for path in args.merge:
-            with open(path) as f:
-                saved = json.load(f)
-            results.update(saved["results"])
-            args = argparse.Namespace(**{**saved["args"], "merge": args.merge})
-        return print_tables(results, args)
+    args = parser.parse_args(argv)
+    run_order(args.order)
+    if not 0 <= args.warmup_steps < args.steps:
+        parser.error(f"--warmup-steps: expected 0 <= it < --steps ({args.steps}), got {args.warmup_steps}")
+    if not (args.dry_run or args.check_imports or args.out_dir):
+        parser.error("--out-dir: expected a directory for the record (or --dry-run)")
+    return args
+
+
+def model_and_data(args) -> str:
+    """Fill in the data and tokenizer defaults; the model directory (made unless this is a dry run)."""
     if args.shape == "default-sft" or not (args.data_dir and args.tokenizer):
         from hybridrl.defaults.assets import prepare_default_assets
 
@@ -377,34 +442,42 @@ def main() -> None:
         paths = prepare_default_assets(cache_dir, with_model=args.shape == "default-sft" or not args.tokenizer)
         args.data_dir = args.data_dir or paths.data_dir
         args.tokenizer = args.tokenizer or paths.sft_model_dir
-    if args.shape == "default-sft":
-        model_dir = paths.sft_model_dir
-    elif args.dry_run:
-        model_dir = os.path.join(args.work_dir, f"model_{args.shape}")
-    else:
-        from benchmarks.ppo_step import make_model
-        from benchmarks.vocab import load_vocabulary
-
-        model_dir = make_model(args.shape, load_vocabulary(args.tokenizer),
-                               os.path.join(args.work_dir, f"model_{args.shape}"))
-    specs = commands(args, model_dir)
+        if args.shape == "default-sft":
+            return paths.sft_model_dir
+    model_dir = os.path.join(args.work_dir, f"model_{args.shape}")
     if args.dry_run:
-        print_dry_run(args, specs, model_dir)
-        check_hybridrl_overrides(specs)
-        check_verl_overrides(specs)
+        return model_dir
+    from benchmarks.ppo_step import make_model
+    from benchmarks.vocab import load_vocabulary
+
+    return make_model(args.shape, load_vocabulary(args.tokenizer), model_dir)
+
+
+def main() -> None:
+    args = parse_args()
+    deadline = Deadline(args.deadline or None)  # counted from here: preparing the model and data spends it too
+    if args.check_imports:
+        return check_imports()
+    if not args.dry_run:
+        check_installed(run_order(args.order), args.verl_transformers)
+    model_dir = model_and_data(args)
+    runs = plan(args, model_dir)
+    record = new_record(args, runs, model_dir)
+    if args.dry_run:
+        print_dry_run(record, runs)
+        first = {run["trainer"]: run for run in reversed(runs)}
+        if "hybridrl" in first:
+            check_hybridrl_overrides(first["hybridrl"]["argv"])
+        if "verl" in first:
+            check_verl_overrides(first["verl"]["argv"], first["verl"]["env"])
         return
-    results = {}
-    for name in args.trainers.split(","):  # the record is rewritten after each trainer: a cut-off call keeps the first
-        timeout = deadline.share(asked=args.timeout)
-        if timeout is not None and timeout < MIN_RUN_S:
-            results[name] = {"wall_s": 0.0, "steps": [], "log": None,
-                             "error": f"not run: {timeout:.0f} s were left of --deadline {args.deadline:.0f}"}
-        else:
-            results[name] = run_one(name, specs[name], timeout)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"args": vars(args), "commands": specs, "results": results}, f, indent=1)
-    print_tables(results, args)
+    os.makedirs(args.out_dir, exist_ok=True)
+    write_record(record, args.out_dir)
+    for spec, entry in zip(runs, record["runs"]):
+        entry.update(run_one(spec, deadline.share(asked=args.timeout), args.warmup_steps, args.out_dir))
+        record["summary"] = summarize(record["runs"], args.warmup_steps)
+        write_record(record, args.out_dir)
+    print_tables(record)
 
 
 if __name__ == "__main__":

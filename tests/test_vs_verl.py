@@ -1,73 +1,160 @@
-"""benchmarks/vs_verl.py without a GPU: both command lines carry the same settings (verl's key only where the map says
-so), hybridrl's side validates, and each trainer's JSON-lines format is read into per-step metrics."""
+"""benchmarks/vs_verl.py without a GPU (issue 59): both command lines carry the same kernel, CUDA-graph, memory and
+sampling settings, verl gets its defaults wherever the table does not give a reason, the runs take turns (ABBA), and
+the record's medians and ratios are the hand-computed ones."""
 import argparse
 import importlib.util
 import json
 import os
+import sys
 
 import pytest
+
+from verl_release import LATEST, verl_release
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def vs_verl():
+    sys.path.insert(0, REPO)
     spec = importlib.util.spec_from_file_location("vs_verl", os.path.join(REPO, "benchmarks", "vs_verl.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def make_args(**changes):
-    values = dict(data_dir="/data", tokenizer="/tok", shape="0.5b", gpus=1, prompts=64, n=8, prompt_length=256,
-                  response_length=512, lr=1e-6, steps=5, padded=False, max_token_len=32768,
-                  gpu_memory_utilization=0.5, trainers="verl,hybridrl", verl_transformers="image", timeout=540,
-                  work_dir="/tmp/vs_verl_test")
-    values.update(changes)
-    return argparse.Namespace(**values)
+def make_args(vs_verl, *extra):
+    return vs_verl.parse_args(["--data-dir", "/data", "--tokenizer", "/tok", "--work-dir", "/tmp/vs_verl_test",
+                               "--out-dir", "/tmp/vs_verl_test/out", *extra])
 
 
-def test_both_commands_carry_every_shared_setting(vs_verl):
-    specs = vs_verl.commands(make_args(), "/model")
-    verl_args, ours_args = specs["verl"]["argv"][3:], specs["hybridrl"]["argv"][3:]
-    for key, value, verl_key, _ in vs_verl.settings(make_args(), "/model"):
-        assert f"{key}={value}" in ours_args
-        assert f"{verl_key or key}={value}" in verl_args
-    # the only rows one side lacks are the documented ones
-    ours_keys = {entry.split("=")[0] for entry in ours_args}
-    verl_only = {entry.split("=")[0] for entry in verl_args} - ours_keys
-    documented = {row[0] for row in vs_verl.only_verl(make_args(), "/r")} | {
-        row[2] for row in vs_verl.settings(make_args(), "/model") if row[2]}
-    assert verl_only == documented - ours_keys
-    assert "+actor_rollout_ref.model.override_config.attn_implementation" in verl_only
-    assert specs["verl"]["env"]["PYTHONPATH"].split(":")[0] == vs_verl.VERL_SITE
-    assert vs_verl.VERL_SITE not in specs["hybridrl"]["env"]["PYTHONPATH"]
+def argv_values(run) -> dict[str, str]:
+    return dict(entry.split("=", 1) for entry in run["argv"][3:])
 
 
-def test_shape_switches_offload_and_padding(vs_verl):
-    rows = {key: value for key, value, _, _ in vs_verl.settings(make_args(shape="7b", padded=True), "/m")}
-    assert rows["actor_rollout_ref.actor.fsdp_config.optimizer_offload"] == "true"
-    assert rows["actor_rollout_ref.model.enable_gradient_checkpointing"] == "true"
-    assert rows["actor_rollout_ref.model.use_remove_padding"] == "false"
-    assert rows["actor_rollout_ref.actor.use_dynamic_bsz"] == "false"
+def test_both_commands_carry_the_same_kernels_graphs_memory_and_sampling(vs_verl):
+    runs = vs_verl.plan(make_args(vs_verl), "/model")
+    ours, verl = (argv_values(next(run for run in runs if run["trainer"] == name)) for name in ("hybridrl", "verl"))
+    sglang = "+actor_rollout_ref.rollout.engine_kwargs.sglang"
+    same = {"actor_rollout_ref.model.use_fused_kernels": "true", "actor_rollout_ref.model.use_remove_padding": "true",
+            f"{sglang}.cuda_graph_max_bs_decode": "512",  # 64 prompts x 8 samples on one engine
+            f"{sglang}.attention_backend": "triton", f"{sglang}.sampling_backend": "pytorch",
+            "actor_rollout_ref.rollout.gpu_memory_utilization": "0.5", "actor_rollout_ref.rollout.max_num_seqs": "1024",
+            "actor_rollout_ref.rollout.enforce_eager": "false", "actor_rollout_ref.rollout.temperature": "1.0",
+            "actor_rollout_ref.rollout.top_p": "1.0", "actor_rollout_ref.rollout.top_k": "-1",
+            "actor_rollout_ref.rollout.n": "8", "data.train_batch_size": "64"}
+    for key, value in same.items():
+        assert (ours[key], verl[key]) == (value, value), key
+    # what hybridrl derives for SGLang itself, verl gets as engine arguments: prefill chunk and 256 + 512 + 2 context
+    assert ours["actor_rollout_ref.rollout.max_num_batched_tokens"] == verl[f"{sglang}.chunked_prefill_size"] == "8192"
+    assert verl[f"{sglang}.context_length"] == "770"
+    # the same attention kernel: hybridrl's varlen, registered in verl's processes through verl's external_lib hook
+    assert verl["+actor_rollout_ref.model.override_config.attn_implementation"] == "hybridrl_varlen"
+    assert verl["actor_rollout_ref.model.external_lib"] == "benchmarks.vs_verl_attention"
+    # verl keeps its default use_torch_compile (the fused path never calls the compiled entropy)
+    assert not [key for key in list(ours) + list(verl) if "use_torch_compile" in key]
+    assert verl["reward.custom_reward_function.path"] == ours["custom_reward_function.path"]
+
+
+def test_graph_size_follows_the_sequences_per_engine_and_padded_rows_use_sdpa(vs_verl):
+    runs = vs_verl.plan(make_args(vs_verl, "--gpus", "2", "--padded", "--prompts", "40"), "/model")
+    for run in runs:
+        values = argv_values(run)
+        # 40 x 8 = 320 sequences over 2 engines: 160, a size SGLang captures (steps of 8 up to 256)
+        assert values["+actor_rollout_ref.rollout.engine_kwargs.sglang.cuda_graph_max_bs_decode"] == "160"
+        assert values["actor_rollout_ref.model.use_remove_padding"] == "false"
+    verl = argv_values(next(run for run in runs if run["trainer"] == "verl"))
+    assert verl["+actor_rollout_ref.model.override_config.attn_implementation"] == "sdpa"
+    assert "actor_rollout_ref.model.external_lib" not in verl
+
+
+def test_runs_take_turns_each_in_its_own_directory(vs_verl):
+    abba = vs_verl.plan(make_args(vs_verl), "/model")
+    assert [run["trainer"] for run in abba] == ["hybridrl", "verl", "verl", "hybridrl"]
+    assert len({run["run_dir"] for run in abba}) == 4
+    assert [run["trainer"] for run in vs_verl.plan(make_args(vs_verl, "--order", "BAAB"), "/m")] == [
+        "verl", "hybridrl", "hybridrl", "verl"]
+    verl_env = abba[1]["env"]
+    assert verl_env["PYTHONPATH"].split(":")[:2] == [vs_verl.VERL_TF_SITE, vs_verl.VERL_SITE]  # its pinned transformers
+    assert verl_env["VERL_FILE_LOGGER_PATH"].startswith(abba[1]["run_dir"])
+    assert vs_verl.VERL_SITE not in abba[0]["env"]["PYTHONPATH"].split(":")
+    with pytest.raises(SystemExit, match="--order: expected letters A"):
+        vs_verl.run_order("ABCA")
+
+
+def test_bad_arguments_are_refused(vs_verl, capsys):
+    with pytest.raises(SystemExit):
+        make_args(vs_verl, "--steps", "3", "--warmup-steps", "3")
+    assert "--warmup-steps: expected 0 <= it < --steps (3), got 3" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        vs_verl.parse_args(["--shape", "0.5b"])
+    assert "--out-dir: expected a directory" in capsys.readouterr().err
+
+
+def test_every_departure_from_a_default_has_a_reason(vs_verl):
+    args = make_args(vs_verl)
+    rows = vs_verl.table.settings(args, "/model", "/run")
+    verl_defaults = vs_verl.table.default_config("verl", str(verl_release(LATEST)))
+    tables = {"hybridrl": vs_verl.table.override_table(rows, "hybridrl", vs_verl.table.default_config("hybridrl", "")),
+              "verl": vs_verl.table.override_table(rows, "verl", verl_defaults)}
+    for trainer, entries in tables.items():
+        assert all(entry["reason"] for entry in entries if entry["departs"]), trainer
+    verl = {entry["key"]: entry for entry in tables["verl"]}
+    # verl 0.9.1's defaults, read from its generated ppo_trainer.yaml
+    assert verl["actor_rollout_ref.model.use_fused_kernels"]["default"] is False
+    assert verl["actor_rollout_ref.model.use_fused_kernels"]["departs"] is True
+    assert verl["actor_rollout_ref.rollout.max_num_seqs"]["default"] == 256
+    assert verl["actor_rollout_ref.rollout.max_num_batched_tokens"]["departs"] is False
+    assert verl["+actor_rollout_ref.rollout.engine_kwargs.sglang.cuda_graph_max_bs_decode"]["default"] is None
+    ours = {entry["key"]: entry for entry in tables["hybridrl"]}
+    assert ours["actor_rollout_ref.rollout.update_weights_bucket_megabytes"] == {
+        "key": "actor_rollout_ref.rollout.update_weights_bucket_megabytes", "value": 2048, "default": 512,
+        "departs": True, "reason": "verl's default, given to both"}
 
 
 def test_hybridrl_side_validates(vs_verl, capsys):
-    vs_verl.check_hybridrl_overrides(vs_verl.commands(make_args(), "/model"))
+    run = vs_verl.plan(make_args(vs_verl), "/model")[0]
+    vs_verl.check_hybridrl_overrides(run["argv"])
     assert "composes and validates" in capsys.readouterr().out
 
 
-def test_reads_both_metric_formats(vs_verl, tmp_path):
-    verl_file, ours_file = tmp_path / "verl.jsonl", tmp_path / "ours.jsonl"
-    verl_file.write_text("\n".join(json.dumps({"step": k, "data": {"timing_s/step": 10.0 + k,
-                                                                   "actor/perf/max_memory_allocated_gb": 50.0 + k}})
-                                   for k in (1, 2, 3)))
-    ours_file.write_text("\n".join(json.dumps({"timing_s/step": 5.0 + k}) for k in (1, 2, 3)) + "\n")
-    verl_steps = vs_verl.read_steps("verl", str(verl_file))
-    ours_steps = vs_verl.read_steps("hybridrl", str(ours_file))
-    assert [step["timing_s/step"] for step in verl_steps] == [11.0, 12.0, 13.0]
-    assert vs_verl.mean_after_first(verl_steps)["timing_s/step"] == 12.5
-    assert vs_verl.mean_after_first(ours_steps)["timing_s/step"] == 7.5
-    # verl 0.9.1 logs the actor's peak memory as actor/perf/...: read under hybridrl's name, for the same column
-    assert [step["perf/max_memory_allocated_gb"] for step in verl_steps] == [51.0, 52.0, 53.0]
-    assert vs_verl.mean_after_first(verl_steps[:1]) == {}  # one step: nothing to set against later steps
+def steps(times: list[float], peak: float) -> list[dict]:
+    return [{"timing_s/step": t, "timing_s/gen": t / 2, "perf/max_memory_allocated_gb": peak + k}
+            for k, t in enumerate(times)]
+
+
+def test_medians_and_ratios_of_step_time_least_flattering_first(vs_verl):
+    runs = [{"index": 1, "trainer": "hybridrl", "steps": steps([30, 10, 12, 11, 13, 14], 40)},
+            {"index": 2, "trainer": "verl", "steps": steps([100, 20, 22, 21, 23, 24], 50)},
+            {"index": 3, "trainer": "verl", "steps": steps([90, 18, 19, 20, 21, 22], 50)},
+            {"index": 4, "trainer": "hybridrl", "steps": steps([25, 9, 10, 11, 12, 13], 40)}]
+    for run in runs:
+        run.update(vs_verl.steady_summary(run["steps"], warmup=1))
+    assert runs[0]["median_s"] == {"generate": 6.0, "step": 12}  # steady steps 10, 12, 11, 13, 14
+    assert runs[0]["steady_steps"] == 5 and runs[0]["peak_memory_gb"] == 45  # 40 + 5: the peak over every step
+    summary = vs_verl.summarize(runs, warmup=1)
+    assert summary["trainers"]["hybridrl"]["median_s"]["step"] == 11.5  # of 10 12 11 13 14 9 10 11 12 13
+    assert summary["trainers"]["verl"]["median_s"]["step"] == 21  # of 20 22 21 23 24 18 19 20 21 22
+    assert summary["phase_ratios_pooled"]["generate"] == pytest.approx(5.75 / 10.5)
+    got = [(round(entry["ratio"], 4), entry["what"].split(":")[0]) for entry in summary["step_time_ratios"]]
+    assert got == [(round(12 / 20, 4), "bound"), (round(11 / 20, 4), "pair 2"), (round(11.5 / 21, 4), "pooled"),
+                   (round(12 / 22, 4), "pair 1")]
+
+
+def test_a_run_is_read_summarised_and_its_log_kept(vs_verl, tmp_path):
+    """One real subprocess in the role of a trainer: it logs three steps the way verl's file logger does."""
+    metrics = tmp_path / "run" / "verl_metrics.jsonl"
+    lines = [json.dumps({"step": k, "data": {"timing_s/step": 10.0 + k, "actor/perf/max_memory_allocated_gb": 5.0}})
+             for k in (1, 2, 3)]
+    code = (f"import pathlib; print('sglang: cuda graph bs 512'); "
+            f"pathlib.Path({str(metrics)!r}).write_text({chr(10).join(lines)!r})")
+    spec = {"index": 2, "trainer": "verl", "run_dir": str(tmp_path / "run"), "metrics": str(metrics),
+            "argv": [sys.executable, "-c", code], "env": {}}
+    out = tmp_path / "out"
+    out.mkdir()
+    result = vs_verl.run_one(spec, timeout=60, warmup=1, out_dir=str(out))
+    assert result["exit"] == 0 and result["error"] is None
+    assert [step["timing_s/step"] for step in result["steps"]] == [11.0, 12.0, 13.0]
+    assert result["median_s"] == {"step": 12.5} and result["peak_memory_gb"] == 5.0  # verl's memory name read
+    assert result["engine_log_lines"] == ["sglang: cuda graph bs 512"]
+    assert (out / "2_verl.log").read_text().strip() == "sglang: cuda graph bs 512"

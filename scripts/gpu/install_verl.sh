@@ -2,7 +2,7 @@
 # On the GPU host (repo root as cwd): install the verl bundle into /tmp/verl-site, a folder used ONLY by the verl
 # run (benchmarks/vs_verl.py puts it first on PYTHONPATH for verl's subprocess; hybridrl's run never sees it).
 #   bash scripts/gpu/install_verl.sh .stage/verl
-#   TARGET=/tmp/verl-tf-site bash scripts/gpu/install_verl.sh .stage/verl-tf   (only for vs_verl.py --verl-transformers pinned)
+#   TARGET=/tmp/verl-tf-site bash scripts/gpu/install_verl.sh .stage/verl-tf   (verl's pinned transformers 5.9.0: vs_verl.py's default)
 # The shared bundles (.stage/slim, .stage/ray, .stage/deps) go to /tmp/site as usual (scripts/gpu/setup_host.sh).
 # Then `python3 benchmarks/vs_verl.py --check-imports` lists what verl's run imports and from where.
 set -euo pipefail

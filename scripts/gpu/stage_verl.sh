@@ -2,8 +2,9 @@
 # Stage verl 0.9.1 for the offline GPU host (issue 18), on a machine WITH network; run from the repo root.
 # Builds, beside the bundles of stage_bundles.sh (which must already exist: verl's run also uses slim, ray, deps):
 #   .stage/verl     verl 0.9.1 + the pure-Python/small native deps the host lacks (scripts/gpu/wheels-verl.txt)
-#   .stage/verl-tf  transformers 5.10.4 + tokenizers 0.22.2: verl's own pin (transformers<5.11), kept as the
-#                   fallback if verl fails on the image's transformers 5.17.0 (benchmarks/vs_verl.py --verl-transformers pinned)
+#   .stage/verl-tf  transformers 5.9.0 + tokenizers 0.22.2: verl's own pin for its SGLang install (verl 0.9.1's extra
+#                   "sglang" requires transformers==5.9.0; its core requirement is <5.11). benchmarks/vs_verl.py puts it
+#                   first on verl's PYTHONPATH only (--verl-transformers pinned, the default); hybridrl keeps the image's.
 # Each folder is one transfer (< 64 MiB). Idempotent: downloads are cached in .whl/verl, folders are rebuilt from them.
 # On the host: bash scripts/gpu/install_verl.sh (installs into /tmp/verl-site, used by the verl run only).
 set -euo pipefail
@@ -34,11 +35,11 @@ for spec in $(sed -e 's/#.*//' -e 's/[[:space:]]//g' "$list" | grep -v '^$'); do
   [ -n "$whl" ] || { echo "no wheel for $spec in $dl" >&2; exit 1; }
   cp "$dl/$whl" .stage/verl/
 done
-# the transformers fallback: verl 0.9.1 requires transformers!=5.6.0,<5.11,>=5.5.3; 5.10.4 requires tokenizers<=0.23.0 (0.23.0 was never released: 0.22.2)
-# (the image has 0.23.2, and transformers checks it at import: dependency_versions_check.py)
+# verl's pinned transformers: 5.9.0 requires tokenizers>=0.22.0,<=0.23.0 (0.23.0 was never released: 0.22.2); the
+# image has 0.23.2, and transformers checks it at import (dependency_versions_check.py)
 rm -f .stage/verl-tf/*.whl
-fetch transformers==5.10.4 tokenizers==0.22.2
-cp "$dl"/transformers-5.10.4-*.whl "$dl"/tokenizers-0.22.2-*.whl .stage/verl-tf/
+fetch transformers==5.9.0 tokenizers==0.22.2
+cp "$dl"/transformers-5.9.0-*.whl "$dl"/tokenizers-0.22.2-*.whl .stage/verl-tf/
 cp scripts/gpu/install_verl.sh .stage/verl/ 2>/dev/null || true
 for d in .stage/verl .stage/verl-tf; do
   printf '%s: %s wheels, %s MiB\n' "$d" "$(ls "$d"/*.whl | wc -l)" \
