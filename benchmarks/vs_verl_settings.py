@@ -40,6 +40,10 @@ memory fraction, running-request cap, prefill chunk, context length, attention a
 parameters. Each trainer gets them through its own keys; `Setting.verl_key` and the verl-only rows say where verl's
 differ.
 
+The layout, kernel and engine rows (`shared`) follow from a `Workload` alone (a step's prompts x samples on its GPUs,
+the lengths, the engine's memory share), so the recipe's comparison with verl
+(recipes/qwen25_coder_gsm_symbolic/verl_compare.py) takes the same rows from its own workload: one table for both.
+
 Every row carries a one-line reason; `override_table` writes, per trainer, each key's value beside that trainer's
 default (hybridrl's composed config; verl's generated ppo_trainer.yaml) and whether it departs from it.
 """
@@ -94,21 +98,39 @@ class Setting:
         return f"{self.key_for(trainer)}={self.value}"
 
 
-def cuda_graph_size(args) -> int:
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What the shared rows (layout, kernels, engine) follow from: this benchmark's arguments, or a recipe's own
+    values (recipes/qwen25_coder_gsm_symbolic/verl_compare.py), so both comparisons with verl give the same rows."""
+    prompts: int                   # prompts a step
+    n: int                         # samples a prompt
+    gpus: int
+    prompt_length: int
+    response_length: int
+    max_token_len: int             # tokens per update and log-prob micro-batch (packed rows)
+    gpu_memory_utilization: float  # SGLang's mem_fraction_static
+    padded: bool = False           # padded rows and sdpa for both, instead of packed rows and the varlen kernel
+    offload: bool = False          # AdamW state in CPU memory and activation checkpointing (7B on 80 GB)
+
+
+def workload_of(args) -> Workload:
+    """This benchmark's arguments as the shared rows' workload."""
+    return Workload(prompts=args.prompts, n=args.n, gpus=args.gpus, prompt_length=args.prompt_length,
+                    response_length=args.response_length, max_token_len=args.max_token_len,
+                    gpu_memory_utilization=args.gpu_memory_utilization, padded=args.padded,
+                    offload=args.shape == "7b")
+
+
+def cuda_graph_size(load: Workload) -> int:
     """The decode CUDA-graph size both engines get: one step's sequences per engine, rounded up to a size SGLang
     captures (hybridrl's own rule, rollout/engine_load.py; it would pick the same number by itself)."""
     from hybridrl.workers.rollout.engine_load import captured_size
 
-    return captured_size(math.ceil(args.prompts * args.n / args.gpus))
+    return captured_size(math.ceil(load.prompts * load.n / load.gpus))
 
 
 def settings(args, model_dir: str, run_dir: str) -> list[Setting]:
     """Every row given to a run of either trainer (run_dir: this run's directory)."""
-    rmpad = not args.padded
-    offload = args.shape == "7b"
-    tokens = args.max_token_len
-    graphs = cuda_graph_size(args)
-    sglang = "+actor_rollout_ref.rollout.engine_kwargs.sglang"
     return [
         # the workload
         Setting("data.train_files", f"[{args.data_dir}/train.parquet]", "the workload: the built-in task, verl's "
@@ -117,7 +139,6 @@ def settings(args, model_dir: str, run_dir: str) -> list[Setting]:
         Setting("data.train_batch_size", args.prompts, "the workload: prompts per step"),
         Setting("data.max_prompt_length", args.prompt_length, "the workload"),
         Setting("data.max_response_length", args.response_length, "the workload"),
-        Setting("data.return_raw_chat", "true", "both trainers' agent loops read the raw chat"),
         Setting("actor_rollout_ref.model.path", model_dir, "the workload: one directory, weights + tokenizer"),
         Setting("actor_rollout_ref.rollout.n", args.n, "the workload: GRPO group size"),
         Setting("actor_rollout_ref.actor.optim.lr", args.lr, "the workload"),
@@ -135,40 +156,89 @@ def settings(args, model_dir: str, run_dir: str) -> list[Setting]:
                 verl_key="reward.custom_reward_function.path"),
         Setting("custom_reward_function.name", "compute_score", "one scorer for both",
                 verl_key="reward.custom_reward_function.name"),
-        # the layout: FSDP2 on the given GPUs, packed rows with token-budget micro-batches
+        *shared(workload_of(args)),
+        # one timed run, no validation or checkpoints
+        Setting("trainer.total_training_steps", args.steps, "warm-up step(s) + the steady steps timed"),
+        Setting("trainer.val_before_train", "false", "no validation"),
+        Setting("trainer.test_freq", -1, "no validation"),
+        Setting("trainer.save_freq", -1, "no checkpoints"),
+        Setting("trainer.default_local_dir", run_dir, "this run's directory"),
+        *verl_run_log(run_dir),
+        Setting("trainer.logger", "[console,jsonl]", "per-step JSON lines into trainer.default_local_dir/"
+                "metrics.jsonl", only="hybridrl"),
+    ]
+
+
+def shared(load: Workload) -> list[Setting]:
+    """The layout, kernel and engine rows: what both trainers get in every comparison with verl (this benchmark and
+    the recipe's, recipes/qwen25_coder_gsm_symbolic/verl_compare.py), each value following from `load`."""
+    return [*layout(load), *kernels(load), *engine(load)]
+
+
+def layout(load: Workload) -> list[Setting]:
+    """FSDP2 on the given GPUs, packed rows with token-budget micro-batches."""
+    rmpad = str(not load.padded).lower()
+    return [
         Setting("trainer.nnodes", 1, "one host"),
-        Setting("trainer.n_gpus_per_node", args.gpus, "the GPUs of the lease"),
+        Setting("trainer.n_gpus_per_node", load.gpus, "the GPUs of the lease"),
         Setting("trainer.device", "cuda", "a GPU run"),
         Setting("actor_rollout_ref.actor.strategy", "fsdp2", "FSDP2 for both (verl's default is FSDP1)"),
-        Setting("actor_rollout_ref.model.use_remove_padding", str(rmpad).lower(),
-                "packed rows (--padded: padded rows for both)"),
-        Setting("actor_rollout_ref.actor.use_dynamic_bsz", str(rmpad).lower(), "token-budget micro-batches with "
-                "packed rows"),
-        Setting("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", tokens, "tokens per update micro-batch"),
+        Setting("actor_rollout_ref.model.use_remove_padding", rmpad, "packed rows (--padded: padded rows for both)"),
+        Setting("actor_rollout_ref.actor.use_dynamic_bsz", rmpad, "token-budget micro-batches with packed rows"),
+        Setting("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", load.max_token_len,
+                "tokens per update micro-batch"),
         Setting("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", 8, "rows per micro-batch when padded"),
-        Setting("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", str(rmpad).lower(), "as the update"),
-        Setting("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", tokens, "as the update"),
+        Setting("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", rmpad, "as the update"),
+        Setting("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", load.max_token_len, "as the update"),
         Setting("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", 32, "rows per log-prob micro-batch "
                 "when padded"),
-        Setting("actor_rollout_ref.model.enable_gradient_checkpointing", str(offload).lower(),
+        Setting("actor_rollout_ref.model.enable_gradient_checkpointing", str(load.offload).lower(),
                 "off where memory suffices (0.5B), on at 7B; verl's default is on"),
         Setting("actor_rollout_ref.actor.fsdp_config.param_offload", "false", "parameters stay on the GPU"),
-        Setting("actor_rollout_ref.actor.fsdp_config.optimizer_offload", str(offload).lower(),
+        Setting("actor_rollout_ref.actor.fsdp_config.optimizer_offload", str(load.offload).lower(),
                 "7B on 80 GB: AdamW state in CPU memory while the engine generates"),
         Setting("trainer.balance_batch", "true", "rows balanced over ranks in both"),
-        # kernels (module docstring)
+    ]
+
+
+def kernels(load: Workload) -> list[Setting]:
+    """The log-prob and attention kernels (module docstring, KERNELS): the same for both."""
+    attention = ([Setting("actor_rollout_ref.model.external_lib", VERL_ATTENTION_LIB, "registers hybridrl's "
+                          f"varlen kernel ({VARLEN}) with transformers in verl's processes (KERNELS)", only="verl"),
+                  Setting("+actor_rollout_ref.model.override_config.attn_implementation", VARLEN,
+                          "verl's default flash_attention_2 needs flash-attn (no wheel); the kernel hybridrl uses "
+                          "instead of sdpa's dense block mask", only="verl")]
+                 if not load.padded else
+                 [Setting("+actor_rollout_ref.model.override_config.attn_implementation", "sdpa",
+                          "padded rows: sdpa, as hybridrl (flash_attention_2 needs flash-attn)", only="verl")])
+    return [
         Setting("actor_rollout_ref.model.use_fused_kernels", "true", "the same kind of log-prob kernel in both: "
                 "fused with the output layer, since flash-attn has no wheel (KERNELS)"),
-        # the engine: the same SGLang settings, explicitly
+        *attention,
+    ]
+
+
+def engine(load: Workload) -> list[Setting]:
+    """The same SGLang settings for both, explicitly; where verl's SGLang server passes a value hybridrl derives,
+    verl gets it as an engine argument (the verl-only rows)."""
+    graphs = cuda_graph_size(load)
+    sglang = "+actor_rollout_ref.rollout.engine_kwargs.sglang"
+    return [
         Setting("actor_rollout_ref.rollout.name", "sglang", "SGLang 0.5.16 (.stage/slim) for both"),
         Setting("actor_rollout_ref.rollout.mode", "async", "server mode + agent loops: verl 0.9.1 has no other"),
+        Setting("data.return_raw_chat", "true", "both trainers' agent loops read the raw chat"),
         Setting("actor_rollout_ref.rollout.tensor_model_parallel_size", 1, "one engine per GPU (verl's default: 2)"),
-        Setting("actor_rollout_ref.rollout.gpu_memory_utilization", args.gpu_memory_utilization,
+        Setting("actor_rollout_ref.rollout.gpu_memory_utilization", load.gpu_memory_utilization,
                 "SGLang mem_fraction_static, the same for both"),
         Setting("actor_rollout_ref.rollout.max_num_seqs", 1024, "SGLang max_running_requests above one step's "
-                f"{args.prompts * args.n} sequences (verl's default, 256, is below them)"),
+                f"{load.prompts * load.n} sequences (verl's default, 256, is below them)"),
         Setting("actor_rollout_ref.rollout.max_num_batched_tokens", 8192, "hybridrl's SGLang chunked_prefill_size; "
                 "verl's SGLang server does not read this key (its verl-only row gives the same)"),
+        Setting(f"{sglang}.chunked_prefill_size", 8192, "what hybridrl passes from max_num_batched_tokens; verl's "
+                "SGLang server passes none (SGLang's H100/H200 default is the same 8192)", only="verl"),
+        Setting(f"{sglang}.context_length", load.prompt_length + load.response_length + 2, "what hybridrl passes "
+                "(prompt + response + 2); verl passes none, so SGLang would size requests for the model's 32k",
+                only="verl"),
         Setting(f"{sglang}.cuda_graph_max_bs_decode", graphs, f"decode CUDA graphs up to one step's sequences per "
                 f"engine, {graphs}, for both; verl passes none, so SGLang would capture up to 256"),
         Setting(f"{sglang}.attention_backend", "triton", "one decode attention backend for both (hybridrl's "
@@ -184,43 +254,19 @@ def settings(args, model_dir: str, run_dir: str) -> list[Setting]:
         Setting("actor_rollout_ref.rollout.top_k", -1, "sampling: the same for both"),
         Setting("actor_rollout_ref.rollout.update_weights_bucket_megabytes", 2048, "verl's default, given to both",
                 verl_key="actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"),
-        # one timed run, no validation or checkpoints
-        Setting("trainer.total_training_steps", args.steps, "warm-up step(s) + the steady steps timed"),
-        Setting("trainer.val_before_train", "false", "no validation"),
-        Setting("trainer.test_freq", -1, "no validation"),
-        Setting("trainer.save_freq", -1, "no checkpoints"),
-        Setting("trainer.default_local_dir", run_dir, "this run's directory"),
-        *only_verl(args, run_dir),
-        Setting("trainer.logger", "[console,jsonl]", "per-step JSON lines into trainer.default_local_dir/"
-                "metrics.jsonl", only="hybridrl"),
     ]
 
 
-def only_verl(args, run_dir: str) -> list[Setting]:
-    """The rows only verl's run gets: the same engine sizing through its engine_kwargs, the attention kernel, and
-    its logger."""
-    sglang = "+actor_rollout_ref.rollout.engine_kwargs.sglang"
-    attention = ([Setting("actor_rollout_ref.model.external_lib", VERL_ATTENTION_LIB, "registers hybridrl's "
-                          f"varlen kernel ({VARLEN}) with transformers in verl's processes (KERNELS)"),
-                  Setting("+actor_rollout_ref.model.override_config.attn_implementation", VARLEN,
-                          "verl's default flash_attention_2 needs flash-attn (no wheel); the kernel hybridrl uses "
-                          "instead of sdpa's dense block mask")]
-                 if not args.padded else
-                 [Setting("+actor_rollout_ref.model.override_config.attn_implementation", "sdpa",
-                          "padded rows: sdpa, as hybridrl (flash_attention_2 needs flash-attn)")])
-    rows = [
-        *attention,
-        Setting(f"{sglang}.chunked_prefill_size", 8192, "what hybridrl passes from max_num_batched_tokens; verl's "
-                "SGLang server passes none (SGLang's H100/H200 default is the same 8192)"),
-        Setting(f"{sglang}.context_length", args.prompt_length + args.response_length + 2, "what hybridrl passes "
-                "(prompt + response + 2); verl passes none, so SGLang would size requests for the model's 32k"),
-        Setting("trainer.logger", "[console,file]", "per-step JSON lines into VERL_FILE_LOGGER_PATH"),
+def verl_run_log(run_dir: str) -> list[Setting]:
+    """verl's logger for this benchmark's runs: per-step JSON lines into the run's directory, and the run's name."""
+    return [
+        Setting("trainer.logger", "[console,file]", "per-step JSON lines into VERL_FILE_LOGGER_PATH", only="verl"),
         Setting("+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH", verl_metrics_path(run_dir),
-                "the file logger runs in the TaskRunner actor: the path through Ray as well as the environment"),
-        Setting("trainer.project_name", "vs_verl", "names the run"),
-        Setting("trainer.experiment_name", os.path.basename(run_dir), "names the run"),
+                "the file logger runs in the TaskRunner actor: the path through Ray as well as the environment",
+                only="verl"),
+        Setting("trainer.project_name", "vs_verl", "names the run", only="verl"),
+        Setting("trainer.experiment_name", os.path.basename(run_dir), "names the run", only="verl"),
     ]
-    return [dataclasses.replace(row, only="verl") for row in rows]
 
 
 def verl_metrics_path(run_dir: str) -> str:
