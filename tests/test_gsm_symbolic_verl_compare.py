@@ -1,6 +1,8 @@
 """The 0.5B recipe under verl, staged on the CPU (issue 59 item 3): verl_compare.py's table covers every setting of
-run.sh, its argv composes under verl 0.9.1's own config (read from verl's released files, not run), the recipe's
-reward takes verl's call, and seed_table.py builds the held-out table from a verl-style log made here by hand."""
+run.sh, its argv composes under verl 0.9.1's own config (read from verl's released files, not run), both recipe argvs
+(verl's and hybridrl's compare.sh vs_verl) carry benchmarks/vs_verl.py's layout, kernel and engine values, the
+recipe's reward takes verl's call, and seed_table.py builds the held-out table from a verl-style log made here by
+hand."""
 import importlib.util
 import inspect
 import json
@@ -18,56 +20,162 @@ from verl_release import LATEST, verl_release
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "qwen25_coder_gsm_symbolic"
+SGLANG = "+actor_rollout_ref.rollout.engine_kwargs.sglang"
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"recipe_{name}", RECIPE / f"{name}.py")
+def load(name: str, path: Path = RECIPE):
+    spec = importlib.util.spec_from_file_location(f"recipe_{name}", path / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
 
-def run_sh_keys() -> set[str]:
-    """The keys run.sh gives hybridrl for MODEL=0.5b: its main_ppo lines and START's (MEMORY is the 1.5B's)."""
+def run_sh_settings() -> dict[str, str]:
+    """What run.sh gives hybridrl for MODEL=0.5b, key -> value as written (quotes removed): its main_ppo lines and
+    START's (MEMORY is the 1.5B's)."""
     text = (RECIPE / "run.sh").read_text()
     trainer_lines = text[text.index("exec python -m hybridrl.main_ppo"):]
     start = re.search(r"^START=\((.*)\)$", text, re.MULTILINE).group(1)
-    return set(re.findall(r"([+\w.]+)=", trainer_lines + " " + start))
+    pairs = re.findall(r"([+\w.]+)=(\"[^\"]*\"|'[^']*'|[^\s\\]+)", trainer_lines + " " + start)
+    return {key: value.strip("'\"") for key, value in pairs}
 
 
-def test_every_setting_of_run_sh_is_mapped_and_the_argv_composes_under_verls_own_config(tmp_path):
-    """Each key run.sh sets (and compare.sh vs_verl adds) is a row of verl_compare's table; a row verl cannot take
-    says why; verl's argv composes with verl 0.9.1's ppo_trainer config (hydra refuses an unknown key), to the
-    values the table gives; compare.sh's vs_verl variant passes hybridrl what SHARED_OVERRIDES passes verl."""
+def as_dict(overrides: list[str]) -> dict[str, str]:
+    return dict(override.split("=", 1) for override in overrides)
+
+
+@pytest.fixture(scope="module")
+def verl_compare():
+    return load("verl_compare")
+
+
+@pytest.fixture(scope="module")
+def vs_verl():
+    return load("vs_verl", REPO / "benchmarks")
+
+
+@pytest.fixture(scope="module")
+def speed_argvs(vs_verl):
+    """benchmarks/vs_verl.py's two override lists (the speed comparison) at the recipe's shape: 64 prompts x 8,
+    256 + 512 tokens, 16k-token micro-batches, its memory share 0.4 (vs_verl's default: 0.5)."""
+    args = vs_verl.parse_args(["--data-dir", "/d", "--tokenizer", "/t", "--dry-run", "--gpu-memory-utilization", "0.4",
+                               "--max-token-len", "16384"])
+    return {run["trainer"]: as_dict(run["argv"][3:]) for run in vs_verl.plan(args, "/model")[:2]}
+
+
+@pytest.fixture(scope="module")
+def compare_sh_argv(tmp_path_factory):
+    """The argv `compare.sh vs_verl 1` hands hybridrl's main_ppo, run for real (compare.sh -> run.sh -> the data and
+    model preparation -> exec python -m hybridrl.main_ppo) with a `python` first on PATH that records main_ppo's
+    arguments instead of training, leaves the preparation's steps out, and runs verl_compare.py with this
+    interpreter."""
+    tmp = tmp_path_factory.mktemp("compare_sh")
+    fake = tmp / "bin" / "python"
+    fake.parent.mkdir()
+    fake.write_text("#!/usr/bin/env bash\n"
+                    f'case "$1" in */verl_compare.py) exec {sys.executable} "$@" ;; esac\n'
+                    '[ "$1 $2" = "-m hybridrl.main_ppo" ] && printf "%s\\n" "${@:3}" > "$ARGV_OUT"\n'
+                    "exit 0\n")
+    fake.chmod(0o755)
+    out = tmp / "argv.txt"
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "WORK_DIR": str(tmp / "work"),
+           "ARGV_OUT": str(out)}
+    result = subprocess.run(["bash", str(RECIPE / "compare.sh"), "vs_verl", "1"], capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out.read_text().splitlines()
+
+
+def test_every_setting_of_run_sh_is_mapped_and_the_argv_composes_under_verls_own_config(tmp_path, verl_compare):
+    """Each key run.sh sets is a row of verl_compare's table, with run.sh's value where verl takes it as it is; a row
+    verl cannot take says why; verl's argv gives each key once and composes with verl 0.9.1's ppo_trainer config
+    (hydra refuses an unknown key), to the values the table gives."""
     from hydra import compose, initialize_config_dir
 
-    verl_compare = load("verl_compare")
     rows = verl_compare.settings(2, tmp_path, tmp_path / "compare" / "0.5b_verl_seed2")
     mapped = {match for row in rows for match in re.findall(r"([+\w.]+)=", row.recipe)}
-    assert run_sh_keys() <= mapped, sorted(run_sh_keys() - mapped)
+    run_sh = run_sh_settings()
+    assert set(run_sh) <= mapped, sorted(set(run_sh) - mapped)
     assert all(row.note for row in rows if row.verl_key is None or row.recipe.startswith("-"))
+    assert {key: run_sh[key] for key in verl_compare.RUN_SH} == verl_compare.RUN_SH  # RUN_SH is run.sh's
 
     argv = verl_compare.verl_argv(rows)
     assert argv[1:3] == ["-m", "verl.trainer.main_ppo"]
+    keys = [entry.split("=", 1)[0] for entry in argv[3:]]
+    assert len(keys) == len(set(keys)), sorted(key for key in keys if keys.count(key) > 1)
     with initialize_config_dir(config_dir=str(verl_release(LATEST) / "verl" / "trainer" / "config"),
                                version_base=None):
         config = compose("ppo_trainer", overrides=argv[3:])
-    rollout = config.actor_rollout_ref.rollout
+    rollout, model = config.actor_rollout_ref.rollout, config.actor_rollout_ref.model
     assert (config.data.seed, rollout.seed, rollout.n, rollout.tensor_model_parallel_size) == (2, 2, 8, 1)
     assert config.data.val_files == [f"{tmp_path}/data/test.parquet"]  # the held-out set alone
-    assert dict(rollout.engine_kwargs.sglang) == {"attention_backend": "triton", "cuda_graph_max_bs": 512,
-                                                  "sampling_backend": "pytorch"}
+    # vs_verl's engine settings at the recipe's shape: graphs up to 64 x 8 = 512, context 256 + 512 + 2
+    assert dict(rollout.engine_kwargs.sglang) == {"attention_backend": "triton", "cuda_graph_max_bs_decode": 512,
+                                                  "sampling_backend": "pytorch", "chunked_prefill_size": 8192,
+                                                  "context_length": 770}
+    assert (rollout.mode, rollout.gpu_memory_utilization, rollout.max_num_seqs) == ("async", 0.4, 1024)
+    assert (model.use_fused_kernels, model.external_lib) == (True, "benchmarks.vs_verl_attention")
+    assert model.override_config.attn_implementation == "hybridrl_varlen"
+    assert (config.actor_rollout_ref.actor.strategy, model.enable_gradient_checkpointing) == ("fsdp2", False)
     assert config.reward.custom_reward_function.path == str(REPO / "recipes" / "gsm_symbolic_reward.py")
     assert (config.algorithm.adv_estimator, config.actor_rollout_ref.actor.optim.lr) == ("grpo", 3e-6)
-    assert config.actor_rollout_ref.model.use_fused_kernels is True
     assert list(config.trainer.logger) == ["console", "file"]
 
     env = verl_compare.verl_env(tmp_path / "run")
     assert env["VERL_FILE_LOGGER_PATH"] == str(tmp_path / "run" / "metrics.jsonl")
-    compare_sh = (RECIPE / "compare.sh").read_text()
-    variant = re.search(r"vs_verl\) OVERRIDES=\((.*?)\) ;;", compare_sh, re.DOTALL).group(1).split()
-    assert tuple(variant) == verl_compare.SHARED_OVERRIDES
+
+
+def test_the_recipes_workload_is_derived_from_run_sh(verl_compare):
+    """The shared rows' sizes follow the recipe, not vs_verl.py's benchmark shape: 64 prompts x 8 samples on one
+    engine -> decode graphs up to 512; 256 + 512 + 2 = 770 tokens of context; run.sh's memory share 0.4 and
+    16,384-token micro-batches; packed rows (the varlen kernel), no offload (0.5B)."""
+    workload = verl_compare.recipe_workload()
+    assert workload == verl_compare.table.Workload(prompts=64, n=8, gpus=1, prompt_length=256, response_length=512,
+                                                max_token_len=16384, gpu_memory_utilization=0.4)
+    rows = {row.key_for("verl"): row.value for row in verl_compare.shared_rows()}
+    assert (rows[f"{SGLANG}.cuda_graph_max_bs_decode"], rows[f"{SGLANG}.context_length"]) == (512, 770)
+    assert rows["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"] == 16384
+
+
+def test_a_shared_row_that_disagrees_with_run_sh_is_refused(verl_compare, monkeypatch):
+    monkeypatch.setitem(verl_compare.RUN_SH, "actor_rollout_ref.rollout.temperature", "0.7")
+    with pytest.raises(SystemExit, match=r"actor_rollout_ref.rollout.temperature: run.sh gives 0.7, "
+                                         r"benchmarks/vs_verl_settings.py 1.0"):
+        verl_compare.shared_rows()
+
+
+def test_both_recipe_argvs_carry_the_speed_comparisons_kernel_and_engine_values(tmp_path, verl_compare, vs_verl,
+                                                                                speed_argvs, compare_sh_argv):
+    """verl's argv (verl_compare.py) and hybridrl's (compare.sh vs_verl, through run.sh) give each layout, kernel and
+    engine key of vs_verl_settings.shared the value benchmarks/vs_verl.py gives that trainer at the recipe's shape;
+    hybridrl's argv composes (no key given twice, none unknown) and validates (but for this machine's lack of a GPU
+    and SGLang)."""
+    verl = as_dict(verl_compare.verl_argv(verl_compare.settings(1, tmp_path, tmp_path / "run"))[3:])
+    ours = as_dict(compare_sh_argv)
+    shared = verl_compare.shared_rows()
+    for trainer, argv in (("verl", verl), ("hybridrl", ours)):
+        keys = [row.key_for(trainer) for row in shared if row.applies_to(trainer)]
+        assert {key: argv.get(key) for key in keys} == {key: speed_argvs[trainer][key] for key in keys}, trainer
+    # by hand: the kernels and engine both trainers get
+    for argv in (verl, ours):
+        assert argv["actor_rollout_ref.model.use_fused_kernels"] == "true"
+        assert (argv[f"{SGLANG}.cuda_graph_max_bs_decode"], argv[f"{SGLANG}.attention_backend"],
+                argv[f"{SGLANG}.sampling_backend"]) == ("512", "triton", "pytorch")
+        assert (argv["actor_rollout_ref.rollout.gpu_memory_utilization"], argv["actor_rollout_ref.rollout.mode"],
+                argv["actor_rollout_ref.rollout.max_num_seqs"]) == ("0.4", "async", "1024")
+    assert ours["actor_rollout_ref.rollout.max_num_batched_tokens"] == verl[f"{SGLANG}.chunked_prefill_size"] == "8192"
+    assert verl["actor_rollout_ref.model.external_lib"] == "benchmarks.vs_verl_attention"
+    # the rest of hybridrl's argv is run.sh's own
+    assert ours["actor_rollout_ref.actor.optim.lr"] == "3e-6" and ours["trainer.experiment_name"] == "vs_verl_0.5b_seed1"
+    vs_verl.check_hybridrl_overrides(["python", "-m", "hybridrl.main_ppo", *compare_sh_argv])
+
+
+def test_compare_sh_vs_verl_refuses_another_model(tmp_path):
+    result = subprocess.run(["bash", str(RECIPE / "compare.sh"), "vs_verl", "1"], capture_output=True, text=True,
+                            env={**os.environ, "MODEL": "1.5b", "WORK_DIR": str(tmp_path)}, timeout=60)
+    assert result.returncode == 2 and "VARIANT=vs_verl: expected MODEL=0.5b, got 1.5b" in result.stderr
+    assert not (tmp_path / "compare").exists()
 
 
 def test_dry_run_prints_the_table_and_each_seeds_command_and_a_real_run_refuses_before_verl_starts(tmp_path):
@@ -77,6 +185,7 @@ def test_dry_run_prints_the_table_and_each_seeds_command_and_a_real_run_refuses_
                          capture_output=True, text=True, env=env, timeout=120)
     assert dry.returncode == 0, dry.stderr
     assert "| `trainer.seed=1` | `actor_rollout_ref.rollout.seed` | `1` |" in dry.stdout
+    assert "| `- (verl only)` | `actor_rollout_ref.model.external_lib` | `benchmarks.vs_verl_attention` |" in dry.stdout
     assert f"VERL_FILE_LOGGER_PATH={tmp_path}/compare/0.5b_verl_seed3/metrics.jsonl" in dry.stdout
     assert "data.seed=3" in dry.stdout and "-m \\\n    verl.trainer.main_ppo" in dry.stdout
     real = subprocess.run([sys.executable, script, "--seeds", "1", "--work-dir", str(tmp_path)],

@@ -10,8 +10,10 @@
 #   no_format_credit  custom_reward_function.name=compute_score_no_format_credit (a wrong number scores 0, verl's GSM8K)
 #   clip_higher       actor_rollout_ref.actor.clip_ratio_high=0.28 (DAPO's clip-higher)
 #   overlong          DAPO's overlong penalty over the last 128 of the 512 response tokens (reward manager dapo)
-#   vs_verl           current with what verl_compare.py gives verl beyond run.sh (its SHARED_OVERRIDES: fused
-#                     log-probs, CUDA graphs up to 512), so that both trainers run the same settings (issue 59)
+#   vs_verl           current with benchmarks/vs_verl.py's layout, kernels and engine settings where run.sh leaves
+#                     them to hybridrl (`verl_compare.py --hybridrl-overrides` prints them from vs_verl_settings.py's
+#                     table), the rows verl_compare.py gives verl: both trainers run the same settings (issue 59).
+#                     MODEL=0.5b only (verl_compare.py's workload)
 # Environment: MODEL and WORK_DIR as run.sh; each seed's logs go to $WORK_DIR/compare/<MODEL>_<VARIANT>_seed<SEED>.
 # A seed that fails is reported and the next one runs; the exit status is 1 if any failed.
 set -uo pipefail
@@ -28,8 +30,9 @@ case "$VARIANT" in
     overlong) OVERRIDES=(reward_model.reward_manager=dapo reward_model.overlong_buffer.enable=true
                          reward_model.overlong_buffer.len=128 reward_model.overlong_buffer.penalty_factor=1.0
                          reward_model.overlong_buffer.log=true) ;;
-    vs_verl) OVERRIDES=(actor_rollout_ref.model.use_fused_kernels=true
-                        +actor_rollout_ref.rollout.engine_kwargs.sglang.cuda_graph_max_bs=512) ;;
+    vs_verl) [ "${MODEL:-0.5b}" = 0.5b ] || { echo "VARIANT=vs_verl: expected MODEL=0.5b, got $MODEL" >&2; exit 2; }
+             VS_VERL=$(python "$HERE/verl_compare.py" --hybridrl-overrides) || exit 2
+             mapfile -t OVERRIDES <<< "$VS_VERL" ;;
     *) echo "VARIANT=$VARIANT: expected current, dr_grpo, no_format_credit, clip_higher, overlong or vs_verl" >&2
        exit 2 ;;
 esac

@@ -2,12 +2,16 @@
 
     python recipes/qwen25_coder_gsm_symbolic/verl_compare.py --dry-run         # the table, argv and environment
     python recipes/qwen25_coder_gsm_symbolic/verl_compare.py [--seeds 1 2 3]  # on the GPU host, one seed after another
+    python recipes/qwen25_coder_gsm_symbolic/verl_compare.py --hybridrl-overrides  # what compare.sh vs_verl adds
 
 Each seed is one `python -m verl.trainer.main_ppo` on the recipe's own parquet files, model directory and reward
 function (recipes/gsm_symbolic_reward.py, which takes verl 0.9.1's keyword call: data_source, solution_str,
-ground_truth, extra_info), with every setting of run.sh mapped to verl's key in SETTINGS below, where verl cannot take
-one, the nearest and why. Run `compare.sh vs_verl` first in the same WORK_DIR: it prepares the data and the model
-and runs hybridrl's seeds with the settings given to verl here that run.sh leaves at hybridrl's defaults.
+ground_truth, extra_info). The workload is run.sh's (RUN_SH, the same key and value in verl; where verl cannot take a
+setting, the nearest and why). The layout, kernels and engine are benchmarks/vs_verl_settings.py's shared rows, the
+ones benchmarks/vs_verl.py gives both trainers (fused log-probs, hybridrl's varlen attention kernel in verl through
+its external_lib hook, the same explicit SGLang settings), for the workload recipe_workload() derives from run.sh's
+values. `compare.sh vs_verl` gives hybridrl the same rows where run.sh does not set them (--hybridrl-overrides prints
+them); run it first in the same WORK_DIR: it prepares the data and the model.
 
 verl runs in its own environment (VERL_TF_SITE: the transformers it pins; VERL_SITE: verl 0.9.1; benchmarks/
 vs_verl.py and scripts/gpu/install_verl.sh) and logs every step as JSON lines (trainer.logger=file,
@@ -31,15 +35,25 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import vs_verl_settings as table  # noqa: E402
 from benchmarks.vs_verl import SHARED_SITE, VERL_SITE, VERL_TF_SITE  # noqa: E402
 
 MODEL, SOURCE = "0.5b", "qwen2.5-coder-0.5b-instruct"  # run.sh's MODEL and the model directory it converts
-# What both trainers get beyond run.sh (compare.sh's vs_verl variant passes the same to hybridrl): issue 59 item 1's
-# same kernels and engine settings. Fused log-probs: without flash-attn verl's log-probs otherwise take a Python
-# loop over every token row (logprobs_from_logits_v2). CUDA graphs up to the step's 64 x 8 = 512 sequences:
-# hybridrl sizes them so from the schedule (rollout/engine_load.py); verl would leave SGLang at its default of 256.
-SHARED_OVERRIDES = ("actor_rollout_ref.model.use_fused_kernels=true",
-                    "+actor_rollout_ref.rollout.engine_kwargs.sglang.cuda_graph_max_bs=512")
+# run.sh's settings for MODEL=0.5b other than its paths and seed (settings() adds those): verl takes each under the
+# same key with the same value
+RUN_SH = {
+    "data.max_prompt_length": "256", "data.max_response_length": "512", "data.train_batch_size": "64",
+    "actor_rollout_ref.model.use_remove_padding": "true", "actor_rollout_ref.actor.optim.lr": "3e-6",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "32", "actor_rollout_ref.actor.use_dynamic_bsz": "true",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "16384", "actor_rollout_ref.actor.use_kl_loss": "false",
+    "actor_rollout_ref.actor.entropy_coeff": "0", "actor_rollout_ref.rollout.name": "sglang",
+    "actor_rollout_ref.rollout.n": "8", "actor_rollout_ref.rollout.temperature": "1.0",
+    "actor_rollout_ref.rollout.gpu_memory_utilization": "0.4",
+    "+actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend": "triton",
+    "trainer.nnodes": "1", "trainer.n_gpus_per_node": "1", "trainer.total_training_steps": "25",
+    "trainer.test_freq": "5", "trainer.save_freq": "-1", "trainer.resume_mode": "disable",
+    "trainer.val_before_train": "true", "trainer.project_name": "qwen25_coder_gsm_symbolic",
+}
 
 
 @dataclass(frozen=True)
@@ -50,29 +64,54 @@ class Setting:
     note: str = ""        # why the key or value differs, or why verl needs it spelt out
 
 
+def recipe_workload() -> table.Workload:
+    """vs_verl_settings' workload for this recipe, from run.sh's values: what the shared rows derive from it (decode
+    CUDA graphs up to 64 x 8 = 512 sequences on one engine, a context of 256 + 512 + 2 tokens, the engine's memory
+    share, the micro-batch tokens) follows the recipe, not vs_verl.py's benchmark shape. 0.5B: no offload."""
+    return table.Workload(prompts=int(RUN_SH["data.train_batch_size"]), n=int(RUN_SH["actor_rollout_ref.rollout.n"]),
+                          gpus=int(RUN_SH["trainer.n_gpus_per_node"]),
+                          prompt_length=int(RUN_SH["data.max_prompt_length"]),
+                          response_length=int(RUN_SH["data.max_response_length"]),
+                          max_token_len=int(RUN_SH["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"]),
+                          gpu_memory_utilization=float(RUN_SH["actor_rollout_ref.rollout.gpu_memory_utilization"]),
+                          padded=RUN_SH["actor_rollout_ref.model.use_remove_padding"] != "true")
+
+
+def shared_rows() -> list[table.Setting]:
+    """vs_verl_settings' layout, kernel and engine rows for the recipe's workload. A key run.sh sets too must have
+    run.sh's value: otherwise the two comparisons would not run the same settings, and one of them must change."""
+    rows = table.shared(recipe_workload())
+    clashes = [f"{row.key}: run.sh gives {RUN_SH[row.key]}, benchmarks/vs_verl_settings.py {row.value}"
+               for row in rows if row.applies_to("hybridrl") and row.key in RUN_SH and RUN_SH[row.key] != str(row.value)]
+    if clashes:
+        raise SystemExit("run.sh and vs_verl's shared rows disagree (derive the value from the workload, or change "
+                         "one of them): " + "; ".join(clashes))
+    return rows
+
+
+def hybridrl_overrides() -> list[str]:
+    """What compare.sh vs_verl gives hybridrl beyond run.sh: the shared rows whose key run.sh does not set."""
+    return [row.override("hybridrl") for row in shared_rows() if row.applies_to("hybridrl") and row.key not in RUN_SH]
+
+
+def from_table(row: table.Setting) -> Setting:
+    """One shared row as verl gets it, with what hybridrl gets (run.sh's own setting, or compare.sh vs_verl's)."""
+    given = ("run.sh" if row.key in RUN_SH else "compare.sh vs_verl") if row.applies_to("hybridrl") else None
+    return Setting(row.override("hybridrl") if given else "- (verl only)", row.key_for("verl"), str(row.value),
+                   f"vs_verl_settings.py{f' ({given})' if given else ''}: {row.reason}")
+
+
 def settings(seed: int, work_dir: Path, run_dir: Path) -> list[Setting]:
-    """Every setting of run.sh for MODEL=0.5b, and the verl defaults the workload fixes, as verl takes them."""
+    """Every setting of run.sh for MODEL=0.5b, and vs_verl's shared rows, as verl takes them."""
     data, model = work_dir / "data", work_dir / SOURCE
-    same = [  # run.sh's key and value, the same in verl
-        ("data.train_files", f"{data}/train.parquet"), ("data.max_prompt_length", "256"),
-        ("data.max_response_length", "512"), ("data.train_batch_size", "64"), ("data.seed", str(seed)),
-        ("actor_rollout_ref.model.path", str(model)), ("actor_rollout_ref.model.use_remove_padding", "true"),
-        ("actor_rollout_ref.actor.optim.lr", "3e-6"), ("actor_rollout_ref.actor.ppo_mini_batch_size", "32"),
-        ("actor_rollout_ref.actor.use_dynamic_bsz", "true"),
-        ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "16384"),
-        ("actor_rollout_ref.actor.use_kl_loss", "false"), ("actor_rollout_ref.actor.entropy_coeff", "0"),
-        ("actor_rollout_ref.rollout.name", "sglang"), ("actor_rollout_ref.rollout.n", "8"),
-        ("actor_rollout_ref.rollout.temperature", "1.0"), ("actor_rollout_ref.rollout.gpu_memory_utilization", "0.4"),
-        ("+actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend", "triton"),
-        ("trainer.nnodes", "1"), ("trainer.n_gpus_per_node", "1"), ("trainer.total_training_steps", "25"),
-        ("trainer.test_freq", "5"), ("trainer.save_freq", "-1"), ("trainer.resume_mode", "disable"),
-        ("trainer.val_before_train", "true"), ("trainer.default_local_dir", str(run_dir)),
-        ("trainer.validation_data_dir", f"{run_dir}/val_generations"),
-        ("trainer.project_name", "qwen25_coder_gsm_symbolic"), ("trainer.experiment_name", f"verl_{MODEL}_seed{seed}"),
-    ]
-    shared = [Setting(override, *override.split("=", 1), "given to both (SHARED_OVERRIDES)")
-              for override in SHARED_OVERRIDES]
-    return [Setting(f"{key}={value}", key, value) for key, value in same] + shared + [
+    shared = [row for row in shared_rows() if row.applies_to("verl")]
+    same = {"data.train_files": f"{data}/train.parquet", "data.seed": str(seed),
+            "actor_rollout_ref.model.path": str(model), **RUN_SH, "trainer.default_local_dir": str(run_dir),
+            "trainer.validation_data_dir": f"{run_dir}/val_generations",
+            "trainer.experiment_name": f"verl_{MODEL}_seed{seed}"}
+    in_table = {row.key for row in shared}
+    return [Setting(f"{key}={value}", key, value) for key, value in same.items() if key not in in_table] + [
+        from_table(row) for row in shared] + [
         Setting("algorithm=grpo", "algorithm.adv_estimator", "grpo",
                 "verl has no preset group; hybridrl's grpo preset differs from verl's defaults only there"),
         Setting("data.val_files=[] data.eval_sets=[held_out: test.parquet, in_template: test_in_template.parquet]",
@@ -93,19 +132,6 @@ def settings(seed: int, work_dir: Path, run_dir: Path) -> list[Setting]:
                 str(REPO / "recipes" / "gsm_symbolic_reward.py"), "verl 0.9.1 reads it under reward.*"),
         Setting("custom_reward_function.name=compute_score", "reward.custom_reward_function.name", "compute_score",
                 "verl 0.9.1 reads it under reward.*"),
-        Setting("- (rollout.mode=sync: one batched engine call a step)", "actor_rollout_ref.rollout.mode", "async",
-                "verl 0.9.1 has only server mode with agent loops (its default, written out); same sampling"),
-        Setting("- (rollout.tensor_model_parallel_size=1)", "actor_rollout_ref.rollout.tensor_model_parallel_size",
-                "1", "verl's default is 2: one GPU"),
-        Setting("- (rollout.max_num_seqs=1024)", "actor_rollout_ref.rollout.max_num_seqs", "1024",
-                "verl's default is 256, below the step's 512 sequences"),
-        Setting("- (engine sampling_backend=pytorch)",
-                "+actor_rollout_ref.rollout.engine_kwargs.sglang.sampling_backend", "pytorch",
-                "hybridrl's default; verl's would be flashinfer"),
-        Setting("- (hybridrl picks its attention kernel: varlen flash with remove padding)",
-                "+actor_rollout_ref.model.override_config.attn_implementation", "sdpa",
-                "verl's default is flash_attention_2, and flash-attn has no wheel for the host's torch 2.11 "
-                "(benchmarks/vs_verl.py); sdpa with remove padding is correct, its log-probs fused (above)"),
     ]
 
 
@@ -174,7 +200,12 @@ def main() -> None:
                         default=Path(os.environ.get("WORK_DIR", "/tmp/qwen25_coder_gsm_symbolic")),
                         help="run.sh's WORK_DIR (default $WORK_DIR, else /tmp/qwen25_coder_gsm_symbolic)")
     parser.add_argument("--dry-run", action="store_true", help="print the settings table and each seed's command")
+    parser.add_argument("--hybridrl-overrides", action="store_true",
+                        help="print what compare.sh vs_verl gives hybridrl beyond run.sh, one override a line")
     args = parser.parse_args()
+    if args.hybridrl_overrides:
+        print("\n".join(hybridrl_overrides()))
+        return
     if args.dry_run:
         print_dry_run(args.seeds, args.work_dir)
         return
