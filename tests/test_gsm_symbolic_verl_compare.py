@@ -167,7 +167,7 @@ def test_both_recipe_argvs_carry_the_speed_comparisons_kernel_and_engine_values(
     assert ours["actor_rollout_ref.rollout.max_num_batched_tokens"] == verl[f"{SGLANG}.chunked_prefill_size"] == "8192"
     assert verl["actor_rollout_ref.model.external_lib"] == "benchmarks.vs_verl_attention"
     # the rest of hybridrl's argv is run.sh's own
-    assert ours["actor_rollout_ref.actor.optim.lr"] == "3e-6" and ours["trainer.experiment_name"] == "vs_verl_0.5b_seed1"
+    assert (ours["actor_rollout_ref.actor.optim.lr"], ours["trainer.experiment_name"]) == ("3e-6", "vs_verl_0.5b_seed1")
     vs_verl.check_hybridrl_overrides(["python", "-m", "hybridrl.main_ppo", *compare_sh_argv])
 
 

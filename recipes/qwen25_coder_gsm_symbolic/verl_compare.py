@@ -65,9 +65,10 @@ class Setting:
 
 
 def recipe_workload() -> table.Workload:
-    """vs_verl_settings' workload for this recipe, from run.sh's values: what the shared rows derive from it (decode
-    CUDA graphs up to 64 x 8 = 512 sequences on one engine, a context of 256 + 512 + 2 tokens, the engine's memory
-    share, the micro-batch tokens) follows the recipe, not vs_verl.py's benchmark shape. 0.5B: no offload."""
+    """The workload of vs_verl_settings' shared rows, derived from run.sh's values, so that what those rows derive
+    from it (decode CUDA graphs up to 64 x 8 = 512 sequences on one engine, a context of 256 + 512 + 2 tokens, the
+    engine's memory share, the micro-batch tokens) follows the recipe, not vs_verl.py's benchmark shape. 0.5B: no
+    offload."""
     return table.Workload(prompts=int(RUN_SH["data.train_batch_size"]), n=int(RUN_SH["actor_rollout_ref.rollout.n"]),
                           gpus=int(RUN_SH["trainer.n_gpus_per_node"]),
                           prompt_length=int(RUN_SH["data.max_prompt_length"]),
@@ -82,7 +83,8 @@ def shared_rows() -> list[table.Setting]:
     run.sh's value: otherwise the two comparisons would not run the same settings, and one of them must change."""
     rows = table.shared(recipe_workload())
     clashes = [f"{row.key}: run.sh gives {RUN_SH[row.key]}, benchmarks/vs_verl_settings.py {row.value}"
-               for row in rows if row.applies_to("hybridrl") and row.key in RUN_SH and RUN_SH[row.key] != str(row.value)]
+               for row in rows
+               if row.applies_to("hybridrl") and row.key in RUN_SH and RUN_SH[row.key] != str(row.value)]
     if clashes:
         raise SystemExit("run.sh and vs_verl's shared rows disagree (derive the value from the workload, or change "
                          "one of them): " + "; ".join(clashes))
