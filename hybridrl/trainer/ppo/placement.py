@@ -31,7 +31,7 @@ from hybridrl.trainer.ppo.metric_utils import mean_of_rank_metrics
 from hybridrl.workers.rollout.async_server import WINDOW_METRICS
 
 
-def placement_for(config) -> Colocated | SeparatePool:
+def placement_for(config) -> Placement:
     """The placement a config asks for (trainer/config_checks.py checked that it can run)."""
     if config.actor_rollout_ref.hybrid_engine:
         return Colocated()
@@ -141,6 +141,9 @@ class SeparatePool:
                 "timing_s/pause_engine": max(rank["timing_s/pause_engine"] for rank in received),
                 **mean_of_rank_metrics([{key: rank[key] for key in WINDOW_METRICS if key in rank}
                                         for rank in received])}
+
+
+Placement = Colocated | SeparatePool
 
 
 def wait_together(*futures) -> list:

@@ -6,10 +6,10 @@ groups of prompts from the prompt source, generates `n` responses each, scores a
 rollout-mode window, the engines getting the current weights first); compute old / reference log-probs and values,
 correct for the rollout-training mismatch (algorithm.rollout_correction, with the rollout's log-probs), turn scores
 into advantages, update the critic and the actor. Where the engines run and how the weights reach them is the
-placement's (placement.py: colocated with the trainer, or a separate rollout pool). Validation is the same flow with val_kwargs' sampling and no training. Numbers that are not
-finite stop the run with a reason instead of training on without learning
-(nonfinite_guard.py). The controller owns the loop and the small per-token tensors; the worker
-groups own every model (see workers/). Nothing here touches a weight.
+placement's (placement.py: colocated with the trainer, or a separate rollout pool). Validation is the same flow
+with val_kwargs' sampling and no training. Numbers that are not finite stop the run with a reason instead of
+training on without learning (nonfinite_guard.py). The controller owns the loop and the small per-token tensors;
+the worker groups own every model (see workers/). Nothing here touches a weight.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from hybridrl.trainer.ppo.evaluation import ValidationResults, eval_sets_from_co
 from hybridrl.trainer.ppo.generate import AgentLoopGenerate, BatchGenerate, Sampling
 from hybridrl.trainer.ppo.group_rollout import GroupRollout, generates_on_engine_servers
 from hybridrl.trainer.ppo.placement import actor_version, placement_for
-from hybridrl.trainer.ppo.schedule import schedule_for
+from hybridrl.trainer.ppo.schedule import Schedule, schedule_for
 from hybridrl.trainer.ppo.generation_dump import (dump_generations, filtered_records, rollout_records,
                                                   select_val_samples)
 from hybridrl.trainer.ppo.metric_utils import (
@@ -108,7 +108,7 @@ class RayPPOTrainer:
             baseline=config.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX)
         self.placement = placement_for(config)  # where rollout runs, started by init_workers
         self.group_rollout: GroupRollout | None = None
-        self.schedule = None  # when rollout runs, chosen by init_workers once the flow is built
+        self.schedule: Schedule | None = None  # when rollout runs, chosen by init_workers once the flow is built
         self.tracking: Tracking | None = None  # set by fit(); _validate logs its generations to it
         self.latest_checkpoint_dir: str | None = None  # the last checkpoint this run saved
 

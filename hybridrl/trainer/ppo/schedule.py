@@ -61,11 +61,11 @@ from hybridrl.protocol import DataProto
 from hybridrl.trainer.ppo.group_rollout import GroupRollout
 from hybridrl.trainer.ppo.group_stream import GroupStream
 from hybridrl.trainer.ppo.metric_utils import timer
-from hybridrl.trainer.ppo.placement import Colocated, SeparatePool
+from hybridrl.trainer.ppo.placement import Placement, SeparatePool
 
 
-def schedule_for(config, rollout: GroupRollout, source: PromptSource, placement: Colocated | SeparatePool,
-                 total_training_steps: int) -> Sync | OneStepOff | FullyAsync:
+def schedule_for(config, rollout: GroupRollout, source: PromptSource, placement: Placement,
+                 total_training_steps: int) -> Schedule:
     """The schedule a config asks for, running `rollout` on `source`'s groups with the engines `placement` feeds
     (trainer/config_checks.py checked that the overlapping ones have a separate pool)."""
     mode = config.async_training.mode
@@ -81,7 +81,7 @@ def schedule_for(config, rollout: GroupRollout, source: PromptSource, placement:
 class Sync:
     """Each step generates its groups now, from the current weights, then learns on them."""
 
-    def __init__(self, rollout: GroupRollout, source: PromptSource, placement: Colocated | SeparatePool):
+    def __init__(self, rollout: GroupRollout, source: PromptSource, placement: Placement):
         self.rollout, self.source, self.placement = rollout, source, placement
 
     def next_batch(self, step: int, timing: dict[str, float], metrics: dict[str, float]) -> DataProto:
@@ -226,6 +226,9 @@ class FullyAsync:
 
     def close(self) -> None:
         """Nothing runs on its own: the stream advances only when a step takes groups."""
+
+
+Schedule = Sync | OneStepOff | FullyAsync
 
 
 def staleness_metrics(batch: DataProto, policy_version: int) -> dict[str, float]:
