@@ -120,6 +120,7 @@ class SeparatePool:
         return {}
 
     def engines_version(self) -> int:
+        """The version the engines hold since the last sync (no call: the controller made that sync)."""
         return self.rollout_version
 
     def sync_weights(self) -> dict[str, float]:
