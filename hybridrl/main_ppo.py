@@ -149,9 +149,9 @@ class TaskRunner:
     def run(self, config: PPOConfig, run_control) -> dict:
         # A fresh process: the registries only hold what the extensions register once imported here too.
         load_extensions(config.extensions)
-        from hybridrl.trainer.ppo.async_trainer import trainer_class
+        from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-        trainer = trainer_class(config)(config, run_control=run_control)  # colocated, disaggregated or asynchronous
+        trainer = RayPPOTrainer(config, run_control=run_control)  # its placement and schedule: from the config
         trainer.init_workers()
         return trainer.fit()
 

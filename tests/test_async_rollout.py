@@ -16,7 +16,6 @@ import torch
 
 from hybridrl.config.preflight import check_before_start
 from hybridrl.config.validation import ConfigError
-from hybridrl.trainer.ppo.async_trainer import trainer_class
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from test_e2e_training import make_config, read_metrics
 
@@ -131,7 +130,7 @@ def spy_on_update_actor(trainer):
 
 def fit_keeping_update_batches(config):
     """(the trainer the config asks for, after fit and shutdown; every batch its actor was updated on)."""
-    trainer = trainer_class(config)(config)
+    trainer = RayPPOTrainer(config)
     trainer.init_workers()
     try:
         batches = spy_on_update_actor(trainer)
@@ -212,7 +211,7 @@ def test_failed_loops_cost_their_samples_until_the_share_is_exceeded(ray_local, 
         with pytest.raises(RuntimeError, match="(?s)8 of 16 agent loops failed.*max_failed_sample_ratio=0.25.*"
                                                "KeyError: 'flaky loop: odd index'"):
             trainer.train_step()
-        trainer._trainer_mode()  # the failed step left the ranks in rollout mode
+        trainer.placement.trainer_mode()  # the failed step left the ranks in rollout mode
         # an engine server's error is no sample failure: it fails the step with the server's own message
         get_groups = trainer.prompt_source.get_groups
 

@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY
-from hybridrl.trainer.ppo.async_trainer import trainer_class
 from hybridrl.trainer.ppo.checkpointing import DATA_STATE_FILE
+from hybridrl.trainer.ppo.placement import SeparatePool
+from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
+from hybridrl.trainer.ppo.schedule import FullyAsync, Sync
 from hybridrl.trainer.checkpoint_dir import step_dir_name
 from tests.test_e2e_training import make_config, read_metrics
 
@@ -53,14 +55,14 @@ def recording(cls, stop_after: int | None = None):
 def train(config, stop_after: int | None = None):
     """The run, and the prompts its prompt source holds at the end (buffer and rows not yet made groups), once what
     the schedule had in flight went back to it as a checkpoint would put it."""
-    trainer = recording(trainer_class(config), stop_after)(config)
+    trainer = recording(RayPPOTrainer, stop_after)(config)
     trainer.init_workers()
     try:
         trainer.fit()
-        trainer.return_in_flight()
+        trainer.schedule.return_in_flight()
         held = prompts_held(trainer.prompt_source.state_dict())
-        if hasattr(trainer, "rollout_version"):  # separate pools
-            trainer.versions_at_end = (trainer.rollout_version, trainer.weights_version())
+        if isinstance(trainer.placement, SeparatePool):
+            trainer.versions_at_end = (trainer.placement.rollout_version, trainer.weights_version())
     finally:
         trainer.shutdown()
     return trainer, held
@@ -75,7 +77,7 @@ def test_disaggregated_engines_generate_from_the_trainers_current_weights(ray_lo
                          "actor_rollout_ref.actor.optim.lr=1e-2", "trainer.total_training_steps=3",
                          "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.01")
     trainer, _ = train(config)
-    assert type(trainer).__mro__[1].__name__ == "DisaggregatedPPOTrainer"
+    assert (type(trainer.placement), type(trainer.schedule)) == (SeparatePool, Sync)
     metrics = read_metrics(str(tmp_path))
     assert [m["weight_sync/megabytes"] > 0 for m in metrics[1:]] == [True, True]  # a push before steps 2 and 3
     for m in metrics:  # stale weights (lr 1e-2) would show as a difference of several percent
@@ -95,7 +97,7 @@ def test_the_data_flow_runs_on_a_separate_rollout_pool(ray_local, toy_task, tmp_
                          "data_flow.dynamic_sampling_filter.name=check_reward_nonzero_std")
     batches = {}
 
-    class Keeping(trainer_class(config)):
+    class Keeping(RayPPOTrainer):
         def learn_step(self, batch, timing, metrics):
             batches[self.global_steps] = batch
             return super().learn_step(batch, timing, metrics)
@@ -104,10 +106,10 @@ def test_the_data_flow_runs_on_a_separate_rollout_pool(ray_local, toy_task, tmp_
     trainer.init_workers()
     try:
         trainer.fit()
-        assert (trainer.rollout_version, trainer.weights_version()) == (3, 3)
+        assert (trainer.placement.rollout_version, trainer.weights_version()) == (3, 3)
     finally:
         trainer.shutdown()
-    assert type(trainer).__mro__[1].__name__ == "DisaggregatedPPOTrainer"
+    assert (type(trainer.placement), type(trainer.schedule)) == (SeparatePool, Sync)
     metrics = read_metrics(str(tmp_path))
     assert [m["weight_sync/megabytes"] > 0 for m in metrics[1:]] == [True, True]
     for step, m in enumerate(metrics, start=1):
@@ -209,7 +211,7 @@ def test_one_step_off_scores_with_a_reward_model_on_the_main_thread_when_a_step_
                          "trainer.total_training_steps=3", "trainer.test_freq=-1")
     scored_on = []
 
-    class Spying(recording(trainer_class(config))):
+    class Spying(recording(RayPPOTrainer)):
         def _score(self, batch, reward_fn):
             scored_on.append((threading.current_thread().name, len(batch)))
             return super()._score(batch, reward_fn)
@@ -271,7 +273,7 @@ def test_fully_async_runs_the_data_flow_within_the_staleness_bound_and_resumes_w
                  "data_flow.dynamic_sampling_filter.name=check_reward_nonzero_std", "trainer.save_freq=10",
                  "trainer.total_training_steps=4", "trainer.test_freq=-1"]
     first, held = train(make_config(toy_task, str(tmp_path), *overrides), stop_after=2)
-    assert type(first).__mro__[1].__name__ == "FullyAsyncTrainer"
+    assert (type(first.placement), type(first.schedule)) == (SeparatePool, FullyAsync)
     saved = saved_prompt_source(tmp_path, 2)
     saved_prompts = prompts_held(saved)
     assert held == saved_prompts

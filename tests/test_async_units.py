@@ -17,6 +17,8 @@ from hybridrl.single_controller.resource_pool_manager import (ROLLOUT_POOL, TRAI
                                                               shortfalls)
 from hybridrl.trainer.ppo.group_rollout import GroupRollout
 from hybridrl.trainer.ppo.group_stream import GroupStream
+from hybridrl.trainer.ppo.placement import Colocated, SeparatePool, placement_for
+from hybridrl.trainer.ppo.schedule import FullyAsync, OneStepOff, Sync, schedule_for
 from hybridrl.workers.rollout.weight_transfer import (TensorMeta, WeightTransferGroup, describe, plan_buckets,
                                                       receive_bucket, send_weights)
 
@@ -230,6 +232,28 @@ def test_the_stream_never_hands_out_a_group_staler_than_the_bound(stale_samples)
     stream.return_to_source()  # a checkpoint: the groups in flight go back to the buffer, reset (no partial rollout)
     assert [prompt_of(group) for group in source.buffer] == in_flight and len(in_flight) == 8
     assert all(sample.status == PENDING and not sample.response_ids for group in source.buffer for sample in group)
+
+
+@pytest.mark.parametrize("overrides, placement, actor_role, schedule", [
+    ([], Colocated, "actor_rollout", Sync),
+    (DISAGGREGATED, SeparatePool, "actor", Sync),
+    (DISAGGREGATED + ["async_training.mode=one_step_off"], SeparatePool, "actor", OneStepOff),
+    (DISAGGREGATED + ["async_training.mode=fully_async", "actor_rollout_ref.actor.use_kl_loss=true"], SeparatePool,
+     "actor_ref", FullyAsync),
+])
+def test_the_config_chooses_where_and_when_rollout_runs(overrides, placement, actor_role, schedule):
+    """Where (hybrid_engine: the trainer's ranks or a pool of their own, whose trainer ranks hold no rollout) and when
+    (async_training.mode) are two choices the one trainer is handed, made from the config in one place each."""
+    config = validate_config(compose_config(overrides))
+    chosen_placement = placement_for(config)
+    chosen_schedule = schedule_for(config, OneVersionEngine(config), PromptSource(toy_prompt_batches, n=2,
+                                                                                  config=config),
+                                   chosen_placement, total_training_steps=4)
+    try:
+        assert (type(chosen_placement), type(chosen_schedule)) == (placement, schedule)
+        assert chosen_placement.actor_role(config.actor_rollout_ref.actor.use_kl_loss) == actor_role
+    finally:
+        chosen_schedule.close()
 
 
 def test_engine_servers_check_each_requests_length_budget_and_refuse_a_repetition_penalty():

@@ -44,11 +44,6 @@ SELF = ("self", "cls")  # a method's own instance or class: `self.x` / `cls.x` i
 
 # (module under hybridrl/, function or class qualname, variable) -> config path, where the code cannot say it.
 ROOTS = {
-    # main_ppo's TaskRunner builds the trainer through trainer_class(config)(config, ...), a class chosen at run time.
-    ("trainer/ppo/ray_trainer.py", "RayPPOTrainer.__init__", "config"): "",
-    ("trainer/ppo/disaggregated.py", "DisaggregatedPPOTrainer.__init__", "config"): "",
-    ("trainer/ppo/async_trainer.py", "OneStepOffPolicyTrainer.__init__", "config"): "",
-    ("trainer/ppo/async_trainer.py", "FullyAsyncTrainer.__init__", "config"): "",
     # main_ppo.main: the config validate_config (under config/, not scanned) returns.
     ("main_ppo.py", "main", "config"): "",
     # Classes and functions the config names, built or called by a registry or a class looked up at run time.

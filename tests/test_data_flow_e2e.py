@@ -275,14 +275,14 @@ def test_every_hook_runs_in_its_place(ray_local, toy_task, tmp_path):
         with pytest.raises(HookFailed, match="(?s)data_flow.dynamic_sampling_filter raised:.*Traceback.*in raises.*"
                                              "ZeroDivisionError"):
             trainer.train_step()
-        trainer._trainer_mode()
+        trainer.placement.trainer_mode()
         # the cap reached with too few groups kept: fail, or train on whole mini-batches of them, as configured
         rollout.hooks["dynamic_sampling_filter"] = lambda config, group: group[0].group_index % 5 == 0
         rollout.max_num_gen_batches = 1
         with pytest.raises(RuntimeError, match=r"max_num_gen_batches=1 batches of 10 groups kept [0-2] of the 8 groups "
                                                r"data.train_batch_size asks for .data_flow.insufficient_groups='fail'"):
             trainer.train_step()
-        trainer._trainer_mode()
+        trainer.placement.trainer_mode()
         rollout.hooks["dynamic_sampling_filter"] = lambda config, group: group[0].group_index % 3 != 0
         rollout.flow.insufficient_groups = "train"
         short = trainer.train_step()

@@ -11,7 +11,6 @@ import pytest
 
 from hybridrl.agent_loop.manager import AgentLoopManager
 from hybridrl.trainer.ppo import generate
-from hybridrl.trainer.ppo.async_trainer import trainer_class
 from hybridrl.trainer.ppo.group_rollout import GroupRollout
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from tests.test_async_training import SPLIT
@@ -129,7 +128,7 @@ def test_every_schedule_and_generate_function_trains_each_step_on_the_flows_batc
     submitted = {cls: recorded(monkeypatch, cls, "submit") for cls in (generate.BatchGenerate,
                                                                         generate.AgentLoopGenerate)}
     config = make_config(toy_task, str(tmp_path), *ROUTES[route])
-    trainer = trainer_class(config)(config)
+    trainer = RayPPOTrainer(config)
     trainer.init_workers()
     try:
         trainer.fit()

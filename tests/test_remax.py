@@ -47,14 +47,14 @@ def greedy_scores_by_prompt(trainer: RayPPOTrainer) -> dict[int, float]:
     from hybridrl.data.prompt_source import PromptSource
     from hybridrl.trainer.ppo.generate import GREEDY
 
-    trainer._rollout_mode()
+    trainer.placement.rollout_mode()
     groups = PromptSource(lambda: iter(trainer.train_dataloader), 1, trainer.config).get_groups(1 << 30, step=0)
     generator = trainer.group_rollout.generator
     handles = [generator.submit(group, GREEDY, None, 0, position) for position, group in enumerate(groups)]
     done: dict = {}
     while len(done) < len(handles):
         done.update(generator.wait([handle for handle in handles if handle not in done]))
-    trainer._trainer_mode()
+    trainer.placement.trainer_mode()
     samples = [done[handle][0] for handle in handles]
     rollout = trainer.config.actor_rollout_ref.rollout
     greedy = samples_to_batch(samples, prompt_length=rollout.prompt_length, response_length=rollout.response_length,
@@ -127,8 +127,6 @@ def test_remax_under_the_asynchronous_schedules_baselines_each_group_from_its_ow
     baseline is continued with its group): every step's reward_baselines are its prompts' greedy scores (lr 0: the
     weights never change, while their version counts the updates), no baseline is a row; under one_step_off, whose
     engines take new weights only while idle, each baseline's tokens carry its group's one weights version."""
-    from hybridrl.trainer.ppo.async_trainer import trainer_class
-
     reward_file = tmp_path / "length_reward.py"
     reward_file.write_text(LENGTH_REWARD)
     config = make_config(toy_task, str(tmp_path), *SPLIT, *schedule, "algorithm.adv_estimator=remax",
@@ -137,27 +135,24 @@ def test_remax_under_the_asynchronous_schedules_baselines_each_group_from_its_ow
                          "trainer.total_training_steps=3", "trainer.test_freq=-1")
     batches, versions = [], []
 
-    class Recording(trainer_class(config)):
+    class Recording(RayPPOTrainer):
         def learn_step(self, batch, timing, metrics):
             batch = super().learn_step(batch, timing, metrics)
             batches.append(batch)
             return batch
 
-        def _start_group_rollout(self, generator):
-            super()._start_group_rollout(generator)
-            to_batch = self.group_rollout.to_batch
-
-            def recording_to_batch(groups, weights_version):
-                versions.append([([set(s.token_versions) for s in group[:-1]], set(group[-1].token_versions),
-                                  group[-1].is_baseline) for group in groups])
-                return to_batch(groups, weights_version)
-            self.group_rollout.to_batch = recording_to_batch
-
     trainer = Recording(config)
     trainer.init_workers()
+    to_batch = trainer.group_rollout.to_batch
+
+    def recording_to_batch(groups, weights_version):
+        versions.append([([set(s.token_versions) for s in group[:-1]], set(group[-1].token_versions),
+                          group[-1].is_baseline) for group in groups])
+        return to_batch(groups, weights_version)
+    trainer.group_rollout.to_batch = recording_to_batch
     try:
         trainer.fit()
-        trainer.return_in_flight()
+        trainer.schedule.return_in_flight()
         expected = greedy_scores_by_prompt(trainer)
     finally:
         trainer.shutdown()
@@ -183,7 +178,6 @@ def test_remax_one_step_off_saves_the_groups_generated_ahead_with_their_baseline
     import os
 
     from hybridrl.trainer.checkpoint_dir import step_dir_name
-    from hybridrl.trainer.ppo.async_trainer import trainer_class
     from hybridrl.trainer.ppo.checkpointing import DATA_STATE_FILE
     from tests.test_async_training import recording
 
@@ -197,7 +191,7 @@ def test_remax_one_step_off_saves_the_groups_generated_ahead_with_their_baseline
 
     def run(stop_after):
         config = make_config(toy_task, str(run_dir), *overrides)
-        trainer = recording(trainer_class(config), stop_after)(config)
+        trainer = recording(RayPPOTrainer, stop_after)(config)
         trainer.init_workers()
         try:
             trainer.fit()

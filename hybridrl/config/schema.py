@@ -574,7 +574,7 @@ class RolloutPoolConfig(ConfigNode):
 
 @dataclass
 class AsyncTrainingConfig(ConfigNode):
-    """How generation and training are scheduled (trainer/ppo/async_trainer.py)."""
+    """How generation and training are scheduled (trainer/ppo/schedule.py)."""
     mode: Literal["sync", "one_step_off", "fully_async"]
     max_staleness: int = at_least(0)
     stale_samples: Literal["drop", "requeue"]

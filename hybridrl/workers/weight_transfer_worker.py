@@ -1,7 +1,7 @@
 """The worker side of a disaggregated run (actor_rollout_ref.hybrid_engine=false): the trainer pool's actor ranks
 send their weights, the rollout pool's rollout-only ranks receive them (protocol: rollout/weight_transfer.py).
 
-Mixed into ActorRolloutRefWorker. The controller (trainer/ppo/disaggregated.py) drives it:
+Mixed into ActorRolloutRefWorker. The controller (trainer/ppo/placement.py) drives it:
 
     set-up   describe_weights() on the trainer group (the stream's names, dtypes, shapes), weight_sender_address()
              on it (rank 0's node and the port it reserved), then together

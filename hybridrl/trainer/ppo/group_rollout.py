@@ -246,7 +246,7 @@ class GroupRollout:
         """The step's kept groups from the rollout function, and the metrics of making them; scored, unless
         score_when_taken (then score_taken scores them). (The one-step-off schedule runs this on its generating
         thread and holds the groups until the step takes them, so that a checkpoint can put them back into the
-        prompt source's buffer: async_trainer.py.)"""
+        prompt source's buffer: schedule.py.)"""
         self.start_counting(step)
         rollout_fn = self.hooks["rollout_function"] or generate_rollout
         groups = rollout_fn(self, step, prompt_source, False)

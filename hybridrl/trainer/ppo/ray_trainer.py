@@ -1,14 +1,15 @@
 """RayPPOTrainer: PPO / GRPO from one controller process.
 
-`fit()` is the algorithm, top to bottom: put the workers in rollout mode (the engine gets the current weights);
-the sample-group flow (group_rollout.py, the one route of every schedule and engine) takes groups of prompts from
-the prompt source, generates `n` responses each, scores and filters them; put the workers back in trainer mode (the
-engine gives its memory back); compute old / reference log-probs and values, correct for the rollout-training
-mismatch (algorithm.rollout_correction, with the rollout's log-probs), turn scores into advantages, update the
-critic and the actor. Validation is the same flow with val_kwargs' sampling and no training. Numbers that are not
-finite stop the run with a reason instead of training on without learning
-(nonfinite_guard.py). The controller owns the loop and the small per-token tensors; the worker
-groups own every model (see workers/). Nothing here touches a weight.
+`fit()` is the algorithm, top to bottom: the schedule (schedule.py: sync, one_step_off, fully_async) gives each
+step its batch from the sample-group flow (group_rollout.py, the one route of every schedule and engine), which takes
+groups of prompts from the prompt source, generates `n` responses each, scores and filters them (sync: in a
+rollout-mode window, the engines getting the current weights first); compute old / reference log-probs and values,
+correct for the rollout-training mismatch (algorithm.rollout_correction, with the rollout's log-probs), turn scores
+into advantages, update the critic and the actor. Where the engines run and how the weights reach them is the
+placement's (placement.py: colocated with the trainer, or a separate rollout pool). Validation is the same flow
+with val_kwargs' sampling and no training. Numbers that are not finite stop the run with a reason instead of
+training on without learning (nonfinite_guard.py). The controller owns the loop and the small per-token tensors;
+the worker groups own every model (see workers/). Nothing here touches a weight.
 """
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ from hybridrl.trainer.ppo import checkpointing
 from hybridrl.trainer.ppo.evaluation import ValidationResults, eval_sets_from_config
 from hybridrl.trainer.ppo.generate import AgentLoopGenerate, BatchGenerate, Sampling
 from hybridrl.trainer.ppo.group_rollout import GroupRollout, generates_on_engine_servers
+from hybridrl.trainer.ppo.placement import actor_version, placement_for
+from hybridrl.trainer.ppo.schedule import Schedule, schedule_for
 from hybridrl.trainer.ppo.generation_dump import (dump_generations, filtered_records, rollout_records,
                                                   select_val_samples)
 from hybridrl.trainer.ppo.metric_utils import (
@@ -40,7 +43,6 @@ from hybridrl.trainer.ppo.metric_utils import (
     compute_rollout_probs_diff,
     compute_throughput_metrics,
     compute_timing_metrics,
-    mean_of_rank_metrics,
     pop_worker_metrics,
     reduce_metrics,
     timer,
@@ -104,7 +106,9 @@ class RayPPOTrainer:
             self.train_data_position.batches, config.actor_rollout_ref.rollout.n, config,
             load_hook("buffer_filter", config.data_flow.buffer_filter),
             baseline=config.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX)
+        self.placement = placement_for(config)  # where rollout runs, started by init_workers
         self.group_rollout: GroupRollout | None = None
+        self.schedule: Schedule | None = None  # when rollout runs, chosen by init_workers once the flow is built
         self.tracking: Tracking | None = None  # set by fit(); _validate logs its generations to it
         self.latest_checkpoint_dir: str | None = None  # the last checkpoint this run saved
 
@@ -144,28 +148,26 @@ class RayPPOTrainer:
         return steps
 
     def init_workers(self):
-        """One Ray actor per rank holds every role (actor, rollout, ref, critic, reward model): the hybrid engine.
-        (actor_rollout_ref.hybrid_engine=false: trainer/ppo/disaggregated.py.)"""
+        """The trainer pool's ranks, each one Ray actor holding every role it runs (actor, ref, critic, reward model;
+        colocated, the rollout too: the hybrid engine); the engines where the placement puts them; the sample-group
+        flow generating on them; the schedule running it."""
         self.resource_pool = self._create_resource_pools()
-        self._spawn_trainer_pool("actor_rollout_ref" if self.use_reference else "actor_rollout")
+        self._spawn_trainer_pool(self.placement.actor_role(self.use_reference))
+        engines = self.placement.start(self.actor_rollout_wg, self._spawn_rollout_pool)
+        rollout = self.config.actor_rollout_ref.rollout
         if self.async_rollout:  # one engine server per engine; agent-loop workers on the controller's node
-            addresses = [address for address in self.actor_rollout_wg.start_engine_server(
+            addresses = [address for address in engines.start_engine_server(
                 [self.tokenizer.eos_token_id], self.tokenizer.pad_token_id) if address is not None]  # TP: leaders'
-            self._start_group_rollout(self._agent_loop_generate(addresses))
+            self.agent_loop_manager = AgentLoopManager(self.config, self.tokenizer, addresses)
+            generator = AgentLoopGenerate(self.agent_loop_manager, rollout)
         else:
-            self._start_group_rollout(BatchGenerate(self.actor_rollout_wg, self.config.actor_rollout_ref.rollout,
-                                                    self.tokenizer, self.weights_version))
-
-    def _agent_loop_generate(self, addresses: list[str]) -> AgentLoopGenerate:
-        """Agent loops against the engine servers at `addresses` (their workers on the controller's node)."""
-        self.agent_loop_manager = AgentLoopManager(self.config, self.tokenizer, addresses)
-        return AgentLoopGenerate(self.agent_loop_manager, self.config.actor_rollout_ref.rollout)
-
-    def _start_group_rollout(self, generator) -> None:
-        """The sample-group flow, generating with `generator` (generate.py), scoring with the reward managers."""
+            generator = BatchGenerate(engines, rollout, self.tokenizer, self.weights_version)
         self.group_rollout = GroupRollout(self.config, generator, self.tokenizer,
                                           lambda batch, evaluation: self._score(
                                               batch, self.val_reward_fn if evaluation else self.reward_fn))
+        self.placement.connect()  # a separate pool: the weight-transfer group, the engines' initial weights
+        self.schedule = schedule_for(self.config, self.group_rollout, self.prompt_source, self.placement,
+                                     self.total_training_steps)
 
     def _create_resource_pools(self) -> ResourcePoolManager:
         """The pools of every role (single_controller/resource_pool_manager.py), checked against the Ray cluster
@@ -186,24 +188,26 @@ class RayPPOTrainer:
         loaders += [(eval_set.n, loader) for eval_set, loader in self.eval_sets]
         return engine_load(self.config, [(min(loader.batch_size, len(loader.dataset)), n) for n, loader in loaders])
 
+    def _policy_worker(self, role: str) -> RayClassWithInitArgs:
+        """The policy's worker class with its arguments, holding `role` (workers/actor_rollout_ref.py)."""
+        from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
+
+        return RayClassWithInitArgs(ActorRolloutRefWorker, self.config.actor_rollout_ref, self.policy_spec, role=role,
+                                    total_training_steps=self.total_training_steps, tokenizer=self.tokenizer,
+                                    engine_load=self.rollout_engine_load() if "rollout" in role else None,
+                                    **self.worker_init_args())
+
     def _spawn_trainer_pool(self, actor_role: str) -> None:
         """The policy worker (with `actor_role`), critic and reward model, colocated on the trainer pool's ranks;
         sets actor_rollout_wg, critic_wg, rm_wg."""
-        from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
         from hybridrl.workers.critic import CriticWorker
         from hybridrl.workers.reward_model import RewardModelWorker
 
         trainer = self.config.trainer
         pool = self.resource_pool.pool_of("actor_rollout" if actor_role.startswith("actor_rollout") else "actor")
-        # Colocated: "actor_rollout" holds the rollout too; disaggregated: "actor" (+ ref), the rollout elsewhere.
+        # Colocated: "actor_rollout" holds the rollout too; a separate pool: "actor" (+ ref), the rollout elsewhere.
         common = self.worker_init_args()
-        roles = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, self.config.actor_rollout_ref,
-                                                       self.policy_spec, role=actor_role,
-                                                       total_training_steps=self.total_training_steps,
-                                                       tokenizer=self.tokenizer,
-                                                       engine_load=(self.rollout_engine_load()
-                                                                    if "rollout" in actor_role else None),
-                                                       **common)}
+        roles = {"actor_rollout": self._policy_worker(actor_role)}
         if self.use_critic:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, self.config.critic, self.critic_spec,
                                                    rollout_n=self.prompt_source.n,
@@ -224,8 +228,18 @@ class RayPPOTrainer:
         self.actor_rollout_wg = groups["actor_rollout"]
         self.actor_rollout_wg.init_model()
 
+    def _spawn_rollout_pool(self) -> RayWorkerGroup:
+        """Rollout-only policy workers on the rollout pool (placement.SeparatePool starts them)."""
+        rollout_wg = RayWorkerGroup(resource_pool=self.resource_pool.pool_of("rollout"),
+                                    ray_cls_with_init=self._policy_worker("rollout"),
+                                    watch=WorkerWatch.from_trainer_config(self.config.trainer))
+        rollout_wg.init_model()
+        return rollout_wg
+
     def shutdown(self):
         """Stop the workers and free their placement groups (so a later trainer in this Ray can start)."""
+        if self.schedule is not None:
+            self.schedule.close()
         if self.agent_loop_manager is not None:
             self.agent_loop_manager.shutdown()
         self.resource_pool.remove()
@@ -264,7 +278,7 @@ class RayPPOTrainer:
                 self._save_before_stopping()
                 return self._finish(logger, start, val_before, val_after, stopped_early=True)
             self.global_steps += 1
-            metrics = self._next_step()
+            metrics = self.train_step()
             is_last = self.global_steps >= self.total_training_steps
             if trainer.test_freq > 0 and (self.global_steps % trainer.test_freq == 0 or is_last):
                 val_metrics = self._validate()
@@ -287,17 +301,10 @@ class RayPPOTrainer:
             logger.log(val_metrics, step=self.global_steps)
         return self._finish(logger, start, val_before, val_after)
 
-    def _next_step(self) -> dict[str, float]:
-        """One training step; its metrics. (The asynchronous schedules, async_trainer.py, generate ahead instead.)"""
-        return self.train_step()
-
-    def return_in_flight(self) -> None:
-        """Before a checkpoint: put the work in flight back into the prompt source's buffer, which the checkpoint
-        saves. Nothing here (a synchronous step trains every prompt it takes); see async_trainer.py."""
-
     def _save_checkpoint(self) -> None:
-        """This step's checkpoint (checkpointing.py), with the work in flight back in the prompt source first."""
-        self.return_in_flight()
+        """This step's checkpoint (checkpointing.py), with the schedule's work in flight back in the prompt source's
+        buffer first (the checkpoint saves it)."""
+        self.schedule.return_in_flight()
         kl_coef = None if self.kl_ctrl_in_reward is None else self.kl_ctrl_in_reward.value
         prompt_source = None if self.prompt_source is None else self.prompt_source.state_dict()
         state = checkpointing.ControllerState(self.global_steps, self.train_data_position.state_dict(), kl_coef,
@@ -340,23 +347,12 @@ class RayPPOTrainer:
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         with timer("step", timing):
-            batch = self.generate_step(timing, metrics)
+            # sync: generated now, the engines getting the current weights first; one_step_off: generated ahead,
+            # the weights synced once it is in; fully_async: the first groups fresh enough from the stream
+            batch = self.schedule.next_batch(self.global_steps, timing, metrics)
             batch = self.learn_step(batch, timing, metrics)
+            self.schedule.after_update(self.global_steps, batch, timing, metrics)  # fully_async: weights synced
         return self.step_metrics(batch, timing, metrics)
-
-    def generate_step(self, timing: dict[str, float], metrics: dict[str, float]) -> DataProto:
-        """The rollout of one step: the sample-group flow's scored batch (group_rollout.py), `rollout.n` responses
-        per prompt from the current weights, each prompt's rows sharing a uid (group estimators: GRPO, RLOO, ...),
-        with ReMax each prompt's greedy baseline score (reward_baselines)."""
-        with timer("rollout_mode", timing):  # the engine gets its memory and the current weights
-            metrics.update(self._rollout_mode())
-        with timer("gen", timing):
-            batch, flow_metrics = self.group_rollout.train_batch(self.global_steps, self.prompt_source,
-                                                                 self.weights_version())
-            metrics.update(flow_metrics)
-        with timer("trainer_mode", timing):  # the engine gives its memory back
-            metrics.update(self._trainer_mode())
-        return batch
 
     def learn_step(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> DataProto:
         """Everything after generation (the flow scored the batch): log-probs (old, reference), values, advantages,
@@ -420,18 +416,10 @@ class RayPPOTrainer:
         return metrics
 
     # ------------------------------------------------------------------ the rollout, shared by training and validation
-    def _rollout_mode(self) -> dict[str, float]:
-        """Trainer mode -> rollout mode on every rank (weights pushed unless the engine holds them); timings."""
-        return mean_of_rank_metrics(self.actor_rollout_wg.rollout_mode())
-
-    def _trainer_mode(self) -> dict[str, float]:
-        """Rollout mode -> trainer mode on every rank (the engine releases its memory); timings."""
-        return mean_of_rank_metrics(self.actor_rollout_wg.trainer_mode())
-
     def weights_version(self) -> int:
         """The policy version of the actor's weights (the workers' count, batch_layout.py): what the engines report
         with the tokens they generate once they hold these weights."""
-        return self.actor_rollout_wg.current_weights_version()[0]
+        return actor_version(self.actor_rollout_wg)
 
     def _score(self, batch: DataProto, reward_fn) -> dict:
         """The reward manager's result for `batch` (reward_tensor, reward_metrics, reward_extra_info); with a
@@ -443,17 +431,19 @@ class RayPPOTrainer:
     def _validate(self) -> dict[str, float]:
         """The validation set with `rollout.val_kwargs` (greedy by default) and each named eval set with its own
         settings, all in one rollout-mode window: the training step's flow (data_flow.eval_function's groups, by
-        default every prompt once), scored with the validation reward manager. Metrics: trainer/ppo/evaluation.py."""
+        default every prompt once), scored with the validation reward manager, once the schedule's generation ahead,
+        if any, is done. Metrics: trainer/ppo/evaluation.py."""
         val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
         sets = [(None, val_kwargs.n, Sampling(validate=True), self.val_dataloader)] if self.val_dataloader else []
         sets += [(eval_set, eval_set.n, Sampling(validate=True, do_sample=eval_set.do_sample,
                                                  overrides=tuple(sorted(eval_set.sampling_overrides().items()))),
                   loader) for eval_set, loader in self.eval_sets]
-        self._rollout_mode()
+        self.schedule.before_validation()
+        self.placement.rollout_mode()
         generated = [(eval_set, n, *self.group_rollout.eval_groups(
             self.global_steps, PromptSource(lambda loader=loader: iter(loader), n, self.config), n, sampling))
             for eval_set, n, sampling, loader in sets]
-        self._trainer_mode()
+        self.placement.trainer_mode()
         results = ValidationResults(self.tokenizer, self.config.data.reward_fn_key)
         rollout = self.config.actor_rollout_ref.rollout
         for eval_set, n, groups, reward_metrics in generated:
