@@ -14,7 +14,7 @@ from hybridrl.trainer.ppo.placement import SeparatePool
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from hybridrl.trainer.ppo.schedule import FullyAsync, Sync
 from hybridrl.trainer.checkpoint_dir import step_dir_name
-from tests.test_e2e_training import make_config, read_metrics
+from tests.test_e2e_training import fit_once, make_config, read_metrics
 
 SPLIT = ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=true",
          "actor_rollout_ref.rollout.agent.num_workers=1", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]
@@ -217,11 +217,7 @@ def test_one_step_off_scores_with_a_reward_model_on_the_main_thread_when_a_step_
             return super()._score(batch, reward_fn)
 
     trainer = Spying(config)
-    trainer.init_workers()
-    try:
-        trainer.fit()
-    finally:
-        trainer.shutdown()
+    fit_once(trainer)
     assert scored_on == [("MainThread", 8 * 2)] * 3  # one call a step: its 8 groups x 2 samples
     rm = AutoModelForSequenceClassification.from_pretrained(rm_dir).eval()
     for batch in trainer.learned:

@@ -28,6 +28,7 @@ from hybridrl.data.sample import COMPLETED, new_group
 from hybridrl.workers.rollout.request_seeds import group_seeds, row_seed, turn_seed
 from test_agent_loop import served
 from test_data_flow import dataset_batches
+from test_e2e_training import fit_once
 from hybridrl.defaults.assets import ensure_default_assets
 from hybridrl.defaults.tool_task import ensure_tool_task_assets
 from hybridrl.trainer.ppo.group_rollout import GroupRollout
@@ -162,12 +163,7 @@ def run_steps(cache_dir, run_dir, *overrides, config_name: str = "ppo_trainer", 
     ensure_default_assets(config)
     ensure_tool_task_assets(config)
     check_paths(config)
-    trainer = RayPPOTrainer(config)
-    trainer.init_workers()
-    try:
-        trainer.fit()
-    finally:
-        trainer.shutdown()
+    fit_once(RayPPOTrainer(config))
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
 

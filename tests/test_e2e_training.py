@@ -97,6 +97,16 @@ def probe_batch(trainer):
     return probe
 
 
+def fit_once(trainer: RayPPOTrainer) -> dict:
+    """One run of a trainer a test built: its workers, its loop, and its shutdown even when the loop raises; the
+    loop's summary."""
+    trainer.init_workers()
+    try:
+        return trainer.fit()
+    finally:
+        trainer.shutdown()
+
+
 def run(config):
     trainer = RayPPOTrainer(config)
     trainer.init_workers()
@@ -178,11 +188,7 @@ def test_the_checkpoint_holds_the_tokenizer_the_prompts_were_rendered_with(ray_l
     config = make_config(toy_task, str(tmp_path / "run"), f"data.tokenizer={tmp_path / 'tokenizer'}",
                          "trainer.total_training_steps=1", "trainer.save_freq=1")
     trainer = RayPPOTrainer(config)
-    trainer.init_workers()
-    try:
-        trainer.fit()
-    finally:
-        trainer.shutdown()
+    fit_once(trainer)
     prompt = trainer.tokenizer.decode(trainer.train_dataloader.dataset[0]["input_ids"], skip_special_tokens=True)
     assert prompt.startswith("user: say something about ") and prompt.endswith("assistant: ")
     hf_dir = os.path.join(trainer.latest_checkpoint_dir, "actor", "huggingface")

@@ -15,7 +15,7 @@ from hybridrl.trainer.ppo.evaluation import (EvalSet, ValidationResults, eval_se
 from hybridrl.trainer.ppo.metric_utils import compute_validation_metrics
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer, _val_score
 from hybridrl.workers.rollout.sampling import max_new_tokens, sampling_source
-from tests.test_e2e_training import make_config, read_metrics
+from tests.test_e2e_training import fit_once, make_config, read_metrics
 
 EOS = 2
 
@@ -219,12 +219,7 @@ def test_summary_json_leads_with_the_metric_that_trainer_summary_metric_names(ra
     config = make_config(toy_task, str(tmp_path), "trainer.val_before_train=true", "trainer.val_only=true",
                          f"data.eval_sets=[{{name: short, path: {toy_task['val']}, max_response_length: 3}}]",
                          "trainer.summary_metric=eval/short/response_len/mean")
-    trainer = RayPPOTrainer(config)
-    trainer.init_workers()
-    try:
-        trainer.fit()
-    finally:
-        trainer.shutdown()
+    fit_once(RayPPOTrainer(config))
     (logged,) = read_metrics(str(tmp_path))
     with open(tmp_path / "summary.json") as f:
         summary = json.load(f)

@@ -14,7 +14,7 @@ from hybridrl.trainer.ppo import generate
 from hybridrl.trainer.ppo.group_rollout import GroupRollout
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from tests.test_async_training import SPLIT
-from tests.test_e2e_training import make_config
+from tests.test_e2e_training import fit_once, make_config
 
 # acc: constant for even prompts (their groups always have zero variance: DAPO drops them), else the parity of the
 # response's length in characters (a group of 4 is all-equal about 1 time in 8)
@@ -128,12 +128,7 @@ def test_every_schedule_and_generate_function_trains_each_step_on_the_flows_batc
     submitted = {cls: recorded(monkeypatch, cls, "submit") for cls in (generate.BatchGenerate,
                                                                         generate.AgentLoopGenerate)}
     config = make_config(toy_task, str(tmp_path), *ROUTES[route])
-    trainer = RayPPOTrainer(config)
-    trainer.init_workers()
-    try:
-        trainer.fit()
-    finally:
-        trainer.shutdown()
+    fit_once(RayPPOTrainer(config))
 
     assert len(learned) == len(assembled) == 2
     for ((learned_batch, *_), _), (_, (assembled_batch, _)) in zip(learned, assembled):

@@ -16,7 +16,7 @@ import torch
 from hybridrl.protocol import DataProto
 from hybridrl.algorithms import core_algos
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
-from tests.test_e2e_training import make_config, read_metrics
+from tests.test_e2e_training import fit_once, make_config, read_metrics
 
 N = 4
 LENGTH_REWARD = """
@@ -192,11 +192,7 @@ def test_remax_one_step_off_saves_the_groups_generated_ahead_with_their_baseline
     def run(stop_after):
         config = make_config(toy_task, str(run_dir), *overrides)
         trainer = recording(RayPPOTrainer, stop_after)(config)
-        trainer.init_workers()
-        try:
-            trainer.fit()
-        finally:
-            trainer.shutdown()
+        fit_once(trainer)
         return trainer
 
     first = run(stop_after=2)

@@ -41,17 +41,26 @@ def config(model_dir, *overrides):
         f"critic.ppo_max_token_len_per_gpu={TOKEN_BUDGET}", "algorithm=gae", *overrides]))
 
 
+def padded_rows(prompt_lengths: list[int], response_lengths: list[int], prompt_width: int, response_width: int,
+                vocab_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Rows of random token ids in the trainer's layout: each prompt left-padded to prompt_width, each response
+    right-padded to response_width, positions counting the attended tokens."""
+    prompt_mask = (torch.arange(prompt_width) >= prompt_width - torch.tensor(prompt_lengths).unsqueeze(-1)).long()
+    response_mask = (torch.arange(response_width) < torch.tensor(response_lengths).unsqueeze(-1)).long()
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    input_ids = torch.randint(4, vocab_size, attention_mask.shape, generator=generator) * attention_mask
+    return {"input_ids": input_ids, "attention_mask": attention_mask,
+            "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0), "responses": input_ids[:, prompt_width:],
+            "response_mask": response_mask}
+
+
 def batch(vocab_size: int) -> DataProto:
     generator = torch.Generator().manual_seed(0)
     rows = len(PROMPT_LENGTHS)
-    prompt_mask = (torch.arange(PROMPT_WIDTH) >= PROMPT_WIDTH - torch.tensor(PROMPT_LENGTHS).unsqueeze(-1)).long()
-    response_mask = (torch.arange(RESPONSE_WIDTH) < torch.tensor(RESPONSE_LENGTHS).unsqueeze(-1)).long()
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-    input_ids = torch.randint(4, vocab_size, attention_mask.shape, generator=generator) * attention_mask
+    padded = padded_rows(PROMPT_LENGTHS, RESPONSE_LENGTHS, PROMPT_WIDTH, RESPONSE_WIDTH, vocab_size, generator)
+    response_mask = padded["response_mask"]
     return DataProto.from_dict({
-        "input_ids": input_ids, "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0), "responses": input_ids[:, PROMPT_WIDTH:],
-        "response_mask": response_mask, "advantages": torch.randn(rows, 1, generator=generator) * response_mask,
+        **padded, "advantages": torch.randn(rows, 1, generator=generator) * response_mask,
         "returns": torch.randn(rows, RESPONSE_WIDTH, generator=generator) * response_mask,
         "values": torch.randn(rows, RESPONSE_WIDTH, generator=generator) * response_mask,
     }, meta_info={"temperature": TEMPERATURE})

@@ -25,6 +25,7 @@ from hybridrl.workers.actor.dp_actor import FORWARD_KEYS, DataParallelPPOActor
 from test_async_rollout import fit_keeping_update_batches
 from test_e2e_training import make_config, read_metrics
 from test_loss_dp_invariance import full_gradients
+from test_scale_features import padded_rows
 
 PROMPT, RESPONSE, TEMPERATURE = 5, 8, 0.9
 PROMPT_LENGTHS = [5, 2, 4, 1, 3, 5, 2, 4]
@@ -34,14 +35,10 @@ RESPONSE_LENGTHS = [8, 7, 3, 8, 1, 2, 6, 5]
 def update_batch(vocab_size: int) -> DataProto:
     generator = torch.Generator().manual_seed(0)
     rows = len(PROMPT_LENGTHS)
-    prompt_mask = (torch.arange(PROMPT) >= PROMPT - torch.tensor(PROMPT_LENGTHS).unsqueeze(-1)).long()
-    response_mask = (torch.arange(RESPONSE) < torch.tensor(RESPONSE_LENGTHS).unsqueeze(-1)).long()
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-    input_ids = torch.randint(4, vocab_size, attention_mask.shape, generator=generator) * attention_mask
+    padded = padded_rows(PROMPT_LENGTHS, RESPONSE_LENGTHS, PROMPT, RESPONSE, vocab_size, generator)
+    response_mask = padded["response_mask"]
     return DataProto.from_dict({
-        "input_ids": input_ids, "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0), "responses": input_ids[:, PROMPT:],
-        "response_mask": response_mask,
+        **padded,
         "old_log_probs": -3.0 + torch.rand(rows, RESPONSE, generator=generator) - 0.5,
         "advantages": torch.randn(rows, RESPONSE, generator=generator) * response_mask,
     }, meta_info={"temperature": TEMPERATURE})
