@@ -199,7 +199,7 @@ def test_one_step_off_scores_with_a_reward_model_on_the_main_thread_when_a_step_
     never on the generating thread while the rank updates; each trained sample's score is the model's own output on
     its prompt + response, and the schedule's staleness is kept."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    from test_scale_features_e2e import save_reward_model
+    from test_scale_features_e2e import save_reward_model, score_at_last_token
 
     rm_dir = save_reward_model(tmp_path / "rm", AutoTokenizer.from_pretrained(toy_task["model"]))
     zero = tmp_path / "zero.py"
@@ -224,8 +224,7 @@ def test_one_step_off_scores_with_a_reward_model_on_the_main_thread_when_a_step_
         scores = batch.batch["token_level_scores"].sum(-1)
         for row in range(len(scores)):
             mask = batch.batch["attention_mask"][row].bool()
-            with torch.no_grad():
-                expected = rm(input_ids=batch.batch["input_ids"][row][mask].unsqueeze(0)).logits[0, 0].item()
+            expected = score_at_last_token(rm, batch.batch["input_ids"][row][mask].unsqueeze(0))
             assert abs(scores[row].item() - expected) < 1e-4, (row, scores[row].item(), expected)
     metrics = read_metrics(run_dir)
     assert [(m["async_training/staleness/min"], m["async_training/staleness/max"]) for m in metrics] == [

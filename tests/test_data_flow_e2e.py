@@ -312,7 +312,7 @@ def test_a_reward_model_scores_each_group_as_it_finishes_and_the_filter_sees_its
     model worker (the rule scorer gives 0, so each sample's score is the reward model's alone: equal to the model's
     own output on the trained prompt + response), and the dynamic-sampling filter drops nothing that varies."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    from test_scale_features_e2e import save_reward_model
+    from test_scale_features_e2e import save_reward_model, score_at_last_token
 
     rm_dir = save_reward_model(tmp_path / "rm", AutoTokenizer.from_pretrained(toy_task["model"]))
     zero = tmp_path / "zero.py"
@@ -330,7 +330,5 @@ def test_a_reward_model_scores_each_group_as_it_finishes_and_the_filter_sees_its
         scores = batch.batch["token_level_scores"].sum(-1)
         for row in range(0, len(scores), 5):  # a sample of rows: each one's score is the model's on its tokens
             mask = batch.batch["attention_mask"][row].bool()
-            ids = batch.batch["input_ids"][row][mask].unsqueeze(0)
-            with torch.no_grad():
-                expected = rm(input_ids=ids).logits[0, 0].item()
+            expected = score_at_last_token(rm, batch.batch["input_ids"][row][mask].unsqueeze(0))
             assert abs(scores[row].item() - expected) < 1e-4, (row, scores[row].item(), expected)

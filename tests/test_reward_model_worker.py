@@ -161,10 +161,11 @@ def policy_batch(tokenizer) -> DataProto:
 
 
 def direct_scores(model_dir, token_lists) -> list[float]:
-    """Single process, no padding: HF's own pooling reads the last token of each unpadded sequence."""
+    """Single process, no padding: the score head at the last token of each unpadded sequence."""
+    from test_scale_features_e2e import score_at_last_token
+
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32)
-    with torch.no_grad():
-        return [model(input_ids=torch.tensor([tokens])).logits[0, 0].item() for tokens in token_lists]
+    return [score_at_last_token(model, torch.tensor([tokens])) for tokens in token_lists]
 
 
 def expected_rm_scores(scores, tokenizer) -> torch.Tensor:
@@ -185,6 +186,26 @@ def test_same_tokenizer_scores_the_policy_tokens(groups, models):
     assert rm_scores.shape == (5, RESPONSE_LENGTH) and rm_scores.dtype == torch.float32
     assert (rm_scores != 0).sum() == 5
     torch.testing.assert_close(rm_scores, expected, atol=1e-5, rtol=0)
+
+
+def test_a_response_ending_in_the_pad_id_is_scored_at_that_token(groups, models):
+    """The score goes on the last attended token, as verl's worker reads it (eos_mask_idx), even when a sampled
+    response ends in the pad id, where HF's sequence-classification pooling would read the token before."""
+    tokenizer = models["policy_tokenizer"]
+    batch = policy_batch(tokenizer)
+    last = batch.batch["attention_mask"][:, PROMPT_LENGTH:].sum(-1) - 1
+    rows = torch.arange(len(last))
+    batch.batch["responses"][rows, last] = tokenizer.pad_token_id
+    batch.batch["input_ids"][rows, PROMPT_LENGTH + last] = tokenizer.pad_token_id
+    rm_scores = groups["same"].compute_rm_score(batch).batch["rm_scores"]
+
+    unpadded = [row[mask.bool()] for row, mask in zip(batch.batch["input_ids"], batch.batch["attention_mask"])]
+    expected = expected_rm_scores(direct_scores(models["same_dir"], [row.tolist() for row in unpadded]), tokenizer)
+    torch.testing.assert_close(rm_scores, expected, atol=1e-5, rtol=0)
+    model = AutoModelForSequenceClassification.from_pretrained(models["same_dir"], dtype=torch.float32)
+    with torch.no_grad():
+        pooled = torch.tensor([model(input_ids=row.unsqueeze(0)).logits[0, 0].item() for row in unpadded])
+    assert ((rm_scores[rows, last] - pooled).abs() > 1e-3).all()
 
 
 def test_other_tokenizer_and_template_rescore_the_chat(groups, models):

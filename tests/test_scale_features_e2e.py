@@ -91,6 +91,14 @@ def save_reward_model(out_dir, tokenizer):
     return str(out_dir)
 
 
+
+def score_at_last_token(rm, ids: torch.Tensor) -> float:
+    """The reward model's score of one unpadded sequence (1 x length) at its last token, where the worker (like
+    verl's) reads it. Not `rm(ids).logits`: HF's sequence-classification pooling takes the last token that is not the
+    pad id, and a sampled response can end in the pad id (a flaky mismatch, 2026-12-06)."""
+    with torch.no_grad():
+        return rm.score(rm.model(input_ids=ids).last_hidden_state)[0, -1, 0].item()
+
 @pytest.mark.slow
 def test_reward_model_worker_and_lora_grpo(ray_local, toy_task, scorers, tmp_path):
     rm_dir = save_reward_model(tmp_path / "rm", AutoTokenizer.from_pretrained(toy_task["model"]))
