@@ -149,8 +149,13 @@ def test_grpo_fsdp2_with_kl_loss(ray_local, toy_task, tmp_path):
     _, summary, before, after = run(config)
     steps = read_metrics(str(tmp_path))
     assert [m["step"] for m in steps][:2] == [1, 2]
+    rows = config.data.train_batch_size * config.actor_rollout_ref.rollout.n
     for m in steps[:2]:
         assert_finite_keys(m, COMMON_KEYS + ["actor/kl_loss", "timing_s/ref"])
+        # the engine's own share of the generation, and its rate over the step's tokens
+        assert 0 < m["timing_s/engine_generate"] <= m["timing_s/gen"]
+        assert m["rollout/engine_tokens_per_s"] * m["timing_s/engine_generate"] == \
+            pytest.approx(m["response_length/mean"] * rows)
     assert summary["steps"] == 2
     assert_weights_changed(before, after)
 

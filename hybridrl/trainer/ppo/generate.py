@@ -10,7 +10,8 @@ Both take a group (list[Sample]) with the Sampling its samples are drawn with, a
 `submit(group, sampling, baseline_sampling, step, position) -> handle` (`position`: the group's index among those
 its step submitted; with `step`, where rollout.full_determinism's request seeds come from: rollout/request_seeds.py),
 `wait(handles) -> [(handle, group)]` (at least one finished), `abort(handles) -> [group]` (what had not finished,
-with its tokens so far), `report_failures(errors, samples)`.
+with its tokens so far), `report_failures(errors, samples)`, `take_engine_time() -> (seconds, tokens)` (inside the
+engines' batched calls since the last take: the step's timing_s/engine_generate and rollout/engine_tokens_per_s).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import numpy as np
 import ray
 
 from hybridrl.agent_loop.manager import rollout_sampling_params
@@ -83,6 +85,11 @@ class AgentLoopGenerate:
     def report_failures(self, errors: list[str], samples: int) -> None:
         self.manager.report_failures(errors, samples)
 
+    def take_engine_time(self) -> tuple[float, int]:
+        """Nothing: the servers' requests overlap, so no one call's seconds are the engine's (agent_loop/* says
+        what each loop spent)."""
+        return 0.0, 0
+
     def _params(self, sampling: Sampling) -> dict[str, Any]:
         return rollout_sampling_params(self.rollout_config, validate=sampling.validate,
                                        do_sample=sampling.resolved_do_sample(self.rollout_config),
@@ -103,6 +110,7 @@ class BatchGenerate:
         self._handles = itertools.count()
         self._queued: dict[int, tuple[list[Sample], Sampling, Optional[Sampling], int]] = {}  # ..., step
         self._done: dict[int, list[Sample]] = {}
+        self._engine_seconds, self._engine_tokens = 0.0, 0  # since the last take_engine_time
 
     def submit(self, group: list[Sample], sampling: Sampling, baseline_sampling: Optional[Sampling], step: int,
                position: int) -> int:
@@ -125,6 +133,13 @@ class BatchGenerate:
 
     def report_failures(self, errors: list[str], samples: int) -> None:
         """No agent loop runs here: nothing fails one sample alone (an engine's error fails the step)."""
+
+    def take_engine_time(self) -> tuple[float, int]:
+        """The seconds inside the engine's generate calls (the slowest rank's own report: engine_io.engine_output)
+        and the tokens all ranks generated in them, since the last take."""
+        taken = self._engine_seconds, self._engine_tokens
+        self._engine_seconds, self._engine_tokens = 0.0, 0
+        return taken
 
     def _generate_queued(self) -> None:
         """Every pending sample of the queued groups, one engine call per sampling setting (and step)."""
@@ -162,6 +177,9 @@ class BatchGenerate:
         max_tokens = dict(sampling.overrides).get("max_tokens", rollout.response_length)
         width = output.batch["responses"].shape[1]
         lengths = output.batch["attention_mask"][:, -width:].sum(-1).tolist()
+        reported = output.meta_info.get("metrics", {}).get("timing_s/engine_generate")  # one per rank
+        self._engine_seconds += 0.0 if reported is None else max(np.atleast_1d(reported).tolist())
+        self._engine_tokens += sum(lengths)
         responses = output.batch["responses"].tolist()
         masks = output.batch["response_mask"].tolist()
         log_probs = output.batch["rollout_log_probs"].tolist() if "rollout_log_probs" in output.batch.keys() else None

@@ -72,6 +72,8 @@ class StepCounts:
     generated: int = 0
     errors: list[str] = field(default_factory=list)
     reward_seconds: float = 0.0  # spent scoring: verl's timing_s/reward (within timing_s/gen)
+    engine_seconds: float = 0.0  # inside the engines' batched calls, and the tokens they made (generate.py)
+    engine_tokens: int = 0
 
 
 class GroupRollout:
@@ -127,7 +129,11 @@ class GroupRollout:
     def wait(self, handles: list) -> list[tuple[Any, list[Sample]]]:
         """Block until at least one of `handles` is done; (handle, group) of each finished one. A worker's error (an
         engine's, a custom generate function's) is raised here, with its traceback."""
-        return self.generator.wait(handles)
+        finished = self.generator.wait(handles)
+        seconds, tokens = self.generator.take_engine_time()
+        self.counts.engine_seconds += seconds
+        self.counts.engine_tokens += tokens
+        return finished
 
     def abort(self, handles: list) -> list[list[Sample]]:
         """Stop the groups of `handles` (submitted, not finished) and return them with their tokens so far (status
@@ -267,6 +273,9 @@ class GroupRollout:
         self.generator.report_failures(counts.errors, counts.generated)
         metrics = dict(counts.metrics)
         metrics["timing_s/reward"] = counts.reward_seconds
+        if counts.engine_seconds > 0:  # the batched call's share of timing_s/gen (the rest: dispatch, packing)
+            metrics["timing_s/engine_generate"] = counts.engine_seconds
+            metrics["rollout/engine_tokens_per_s"] = counts.engine_tokens / counts.engine_seconds
         metrics["data_flow/buffer_size"] = float(len(prompt_source.buffer))
         metrics["data_flow/num_groups_trained"] = float(len(groups))
         if counts.scored:  # the policy's own success, before any filter chose (the trained batch's is biased)

@@ -26,6 +26,8 @@ generator seeded for the rank's rows (rollout/request_seeds.py), not from the pr
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
@@ -35,7 +37,7 @@ from hybridrl.models.fsdp_utils import hf_module
 from hybridrl.algorithms.torch_functional import logprobs_from_logits
 from hybridrl.workers.rollout.base import BaseRollout, register_rollout
 from hybridrl.workers.rollout.request_seeds import first_row_seed, seeded_generator
-from hybridrl.data.batch_layout import to_batch_layout
+from hybridrl.workers.rollout.engine_io import engine_output
 from hybridrl.workers.rollout.sampling import max_new_tokens, sampling_source
 
 
@@ -101,12 +103,14 @@ class HFRollout(BaseRollout):
         sampling = self._sampling(prompts.meta_info)
         response_length = self.config.response_length
 
+        started = time.perf_counter()
         with seeded_generator(first_row_seed(self.config, prompts.meta_info), device):  # full_determinism only
             output = model.generate(
                 input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
                 max_new_tokens=max_new_tokens(self.config, prompts.meta_info), eos_token_id=eos_ids,
                 pad_token_id=pad_id, repetition_penalty=1.0, use_cache=True, synced_gpus=self._ranks_step_together(),
                 return_dict_in_generate=True, output_logits=self.config.calculate_log_probs, **sampling)
+        engine_seconds = time.perf_counter() - started
 
         generated = output.sequences[:, prompt_ids.shape[1]:].cpu()
         response_mask = mask_through_first_eos(generated, eos_ids)  # HF pads finished rows: cut at the EOS
@@ -116,11 +120,9 @@ class HFRollout(BaseRollout):
             temperature = sampling["temperature"] if sampling["do_sample"] else 1.0  # greedy: the raw logits
             step_log_probs = _sampled_log_probs(output.logits, generated, temperature)
             log_probs = [row[:length].tolist() for row, length in zip(step_log_probs, lengths)]
-        return to_batch_layout(
-            [row[mask.bool()].tolist() for row, mask in zip(prompt_ids, prompt_mask)],
-            [row[:length].tolist() for row, length in zip(generated, lengths)],
-            prompt_length=prompt_ids.shape[1], response_length=response_length, pad_token_id=pad_id,
-            response_logprobs=log_probs)
+        return engine_output(prompts, [row[mask.bool()].tolist() for row, mask in zip(prompt_ids, prompt_mask)],
+                             [row[:length].tolist() for row, length in zip(generated, lengths)], log_probs,
+                             response_length=response_length, pad_token_id=pad_id, engine_seconds=engine_seconds)
 
     def _ranks_step_together(self) -> bool:
         """Whether every rank must run as many decoding steps as the slowest one (HF's synced_gpus).
