@@ -63,6 +63,9 @@ SWITCH = ["update_weights", "resume_weights", "resume_kv_cache", "release_engine
           "reload_actor", "offload_actor"]
 
 
+# the phases recorded per steady step (steps/timing_s/<phase>), not only as means: tree_turns.py pools them
+STEP_PHASES = ("gen", "reward", "old_log_prob", "update_actor", "step")
+
 def make_model(shape: str, vocabulary: Vocabulary, out: str) -> str:
     """Random-weight bf16 Qwen2 of `shape` with `vocabulary`'s embedding count, saved with its tokenizer (unless `out`
     holds one made for it already)."""
@@ -188,7 +191,7 @@ def run_trainer(args, model_dir: str, run: str, timeout: float | None, extra: Se
     timed = run.steps[1:] or run.steps
     result = {"wall_s": run.wall_s, "steps_logged": len(run.steps), **mean_metrics(timed),
               **{f"steps/timing_s/{phase}": [step[f"timing_s/{phase}"] for step in timed if f"timing_s/{phase}" in step]
-                 for phase in ("gen", "step")},
+                 for phase in STEP_PHASES},
               **decode_log_summary(output)}
     return {**result, "error": run.error} if run.error else result
 

@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 
-PHASES = ("step", "gen", "old_log_prob", "update_actor")
+PHASES = ("step", "gen", "reward", "old_log_prob", "update_actor")  # those a tree's ppo_step.py records per step
 ORDER = ("before", "after", "after", "before")
 
 
@@ -38,9 +38,10 @@ def summarise(turns: list[dict]) -> dict:
     for turn in turns:
         for phase, seconds in turn["steps"].items():
             sides[turn["side"]][phase].extend(seconds)
+    sides = {side: {phase: seconds for phase, seconds in phases.items() if seconds} for side, phases in sides.items()}
     ratios = {}
     for phase in PHASES:
-        before, after = sides["before"][phase], sides["after"][phase]
+        before, after = sides["before"].get(phase), sides["after"].get(phase)
         if before and after:
             ratios[phase] = {"median_before_s": statistics.median(before), "median_after_s": statistics.median(after),
                              "after_over_before_median": statistics.median(after) / statistics.median(before),
