@@ -81,12 +81,14 @@ def run_main_ppo(run_dir, *overrides, config_name: str = "ppo_trainer") -> list[
 @pytest.mark.timeout(1200)  # two trainer runs of about 150 s each with a fresh host's kernel builds; 300 s cut one
 @pytest.mark.parametrize("loop", ["single_turn", "tool_agent"])
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
-def test_two_runs_with_the_keys_on_log_bitwise_equal_metrics(engine, loop, toy_05b, tool_cache, tmp_path):
+def test_two_runs_with_the_keys_on_log_bitwise_equal_metrics(engine, loop, request, tmp_path):
     pytest.importorskip(engine)
+    # each loop's fixture only where it runs: a single-turn case alone does not wait for the tool task's warm start
     if loop == "single_turn":
-        overrides, config_name = single_turn_overrides(toy_05b), "ppo_trainer"
+        overrides, config_name = single_turn_overrides(request.getfixturevalue("toy_05b")), "ppo_trainer"
     else:
-        overrides, config_name = [f"cache_dir={tool_cache}", "data.val_max_samples=32"], "tool_default"
+        overrides = [f"cache_dir={request.getfixturevalue('tool_cache')}", "data.val_max_samples=32"]
+        config_name = "tool_default"
     overrides = [*overrides, f"actor_rollout_ref.rollout.name={engine}", *KEYS_ON]
     first = run_main_ppo(tmp_path / "a", *overrides, config_name=config_name)
     second = run_main_ppo(tmp_path / "b", *overrides, config_name=config_name)
