@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY, spans_versions, staleness, to_batch_layout
+from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY, last_one, spans_versions, staleness, to_batch_layout
 
 PAD = 0
 
@@ -70,3 +70,9 @@ def test_weight_versions_column_and_the_staleness_measures_built_on_it():
     with pytest.raises(ValueError, match="weight_versions of row 0 has 1 entries, its response has 2 tokens"):
         to_batch_layout([[5]], [[11, 12]], prompt_length=1, response_length=2, pad_token_id=PAD,
                         weight_versions=[[0]])
+
+
+def test_last_one_is_each_rows_last_set_position_or_minus_one():
+    mask = torch.tensor([[1, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
+    assert last_one(mask).tolist() == [1, 2, -1, 3]  # a hole does not end the row; an empty row has none
+    assert last_one(mask.bool()).tolist() == [1, 2, -1, 3]

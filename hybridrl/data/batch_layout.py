@@ -92,6 +92,13 @@ def to_batch_layout(prompt_ids: list[list[int]], response_ids: list[list[int]], 
     return DataProto.from_dict(tensors)
 
 
+def last_one(mask: torch.Tensor) -> torch.Tensor:
+    """Per row of a 0/1 mask: the index of its last 1, or -1 when it has none (one tensor op for the whole batch:
+    a row-by-row nonzero cost about 1 ms per 128 rows on the controller)."""
+    positions = torch.arange(1, mask.shape[-1] + 1, device=mask.device)
+    return (mask.bool() * positions).max(dim=-1).values - 1
+
+
 def staleness(versions: torch.Tensor, current_version: int) -> torch.Tensor:
     """Per row that has generated tokens (version >= 0): how many versions older than `current_version` its oldest
     token is. The one measure behind data_flow/staleness/* and async_training/staleness/*."""

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY, spans_versions, staleness, to_batch_layout
+from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY, last_one, spans_versions, staleness, to_batch_layout
 
 PENDING, COMPLETED, TRUNCATED, ABORTED = "pending", "completed", "truncated", "aborted"
 STATUSES = (PENDING, COMPLETED, TRUNCATED, ABORTED)
@@ -230,12 +230,12 @@ def _scores_on_last_trained_token(samples: list[Sample], response_mask: torch.Te
                                   response_length: int) -> torch.Tensor:
     """The reward on the last token the model is trained on (the last response token when none is)."""
     scores = torch.zeros((len(samples), response_length), dtype=torch.float32)
-    for row, sample in enumerate(samples):
-        if sample.response_length == 0:
-            continue
-        trained = response_mask[row].nonzero()
-        last = int(trained[-1]) if len(trained) else sample.response_length - 1
-        scores[row, last] = sample.reward_value()
+    lengths = torch.tensor([sample.response_length for sample in samples], dtype=torch.long)
+    trained = last_one(response_mask)
+    last = torch.where(trained >= 0, trained, lengths - 1)
+    rows = (lengths > 0).nonzero().flatten()
+    scores[rows, last[rows]] = torch.tensor([samples[row].reward_value() for row in rows.tolist()],
+                                            dtype=torch.float32)
     return scores
 
 

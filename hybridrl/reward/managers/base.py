@@ -37,6 +37,7 @@ the logging too; math-verify's own per-sample timeouts need the main thread, so 
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 import math
 import numbers
@@ -49,6 +50,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
+
+from hybridrl.data.batch_layout import last_one
 
 logger = logging.getLogger(__name__)
 
@@ -114,11 +117,12 @@ def decode_responses(data, tokenizer, reward_fn_key: str) -> DecodedResponses:
         raise KeyError(f"the batch has no column {reward_fn_key!r} (data.reward_fn_key); "
                        f"non-tensor columns: {sorted(data.non_tensor_batch)}")
     extra_infos = with_rollout_fields(data.non_tensor_batch)
-    lengths = [_valid_length(response_mask[i], sample=i) for i in range(len(responses))]
+    lengths = _valid_lengths(response_mask)
+    valid_tokens = [list(itertools.compress(row, mask)) for row, mask in zip(responses.tolist(),
+                                                                             response_mask.tolist())]
     return DecodedResponses(
         data_sources=list(data.non_tensor_batch[reward_fn_key]),
-        solution_strs=tokenizer.batch_decode([row[mask].tolist() for row, mask in zip(responses, response_mask.bool())],
-                                             skip_special_tokens=True),  # one call: half the time of one a row
+        solution_strs=tokenizer.batch_decode(valid_tokens, skip_special_tokens=True),  # one call: half the time
         ground_truths=[reward_model["ground_truth"] for reward_model in data.non_tensor_batch["reward_model"]],
         extra_infos=[None] * len(responses) if extra_infos is None else list(extra_infos),
         response_lengths=lengths,
@@ -148,12 +152,13 @@ def with_rollout_fields(non_tensor_batch: dict):
     return merged
 
 
-def _valid_length(response_mask_row: torch.Tensor, sample: int) -> int:
-    """Responses are right-padded: the valid tokens are the first ones, up to the last 1 of the mask."""
-    valid = response_mask_row.nonzero()
-    if valid.numel() == 0:
-        raise ValueError(f"sample {sample} has an empty response (no valid token to put its reward on)")
-    return int(valid[-1]) + 1
+def _valid_lengths(response_mask: torch.Tensor) -> list[int]:
+    """Responses are right-padded: each row's valid tokens are the first ones, up to the last 1 of its mask."""
+    lengths = last_one(response_mask) + 1
+    empty = (lengths == 0).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"sample {empty[0]} has an empty response (no valid token to put its reward on)")
+    return lengths.tolist()
 
 
 class RewardManagerBase:
