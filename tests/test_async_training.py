@@ -10,7 +10,7 @@ import torch
 
 from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY
 from hybridrl.trainer.ppo.checkpointing import DATA_STATE_FILE
-from hybridrl.trainer.ppo.placement import SeparatePool
+from hybridrl.trainer.ppo.placement import SeparatePool, actor_version
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from hybridrl.trainer.ppo.schedule import FullyAsync, Sync
 from hybridrl.trainer.checkpoint_dir import step_dir_name
@@ -62,7 +62,7 @@ def train(config, stop_after: int | None = None):
         trainer.schedule.return_in_flight()
         held = prompts_held(trainer.prompt_source.state_dict())
         if isinstance(trainer.placement, SeparatePool):
-            trainer.versions_at_end = (trainer.placement.rollout_version, trainer.weights_version())
+            trainer.versions_at_end = (trainer.placement.rollout_version, actor_version(trainer.actor_rollout_wg))
     finally:
         trainer.shutdown()
     return trainer, held
@@ -106,7 +106,7 @@ def test_the_data_flow_runs_on_a_separate_rollout_pool(ray_local, toy_task, tmp_
     trainer.init_workers()
     try:
         trainer.fit()
-        assert (trainer.placement.rollout_version, trainer.weights_version()) == (3, 3)
+        assert (trainer.placement.rollout_version, actor_version(trainer.actor_rollout_wg)) == (3, 3)
     finally:
         trainer.shutdown()
     assert (type(trainer.placement), type(trainer.schedule)) == (SeparatePool, Sync)

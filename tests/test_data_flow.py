@@ -138,6 +138,25 @@ def test_prompt_source_takes_the_buffer_first_then_the_data_and_resumes_exactly(
         assert groups[2][0].index == 6 and groups[2][0].metadata == {"extra_info": {"index": 3}, "data_source": "toy"}
 
 
+def test_a_prefetched_batch_hands_out_the_same_groups_and_is_saved_as_pending_rows():
+    plain, ahead = PromptSource(dataset_batches(), n=2, config=None), PromptSource(dataset_batches(), n=2, config=None)
+    for step in (1, 2, 3):
+        expected = [sample.to_dict() for group in plain.get_groups(3, step) for sample in group]
+        assert [sample.to_dict() for group in ahead.get_groups(3, step) for sample in group] == expected
+        ahead.prefetch()  # the next batch (none after the third) is read on a thread
+        if step == 1:  # a checkpoint now holds the read-ahead batch's rows as pending: rows 3, 4, 5
+            assert [row["extra_info"]["index"] for row in ahead.state_dict()["pending_rows"]] == [3, 4, 5]
+    assert ahead.get_groups(3, step=4) == [] == plain.get_groups(3, step=4)  # the 3 batches are used up
+
+    def bad_batches():
+        raise ValueError("data.train_files row 7: no prompt")
+        yield
+    failing = PromptSource(bad_batches, n=2, config=None)
+    failing.prefetch()  # the error waits for the step that needs the rows, and names the row
+    with pytest.raises(ValueError, match="row 7: no prompt"):
+        failing.get_groups(1, step=1)
+
+
 def _saved(state):
     import io
     buffer = io.BytesIO()

@@ -170,7 +170,7 @@ def comparable(step_metrics: dict) -> dict:
     machine's memory in use (perf/cpu_memory_used_gb, perf/max_memory_*_gb)."""
     return {key: value for key, value in step_metrics.items()
             if not key.startswith(("timing_s/", "perf/mfu/", "perf/max_memory_", "perf/cpu_memory_"))
-            and key not in ("perf/time_per_step", "perf/throughput")}
+            and key not in ("perf/time_per_step", "perf/throughput", "rollout/engine_tokens_per_s")}
 
 
 def metrics_by_step(run_dir) -> dict[int, dict]:
@@ -217,11 +217,14 @@ def test_reference_run_writes_checkpoints_loggers_and_dumps(reference_run):
         assert sorted(os.listdir(step_dir)) == ["actor", "batch_layout.json", "checkpoint_complete.json", "data.pt"]
         hf_files = os.listdir(os.path.join(step_dir, "actor", "huggingface"))
         assert "config.json" in hf_files and "tokenizer.json" in hf_files
-    # data.pt after step 2: epoch 0 (3 batches of 8 prompts), 2 batches trained on.
+    # data.pt after step 2: epoch 0 (3 batches of 8 prompts), 2 batches trained on and the next one read ahead
+    # (prompt_source.prefetch), its 8 rows pending; after step 4, the second batch of epoch 1 read ahead.
     state = torch.load(os.path.join(run_dir, "global_step_2", "data.pt"), weights_only=True)
-    assert (state["global_step"], state["dataloader"]["epoch"], state["dataloader"]["batches_done"]) == (2, 0, 2)
+    assert (state["global_step"], state["dataloader"]["epoch"], state["dataloader"]["batches_done"]) == (2, 0, 3)
+    assert len(state["prompt_source"]["pending_rows"]) == 8
     state = torch.load(os.path.join(run_dir, "global_step_4", "data.pt"), weights_only=True)
-    assert (state["global_step"], state["dataloader"]["epoch"], state["dataloader"]["batches_done"]) == (4, 1, 1)
+    assert (state["global_step"], state["dataloader"]["epoch"], state["dataloader"]["batches_done"]) == (4, 1, 2)
+    assert len(state["prompt_source"]["pending_rows"]) == 8
 
     # jsonl: one row per step; validation at steps 2 and 4; the step's save timed at 2 and 4 only.
     rows = read_metrics(run_dir)

@@ -10,10 +10,16 @@ Rows of a dataset batch not yet handed out wait in `pending_rows`, so a step tha
 batch holds takes the next rows next time. `state_dict` holds the buffer (Sample records as plain values), the
 pending rows and the index counters; the dataloader's position is saved by checkpointing.py next to it. Together
 they resume exactly: the resumed run hands out the groups (and the partial tokens) the uninterrupted one would.
+
+`prefetch` reads the next dataset batch on a thread (the synchronous schedule calls it once a step has its groups),
+so tokenising the next step's prompts overlaps the workers' update instead of delaying the next generation. Its
+rows are pending rows like any others: `get_groups` and `state_dict` wait for them first, so the groups handed out,
+and a checkpoint, are the same as without it.
 """
 from __future__ import annotations
 
 import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
@@ -38,10 +44,13 @@ class PromptSource:
         self.next_group_index = 0
         self.next_sample_index = 0
         self._batches: Optional[Iterator[dict]] = None  # created on first use, after a resume set the position
+        self._prefetched: Optional[Future] = None  # the next batch's rows being read (prefetch)
+        self._reader: Optional[ThreadPoolExecutor] = None
 
     def get_groups(self, num_groups: int, step: int) -> list[list[Sample]]:
         """Up to `num_groups` from the buffer (as the buffer filter picks), the rest fresh from the data."""
         groups = self._from_buffer(num_groups, step)
+        self._take_prefetched()
         while len(groups) < num_groups:
             if not self.pending_rows:
                 batch = next(self._data_batches(), None)
@@ -53,6 +62,27 @@ class PromptSource:
             self.next_group_index += 1
             self.next_sample_index += self.n + int(self.baseline)
         return groups
+
+    def prefetch(self) -> None:
+        """Start reading the next dataset batch's rows on a thread, unless rows are pending already. A row that
+        fails (bad input) raises in the `get_groups` or `state_dict` that waits for it."""
+        if self.pending_rows or self._prefetched is not None:
+            return
+        if self._reader is None:
+            self._reader = ThreadPoolExecutor(1, thread_name_prefix="prompt-prefetch")
+        batches = self._data_batches()
+
+        def next_rows() -> list[dict[str, Any]]:
+            batch = next(batches, None)
+            return [] if batch is None else _rows(batch)
+
+        self._prefetched = self._reader.submit(next_rows)
+
+    def _take_prefetched(self) -> None:
+        """The prefetched rows (if any) become the pending rows; a finite source's end gives none."""
+        if self._prefetched is not None:
+            future, self._prefetched = self._prefetched, None
+            self.pending_rows = future.result()
 
     def add_groups(self, groups: list[list[Sample]], first: bool = False) -> None:
         """Put whole groups back (partial rollout's aborted ones, or groups a rollout did not use); `first`: before
@@ -93,12 +123,14 @@ class PromptSource:
         return self._batches
 
     def state_dict(self) -> dict[str, Any]:
+        self._take_prefetched()  # its batch counts as read in the data position: its rows are pending
         return {"buffer": [[sample.to_dict() for sample in group] for group in self.buffer],
                 "pending_rows": to_plain(self.pending_rows), "next_group_index": self.next_group_index,
                 "next_sample_index": self.next_sample_index}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A buffered group of a run whose estimator did (not) use ReMax's baseline gets a pending one (loses it)."""
+        self._take_prefetched()  # read from the position being replaced: dropped with it
         self.pending_rows = list(state["pending_rows"])
         self.next_group_index = state["next_group_index"]
         self.next_sample_index = state["next_sample_index"]

@@ -49,6 +49,7 @@ class Colocated:
 
     def __init__(self):
         self.policy_wg: RayWorkerGroup | None = None  # the trainer pool's policy workers, which also generate
+        self._version: int | None = None  # the engines' version, asked once per rollout mode (None: not yet)
 
     @staticmethod
     def actor_role(with_reference: bool) -> str:
@@ -64,15 +65,20 @@ class Colocated:
 
     def rollout_mode(self) -> dict[str, float]:
         """Trainer mode -> rollout mode on every rank (weights pushed unless the engine holds them); timings."""
+        self._version = None
         return mean_of_rank_metrics(self.policy_wg.rollout_mode())
 
     def trainer_mode(self) -> dict[str, float]:
         """Rollout mode -> trainer mode on every rank (the engine releases its memory); timings."""
+        self._version = None
         return mean_of_rank_metrics(self.policy_wg.trainer_mode())
 
     def engines_version(self) -> int:
-        """The version the engines generate with in rollout mode: the actor's."""
-        return actor_version(self.policy_wg)
+        """The version the engines generate with in rollout mode: the actor's. Asked of the workers once per rollout
+        mode: it cannot change before the next trainer mode (an update or a checkpoint load needs trainer mode)."""
+        if self._version is None:
+            self._version = actor_version(self.policy_wg)
+        return self._version
 
 
 class SeparatePool:

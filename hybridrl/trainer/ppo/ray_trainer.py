@@ -34,7 +34,7 @@ from hybridrl.trainer.ppo import checkpointing
 from hybridrl.trainer.ppo.evaluation import ValidationResults, eval_sets_from_config
 from hybridrl.trainer.ppo.generate import AgentLoopGenerate, BatchGenerate, Sampling
 from hybridrl.trainer.ppo.group_rollout import GroupRollout, generates_on_engine_servers
-from hybridrl.trainer.ppo.placement import actor_version, placement_for
+from hybridrl.trainer.ppo.placement import placement_for
 from hybridrl.trainer.ppo.schedule import Schedule, schedule_for
 from hybridrl.trainer.ppo.generation_dump import (dump_generations, filtered_records, rollout_records,
                                                   select_val_samples)
@@ -161,7 +161,7 @@ class RayPPOTrainer:
             self.agent_loop_manager = AgentLoopManager(self.config, self.tokenizer, addresses)
             generator = AgentLoopGenerate(self.agent_loop_manager, rollout)
         else:
-            generator = BatchGenerate(engines, rollout, self.tokenizer, self.weights_version)
+            generator = BatchGenerate(engines, rollout, self.tokenizer, self.placement.engines_version)
         self.group_rollout = GroupRollout(self.config, generator, self.tokenizer,
                                           lambda batch, evaluation: self._score(
                                               batch, self.val_reward_fn if evaluation else self.reward_fn))
@@ -306,7 +306,7 @@ class RayPPOTrainer:
         buffer first (the checkpoint saves it)."""
         self.schedule.return_in_flight()
         kl_coef = None if self.kl_ctrl_in_reward is None else self.kl_ctrl_in_reward.value
-        prompt_source = None if self.prompt_source is None else self.prompt_source.state_dict()
+        prompt_source = self.prompt_source.state_dict()  # first: it waits for a prefetched batch's rows
         state = checkpointing.ControllerState(self.global_steps, self.train_data_position.state_dict(), kl_coef,
                                               prompt_source)
         self.latest_checkpoint_dir = checkpointing.save_checkpoint(self.config, self._checkpointed_workers(), state)
@@ -320,7 +320,7 @@ class RayPPOTrainer:
         self.train_data_position.load_state_dict(restored.data_position)
         if self.kl_ctrl_in_reward is not None:
             self.kl_ctrl_in_reward.value = restored.kl_coef_in_reward
-        if self.prompt_source is not None and restored.prompt_source is not None:  # none: the source starts empty
+        if restored.prompt_source is not None:  # none: the source starts empty
             self.prompt_source.load_state_dict(restored.prompt_source)
 
     def _checkpointed_workers(self) -> checkpointing.CheckpointedWorkers:
@@ -416,11 +416,6 @@ class RayPPOTrainer:
         return metrics
 
     # ------------------------------------------------------------------ the rollout, shared by training and validation
-    def weights_version(self) -> int:
-        """The policy version of the actor's weights (the workers' count, batch_layout.py): what the engines report
-        with the tokens they generate once they hold these weights."""
-        return actor_version(self.actor_rollout_wg)
-
     def _score(self, batch: DataProto, reward_fn) -> dict:
         """The reward manager's result for `batch` (reward_tensor, reward_metrics, reward_extra_info); with a
         reward model its rm_scores are added to `batch` first (the managers add them to the rule scores)."""

@@ -95,6 +95,7 @@ class Sync:
             metrics.update(flow_metrics)
         with timer("trainer_mode", timing):  # colocated: the engines give their memory back
             metrics.update(self.placement.trainer_mode())
+        self.source.prefetch()  # the next step's prompts are read while this one trains
         return batch
 
     def after_update(self, step: int, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
