@@ -178,18 +178,20 @@ def test_controller_state_this_run_cannot_take_back_is_refused(inputs, tmp_path,
         f"{data_state} without one (saved by a run without the data flow: its batches would not resume exactly); "
         f"{avoid.format(step_dir)}"]
 
-    source = {"buffer": [], "pending_rows": [{"extra_info": {"index": 5}}], "next_group_index": 4,
+    group = [{"index": 0, "group_index": 0, "prompt_ids": [1, 2], "response_ids": [3], "status": "aborted"}]
+    source = {"buffer": [group], "pending_rows": [{"extra_info": {"index": 5}}], "next_group_index": 4,
               "next_sample_index": 8}
     step_dir = write_checkpoint(run_dir, 3, inputs["model"], config, kl_ctrl_in_reward_value=0.05,
                                 prompt_source=source)
     assert checked(inputs, tmp_path, "algorithm.use_kl_in_reward=true", *data_flow) == ([], [])
     assert checked(inputs, tmp_path)[0] == [
         f"trainer.resume_mode: expected no work in flight in a checkpoint resumed without the data flow, got "
-        f"'{step_dir}/data.pt' holding groups or prompt rows in its prompt source, which this run would drop; resume "
-        f"it with the data flow (data_flow.enable, algorithm.filter_groups.enable or async_training.mode as it was "
-        f"saved); {avoid.format(step_dir)}"]
-    step_dir = write_checkpoint(run_dir, 4, inputs["model"], config, prompt_source={**source, "pending_rows": []})
-    assert checked(inputs, tmp_path) == ([], [])  # a prompt source holding nothing loses nothing
+        f"'{step_dir}/data.pt' holding groups in its prompt source's buffer, which this run would not resume as "
+        f"saved; resume it with the data flow (data_flow.enable, algorithm.filter_groups.enable or "
+        f"async_training.mode as it was saved); {avoid.format(step_dir)}"]
+    # prompt rows read ahead (every synchronous checkpoint holds the next batch's) are taken back by any run
+    step_dir = write_checkpoint(run_dir, 4, inputs["model"], config, prompt_source={**source, "buffer": []})
+    assert checked(inputs, tmp_path) == ([], [])
 
     os.remove(os.path.join(step_dir, "data.pt"))
     torch.save({"global_step": 4}, os.path.join(step_dir, "data.pt"))

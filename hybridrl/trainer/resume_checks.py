@@ -11,8 +11,9 @@ truncated shard with two torch tracebacks ending in a bare EOFError, neither nam
                 written until 2026-12-01, listed an asynchronous run's prompts in flight under "in_flight" and is not
                 read any more) and holds what this run takes back: the in-reward KL coefficient when
                 algorithm.use_kl_in_reward=true; the prompt source when a synchronous run has the data flow (an
-                asynchronous schedule starts an empty one at the data's position); and no work in flight when the
-                run has no data flow, which would drop it;
+                asynchronous schedule starts an empty one at the data's position); and no buffered groups (work in
+                flight) when the run has no data flow, which would not resume them as saved (pending prompt rows,
+                a batch read ahead, every run takes back);
   the layout    batch_layout.json (trainer/ppo/checkpointing.py writes it) against this run's: a different
                 data.train_batch_size resumes the data at another row (the position is counted in batches), a
                 different rollout.n or ppo_mini_batch_size trains another recipe from the saved optimizer state.
@@ -195,11 +196,12 @@ def _data_state_mismatch(config: PPOConfig, data_state: str) -> list[str]:
     schedule = config.async_training.mode
     data_flow = data_flow_switch(config.data_flow.enable, config.algorithm.filter_groups.enable, schedule)
     held = saved.get("prompt_source") or {}
-    if data_flow is None and (held.get("buffer") or held.get("pending_rows")):
+    # pending prompt rows (a batch read ahead: prompt_source.prefetch) are plain prompts every run takes back
+    if data_flow is None and held.get("buffer"):
         problems.append(f"expected no work in flight in a checkpoint resumed without the data flow, got "
-                        f"{data_state!r} holding groups or prompt rows in its prompt source, which this run would "
-                        f"drop; resume it with the data flow (data_flow.enable, algorithm.filter_groups.enable or "
-                        f"async_training.mode as it was saved)")
+                        f"{data_state!r} holding groups in its prompt source's buffer, which this run would not "
+                        f"resume as saved; resume it with the data flow (data_flow.enable, "
+                        f"algorithm.filter_groups.enable or async_training.mode as it was saved)")
     # (an asynchronous schedule resumes a checkpoint without one with an empty source at the data's position)
     if data_flow is not None and schedule == "sync" and "prompt_source" not in saved:
         problems.append(f"expected the prompt source (sample buffer) that {data_flow} resumes, got {data_state!r} "
