@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForSequenceClassification
 
+from hybridrl.data.batch_layout import last_one
 from hybridrl.protocol import DataProto
 from hybridrl.single_controller import Dispatch, Worker, register
 from hybridrl.utils.distributed import device_name, init_process_group_once
@@ -169,5 +170,5 @@ class RewardModelWorker(Worker):
                                position_ids=position_ids.to(self.device), use_cache=False)
         finally:
             hook.remove()
-        last = (attention_mask * torch.arange(attention_mask.shape[-1])).argmax(-1)
+        last = last_one(attention_mask)
         return per_token[0].squeeze(-1).float().cpu()[torch.arange(len(last)), last]

@@ -110,7 +110,7 @@ class ControllerState:
     global_step: int
     data_position: dict  # TrainDataPosition.state_dict()
     kl_coef_in_reward: float | None = None  # None: the run has no in-reward KL controller
-    prompt_source: dict | None = None  # PromptSource.state_dict(); None: the run has no data flow
+    prompt_source: dict | None = None  # PromptSource.state_dict(); None: a checkpoint saved without one
 
 
 @dataclass

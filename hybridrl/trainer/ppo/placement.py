@@ -49,7 +49,7 @@ class Colocated:
 
     def __init__(self):
         self.policy_wg: RayWorkerGroup | None = None  # the trainer pool's policy workers, which also generate
-        self._version: int | None = None  # the engines' version, asked once per rollout mode (None: not yet)
+        self._version: int | None = None  # the engines' version while in rollout mode (None: in trainer mode)
 
     @staticmethod
     def actor_role(with_reference: bool) -> str:
@@ -64,9 +64,12 @@ class Colocated:
         """Nothing: rollout_mode hands the engines the weights in-process."""
 
     def rollout_mode(self) -> dict[str, float]:
-        """Trainer mode -> rollout mode on every rank (weights pushed unless the engine holds them); timings."""
-        self._version = None
-        return mean_of_rank_metrics(self.policy_wg.rollout_mode())
+        """Trainer mode -> rollout mode on every rank (weights pushed unless the engine holds them); timings. The
+        engines' version is read once here: it cannot change before trainer mode (an update or a checkpoint load
+        needs trainer mode), so the step's generation and its batch ask no worker again."""
+        metrics = mean_of_rank_metrics(self.policy_wg.rollout_mode())
+        self._version = actor_version(self.policy_wg)
+        return metrics
 
     def trainer_mode(self) -> dict[str, float]:
         """Rollout mode -> trainer mode on every rank (the engine releases its memory); timings."""
@@ -74,11 +77,9 @@ class Colocated:
         return mean_of_rank_metrics(self.policy_wg.trainer_mode())
 
     def engines_version(self) -> int:
-        """The version the engines generate with in rollout mode: the actor's. Asked of the workers once per rollout
-        mode: it cannot change before the next trainer mode (an update or a checkpoint load needs trainer mode)."""
-        if self._version is None:
-            self._version = actor_version(self.policy_wg)
-        return self._version
+        """The version the engines generate with in rollout mode: the actor's (read by rollout_mode; in trainer
+        mode, asked of the workers)."""
+        return self._version if self._version is not None else actor_version(self.policy_wg)
 
 
 class SeparatePool:

@@ -1,7 +1,7 @@
 """What every GPU engine behind the lifecycle contract (sglang_rollout.py, vllm_rollout.py) shares: the trainer's
 padded prompts in as token lists, the engine's answers out in the batch layout with the engine's own timing (hf's
-too), the
-eos/pad ids, and the two failures the switch turns into clear errors (a dead engine, a resume that cannot fit).
+too), the eos/pad ids, and the two failures the switch turns into clear errors (a dead engine, a resume that cannot
+fit).
 The engine servers of rollout.mode=async (hf's too) check each request's length budget here."""
 from __future__ import annotations
 
