@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import pickle
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -122,10 +123,13 @@ def new_group(row: dict[str, Any], n: int, group_index: int, first_index: int,
               baseline: bool = False) -> list[Sample]:
     """`n` pending samples of one dataset row (its `raw_prompt_ids` is the prompt; every column is metadata), and,
     `baseline`, a pending greedy baseline after them (index first_index + n)."""
-    metadata = to_plain({key: value for key, value in row.items() if key != "raw_prompt_ids"})
+    # every sample its own metadata (a hook or an agent loop may change one's): plain data, so one pickle loaded
+    # once per sample, a quarter of deepcopy's time (the controller makes them on the step's critical path)
+    metadata = pickle.dumps(to_plain({key: value for key, value in row.items() if key != "raw_prompt_ids"}),
+                            protocol=pickle.HIGHEST_PROTOCOL)
     prompt_ids = [int(token) for token in to_plain(row["raw_prompt_ids"])]
     return [Sample(group_index=group_index, index=first_index + i, prompt_ids=list(prompt_ids),
-                   metadata=copy.deepcopy(metadata), is_baseline=i == n) for i in range(n + int(baseline))]
+                   metadata=pickle.loads(metadata), is_baseline=i == n) for i in range(n + int(baseline))]
 
 
 def sampled(group: list[Sample]) -> list[Sample]:

@@ -49,7 +49,8 @@ class WeightTransferMixin:
         address = ray.util.get_node_ip_address()
         return address, reserve_port(address)
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    # rank 0 answers for all (they update together); not blocking, so that it can be asked with another call
+    @register(dispatch_mode=Dispatch.RANK_ZERO, blocking=False)
     def current_weights_version(self) -> int:
         """The policy version this rank holds: training steps whose update produced its weights (rollout/
         batch_layout.py)."""

@@ -40,7 +40,7 @@ def placement_for(config) -> Placement:
 
 def actor_version(policy_wg: RayWorkerGroup) -> int:
     """The policy version of the actor's weights (the workers' count, data/batch_layout.py)."""
-    return policy_wg.current_weights_version()[0]
+    return policy_wg.current_weights_version().get()
 
 
 class Colocated:
@@ -67,8 +67,9 @@ class Colocated:
         """Trainer mode -> rollout mode on every rank (weights pushed unless the engine holds them); timings. The
         engines' version is read once here: it cannot change before trainer mode (an update or a checkpoint load
         needs trainer mode), so the step's generation and its batch ask no worker again."""
+        asked = self.policy_wg.current_weights_version()  # with the switch: one round trip for both
         metrics = mean_of_rank_metrics(self.policy_wg.rollout_mode())
-        self._version = actor_version(self.policy_wg)
+        self._version = asked.get()
         return metrics
 
     def trainer_mode(self) -> dict[str, float]:
