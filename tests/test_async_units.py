@@ -159,8 +159,7 @@ class OneVersionEngine(GroupRollout):
     finish in the order they were submitted, never during an update (the test's model of a slow rollout)."""
 
     def __init__(self, config):
-        super().__init__(config, SimpleNamespace(report_failures=lambda errors, rows: None,
-                                                 finishes_together=False), tokenizer=None,
+        super().__init__(config, SimpleNamespace(report_failures=lambda errors, rows: None), tokenizer=None,
                          score_batch=None)
         self.version = 0
         self.in_engine: dict[int, tuple[list[Sample], int]] = {}  # by ref: the group and its version

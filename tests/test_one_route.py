@@ -5,7 +5,6 @@ the hf engine on the CPU.
 Real local Ray, gloo ranks, the toy task of test_e2e_training (a tiny Qwen2), 2 steps a run.
 """
 import json
-import threading
 
 import numpy as np
 import pytest
@@ -13,7 +12,6 @@ import pytest
 from hybridrl.agent_loop.manager import AgentLoopManager
 from hybridrl.trainer.ppo import generate
 from hybridrl.trainer.ppo.group_rollout import GroupRollout
-from hybridrl.trainer.ppo.placement import Colocated
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from tests.test_async_training import SPLIT
 from tests.test_e2e_training import fit_once, make_config
@@ -142,41 +140,3 @@ def test_every_schedule_and_generate_function_trains_each_step_on_the_flows_batc
     for gone in ("_generate", "_validate_with_eval_function", "_check_agent_loops"):
         assert not hasattr(RayPPOTrainer, gone)
     assert not hasattr(AgentLoopManager, "generate_sequences")
-
-
-def test_a_batched_sync_step_is_scored_while_the_engines_give_their_memory_back(ray_local, toy_task, tmp_path,
-                                                                                monkeypatch):
-    """rollout.mode=sync, the batched call, no filter: nothing needs a score before the batch is assembled, so the
-    reward scores the step's groups on its own thread while trainer_mode runs. The scoring here waits until
-    trainer_mode has begun (had it run before trainer_mode, on the loop's thread, it would wait in vain and fail), and
-    the trained rows carry exactly the rewards it gave."""
-    switching = threading.Event()
-    scorings = []
-    real_rollout_mode, real_trainer_mode = Colocated.rollout_mode, Colocated.trainer_mode
-    real_score_taken = GroupRollout.score_taken
-
-    def rollout_mode(self):  # each window's trainer_mode is the one that counts
-        switching.clear()
-        return real_rollout_mode(self)
-
-    def trainer_mode(self):
-        switching.set()
-        return real_trainer_mode(self)
-
-    def score_taken(self, groups):
-        began = switching.wait(30)
-        metrics = real_score_taken(self, groups)
-        scorings.append((threading.current_thread().name, began,
-                         sorted(sample.reward for group in groups for sample in group)))
-        return metrics
-
-    monkeypatch.setattr(Colocated, "rollout_mode", rollout_mode)
-    monkeypatch.setattr(Colocated, "trainer_mode", trainer_mode)
-    monkeypatch.setattr(GroupRollout, "score_taken", score_taken)
-    learned = recorded(monkeypatch, RayPPOTrainer, "learn_step")
-    fit_once(RayPPOTrainer(make_config(toy_task, str(tmp_path), "actor_rollout_ref.rollout.mode=sync")))
-
-    assert len(scorings) == len(learned) == 2
-    for (thread, began, rewards), ((batch, *_), _) in zip(scorings, learned):
-        assert thread.startswith("reward") and began
-        assert sorted(batch.batch["token_level_scores"].sum(-1).tolist()) == pytest.approx(rewards, abs=1e-6)

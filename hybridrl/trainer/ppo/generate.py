@@ -10,8 +10,7 @@ Both take a group (list[Sample]) with the Sampling its samples are drawn with, a
 `submit(group, sampling, baseline_sampling, step, position) -> handle` (`position`: the group's index among those
 its step submitted; with `step`, where rollout.full_determinism's request seeds come from: rollout/request_seeds.py),
 `wait(handles) -> [(handle, group)]` (at least one finished), `abort(handles) -> [group]` (what had not finished,
-with its tokens so far), `finishes_together` (every group submitted comes back from one wait: scoring them as they
-finish overlaps nothing), `report_failures(errors, samples)`, `take_engine_time() -> (seconds, tokens)` (inside the
+with its tokens so far), `report_failures(errors, samples)`, `take_engine_time() -> (seconds, tokens)` (inside the
 engines' batched calls since the last take: the step's timing_s/engine_generate and rollout/engine_tokens_per_s).
 """
 from __future__ import annotations
@@ -54,8 +53,6 @@ GREEDY = Sampling(do_sample=False)
 class AgentLoopGenerate:
     """Agent loops on the engine servers (agent_loop/manager.py): each group is one call of the next agent-loop
     worker, its samples generated concurrently (its ReMax baseline with them, greedy)."""
-
-    finishes_together = False
 
     def __init__(self, manager, rollout_config):
         self.manager = manager
@@ -103,8 +100,6 @@ class BatchGenerate:
     """The colocated engines' batched call (the workers' generate_sequences, each rank its slice of the padded
     prompts). Groups submitted are generated together at the next wait; nothing is in flight between calls, so
     there is nothing to abort."""
-
-    finishes_together = True
 
     def __init__(self, worker_group, rollout_config, tokenizer, weights_version: Callable[[], int]):
         """weights_version: the version of the weights the engines hold (the trainer's), recorded on every token."""

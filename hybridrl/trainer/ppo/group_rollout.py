@@ -71,7 +71,7 @@ class StepCounts:
     scored: list[float] = field(default_factory=list)
     generated: int = 0
     errors: list[str] = field(default_factory=list)
-    reward_seconds: float = 0.0  # spent scoring: verl's timing_s/reward
+    reward_seconds: float = 0.0  # spent scoring: verl's timing_s/reward (within timing_s/gen)
     engine_seconds: float = 0.0  # inside the engines' batched calls, and the tokens they made (generate.py)
     engine_tokens: int = 0
 
@@ -110,16 +110,8 @@ class GroupRollout:
         self.step = 0  # the step being generated, and how many groups it has submitted (start_counting resets them)
         self.submitted = 0
         # True: training groups are scored only when the step takes them (score_taken), on the thread that calls
-        # it; one_step_off sets it with a reward model, whose forward must not run on its generating thread, and sync
-        # where nothing needs the scores before (schedule.py)
+        # it; one_step_off sets it with a reward model, whose forward must not run on its generating thread
         self.score_when_taken = False
-
-    @property
-    def scores_needed_while_generating(self) -> bool:
-        """Whether something judges or makes the training groups by their scores while the step generates: the
-        dynamic-sampling or over-sampling filter, or a custom rollout function (which may call score_group)."""
-        return any(self.hooks[name] is not None
-                   for name in ("dynamic_sampling_filter", "over_sampling_filter", "rollout_function"))
 
     # ------------------------------------------------------------------ what rollout functions use
     @property
@@ -173,11 +165,10 @@ class GroupRollout:
     def score_taken(self, groups: list[list[Sample]]) -> dict[str, float]:
         """score_when_taken: score the training groups a step takes (what is not scored yet, in one batch, on the
         calling thread, baselines too), and the metrics of it: reward/*, data_flow/generated_reward/mean (over these
-        groups' sampled responses: the only ones scored), timing_s/reward. It touches no count of a generation under
-        way."""
+        groups' sampled responses: the only ones scored). It touches no count of a generation under way."""
         counts = StepCounts()
         self._score_samples([sample for group in groups for sample in group if sample.reward is None], False, counts)
-        metrics = {**counts.metrics, "timing_s/reward": counts.reward_seconds}
+        metrics = dict(counts.metrics)
         if counts.scored:
             metrics["data_flow/generated_reward/mean"] = float(np.mean(counts.scored))
         metrics.update(_reward_extra_means(groups))
@@ -247,10 +238,15 @@ class GroupRollout:
         return taken
 
     # ------------------------------------------------------------------ what the trainer calls
-    def logged(self, metrics: dict[str, float]) -> dict[str, float]:
-        """The step's metrics as logged: without data_flow/* when the data flow's features are off (a plain
-        synchronous run's metrics)."""
-        return {key: value for key, value in metrics.items() if self.features_on or not key.startswith("data_flow/")}
+    def train_batch(self, step: int, prompt_source: PromptSource,
+                    weights_version: int) -> tuple[DataProto, dict[str, float]]:
+        """The step's training batch (scored: token_level_scores set) from the rollout function, and its metrics.
+        Needs rollout mode; `weights_version`: the version of the weights the engines hold (the tokens generated now
+        carry it; older ones come from the buffer, data_flow/staleness/*)."""
+        groups, metrics = self.train_groups(step, prompt_source)
+        batch, version_metrics = self.to_batch(groups, weights_version)
+        return batch, {key: value for key, value in {**metrics, **version_metrics}.items()
+                       if self.features_on or not key.startswith("data_flow/")}
 
     def train_groups(self, step: int, prompt_source: PromptSource) -> tuple[list[list[Sample]], dict[str, float]]:
         """The step's kept groups from the rollout function, and the metrics of making them; scored, unless

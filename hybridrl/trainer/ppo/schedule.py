@@ -75,21 +75,14 @@ def schedule_for(config, rollout: GroupRollout, source: PromptSource, placement:
         async_training = config.async_training
         return FullyAsync(rollout, source, placement, async_training.max_staleness, async_training.stale_samples,
                           config.data.train_batch_size)
-    return Sync(rollout, source, placement, config.reward_model.enable)
+    return Sync(rollout, source, placement)
 
 
 class Sync:
     """Each step generates its groups now, from the current weights, then learns on them."""
 
-    def __init__(self, rollout: GroupRollout, source: PromptSource, placement: Placement, use_reward_model: bool):
+    def __init__(self, rollout: GroupRollout, source: PromptSource, placement: Placement):
         self.rollout, self.source, self.placement = rollout, source, placement
-        # Groups that all come back from one batched call gain nothing from being scored as they finish: unless a
-        # filter or a custom rollout function needs the scores then, the reward scores them on a thread of its own
-        # while the engines give their memory back. A reward model's forward needs those devices: it scores in the
-        # flow, as before.
-        rollout.score_when_taken = rollout.generator.finishes_together and not use_reward_model \
-            and not rollout.scores_needed_while_generating
-        self._scorer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
 
     def next_batch(self, step: int, timing: dict[str, float], metrics: dict[str, float]) -> DataProto:
         """The flow's scored batch, `rollout.n` responses per prompt from the current weights, each prompt's rows
@@ -97,17 +90,12 @@ class Sync:
         (reward_baselines)."""
         with timer("rollout_mode", timing):  # the engines get the current weights (colocated: and their memory)
             metrics.update(self.placement.rollout_mode())
-        version = self.placement.engines_version()
         with timer("gen", timing):
-            groups, flow_metrics = self.rollout.train_groups(step, self.source)
-        scoring = self._scorer.submit(self.rollout.score_taken, groups) if self.rollout.score_when_taken else None
-        with timer("trainer_mode", timing):  # colocated: the engines give their memory back (the reward meanwhile)
+            batch, flow_metrics = self.rollout.train_batch(step, self.source, self.placement.engines_version())
+            metrics.update(flow_metrics)
+        with timer("trainer_mode", timing):  # colocated: the engines give their memory back
             metrics.update(self.placement.trainer_mode())
-        if scoring is not None:
-            flow_metrics.update(scoring.result())  # timing_s/reward; a scorer's error raises here
         self.source.prefetch()  # the next step's prompts are read while this one trains
-        batch, version_metrics = self.rollout.to_batch(groups, version)
-        metrics.update(self.rollout.logged({**flow_metrics, **version_metrics}))
         return batch
 
     def after_update(self, step: int, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
@@ -121,7 +109,6 @@ class Sync:
 
     def close(self) -> None:
         """Nothing runs on."""
-        self._scorer.shutdown(wait=True)
 
 
 class OneStepOff:
@@ -152,7 +139,8 @@ class OneStepOff:
         self._policy_version = self.placement.engines_version()
         self._ahead = None if step >= self.total_training_steps else self._start_generation(step + 1)
         if self.rollout.score_when_taken:
-            metrics.update(self.rollout.score_taken(groups))
+            with timer("reward", timing):
+                metrics.update(self.rollout.score_taken(groups))
         batch, version_metrics = self.rollout.to_batch(groups, version)
         metrics.update(version_metrics)
         return batch
