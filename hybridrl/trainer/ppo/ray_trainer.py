@@ -30,7 +30,7 @@ from hybridrl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup,
 from hybridrl.single_controller.resource_pool_manager import ResourcePoolManager, pool_specs, role_mapping
 from hybridrl.algorithms import core_algos
 from hybridrl.algorithms.rollout_correction import compute_rollout_correction_and_add_to_batch
-from hybridrl.trainer.ppo import checkpointing
+from hybridrl.trainer.ppo import checkpointing, worker_inputs
 from hybridrl.trainer.ppo.evaluation import ValidationResults, eval_sets_from_config
 from hybridrl.trainer.ppo.generate import AgentLoopGenerate, BatchGenerate, Sampling
 from hybridrl.trainer.ppo.group_rollout import GroupRollout, generates_on_engine_servers
@@ -362,16 +362,18 @@ class RayPPOTrainer:
             metrics.update(balance_batch(batch, self.world_size))
 
         with timer("old_log_prob", timing):
-            batch = batch.union(pop_worker_metrics(self.actor_rollout_wg.compute_log_prob(batch), metrics))
+            batch = batch.union(pop_worker_metrics(self.actor_rollout_wg.compute_log_prob(
+                worker_inputs.actor_forward(batch)), metrics))
         check_finite_at_responses(batch, "old_log_probs", "compute_log_prob", self.global_steps)
         metrics.update(compute_rollout_probs_diff(batch))
         if self.use_reference:
             with timer("ref", timing):
-                batch = batch.union(pop_worker_metrics(self.actor_rollout_wg.compute_ref_log_prob(batch), metrics))
+                batch = batch.union(pop_worker_metrics(self.actor_rollout_wg.compute_ref_log_prob(
+                    worker_inputs.actor_forward(batch)), metrics))
             check_finite_at_responses(batch, "ref_log_prob", "ref", self.global_steps)
         if self.use_critic:
             with timer("values", timing):
-                batch = batch.union(self.critic_wg.compute_values(batch))
+                batch = batch.union(self.critic_wg.compute_values(worker_inputs.critic_forward(batch)))
             check_finite_at_responses(batch, "values", "compute_values", self.global_steps)
 
         with timer("adv", timing):
@@ -390,13 +392,14 @@ class RayPPOTrainer:
 
         if self.use_critic:
             with timer("update_critic", timing):
-                critic_out = self.critic_wg.update_critic(batch)
+                critic_out = self.critic_wg.update_critic(worker_inputs.critic_update(batch))
             metrics.update(self.nonfinite_guard.after_update("update_critic", critic_out.meta_info["metrics"],
                                                              batch, self.global_steps))
             metrics.update(reduce_metrics(critic_out.meta_info["metrics"]))
         if self.global_steps > self.config.trainer.critic_warmup:
             with timer("update_actor", timing):
-                actor_out = self.actor_rollout_wg.update_actor(batch)
+                actor_out = self.actor_rollout_wg.update_actor(
+                    worker_inputs.actor_update(batch, self.config.actor_rollout_ref.actor.use_kl_loss))
             metrics.update(self.nonfinite_guard.after_update("update_actor", actor_out.meta_info["metrics"],
                                                              batch, self.global_steps))
             metrics.update(reduce_metrics(actor_out.meta_info["metrics"]))

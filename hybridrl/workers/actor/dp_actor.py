@@ -40,7 +40,16 @@ from hybridrl.workers.out_of_memory import memory_remedies, training_memory_erro
 from hybridrl.workers.ppo_update_loop import (MicroBatchLoss, PPOUpdateLoop, in_row_order, micro_batches_of,
                                               rows_per_rank, take_keys)
 
-FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
+FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]  # what every pass reads
+
+
+def update_keys(use_kl_loss: bool, available) -> list[str]:
+    """The batch tensors update_policy reads, of the `available` keys (rollout_is_weights only where the trainer's
+    rollout correction added them); the trainer sends the update only these (trainer/ppo/worker_inputs.py)."""
+    keys = FORWARD_KEYS + ["response_mask", "old_log_probs", "advantages"]
+    keys += ["ref_log_prob"] if use_kl_loss else []
+    keys += ["rollout_is_weights"] if "rollout_is_weights" in available else []
+    return keys
 
 
 class DataParallelPPOActor:
@@ -163,10 +172,7 @@ class DataParallelPPOActor:
         the policy loss's own token-mean metrics, actor/grad_norm."""
         if self.actor_optimizer is None:
             raise RuntimeError("update_policy on an actor without optimizer (a reference policy is frozen)")
-        keys = FORWARD_KEYS + ["response_mask", "old_log_probs", "advantages"]
-        keys += ["ref_log_prob"] if self.config.use_kl_loss else []
-        keys += ["rollout_is_weights"] if "rollout_is_weights" in data.batch.keys() else []  # rollout_correction
-        rows = take_keys(data, keys, "update_policy")
+        rows = take_keys(data, update_keys(self.config.use_kl_loss, data.batch.keys()), "update_policy")
         temperature = _temperature(data.meta_info)
         fixed_metrics = {"actor/kl_coef": float(self.config.kl_loss_coef)} if self.config.use_kl_loss else None
         return self.update_loop.run(rows, lambda micro_batch, batch_info: self._micro_batch_loss(

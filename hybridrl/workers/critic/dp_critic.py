@@ -28,7 +28,8 @@ from hybridrl.workers.out_of_memory import memory_remedies, training_memory_erro
 from hybridrl.workers.ppo_update_loop import (MicroBatchLoss, PPOUpdateLoop, in_row_order, micro_batches_of,
                                               rows_per_rank, take_keys)
 
-FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
+FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]  # every pass's
+UPDATE_KEYS = FORWARD_KEYS + ["values", "returns"]
 
 
 class DataParallelPPOCritic:
@@ -93,7 +94,7 @@ class DataParallelPPOCritic:
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:
         """ppo_epochs passes of mini-batch steps (workers/ppo_update_loop.py); metrics (one value per step)
         averaged over the ranks: critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean, critic/grad_norm."""
-        rows = take_keys(data, FORWARD_KEYS + ["values", "returns"], "update_critic")
+        rows = take_keys(data, UPDATE_KEYS, "update_critic")
         return self.update_loop.run(rows, self._micro_batch_loss, "update_critic")
 
     def _micro_batch_loss(self, micro_batch: dict[str, torch.Tensor], batch_info: dict[str, float]) -> MicroBatchLoss:
