@@ -7,6 +7,7 @@ from omegaconf import OmegaConf
 from hybridrl.protocol import DataProto
 from hybridrl.utils.import_utils import load_extern_object
 from hybridrl.defaults.tiny_model import build_tokenizer
+from hybridrl.reward.managers.base import rewards_on_last_tokens
 from hybridrl.reward.managers import (NaiveRewardManager, get_reward_manager_cls, load_reward_manager,
                                       register_reward_manager)
 
@@ -55,6 +56,16 @@ def test_score_lands_on_last_valid_token_of_right_padded_responses(tokenizer):
     expected[1, lengths[1] - 1] = 1.0  # on the EOS token, the last valid one
     assert rewards.dtype == torch.float32
     assert torch.equal(rewards, expected)
+
+
+def test_rewards_on_last_tokens_writes_each_row_once_as_float32():
+    """Row i gets rewards[i] at column lengths[i] - 1 and zeros elsewhere, rounded to float32 as a per-element
+    write rounds it (0.1 is no float32)."""
+    responses = torch.zeros(3, 4, dtype=torch.long)
+    placed = rewards_on_last_tokens(responses, [0.1, -2.0, 1], [4, 1, 2])
+    assert placed.dtype == torch.float32
+    assert placed.tolist() == [[0.0, 0.0, 0.0, torch.tensor(0.1, dtype=torch.float32).item()],
+                               [-2.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]
 
 
 def test_compute_score_gets_decoded_text_and_extra_info(tokenizer):
