@@ -138,6 +138,20 @@ def test_prompt_source_takes_the_buffer_first_then_the_data_and_resumes_exactly(
         assert groups[2][0].index == 6 and groups[2][0].metadata == {"extra_info": {"index": 3}, "data_source": "toy"}
 
 
+def test_the_sources_samples_hold_plain_values_each_its_own_metadata():
+    """numpy columns become plain Python once, when the rows are read (prompt_source._rows), not again per group:
+    the samples' prompts are lists of ints, their metadata dicts of plain values, and no two samples share one."""
+    source = PromptSource(dataset_batches(num_batches=1, batch_size=1), n=2, config=None)
+    source.prefetch()
+    (group,) = source.get_groups(1, step=1)
+    assert [sample.prompt_ids for sample in group] == [[0, 1], [0, 1]]
+    assert all(type(token) is int for sample in group for token in sample.prompt_ids)
+    assert group[0].metadata == {"extra_info": {"index": 0}, "data_source": "toy"}
+    assert type(group[0].metadata["data_source"]) is str and type(group[0].metadata["extra_info"]["index"]) is int
+    group[0].metadata["extra_info"]["index"] = 5
+    assert group[1].metadata["extra_info"] == {"index": 0}
+
+
 def test_a_prefetched_batch_hands_out_the_same_groups_and_is_saved_as_pending_rows():
     plain, ahead = PromptSource(dataset_batches(), n=2, config=None), PromptSource(dataset_batches(), n=2, config=None)
     for step in (1, 2, 3):

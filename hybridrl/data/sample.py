@@ -122,12 +122,14 @@ def to_plain(value: Any) -> Any:
 def new_group(row: dict[str, Any], n: int, group_index: int, first_index: int,
               baseline: bool = False) -> list[Sample]:
     """`n` pending samples of one dataset row (its `raw_prompt_ids` is the prompt; every column is metadata), and,
-    `baseline`, a pending greedy baseline after them (index first_index + n)."""
+    `baseline`, a pending greedy baseline after them (index first_index + n). The row is plain data (`to_plain`), as
+    the prompt source's rows are (read by `prompt_source._rows` on its reading thread, or from a checkpoint), so
+    it is not converted again here, on the step's critical path."""
     # every sample its own metadata (a hook or an agent loop may change one's): plain data, so one pickle loaded
     # once per sample, a quarter of deepcopy's time (the controller makes them on the step's critical path)
-    metadata = pickle.dumps(to_plain({key: value for key, value in row.items() if key != "raw_prompt_ids"}),
+    metadata = pickle.dumps({key: value for key, value in row.items() if key != "raw_prompt_ids"},
                             protocol=pickle.HIGHEST_PROTOCOL)
-    prompt_ids = [int(token) for token in to_plain(row["raw_prompt_ids"])]
+    prompt_ids = [int(token) for token in row["raw_prompt_ids"]]
     return [Sample(group_index=group_index, index=first_index + i, prompt_ids=list(prompt_ids),
                    metadata=pickle.loads(metadata), is_baseline=i == n) for i in range(n + int(baseline))]
 
