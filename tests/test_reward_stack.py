@@ -513,6 +513,23 @@ def test_max_concurrent_bounds_the_calls_at_once(tokenizer):
     assert most[0] == 3
 
 
+def test_threads_take_the_calls_in_order_until_none_is_left(tokenizer):
+    """Each scoring thread takes the next call not started (not one pool task per call): 40 calls on 4 threads run
+    once each, and their scores keep the samples' order."""
+    started, lock = [], threading.Lock()
+
+    def index(data_source, solution_str, ground_truth, extra_info):
+        with lock:
+            started.append(extra_info["index"])
+        return float(extra_info["index"]) / 2
+
+    manager = NaiveRewardManager(tokenizer, 0, compute_score=index)
+    manager.set_max_concurrent(4)
+    rewards = manager(make_batch(tokenizer, ["1"] * 40))
+    assert sorted(started) == list(range(40))
+    assert torch.equal(rewards, on_last_token([i / 2 for i in range(40)], [1] * 40))
+
+
 def test_a_manager_scores_every_batch_on_the_same_threads(tokenizer):
     """Starting a step's threads cost more than scoring it (issue 58: 11 ms against 2 ms for 128 exact-match
     scores), so the pool is made once: 5 batches of 4 samples with max_concurrent=2 run on 2 threads in all (a new

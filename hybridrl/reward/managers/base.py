@@ -221,7 +221,23 @@ class RewardManagerBase:
                 with lock:
                     del busy_since[number]
 
-        pending = self._scoring_pool().map_async(call, range(len(calls)), chunksize=1)
+        results: list = [None] * len(calls)
+        not_started = iter(range(len(calls)))
+
+        def take_calls(_) -> None:
+            # One thread's calls: the next one not started, until none is left. Handing the pool one task per call
+            # cost more than exact-match scoring itself (each result passed through the pool's result thread: 5.4
+            # ms for 128 calls in the controller, against 1.7 ms of scoring); this way a thread runs calls back to
+            # back while it holds the GIL, and a waiting scorer's thread still leaves the others to run.
+            while True:
+                with lock:
+                    number = next(not_started, None)
+                if number is None:
+                    return
+                results[number] = call(number)
+
+        threads = min(self.max_concurrent, len(calls))
+        pending = self._scoring_pool().map_async(take_calls, range(threads), chunksize=1)
         try:
             if self.score_timeout is None:
                 pending.wait()
@@ -230,7 +246,8 @@ class RewardManagerBase:
         except BaseException:
             self._drop_pool()  # a call still running keeps its thread; the next scoring starts fresh ones
             raise
-        return pending.get()
+        pending.get()  # raises what a thread raised past `call` (not an Exception: KeyboardInterrupt, ...)
+        return results
 
     def _scoring_pool(self) -> ThreadPool:
         """The manager's `max_concurrent` scoring threads. ThreadPool's threads are daemons: a scorer stuck past the
