@@ -7,7 +7,9 @@ loss), and the loop's own reward must replace the reward manager's.
 """
 import os
 import re
+import sys
 import textwrap
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,6 +18,7 @@ import torch
 
 from hybridrl.config.preflight import check_before_start
 from hybridrl.config.validation import ConfigError
+from hybridrl.trainer.ppo import worker_inputs
 from hybridrl.trainer.ppo.ray_trainer import RayPPOTrainer
 from test_e2e_training import make_config, read_metrics
 
@@ -117,14 +120,22 @@ def async_overrides(loops_yaml, default_loop):
 
 
 def spy_on_update_actor(trainer):
-    """Keep every batch the actor is updated on (the update still runs)."""
-    seen, update = [], trainer.actor_rollout_wg.update_actor
+    """Keep every training batch the actor is updated on, whole, as the trainer holds it when it sends the update (the
+    update still runs, and gets only the tensors it reads: trainer/ppo/worker_inputs.py). The tests read columns the
+    worker is not sent (scores, dataset columns), so the spy sits on that selection, until the trainer shuts down."""
+    seen, select, shutdown = [], worker_inputs.actor_update, trainer.shutdown
+    trainer_module = sys.modules[RayPPOTrainer.__module__]
 
-    def spy(data):
-        seen.append(data)
-        return update(data)
+    def keep_whole(batch, use_kl_loss):
+        seen.append(batch)
+        return select(batch, use_kl_loss)
 
-    trainer.actor_rollout_wg.update_actor = spy
+    def shutdown_and_restore():
+        trainer_module.worker_inputs = worker_inputs
+        shutdown()
+
+    trainer_module.worker_inputs = SimpleNamespace(**{**vars(worker_inputs), "actor_update": keep_whole})
+    trainer.shutdown = shutdown_and_restore
     return seen
 
 
