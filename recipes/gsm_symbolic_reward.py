@@ -3,9 +3,11 @@ beside it for the logs; and one variant of the score.
 
 `compute_score` is exactly the built-in scorer's (1.0 right number, 0.01 a wrong number given in the row's
 answer format, 0.0 no answer in that format), so training is the same as without this file. The extras separate
-what the one score mixes: `formatted` (the model gave an answer in the format), `acc` (the number was right) and
+what the one score mixes: `formatted` (the model gave an answer in the format), `acc` (the number was right),
 `last_number_right` (the last number of the answer is right, in any format: what the model can solve, whether or
-not it learned the format). The trainer logs them as reward/<extra>/mean each step and, at each validation,
+not it learned the format) and `solved` (either: right in the format or as the last number). `solved` is there
+because a trained model often writes "#### 42" and then a sentence with another number in it: right, yet not
+`last_number_right`. The trainer logs them as reward/<extra>/mean each step and, at each validation,
 val-aux/<extra>/mean@1 (all sets) and eval/<set>/<extra> (each of data.eval_sets), so a rising validation score
 can be told apart: format learned, or problems solved.
 
@@ -31,11 +33,14 @@ def compute_score_no_format_credit(data_source, solution_str, ground_truth, extr
 
 
 def _extras(score: float, solution_str: str, ground_truth, extra_info: dict) -> dict:
-    """acc, formatted and last_number_right of one answer (the module docstring); `score`: the built-in one."""
+    """acc, formatted, last_number_right and solved of one answer (the module docstring); `score`: the built-in
+    one."""
     answer = extract_answer(solution_str, row_answer_format(extra_info))
     last_number = extract_solution(solution_str, method="flexible")  # GSM8K's: thousands separators, "$" dropped
-    return {"acc": float(score == 1.0), "formatted": float(answer is not None),
-            "last_number_right": float(last_number is not None and _same_number(last_number, ground_truth))}
+    acc = score == 1.0
+    last_number_right = last_number is not None and _same_number(last_number, ground_truth)
+    return {"acc": float(acc), "formatted": float(answer is not None), "last_number_right": float(last_number_right),
+            "solved": float(acc or last_number_right)}
 
 
 def _same_number(text: str, ground_truth) -> bool:

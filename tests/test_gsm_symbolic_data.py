@@ -126,17 +126,18 @@ def test_recipe_reward_keeps_the_score_and_tells_format_from_accuracy(answer_for
     args = (row["data_source"],)
     kwargs = {"ground_truth": answer, "extra_info": row["extra_info"]}
     right, wrong = int(answer), int(answer) + 1
-    cases = {  # response: (score, no-format-credit score, acc, formatted, last_number_right)
-        wrap.format(right): (1.0, 1.0, 1.0, 1.0, 1.0),
-        wrap.format(wrong): (0.01, 0.0, 0.0, 1.0, 0.0),
-        f"3 + 4 = 7, so {right:,}.0 apples. " + wrap.format(wrong): (0.01, 0.0, 0.0, 1.0, 0.0),  # the last counts
-        f"The answer is {right}.": (0.0, 0.0, 0.0, 0.0, 1.0),
-        f"So $\\boxed{{{right:,}}}$": (0.0, 0.0, 0.0, 0.0, 1.0),  # any format, thousands separators read as GSM8K's
-        f"{right} apples, then 1.2.3": (0.0, 0.0, 0.0, 0.0, 0.0),  # the last run of digits is not a number
-        "I do not know.": (0.0, 0.0, 0.0, 0.0, 0.0),
+    cases = {  # response: (score, no-format-credit score, acc, formatted, last_number_right, solved)
+        wrap.format(right): (1.0, 1.0, 1.0, 1.0, 1.0, 1.0),
+        wrap.format(wrong): (0.01, 0.0, 0.0, 1.0, 0.0, 0.0),
+        f"3 + 4 = 7, so {right:,}.0 apples. " + wrap.format(wrong): (0.01, 0.0, 0.0, 1.0, 0.0, 0.0),  # the last counts
+        wrap.format(right) + " That is 3 more than 4.": (1.0, 1.0, 1.0, 1.0, 0.0, 1.0),  # right, a number after it
+        f"The answer is {right}.": (0.0, 0.0, 0.0, 0.0, 1.0, 1.0),
+        f"So $\\boxed{{{right:,}}}$": (0.0, 0.0, 0.0, 0.0, 1.0, 1.0),  # any format, thousands separators as GSM8K's
+        f"{right} apples, then 1.2.3": (0.0, 0.0, 0.0, 0.0, 0.0, 0.0),  # the last run of digits is not a number
+        "I do not know.": (0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
     }
-    for response, (score, strict_score, acc, formatted, last_number_right) in cases.items():
-        extras = {"acc": acc, "formatted": formatted, "last_number_right": last_number_right}
+    for response, (score, strict_score, acc, formatted, last_number_right, solved) in cases.items():
+        extras = {"acc": acc, "formatted": formatted, "last_number_right": last_number_right, "solved": solved}
         assert compute_score(*args, response, **kwargs) == {"score": score, **extras}, response
         assert no_format_credit(*args, response, **kwargs) == {"score": strict_score, **extras}, response
 

@@ -205,7 +205,8 @@ def test_the_recipe_reward_takes_verls_call():
     call = {"data_source": row["data_source"], "solution_str": f"so #### {answer}", "ground_truth": answer,
             "extra_info": {**row["extra_info"], "num_turns": 2, "rollout_reward_scores": {}}}
     inspect.signature(compute_score).bind(**call)
-    assert compute_score(**call) == {"score": 1.0, "acc": 1.0, "formatted": 1.0, "last_number_right": 1.0}
+    assert compute_score(**call) == {"score": 1.0, "acc": 1.0, "formatted": 1.0, "last_number_right": 1.0,
+                                    "solved": 1.0}
     assert row["data_source"] == load("seed_table").VERL_DATA_SOURCE  # verl names its val metrics by it
 
 
@@ -253,7 +254,7 @@ def test_seed_table_reads_verls_file_logger_into_the_held_out_table(tmp_path):
 
 def test_seed_table_reads_hybridrls_own_log_with_both_sets_as_before(tmp_path):
     """hybridrl's metrics.jsonl (the metrics themselves a line, both eval sets): all four columns filled, and the
-    training seconds to step 2 beside them (one seed: sd 0)."""
+    training seconds to step 2 beside them (one seed: sd 0); `solved` in the record alone, since one seed logged it."""
     sets = {"held_out": (0.25, 0.5), "in_template": (0.125, 0.75)}
 
     def evals(index: int) -> dict:
@@ -263,9 +264,20 @@ def test_seed_table_reads_hybridrls_own_log_with_both_sets_as_before(tmp_path):
     lines = [{"step": 0, **evals(0)}, {"step": 1, **train(7.0, 200.0)}, {"step": 2, **train(8.0, 210.0), **evals(1)}]
     (tmp_path / "0.5b_vs_verl_seed1.metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     (tmp_path / "0.5b_vs_verl_seed1.summary.json").write_text(json.dumps({"wall_s": 100.0}))
+    solved = [{"eval/held_out/solved": 0.375}, {}, {"eval/held_out/solved": 0.625}]
+    (tmp_path / "0.5b_vs_verl_seed2.metrics.jsonl").write_text(  # the same, and `solved` logged too
+        "".join(json.dumps({**line, **extra}) + "\n" for line, extra in zip(lines, solved)))
+    (tmp_path / "0.5b_vs_verl_seed2.summary.json").write_text(json.dumps({"wall_s": 100.0}))
     result = subprocess.run([sys.executable, str(RECIPE / "seed_table.py"), str(tmp_path), "vs_verl", "--commit", "c",
                              "--date", "d", "--card", "none", "--command", "by hand",
                              "--out", str(tmp_path / "t.json")], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "| 2 | 50.0 ± 0.0 (50.0) | 50.0 ± 0.0 | 75.0 ± 0.0 | 75.0 ± 0.0 | 15 ± 0 |" in result.stdout
-    assert json.loads((tmp_path / "t.json").read_text())["trainer"] == "hybridrl"
+    assert "| 2 | 50.0 ± 0.0 (50.0, 50.0) | 50.0 ± 0.0 | 75.0 ± 0.0 | 75.0 ± 0.0 | 15 ± 0 |" in result.stdout
+    record = json.loads((tmp_path / "t.json").read_text())
+    assert record["trainer"] == "hybridrl" and "eval/held_out/solved" not in record["table_mean_sd"]
+    (tmp_path / "0.5b_vs_verl_seed1.metrics.jsonl").unlink()
+    subprocess.run([sys.executable, str(RECIPE / "seed_table.py"), str(tmp_path), "vs_verl", "--commit", "c",
+                    "--date", "d", "--card", "none", "--command", "by hand", "--out", str(tmp_path / "t.json")],
+                   check=True, capture_output=True, timeout=120)
+    solved_table = json.loads((tmp_path / "t.json").read_text())["table_mean_sd"]["eval/held_out/solved"]
+    assert [solved_table[step]["mean"] for step in ("0", "2")] == [0.375, 0.625]

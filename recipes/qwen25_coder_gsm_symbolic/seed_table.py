@@ -19,6 +19,8 @@ from pathlib import Path
 
 HEADLINE = "eval/held_out/last_number_right"
 COLUMNS = (HEADLINE, "eval/held_out/acc", "eval/in_template/last_number_right", "eval/in_template/acc")
+# in the record where every seed logged them, not in the markdown (runs before 2026-12-07 did not log `solved`)
+RECORD_ONLY = ("eval/held_out/solved", "eval/in_template/solved")
 VERSIONS = {"torch": "2.11.0+cu130", "transformers": "5.17.0", "sglang": "0.5.16", "ray": "2.60.0", "hydra-core": "1.3.8"}
 VERL_VERSIONS = "verl 0.9.1 in its own site, with the transformers it pins (benchmarks/vs_verl.py's VERL_TF_SITE)"
 # verl 0.9.1's names (val-core/val-aux/<data_source>/<reward key>/mean@1: greedy, one answer a question; "acc" is its
@@ -27,6 +29,7 @@ VERL_DATA_SOURCE = "reasoning_gym/gsm_symbolic"
 VERL_METRICS = {
     "eval/held_out/last_number_right": f"val-aux/{VERL_DATA_SOURCE}/last_number_right/mean@1",
     "eval/held_out/acc": f"val-core/{VERL_DATA_SOURCE}/acc/mean@1",
+    "eval/held_out/solved": f"val-aux/{VERL_DATA_SOURCE}/solved/mean@1",
     "eval/held_out/formatted": f"val-aux/{VERL_DATA_SOURCE}/formatted/mean@1",
     "eval/held_out": f"val-aux/{VERL_DATA_SOURCE}/reward/mean@1",  # the task's score
     "perf/max_memory_allocated_gb": "actor/perf/max_memory_allocated_gb",
@@ -113,7 +116,7 @@ def main() -> None:
              if (m := pattern.fullmatch(path.name))}
     if not seeds:
         raise SystemExit(f"{args.dir}: no {args.model}_{args.variant}_seed<N>.metrics.jsonl")
-    logged = [metric for metric in COLUMNS  # a column every seed's every validation has
+    logged = [metric for metric in (*COLUMNS, *RECORD_ONLY)  # a column every seed's every validation has
               if all(metric in values for seed in seeds.values() for values in seed["validation"].values())]
     table = {metric: mean_sd(seeds, metric) for metric in [*logged, "train_s_to_step"]}
     if args.trainer == "verl":
