@@ -61,7 +61,11 @@ COLUMNS = [(f"{phase} s", key, "{:.2f}") for phase, key in PHASES.items()] + [
 RELEVANT_ENV = re.compile(r"^(PYTHONPATH|CUDA_VISIBLE_DEVICES|HF_HUB_OFFLINE|TRANSFORMERS_OFFLINE|HYBRIDRL_\w+|"
                           r"PYTORCH_\w+|TOKENIZERS_PARALLELISM|OMP_NUM_THREADS|(RAY|NCCL|VERL|SGLANG|TORCH|TORCHINDUCTOR|"
                           r"TRITON|FLASHINFER|TVM_FFI|CUDA)_\w+)$")
-ENGINE_LINE = re.compile(r"sglang|cuda.?graph|attn_implementation|fused kernel|monkey patch", re.IGNORECASE)
+ENGINE_LINE = re.compile(r"sglang|cuda.?graph|capturing batches|attn_implementation|fused kernel|monkey patch",
+                         re.IGNORECASE)
+# what Ray puts before a worker's line: colour codes and "(SGLangHttpServer pid=3341) "; matched on, "sglang" would
+# keep every line that server printed, blank ones too (2026-12-07: the record's last 30 were all blank)
+RAY_PREFIX = re.compile(r"^(\x1b\[[0-9;]*m)*\(\w+ pid=\d+\)(\x1b\[[0-9;]*m)*\s*")
 
 
 # ---------------------------------------------------------------------- the plan: one command per run
@@ -247,7 +251,8 @@ def run_one(spec: dict, timeout: float | None, warmup: int, out_dir: str) -> dic
                       env={**os.environ, **spec["env"]}, read_step=STEP_READERS[spec["trainer"]])
     shutil.copy(run.log_path, os.path.join(out_dir, f"{name}.log"))
     with open(run.log_path, errors="replace") as log:
-        engine_lines = [line.rstrip() for line in log if ENGINE_LINE.search(line)]
+        engine_lines = [text[:300] for text in (RAY_PREFIX.sub("", line).strip() for line in log)
+                        if ENGINE_LINE.search(text)]
     return {"started": started, "wall_s": run.wall_s, "exit": run.code, "error": run.error, "steps": run.steps,
             **steady_summary(run.steps, warmup), "log": run.log_path, "log_copy": f"{name}.log",
             "log_tail": log_tail(run.log_path, 40), "engine_log_lines": engine_lines[-30:]}

@@ -146,7 +146,8 @@ def test_a_run_is_read_summarised_and_its_log_kept(vs_verl, tmp_path):
     metrics = tmp_path / "run" / "verl_metrics.jsonl"
     lines = [json.dumps({"step": k, "data": {"timing_s/step": 10.0 + k, "actor/perf/max_memory_allocated_gb": 5.0}})
              for k in (1, 2, 3)]
-    code = (f"import pathlib; print('sglang: cuda graph bs 512'); "
+    code = (f"import pathlib; print('sglang: cuda graph bs 512'); print('\\x1b[36m(SGLangHttpServer pid=7)\\x1b[0m '); "
+            f"print('\\x1b[36m(SGLangHttpServer pid=7)\\x1b[0m Capturing batches (bs=512 avail_mem=36.51 GB)'); "
             f"pathlib.Path({str(metrics)!r}).write_text({chr(10).join(lines)!r})")
     spec = {"index": 2, "trainer": "verl", "run_dir": str(tmp_path / "run"), "metrics": str(metrics),
             "argv": [sys.executable, "-c", code], "env": {}}
@@ -156,5 +157,6 @@ def test_a_run_is_read_summarised_and_its_log_kept(vs_verl, tmp_path):
     assert result["exit"] == 0 and result["error"] is None
     assert [step["timing_s/step"] for step in result["steps"]] == [11.0, 12.0, 13.0]
     assert result["median_s"] == {"step": 12.5} and result["peak_memory_gb"] == 5.0  # verl's memory name read
-    assert result["engine_log_lines"] == ["sglang: cuda graph bs 512"]
-    assert (out / "2_verl.log").read_text().strip() == "sglang: cuda graph bs 512"
+    # Ray's prefix names the SGLang server on every line it prints: a line is kept by its own text, blank ones not
+    assert result["engine_log_lines"] == ["sglang: cuda graph bs 512", "Capturing batches (bs=512 avail_mem=36.51 GB)"]
+    assert (out / "2_verl.log").read_text().startswith("sglang: cuda graph bs 512\n")
