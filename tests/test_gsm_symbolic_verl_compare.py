@@ -268,16 +268,17 @@ def test_seed_table_reads_hybridrls_own_log_with_both_sets_as_before(tmp_path):
     (tmp_path / "0.5b_vs_verl_seed2.metrics.jsonl").write_text(  # the same, and `solved` logged too
         "".join(json.dumps({**line, **extra}) + "\n" for line, extra in zip(lines, solved)))
     (tmp_path / "0.5b_vs_verl_seed2.summary.json").write_text(json.dumps({"wall_s": 100.0}))
-    result = subprocess.run([sys.executable, str(RECIPE / "seed_table.py"), str(tmp_path), "vs_verl", "--commit", "c",
-                             "--date", "d", "--card", "none", "--command", "by hand",
-                             "--out", str(tmp_path / "t.json")], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "| 2 | 50.0 ± 0.0 (50.0, 50.0) | 50.0 ± 0.0 | 75.0 ± 0.0 | 75.0 ± 0.0 | 15 ± 0 |" in result.stdout
-    record = json.loads((tmp_path / "t.json").read_text())
+
+    def seed_table() -> tuple[str, dict]:
+        result = subprocess.run([sys.executable, str(RECIPE / "seed_table.py"), str(tmp_path), "vs_verl", "--commit",
+                                 "c", "--date", "d", "--card", "none", "--command", "by hand",
+                                 "--out", str(tmp_path / "t.json")], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        return result.stdout, json.loads((tmp_path / "t.json").read_text())
+
+    markdown, record = seed_table()
+    assert "| 2 | 50.0 ± 0.0 (50.0, 50.0) | 50.0 ± 0.0 | 75.0 ± 0.0 | 75.0 ± 0.0 | 15 ± 0 |" in markdown
     assert record["trainer"] == "hybridrl" and "eval/held_out/solved" not in record["table_mean_sd"]
-    (tmp_path / "0.5b_vs_verl_seed1.metrics.jsonl").unlink()
-    subprocess.run([sys.executable, str(RECIPE / "seed_table.py"), str(tmp_path), "vs_verl", "--commit", "c",
-                    "--date", "d", "--card", "none", "--command", "by hand", "--out", str(tmp_path / "t.json")],
-                   check=True, capture_output=True, timeout=120)
-    solved_table = json.loads((tmp_path / "t.json").read_text())["table_mean_sd"]["eval/held_out/solved"]
+    (tmp_path / "0.5b_vs_verl_seed1.metrics.jsonl").unlink()  # now every seed logged it
+    solved_table = seed_table()[1]["table_mean_sd"]["eval/held_out/solved"]
     assert [solved_table[step]["mean"] for step in ("0", "2")] == [0.375, 0.625]
