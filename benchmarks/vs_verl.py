@@ -17,6 +17,8 @@ has no wheel for the host; remove padding: PyTorch's varlen flash attention for 
 on both. Each run's first --warmup-steps steps (kernel compilation, CUDA-graph capture, first allocation) are outside
 the timed window; the steps after them are the steady steps (>= 5 by default). The four runs of ABBA take longer than
 one 10-minute host command: start the job with scripts/gpu/detached.sh and wait on it (benchmarks/README.md).
+--merge-turns runs the two adjacent verl turns of ABBA as one process of both turns' steady steps (A, BB, A), which
+keeps the order's balance and saves one start-up (about 270 s for verl) where the lease is short.
 
 The record, DIR/vs_verl.json, is rewritten after each run: the kernels and why, each trainer's settings table (key,
 value, the trainer's default, whether it departs, the reason), and per run its argv, environment (the variables that
@@ -77,6 +79,19 @@ def run_order(order: str) -> list[str]:
     return [LETTERS[letter] for letter in order]
 
 
+def processes(order: str, merge_turns: bool) -> list[tuple[str, int]]:
+    """(trainer, turns) for each process to start: a process a turn, or with --merge-turns one process for each run
+    of adjacent turns of one trainer ("ABBA" -> hybridrl 1, verl 2, hybridrl 1). Two adjacent turns of one trainer
+    time the same thing in the same place of the order; merged, they cost one start-up instead of two."""
+    turns: list[list] = []
+    for trainer in run_order(order):
+        if merge_turns and turns and turns[-1][0] == trainer:
+            turns[-1][1] += 1
+        else:
+            turns.append([trainer, 1])
+    return [(trainer, count) for trainer, count in turns]
+
+
 def python_path(trainer: str, verl_transformers: str) -> str:
     """verl's run: its own transformers (pinned) and verl first; hybridrl's run never sees either."""
     verl_sites = ([VERL_TF_SITE] if verl_transformers == "pinned" else []) + [VERL_SITE]
@@ -85,21 +100,27 @@ def python_path(trainer: str, verl_transformers: str) -> str:
     return ":".join(head + [p for p in inherited if p not in head])
 
 
-def run_spec(args, model_dir: str, index: int, trainer: str) -> dict:
+def run_steps(args, turns: int) -> int:
+    """A process's GRPO steps: one warm-up, then the steady steps of each of its turns."""
+    return args.warmup_steps + turns * (args.steps - args.warmup_steps)
+
+
+def run_spec(args, model_dir: str, index: int, trainer: str, turns: int = 1) -> dict:
     """Run `index` (1-based) of the plan: its directory, metrics file, argv and environment."""
     run_dir = os.path.join(args.work_dir, f"{index}_{trainer}_{args.shape}_{args.gpus}gpu")
-    rows = table.settings(args, model_dir, run_dir)
+    rows = table.settings(argparse.Namespace(**{**vars(args), "steps": run_steps(args, turns)}), model_dir, run_dir)
     env = {"PYTHONPATH": python_path(trainer, args.verl_transformers)}
     if trainer == "verl":
         env["VERL_FILE_LOGGER_PATH"] = table.verl_metrics_path(run_dir)
     metrics = env.get("VERL_FILE_LOGGER_PATH") or os.path.join(run_dir, "metrics.jsonl")
     module = "verl.trainer.main_ppo" if trainer == "verl" else "hybridrl.main_ppo"
-    return {"index": index, "trainer": trainer, "run_dir": run_dir, "metrics": metrics,
+    return {"index": index, "trainer": trainer, "turns": turns, "run_dir": run_dir, "metrics": metrics,
             "argv": [sys.executable, "-m", module, *table.overrides(rows, trainer)], "env": env}
 
 
 def plan(args, model_dir: str) -> list[dict]:
-    return [run_spec(args, model_dir, index, trainer) for index, trainer in enumerate(run_order(args.order), 1)]
+    return [run_spec(args, model_dir, index, trainer, turns)
+            for index, (trainer, turns) in enumerate(processes(args.order, args.merge_turns), 1)]
 
 
 # ---------------------------------------------------------------------- reading and summarising the steps
@@ -229,7 +250,7 @@ def new_record(args, runs: list[dict], model_dir: str) -> dict:
                      "verl": installed_version(VERL_SITE, "verl"),
                      "verl_transformers": (installed_version(VERL_TF_SITE, "transformers")
                                            if args.verl_transformers == "pinned" else "the image's")},
-        "runs": [{key: run[key] for key in ("index", "trainer", "run_dir", "argv")}
+        "runs": [{key: run[key] for key in ("index", "trainer", "turns", "run_dir", "argv")}
                  | {"env": relevant_env({**os.environ, **run["env"]})} for run in runs],
     }
 
@@ -298,9 +319,10 @@ def print_dry_run(record: dict, runs: list[dict]) -> None:
         for row in rows:
             mark = "*" if row["departs"] else " " if row["departs"] is False else "?"
             print(f"  {mark} {row['key']} = {row['value']}   [{row['default']}]   # {row['reason']}")
-    order = " ".join(f"{run['index']}:{run['trainer']}" for run in runs)
-    print(f"\norder: {order}, "
-          f"{record['warmup_steps']} warm-up step(s) + {record['args']['steps'] - record['warmup_steps']} steady each")
+    steady = record["args"]["steps"] - record["warmup_steps"]
+    order = " ".join(f"{run['index']}:{run['trainer']}" + (f" ({run['turns']} turns)" if run["turns"] > 1 else "")
+                     for run in runs)
+    print(f"\norder: {order}, {record['warmup_steps']} warm-up step(s) a process + {steady} steady steps a turn")
     for run in {run["trainer"]: run for run in runs}.values():
         env = " ".join(f"{key}={shlex.quote(value)}" for key, value in run["env"].items())
         print(f"\n{run['trainer']} command (run {run['index']}):\n  {env} \\\n  "
@@ -412,7 +434,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--response-length", type=int, default=512)
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--order", default="ABBA", help="the runs in turn: A = hybridrl, B = verl (ABBA, BAAB, AB, ...)")
-    parser.add_argument("--steps", type=int, default=6, help="GRPO steps per run, the warm-up included")
+    parser.add_argument("--steps", type=int, default=6, help="GRPO steps per turn, the warm-up included")
+    parser.add_argument("--merge-turns", action="store_true",
+                        help="adjacent turns of one trainer (the BB of ABBA) run as one process: one warm-up, then "
+                             "the steady steps of both turns (one start-up less, for a short lease)")
     parser.add_argument("--warmup-steps", type=int, default=1, help="first steps of each run outside the timed window")
     parser.add_argument("--padded", action="store_true", help="use_remove_padding=false (both use sdpa then)")
     parser.add_argument("--max-token-len", type=int, default=16384, help="ppo/log_prob max token len per GPU")

@@ -82,6 +82,16 @@ def test_runs_take_turns_each_in_its_own_directory(vs_verl):
         vs_verl.run_order("ABCA")
 
 
+def test_merged_turns_run_as_one_process_of_both_turns_steady_steps(vs_verl):
+    merged = vs_verl.plan(make_args(vs_verl, "--merge-turns", "--steps", "6", "--warmup-steps", "1"), "/model")
+    assert [(run["trainer"], run["turns"]) for run in merged] == [("hybridrl", 1), ("verl", 2), ("hybridrl", 1)]
+    # one warm-up step, then 5 steady steps for each turn: 6 and 1 + 2 x 5 = 11
+    assert [argv_values(run)["trainer.total_training_steps"] for run in merged] == ["6", "11", "6"]
+    assert vs_verl.processes("ABBAAB", merge_turns=True) == [("hybridrl", 1), ("verl", 2), ("hybridrl", 2),
+                                                             ("verl", 1)]
+    assert vs_verl.processes("ABBA", merge_turns=False) == [("hybridrl", 1), ("verl", 1), ("verl", 1), ("hybridrl", 1)]
+
+
 def test_bad_arguments_are_refused(vs_verl, capsys):
     with pytest.raises(SystemExit):
         make_args(vs_verl, "--steps", "3", "--warmup-steps", "3")
