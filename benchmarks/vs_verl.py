@@ -100,15 +100,15 @@ def python_path(trainer: str, verl_transformers: str) -> str:
     return ":".join(head + [p for p in inherited if p not in head])
 
 
-def run_steps(args, turns: int) -> int:
-    """A process's GRPO steps: one warm-up, then the steady steps of each of its turns."""
-    return args.warmup_steps + turns * (args.steps - args.warmup_steps)
+def turn_args(args, turns: int) -> argparse.Namespace:
+    """The arguments of a process of `turns` turns: its warm-up, then the steady steps of each of its turns."""
+    return argparse.Namespace(**{**vars(args), "steps": args.warmup_steps + turns * (args.steps - args.warmup_steps)})
 
 
 def run_spec(args, model_dir: str, index: int, trainer: str, turns: int = 1) -> dict:
     """Run `index` (1-based) of the plan: its directory, metrics file, argv and environment."""
     run_dir = os.path.join(args.work_dir, f"{index}_{trainer}_{args.shape}_{args.gpus}gpu")
-    rows = table.settings(argparse.Namespace(**{**vars(args), "steps": run_steps(args, turns)}), model_dir, run_dir)
+    rows = table.settings(turn_args(args, turns), model_dir, run_dir)
     env = {"PYTHONPATH": python_path(trainer, args.verl_transformers)}
     if trainer == "verl":
         env["VERL_FILE_LOGGER_PATH"] = table.verl_metrics_path(run_dir)
@@ -167,27 +167,35 @@ def steady_summary(steps: list[dict], warmup: int) -> dict:
             "peak_memory_gb": max(peaks) if peaks else None}
 
 
-def ratios(runs: list[dict], warmup: int) -> list[dict]:
-    """hybridrl / verl of median step time, every fair way of pairing the runs, least flattering (largest) first:
-    all steady steps of each trainer pooled; each pair of runs (the k-th of each, neighbours in an ABBA order); and
-    hybridrl's slowest run against verl's fastest, a bound no pairing can exceed."""
-    by_trainer = {trainer: [run for run in runs if run["trainer"] == trainer and run.get("steps")]
-                  for trainer in table.TRAINERS}
-    ours, theirs = by_trainer["hybridrl"], by_trainer["verl"]
+def turns_of(run: dict, warmup: int, per_turn: int) -> list[list[dict]]:
+    """A run's steady steps, one list for each of its turns: a merged run's turns are its consecutive blocks of
+    `per_turn` steps (the last takes what is left, should the run have been cut off)."""
+    steady, count = run["steps"][warmup:], run.get("turns", 1)
+    return [steady[k * per_turn:] if k == count - 1 else steady[k * per_turn:(k + 1) * per_turn] for k in range(count)]
 
-    def step_median(selected: list[dict]) -> float | None:
-        return medians([step for run in selected for step in run["steps"][warmup:]]).get("step")
+
+def ratios(runs: list[dict], warmup: int, per_turn: int) -> list[dict]:
+    """hybridrl / verl of median step time, every fair way of pairing the turns, least flattering (largest) first:
+    all steady steps of each trainer pooled; each pair of turns (the k-th of each, neighbours in an ABBA order); and
+    hybridrl's slowest turn against verl's fastest, a bound no pairing can exceed."""
+    turns = {trainer: [(f"run {run['index']}" + (f" turn {k + 1}" if run.get("turns", 1) > 1 else ""), steps)
+                       for run in runs if run["trainer"] == trainer and run.get("steps")
+                       for k, steps in enumerate(turns_of(run, warmup, per_turn)) if steps]
+             for trainer in table.TRAINERS}
+    ours, theirs = turns["hybridrl"], turns["verl"]
+
+    def step_median(selected: list[tuple[str, list[dict]]]) -> float | None:
+        return medians([step for _, steps in selected for step in steps]).get("step")
 
     candidates = [("pooled: all steady steps of each trainer", ours, theirs)]
-    candidates += [(f"pair {k + 1}: run {a['index']} (hybridrl) / run {b['index']} (verl)", [a], [b])
+    candidates += [(f"pair {k + 1}: {a[0]} (hybridrl) / {b[0]} (verl)", [a], [b])
                    for k, (a, b) in enumerate(zip(ours, theirs))]
-    run_medians = {id(run): step_median([run]) for run in ours + theirs}
-    slowest = [run for run in ours if run_medians[id(run)] is not None]
-    fastest = [run for run in theirs if run_medians[id(run)] is not None]
+    slowest = [turn for turn in ours if step_median([turn]) is not None]
+    fastest = [turn for turn in theirs if step_median([turn]) is not None]
     if len(slowest) > 1 or len(fastest) > 1:
-        candidates.append(("bound: hybridrl's slowest run / verl's fastest run",
-                           [max(slowest, key=lambda run: run_medians[id(run)])] if slowest else [],
-                           [min(fastest, key=lambda run: run_medians[id(run)])] if fastest else []))
+        candidates.append(("bound: hybridrl's slowest turn / verl's fastest turn",
+                           [max(slowest, key=lambda turn: step_median([turn]))] if slowest else [],
+                           [min(fastest, key=lambda turn: step_median([turn]))] if fastest else []))
     out = []
     for name, a, b in candidates:
         numerator, denominator = step_median(a), step_median(b)
@@ -197,7 +205,7 @@ def ratios(runs: list[dict], warmup: int) -> list[dict]:
     return sorted(out, key=lambda entry: entry["ratio"], reverse=True)
 
 
-def summarize(runs: list[dict], warmup: int) -> dict:
+def summarize(runs: list[dict], warmup: int, per_turn: int) -> dict:
     """Per trainer: medians over all its steady steps and its peak memory; the step-time ratios; per-phase ratios
     of the pooled medians."""
     trainers = {}
@@ -208,7 +216,7 @@ def summarize(runs: list[dict], warmup: int) -> dict:
                              "peak_memory_gb": max(peaks) if peaks else None}
     ours, theirs = trainers["hybridrl"]["median_s"], trainers["verl"]["median_s"]
     phase_ratios = {phase: ours[phase] / theirs[phase] for phase in PHASES if phase in ours and theirs.get(phase)}
-    return {"trainers": trainers, "step_time_ratios": ratios(runs, warmup), "phase_ratios_pooled": phase_ratios}
+    return {"trainers": trainers, "step_time_ratios": ratios(runs, warmup, per_turn), "phase_ratios_pooled": phase_ratios}
 
 
 # ---------------------------------------------------------------------- the record
@@ -239,13 +247,15 @@ def installed_version(site: str, package: str) -> str | None:
 
 
 def new_record(args, runs: list[dict], model_dir: str) -> dict:
-    rows = table.settings(args, model_dir, "RUN_DIR")
+    # each trainer's table from its first run (a merged run gives verl more steps than --steps)
+    rows = {run["trainer"]: table.settings(turn_args(args, run["turns"]), model_dir, "RUN_DIR")
+            for run in reversed(runs)}
     return {
         "issue": 59, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "args": vars(args), "order": args.order, "warmup_steps": args.warmup_steps,
         "kernels": table.KERNELS,
-        "settings": {trainer: table.override_table(rows, trainer, table.default_config(trainer, VERL_SITE))
-                     for trainer in table.TRAINERS},
+        "settings": {trainer: table.override_table(rows[trainer], trainer, table.default_config(trainer, VERL_SITE))
+                     for trainer in table.TRAINERS if trainer in rows},
         "versions": {"hybridrl_commit": hybridrl_commit(args.commit),
                      "verl": installed_version(VERL_SITE, "verl"),
                      "verl_transformers": (installed_version(VERL_TF_SITE, "transformers")
@@ -505,7 +515,7 @@ def main() -> None:
     write_record(record, args.out_dir)
     for spec, entry in zip(runs, record["runs"]):
         entry.update(run_one(spec, deadline.share(asked=args.timeout), args.warmup_steps, args.out_dir))
-        record["summary"] = summarize(record["runs"], args.warmup_steps)
+        record["summary"] = summarize(record["runs"], args.warmup_steps, args.steps - args.warmup_steps)
         write_record(record, args.out_dir)
     print_tables(record)
 

@@ -142,13 +142,26 @@ def test_medians_and_ratios_of_step_time_least_flattering_first(vs_verl):
         run.update(vs_verl.steady_summary(run["steps"], warmup=1))
     assert runs[0]["median_s"] == {"generate": 6.0, "step": 12}  # steady steps 10, 12, 11, 13, 14
     assert runs[0]["steady_steps"] == 5 and runs[0]["peak_memory_gb"] == 45  # 40 + 5: the peak over every step
-    summary = vs_verl.summarize(runs, warmup=1)
+    summary = vs_verl.summarize(runs, warmup=1, per_turn=5)
     assert summary["trainers"]["hybridrl"]["median_s"]["step"] == 11.5  # of 10 12 11 13 14 9 10 11 12 13
     assert summary["trainers"]["verl"]["median_s"]["step"] == 21  # of 20 22 21 23 24 18 19 20 21 22
     assert summary["phase_ratios_pooled"]["generate"] == pytest.approx(5.75 / 10.5)
     got = [(round(entry["ratio"], 4), entry["what"].split(":")[0]) for entry in summary["step_time_ratios"]]
     assert got == [(round(12 / 20, 4), "bound"), (round(11 / 20, 4), "pair 2"), (round(11.5 / 21, 4), "pooled"),
                    (round(12 / 22, 4), "pair 1")]
+
+
+def test_a_merged_run_is_paired_turn_by_turn(vs_verl):
+    """A, BB, A (--merge-turns): verl's one process holds two turns of 3 steady steps; each is paired with its
+    neighbour, and the bound takes verl's fastest turn, not its whole run."""
+    runs = [{"index": 1, "trainer": "hybridrl", "steps": steps([30, 10, 11, 12], 40)},
+            {"index": 2, "trainer": "verl", "turns": 2, "steps": steps([100, 18, 19, 20, 22, 23, 24], 50)},
+            {"index": 3, "trainer": "hybridrl", "steps": steps([25, 13, 14, 15], 40)}]
+    got = [(round(entry["ratio"], 4), entry["what"]) for entry in vs_verl.summarize(runs, 1, 3)["step_time_ratios"]]
+    assert got == [(round(14 / 19, 4), "bound: hybridrl's slowest turn / verl's fastest turn"),
+                   (round(14 / 23, 4), "pair 2: run 3 (hybridrl) / run 2 turn 2 (verl)"),
+                   (round(12.5 / 21, 4), "pooled: all steady steps of each trainer"),
+                   (round(11 / 19, 4), "pair 1: run 1 (hybridrl) / run 2 turn 1 (verl)")]
 
 
 def test_a_run_is_read_summarised_and_its_log_kept(vs_verl, tmp_path):
