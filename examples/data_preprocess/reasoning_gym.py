@@ -3,6 +3,7 @@
     python examples/data_preprocess/reasoning_gym.py --task chain_sum --size 2000 --test_size 200 \
         --seed 0 --local_dir ~/data/chain_sum [--task_config '{"max_terms": 2, "max_digits": 1}'] \
         [--answer_format tags|hash] [--instruction TEXT] [--drop_ungradeable] [--held_out_templates SHARE]
+        [--in_template_test_size N]
 
 The train split is entries 0..size-1 of --seed; the test split is generated with seed --seed + --size
 (it continues the train stream), minus questions that also occur in train.
@@ -21,8 +22,10 @@ The same is `make_train_test_rows` in hybridrl.reward.scorers.reasoning_gym.
 problems never trained on, not the same problem with other names and numbers: gsm_symbolic draws each question
 from one of its templates (`dataset.task_indices[index]`), and SHARE of them, chosen with --seed, appear only in
 test.parquet. train.parquet holds the first --size questions of the other templates from --seed,
-test_in_template.parquet the first --test_size questions that follow of the templates in train.parquet (without
-those also in train), test.parquet the first --test_size questions of the held-out templates from the same stream.
+test_in_template.parquet the first --in_template_test_size (default --test_size) questions that follow of the
+templates in train.parquet (without those also in train), test.parquet the first --test_size questions of the held-out
+templates from the same stream. Either file's first N rows are the same for any larger size, so a larger test set
+extends a smaller one.
 Each row's extra_info names its template (`template`), and the script prints how many questions each template has
 in each file.
 """
@@ -64,12 +67,16 @@ def main() -> None:
     parser.add_argument("--held_out_templates", type=float, default=None, metavar="SHARE",
                         help=f"({TEMPLATE_TASK} only) this share of the templates, chosen with --seed, only in "
                              "test.parquet; the training templates' test questions in test_in_template.parquet")
+    parser.add_argument("--in_template_test_size", type=int, default=None,
+                        help="with --held_out_templates: rows of test_in_template.parquet (default --test_size)")
     parser.add_argument("--local_dir", required=True)
     args = parser.parse_args()
     task_config = json.loads(args.task_config)
     local_dir = os.path.expanduser(args.local_dir)
 
     if args.held_out_templates is None:
+        if args.in_template_test_size is not None:
+            parser.error("--in_template_test_size: only with --held_out_templates (it sizes test_in_template.parquet)")
         files = dict(zip(("train", "test"), make_train_test_rows(
             args.task, args.size, args.test_size, args.seed, task_config, args.answer_format, args.instruction,
             args.drop_ungradeable)))
@@ -77,8 +84,10 @@ def main() -> None:
         if args.task != TEMPLATE_TASK:
             parser.error(f"--held_out_templates: only {TEMPLATE_TASK} draws its questions from templates, "
                          f"got --task {args.task}")
-        files = template_split_rows(args.held_out_templates, args.size, args.test_size, args.seed, task_config,
-                                    args.answer_format, args.instruction, args.drop_ungradeable)
+        sizes = {"train": args.size, "test": args.test_size,
+                 "test_in_template": args.test_size if args.in_template_test_size is None else args.in_template_test_size}
+        files = template_split_rows(args.held_out_templates, sizes, args.seed, task_config, args.answer_format,
+                                    args.instruction, args.drop_ungradeable)
     for name, rows in files.items():
         write_rl_parquet(rows, os.path.join(local_dir, f"{name}.parquet"))
     print("wrote " + " and ".join(os.path.join(local_dir, f"{name}.parquet") for name in files))
@@ -98,17 +107,18 @@ def split_templates(share: float, seed: int) -> tuple[set[int], set[int]]:
     return set(templates) - held_out, held_out
 
 
-def template_split_rows(share: float, size: int, test_size: int, seed: int, task_config: dict, answer_format: str,
+def template_split_rows(share: float, sizes: dict[str, int], seed: int, task_config: dict, answer_format: str,
                         instruction, drop_ungradeable: bool) -> dict[str, list[dict]]:
-    """train, test (held-out templates) and test_in_template rows (the module docstring); prints the counts."""
+    """train, test (held-out templates) and test_in_template rows, as many as `sizes` says for each (the module
+    docstring); prints the counts."""
     trained, held_out = split_templates(share, seed)
     options = (task_config, answer_format, instruction, drop_ungradeable)
-    train, drawn, train_notes = first_rows_by_template(seed, {"train": trained}, size, set(), *options)
+    train, drawn, train_notes = first_rows_by_template(seed, {"train": trained}, sizes, set(), *options)
     train_prompts = {row["prompt"][0]["content"] for row in train["train"]}
     seen = {row["extra_info"]["template"] for row in train["train"]}  # all of `trained` unless --size is small
     # the test stream continues the train stream (reasoning-gym seeds entry i with seed + i)
     tests, _, test_notes = first_rows_by_template(seed + drawn, {"test": held_out, "test_in_template": seen},
-                                                  test_size, train_prompts, *options)
+                                                  sizes, train_prompts, *options)
     files = {**train, **tests}
     print(f"{TEMPLATE_TASK} by template: {len(held_out)} of {len(trained) + len(held_out)} templates held out of "
           f"training (--held_out_templates {share}, seed {seed}): {', '.join(map(str, sorted(held_out)))}")
@@ -120,9 +130,9 @@ def template_split_rows(share: float, size: int, test_size: int, seed: int, task
     return files
 
 
-def first_rows_by_template(seed: int, templates_of: dict[str, set[int]], count: int, skip_prompts: set[str],
+def first_rows_by_template(seed: int, templates_of: dict[str, set[int]], sizes: dict[str, int], skip_prompts: set[str],
                            task_config: dict, answer_format: str, instruction, drop_ungradeable: bool):
-    """For each split in `templates_of`, the first `count` gradeable rows of the stream of `seed` whose template is
+    """For each split in `templates_of`, the first `sizes[split]` gradeable rows of the stream of `seed` whose template is
     one of its templates and whose prompt is not in `skip_prompts`; how many entries of the stream that took; and
     per split, what was left out and why.
 
@@ -131,7 +141,7 @@ def first_rows_by_template(seed: int, templates_of: dict[str, set[int]], count: 
     """
     import reasoning_gym
 
-    length = 2 * count * len(templates_of)
+    length = 2 * sum(sizes[name] for name in templates_of)
     while True:
         task_indices = reasoning_gym.create_dataset(TEMPLATE_TASK, seed=seed, size=length, **task_config).task_indices
         rows = make_rows(TEMPLATE_TASK, length, seed, "", task_config, answer_format, instruction)
@@ -139,7 +149,7 @@ def first_rows_by_template(seed: int, templates_of: dict[str, set[int]], count: 
         skipped = {name: Counter() for name in templates_of}
         for index, row in enumerate(rows):
             name = next((name for name, templates in templates_of.items() if task_indices[index] in templates), None)
-            if name is None or len(picked[name]) == count:
+            if name is None or len(picked[name]) == sizes[name]:
                 continue
             if row["prompt"][0]["content"] in skip_prompts:
                 skipped[name]["questions also in train skipped"] += 1
@@ -153,7 +163,7 @@ def first_rows_by_template(seed: int, templates_of: dict[str, set[int]], count: 
                 continue
             row["extra_info"].update(split=name, template=task_indices[index])
             picked[name].append(row)
-            if all(len(rows_of) == count for rows_of in picked.values()):
+            if all(len(rows_of) == sizes[name] for name, rows_of in picked.items()):
                 notes = {name: [f"{n} {why}" for why, n in reasons.items()] for name, reasons in skipped.items()}
                 return picked, index + 1, notes
         length *= 2

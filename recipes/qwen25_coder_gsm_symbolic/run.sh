@@ -26,9 +26,10 @@ WORK_DIR=${WORK_DIR:-/tmp/qwen25_coder_gsm_symbolic}
 RUN_DIR=${RUN_DIR:-$WORK_DIR/run_${MODEL}_seed$SEED}
 DATA_DIR=$WORK_DIR/data
 # Validation: two test sets, each logged under its own name with the task's score (eval/<set>) and the reward's acc,
-# formatted and last_number_right (eval/<set>/<extra>): the templates held out of training (test.parquet, the
-# headline: problems never trained on) and the training templates (test_in_template.parquet). summary.json leads
-# with the held-out format-free accuracy (trainer.summary_metric).
+# formatted, last_number_right and solved (eval/<set>/<extra>): 1,024 questions of the templates held out of training
+# (test.parquet, the headline: problems never trained on) and 256 of the training templates
+# (test_in_template.parquet). summary.json leads with the held-out share solved, in any format
+# (trainer.summary_metric).
 VAL_MAX_SAMPLES=${VAL_MAX_SAMPLES:--1}
 EVAL_SETS="[{name: held_out, path: '$DATA_DIR/test.parquet', max_samples: $VAL_MAX_SAMPLES},"
 EVAL_SETS+=" {name: in_template, path: '$DATA_DIR/test_in_template.parquet', max_samples: $VAL_MAX_SAMPLES}]"
@@ -77,7 +78,7 @@ exec python -m hybridrl.main_ppo \
     custom_reward_function.name=compute_score \
     trainer.nnodes=1 trainer.n_gpus_per_node=1 trainer.seed="$SEED" \
     trainer.total_training_steps=25 trainer.test_freq=5 trainer.save_freq=-1 "${START[@]}" \
-    trainer.summary_metric=eval/held_out/last_number_right \
+    trainer.summary_metric=eval/held_out/solved \
     trainer.logger='[console,jsonl]' trainer.default_local_dir="$RUN_DIR" \
     trainer.validation_data_dir="$RUN_DIR/val_generations" \
     trainer.project_name=qwen25_coder_gsm_symbolic trainer.experiment_name="grpo_${MODEL}_seed$SEED" \

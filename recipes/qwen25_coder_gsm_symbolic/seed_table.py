@@ -17,10 +17,11 @@ import re
 import statistics
 from pathlib import Path
 
-HEADLINE = "eval/held_out/last_number_right"
-COLUMNS = (HEADLINE, "eval/held_out/acc", "eval/in_template/last_number_right", "eval/in_template/acc")
-# in the record where every seed logged them, not in the markdown (runs before 2026-12-07 did not log `solved`)
-RECORD_ONLY = ("eval/held_out/solved", "eval/in_template/solved")
+# solved: right in the format or as the answer's last number (recipes/gsm_symbolic_reward.py); runs before
+# 2026-12-07 logged no `solved` and validated 256 held-out questions, and this table is not for them
+HEADLINE = "eval/held_out/solved"
+COLUMNS = (HEADLINE, "eval/held_out/last_number_right", "eval/held_out/acc", "eval/in_template/solved",
+           "eval/in_template/acc")
 VERSIONS = {"torch": "2.11.0+cu130", "transformers": "5.17.0", "sglang": "0.5.16", "ray": "2.60.0", "hydra-core": "1.3.8"}
 VERL_VERSIONS = "verl 0.9.1 in its own site, with the transformers it pins (benchmarks/vs_verl.py's VERL_TF_SITE)"
 # verl 0.9.1's names (val-core/val-aux/<data_source>/<reward key>/mean@1: greedy, one answer a question; "acc" is its
@@ -51,6 +52,8 @@ def read_seed(metrics_path: Path, trainer: str = "hybridrl") -> dict:
     records = [READERS[trainer](json.loads(line)) for line in metrics_path.read_text().splitlines() if line.strip()]
     validation = {str(r["step"]): {k: v for k, v in r.items() if k.startswith("eval/")}
                   for r in records if HEADLINE in r}
+    if not validation:
+        raise SystemExit(f"{metrics_path}: no validation logged {HEADLINE} (runs before 2026-12-07 did not)")
     training = sorted((r for r in records if "response_length/mean" in r), key=lambda r: r["step"])
     summary_path = metrics_path.with_name(metrics_path.name.replace(".metrics.jsonl", ".summary.json"))
     return {
@@ -80,9 +83,9 @@ def mean_sd(seeds: dict, metric: str) -> dict:
 def markdown(table: dict) -> str:
     """The README's rows: step | headline mean ± sd (per seed) | the other columns' mean ± sd, in % ("-" for a
     column the logs lack) | training seconds to the step, mean ± sd."""
-    lines = ["| step | held-out, format-free (headline) | held-out, task (`#### N` right) "
-             "| in-template, format-free | in-template, task | training s to the step |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| step | held-out, solved (headline) | held-out, last number right | held-out, task (`#### N` right) "
+             "| in-template, solved | in-template, task | training s to the step |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for step in table[HEADLINE]:
         cells = []
         for metric in COLUMNS:
@@ -116,7 +119,7 @@ def main() -> None:
              if (m := pattern.fullmatch(path.name))}
     if not seeds:
         raise SystemExit(f"{args.dir}: no {args.model}_{args.variant}_seed<N>.metrics.jsonl")
-    logged = [metric for metric in (*COLUMNS, *RECORD_ONLY)  # a column every seed's every validation has
+    logged = [metric for metric in COLUMNS  # a column every seed's every validation has
               if all(metric in values for seed in seeds.values() for values in seed["validation"].values())]
     table = {metric: mean_sd(seeds, metric) for metric in [*logged, "train_s_to_step"]}
     if args.trainer == "verl":

@@ -124,7 +124,7 @@ def settings(seed: int, work_dir: Path, run_dir: Path) -> list[Setting]:
         Setting(f"trainer.seed={seed}", "actor_rollout_ref.rollout.seed", str(seed),
                 "verl has no trainer.seed; hybridrl's seeds each worker's torch and its engine's sampling. Nearest: "
                 "verl's sampling seed (SGLang's random_seed); the pretrained model needs no init seed"),
-        Setting("trainer.summary_metric=eval/held_out/last_number_right", None, "",
+        Setting("trainer.summary_metric=eval/held_out/solved", None, "",
                 "verl has no summary metric: seed_table.py reads each validation from the log"),
         Setting("trainer.logger=[console,jsonl]", "trainer.logger", "[console,file]",
                 "verl's JSON-lines logger: one line a step into VERL_FILE_LOGGER_PATH"),
