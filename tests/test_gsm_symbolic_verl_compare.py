@@ -65,18 +65,20 @@ def speed_argvs(vs_verl):
 
 
 @pytest.fixture(scope="module")
-def compare_sh_argv(tmp_path_factory):
-    """The argv `compare.sh vs_verl 1` hands hybridrl's main_ppo, run for real (compare.sh -> run.sh -> the data and
-    model preparation -> exec python -m hybridrl.main_ppo) with a `python` first on PATH that records main_ppo's
-    arguments instead of training, leaves the preparation's steps out, and runs verl_compare.py with this
-    interpreter."""
+def compare_sh_run(tmp_path_factory):
+    """`compare.sh vs_verl 1` run for real (compare.sh -> run.sh -> the data and model preparation -> exec python -m
+    hybridrl.main_ppo) with a `python` first on PATH that records main_ppo's arguments and writes one validation file
+    where the trainer would, instead of training; it leaves the preparation's steps out and runs verl_compare.py with
+    this interpreter. Returns main_ppo's argv and the work directory."""
     tmp = tmp_path_factory.mktemp("compare_sh")
     fake = tmp / "bin" / "python"
     fake.parent.mkdir()
     fake.write_text("#!/usr/bin/env bash\n"
                     f'case "$1" in */verl_compare.py) exec {sys.executable} "$@" ;; esac\n'
-                    '[ "$1 $2" = "-m hybridrl.main_ppo" ] && printf "%s\\n" "${@:3}" > "$ARGV_OUT"\n'
-                    "exit 0\n")
+                    '[ "$1 $2" = "-m hybridrl.main_ppo" ] || exit 0\n'
+                    'printf "%s\\n" "${@:3}" > "$ARGV_OUT"\n'
+                    'for a in "$@"; do case "$a" in trainer.validation_data_dir=*)\n'
+                    '    mkdir -p "${a#*=}" && echo \'{"step": 0}\' > "${a#*=}/0.jsonl" ;; esac; done\n')
     fake.chmod(0o755)
     out = tmp / "argv.txt"
     env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "WORK_DIR": str(tmp / "work"),
@@ -84,7 +86,20 @@ def compare_sh_argv(tmp_path_factory):
     result = subprocess.run(["bash", str(RECIPE / "compare.sh"), "vs_verl", "1"], capture_output=True, text=True,
                             env=env, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
-    return out.read_text().splitlines()
+    return out.read_text().splitlines(), tmp / "work"
+
+
+@pytest.fixture(scope="module")
+def compare_sh_argv(compare_sh_run):
+    return compare_sh_run[0]
+
+
+def test_compare_sh_packs_each_seeds_answers_to_copy_back(compare_sh_run):
+    import tarfile
+
+    with tarfile.open(compare_sh_run[1] / "compare" / "0.5b_vs_verl_seed1" / "val_generations.tgz") as packed:
+        assert sorted(packed.getnames()) == ["val_generations", "val_generations/0.jsonl"]
+        assert packed.extractfile("val_generations/0.jsonl").read() == b'{"step": 0}\n'
 
 
 def test_every_setting_of_run_sh_is_mapped_and_the_argv_composes_under_verls_own_config(tmp_path, verl_compare):

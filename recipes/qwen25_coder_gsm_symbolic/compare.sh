@@ -14,7 +14,8 @@
 #                     them to hybridrl (`verl_compare.py --hybridrl-overrides` prints them from vs_verl_settings.py's
 #                     table), the rows verl_compare.py gives verl: both trainers run the same settings (issue 59).
 #                     MODEL=0.5b only (verl_compare.py's workload)
-# Environment: MODEL and WORK_DIR as run.sh; each seed's logs go to $WORK_DIR/compare/<MODEL>_<VARIANT>_seed<SEED>.
+# Environment: MODEL and WORK_DIR as run.sh; each seed's logs go to $WORK_DIR/compare/<MODEL>_<VARIANT>_seed<SEED>,
+# with its validations' answers packed into val_generations.tgz there.
 # A seed that fails is reported and the next one runs; the exit status is 1 if any failed.
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -45,5 +46,7 @@ for seed in "${SEEDS[@]}"; do
     MODEL=$MODEL SEED=$seed WORK_DIR=$WORK_DIR RUN_DIR=$run_dir bash "$HERE/run.sh" \
         trainer.experiment_name="${VARIANT}_${MODEL}_seed$seed" ${OVERRIDES[@]+"${OVERRIDES[@]}"} \
         || { echo "== $VARIANT seed $seed failed" >&2; failed=1; }
+    # every answer of every validation in one file to copy back, so any metric can be recomputed later
+    [ -d "$run_dir/val_generations" ] && tar czf "$run_dir/val_generations.tgz" -C "$run_dir" val_generations
 done
 exit $failed
