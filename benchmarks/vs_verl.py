@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import re
@@ -83,13 +84,9 @@ def processes(order: str, merge_turns: bool) -> list[tuple[str, int]]:
     """(trainer, turns) for each process to start: a process a turn, or with --merge-turns one process for each run
     of adjacent turns of one trainer ("ABBA" -> hybridrl 1, verl 2, hybridrl 1). Two adjacent turns of one trainer
     time the same thing in the same place of the order; merged, they cost one start-up instead of two."""
-    turns: list[list] = []
-    for trainer in run_order(order):
-        if merge_turns and turns and turns[-1][0] == trainer:
-            turns[-1][1] += 1
-        else:
-            turns.append([trainer, 1])
-    return [(trainer, count) for trainer, count in turns]
+    if not merge_turns:
+        return [(trainer, 1) for trainer in run_order(order)]
+    return [(trainer, len(list(turns))) for trainer, turns in itertools.groupby(run_order(order))]
 
 
 def python_path(trainer: str, verl_transformers: str) -> str:
@@ -216,7 +213,8 @@ def summarize(runs: list[dict], warmup: int, per_turn: int) -> dict:
                              "peak_memory_gb": max(peaks) if peaks else None}
     ours, theirs = trainers["hybridrl"]["median_s"], trainers["verl"]["median_s"]
     phase_ratios = {phase: ours[phase] / theirs[phase] for phase in PHASES if phase in ours and theirs.get(phase)}
-    return {"trainers": trainers, "step_time_ratios": ratios(runs, warmup, per_turn), "phase_ratios_pooled": phase_ratios}
+    return {"trainers": trainers, "step_time_ratios": ratios(runs, warmup, per_turn),
+            "phase_ratios_pooled": phase_ratios}
 
 
 # ---------------------------------------------------------------------- the record

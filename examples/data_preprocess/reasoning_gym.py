@@ -84,8 +84,8 @@ def main() -> None:
         if args.task != TEMPLATE_TASK:
             parser.error(f"--held_out_templates: only {TEMPLATE_TASK} draws its questions from templates, "
                          f"got --task {args.task}")
-        sizes = {"train": args.size, "test": args.test_size,
-                 "test_in_template": args.test_size if args.in_template_test_size is None else args.in_template_test_size}
+        in_template = args.test_size if args.in_template_test_size is None else args.in_template_test_size
+        sizes = {"train": args.size, "test": args.test_size, "test_in_template": in_template}
         files = template_split_rows(args.held_out_templates, sizes, args.seed, task_config, args.answer_format,
                                     args.instruction, args.drop_ungradeable)
     for name, rows in files.items():
@@ -132,8 +132,8 @@ def template_split_rows(share: float, sizes: dict[str, int], seed: int, task_con
 
 def first_rows_by_template(seed: int, templates_of: dict[str, set[int]], sizes: dict[str, int], skip_prompts: set[str],
                            task_config: dict, answer_format: str, instruction, drop_ungradeable: bool):
-    """For each split in `templates_of`, the first `sizes[split]` gradeable rows of the stream of `seed` whose template is
-    one of its templates and whose prompt is not in `skip_prompts`; how many entries of the stream that took; and
+    """For each split in `templates_of`, the first `sizes[split]` gradeable rows of the stream of `seed` whose template
+    is one of its templates and whose prompt is not in `skip_prompts`; how many entries of the stream that took; and
     per split, what was left out and why.
 
     reasoning-gym seeds entry i with seed + i and picks its template with a Random(seed) drawn in order, so a longer

@@ -47,6 +47,9 @@ for seed in "${SEEDS[@]}"; do
         trainer.experiment_name="${VARIANT}_${MODEL}_seed$seed" ${OVERRIDES[@]+"${OVERRIDES[@]}"} \
         || { echo "== $VARIANT seed $seed failed" >&2; failed=1; }
     # every answer of every validation in one file to copy back, so any metric can be recomputed later
-    [ -d "$run_dir/val_generations" ] && tar czf "$run_dir/val_generations.tgz" -C "$run_dir" val_generations
+    if [ -d "$run_dir/val_generations" ]; then
+        tar czf "$run_dir/val_generations.tgz" -C "$run_dir" val_generations \
+            || { echo "== $VARIANT seed $seed: its answers were not packed" >&2; failed=1; }
+    fi
 done
 exit $failed
