@@ -11,7 +11,6 @@ gain can be a few templates that flipped (recipe README, "The comparison on 1,02
 """
 import argparse
 import collections
-import importlib.util
 import json
 import statistics
 import tarfile
@@ -19,15 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-REWARD_FILE = Path(__file__).resolve().parents[1] / "gsm_symbolic_reward.py"
+from hybridrl.utils.import_utils import load_extern_object
 
-
-def load_reward():
-    """The recipe's reward module (a file, not a package: the trainer loads it by path too)."""
-    spec = importlib.util.spec_from_file_location("gsm_symbolic_reward", REWARD_FILE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+REWARD_FILE = Path(__file__).resolve().parents[1] / "gsm_symbolic_reward.py"  # loaded as the trainer loads it
 
 
 def read_answers(run_dir: Path, step: int) -> list[dict]:
@@ -46,7 +39,7 @@ def read_answers(run_dir: Path, step: int) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def solved_by_template(test: pd.DataFrame, answers: list[dict], reward, where: str) -> dict[int, list[float]]:
+def solved_by_template(test: pd.DataFrame, answers: list[dict], compute_score, where: str) -> dict[int, list[float]]:
     """{template: solved (0/1) of each of its questions}; the test rows are found in `answers` from where the first
     row's question is, in order."""
     questions = [prompt[-1]["content"] for prompt in test["prompt"]]
@@ -58,7 +51,7 @@ def solved_by_template(test: pd.DataFrame, answers: list[dict], reward, where: s
         if question not in answer["input"]:
             raise SystemExit(f"{where}: answer {start + row} is not to the test set's row {row} ({question[:60]!r})")
         extra_info, ground_truth = dict(test["extra_info"][row]), test["reward_model"][row]["ground_truth"]
-        score = reward.compute_score(test["data_source"][row], answer["output"], ground_truth, extra_info)
+        score = compute_score(test["data_source"][row], answer["output"], ground_truth, extra_info)
         solved[extra_info["template"]].append(score["solved"])
     return solved
 
@@ -66,22 +59,21 @@ def solved_by_template(test: pd.DataFrame, answers: list[dict], reward, where: s
 def table(test_path: Path, run_dirs: list[Path], steps: tuple[int, int]) -> str:
     """Markdown: per template, its questions, the share solved at the first step (mean over seeds) and each seed's
     change to the second step, in points; the last row is the whole set."""
-    test, reward = pd.read_parquet(test_path), load_reward()
-    shares = {}  # (seed index, step) -> {template: share}, with "all" for the whole set
+    test, compute_score = pd.read_parquet(test_path), load_extern_object(str(REWARD_FILE), "compute_score")
+    solved = {}  # (seed index, step) -> {template: solved of each question}, with "all" for the whole set
     for seed, run_dir in enumerate(run_dirs):
         for step in steps:
-            solved = solved_by_template(test, read_answers(run_dir, step), reward, f"{run_dir} step {step}")
-            shares[seed, step] = {template: statistics.mean(v) for template, v in solved.items()}
-            shares[seed, step]["all"] = statistics.mean(x for v in solved.values() for x in v)
+            by_template = solved_by_template(test, read_answers(run_dir, step), compute_score, f"{run_dir} step {step}")
+            solved[seed, step] = {**by_template, "all": [x for v in by_template.values() for x in v]}
     first, last = steps
-    templates = sorted(t for t in shares[0, first] if t != "all") + ["all"]
-    counts = collections.Counter(info["template"] for info in test["extra_info"])
+    seeds = range(len(run_dirs))
     lines = [f"| template | questions | step {first}, solved % | change to step {last}, points, each seed | mean |",
              "| --- | --- | --- | --- | --- |"]
-    for template in templates:
-        before = statistics.mean(shares[s, first][template] for s in range(len(run_dirs)))
-        changes = [100 * (shares[s, last][template] - shares[s, first][template]) for s in range(len(run_dirs))]
-        size = len(test) if template == "all" else counts[template]
+    for template in sorted(t for t in solved[0, first] if t != "all") + ["all"]:
+        before = statistics.mean(statistics.mean(solved[s, first][template]) for s in seeds)
+        changes = [100 * (statistics.mean(solved[s, last][template]) - statistics.mean(solved[s, first][template]))
+                   for s in seeds]
+        size = len(solved[0, first][template])
         lines.append(f"| {template} | {size} | {100 * before:.1f} | " + ", ".join(f"{c:+.1f}" for c in changes)
                      + f" | {statistics.mean(changes):+.1f} |")
     return "\n".join(lines)
