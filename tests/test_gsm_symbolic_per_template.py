@@ -57,7 +57,10 @@ def test_the_table_counts_each_templates_share_and_each_seeds_change(per_templat
     with tarfile.open(tmp_path / "b" / "val_generations.tgz", "w:gz") as packed:  # compare.sh's packing
         packed.add(tmp_path / "b_raw" / "val_generations", arcname="val_generations")
 
-    rows = per_template.table(test_set, [tmp_path / "a", tmp_path / "b"], (0, 25)).splitlines()[2:]
+    runs = [tmp_path / "a", tmp_path / "b"]
+    solved = per_template.score_runs(test_set, runs, (0, 25))
+    markdown = per_template.table(test_set, solved, (0, 25))
+    rows = markdown.splitlines()[2:]
     counts = collections.Counter(templates)
     by_template = {row.split(" | ")[0].strip("| "): row for row in rows}
     assert list(by_template) == [str(t) for t in sorted(counts)] + ["all"]
@@ -73,6 +76,22 @@ def test_the_table_counts_each_templates_share_and_each_seeds_change(per_templat
     mean_all = (a_all + b_all) / 2
     assert by_template["all"] == f"| all | {len(test)} | 0.0 | {a_all:+.1f}, {b_all:+.1f} | {mean_all:+.1f} |"
 
+    # the record keeps each seed's solved rows, which give the same rows back
+    record = tmp_path / "record.json"
+    record.write_text(json.dumps({"what": "a seed table"}))
+    per_template.add_to_record(record, runs, (0, 25), solved, markdown)
+    kept = json.loads(record.read_text())
+    assert kept["what"] == "a seed table" and kept["per_template"]["table"] == markdown.splitlines()
+    rows_of = {name: {int(step): per_template.from_hex(digits, len(test)) for step, digits in steps.items()}
+               for name, steps in kept["per_template"]["solved"].items()}
+    seed_a_rows = [int(tm == first) for tm in templates]
+    seed_a_rows[-1] = 1
+    seed_b_rows = [1] + [0] * (len(test) - 1)
+    assert rows_of == {"a": {0: [0] * len(test), 25: seed_a_rows}, "b": {0: [0] * len(test), 25: seed_b_rows}}
+    # by hand: 101100001 padded to 1011 0000 1000
+    assert per_template.to_hex([1, 0, 1, 1, 0, 0, 0, 0, 1]) == "b08"
+    assert per_template.from_hex("b08", 9) == [1, 0, 1, 1, 0, 0, 0, 0, 1]
+
 
 def test_an_answer_to_another_question_is_named_by_its_row(per_template, test_set, tmp_path):
     test = pd.read_parquet(test_set)
@@ -81,6 +100,6 @@ def test_an_answer_to_another_question_is_named_by_its_row(per_template, test_se
     lines[3] = json.dumps({"input": "user\nAnother question\nassistant\n", "output": "#### 0", "score": 0.0})
     (tmp_path / "a" / "val_generations" / "0.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.raises(SystemExit, match=r"step 0: answer 3 is not to the test set's row 2"):
-        per_template.table(test_set, [tmp_path / "a"], (0, 25))
+        per_template.score_runs(test_set, [tmp_path / "a"], (0, 25))
     with pytest.raises(SystemExit, match=r"neither val_generations/0.jsonl nor val_generations.tgz"):
-        per_template.table(test_set, [tmp_path / "missing"], (0, 25))
+        per_template.score_runs(test_set, [tmp_path / "missing"], (0, 25))

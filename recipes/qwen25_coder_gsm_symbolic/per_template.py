@@ -1,6 +1,7 @@
 """Which templates a run's held-out gain is made of: the share solved per template at two steps, for each seed.
 
-    python recipes/qwen25_coder_gsm_symbolic/per_template.py DATA_DIR/test.parquet RUN_DIR... [--steps 0 25]
+    python recipes/qwen25_coder_gsm_symbolic/per_template.py DATA_DIR/test.parquet RUN_DIR... [--steps 0 25] \
+        [--record benchmarks/results/NAME.json]
 
 Each RUN_DIR holds a seed's validation answers, as `val_generations/<step>.jsonl` or packed in `val_generations.tgz`
 (compare.sh). The answers carry no template, so they are matched to the test set's rows by position: the set's rows
@@ -8,9 +9,12 @@ are validated in file order, and each row's question must appear in its answer's
 row). Each answer is scored again with the recipe's reward (`solved`: right in the `#### N` format or by its last
 number), so the totals equal the logged `eval/held_out/solved`. Why: 1,024 questions of only 17 templates, so a seed's
 gain can be a few templates that flipped (recipe README, "The comparison on 1,024 held-out questions").
+`--record` writes the table and each seed's solved rows into the variant's seed_table.py record: the answers (1.5 MB a
+seed) stay out of the repository, whose working tree travels to the GPU host with every call, and a workspace copy
+does not outlive its session, so the rows are what lets a later table, or a per-question pairing of two variants, be
+made again.
 """
 import argparse
-import collections
 import json
 import statistics
 import tarfile
@@ -39,44 +43,72 @@ def read_answers(run_dir: Path, step: int) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def solved_by_template(test: pd.DataFrame, answers: list[dict], compute_score, where: str) -> dict[int, list[float]]:
-    """{template: solved (0/1) of each of its questions}; the test rows are found in `answers` from where the first
-    row's question is, in order."""
+def solved_rows(test: pd.DataFrame, answers: list[dict], compute_score, where: str) -> list[int]:
+    """Solved (0/1) of each test row; the test rows are found in `answers` from where the first row's question is,
+    in order."""
     questions = [prompt[-1]["content"] for prompt in test["prompt"]]
     start = next((i for i, answer in enumerate(answers) if questions[0] in answer["input"]), None)
     if start is None or start + len(questions) > len(answers):
         raise SystemExit(f"{where}: the test set's {len(questions)} questions are not among its {len(answers)} answers")
-    solved = collections.defaultdict(list)
+    solved = []
     for row, (question, answer) in enumerate(zip(questions, answers[start:])):
         if question not in answer["input"]:
             raise SystemExit(f"{where}: answer {start + row} is not to the test set's row {row} ({question[:60]!r})")
         extra_info, ground_truth = dict(test["extra_info"][row]), test["reward_model"][row]["ground_truth"]
-        score = compute_score(test["data_source"][row], answer["output"], ground_truth, extra_info)
-        solved[extra_info["template"]].append(score["solved"])
+        solved.append(int(compute_score(test["data_source"][row], answer["output"], ground_truth, extra_info)["solved"]))
     return solved
 
 
-def table(test_path: Path, run_dirs: list[Path], steps: tuple[int, int]) -> str:
+def to_hex(solved: list[int]) -> str:
+    """A validation's solved rows as hex digits, row 0 the first bit (a record keeps these, not the 1.5 MB answers)."""
+    bits = "".join(map(str, solved)) + "0" * (-len(solved) % 4)
+    return "".join(f"{int(bits[i:i + 4], 2):x}" for i in range(0, len(bits), 4))
+
+
+def from_hex(digits: str, rows: int) -> list[int]:
+    return [int(bit) for digit in digits for bit in f"{int(digit, 16):04b}"][:rows]
+
+
+def score_runs(test_path: Path, run_dirs: list[Path], steps: tuple[int, int]) -> dict[tuple[int, int], list[int]]:
+    """(seed index, step) -> solved of each test row, rescored from the run's answers."""
+    test, compute_score = pd.read_parquet(test_path), load_extern_object(str(REWARD_FILE), "compute_score")
+    return {(seed, step): solved_rows(test, read_answers(run_dir, step), compute_score, f"{run_dir} step {step}")
+            for seed, run_dir in enumerate(run_dirs) for step in steps}
+
+
+def table(test_path: Path, solved: dict[tuple[int, int], list[int]], steps: tuple[int, int]) -> str:
     """Markdown: per template, its questions, the share solved at the first step (mean over seeds) and each seed's
     change to the second step, in points; the last row is the whole set."""
-    test, compute_score = pd.read_parquet(test_path), load_extern_object(str(REWARD_FILE), "compute_score")
-    solved = {}  # (seed index, step) -> {template: solved of each question}, with "all" for the whole set
-    for seed, run_dir in enumerate(run_dirs):
-        for step in steps:
-            by_template = solved_by_template(test, read_answers(run_dir, step), compute_score, f"{run_dir} step {step}")
-            solved[seed, step] = {**by_template, "all": [x for v in by_template.values() for x in v]}
+    templates = [info["template"] for info in pd.read_parquet(test_path)["extra_info"]]
     first, last = steps
-    seeds = range(len(run_dirs))
+    seeds = sorted({seed for seed, _ in solved})
+
+    def share(seed: int, step: int, template) -> float:
+        rows = [x for x, t in zip(solved[seed, step], templates) if template in ("all", t)]
+        return statistics.mean(rows)
+
     lines = [f"| template | questions | step {first}, solved % | change to step {last}, points, each seed | mean |",
              "| --- | --- | --- | --- | --- |"]
-    for template in sorted(t for t in solved[0, first] if t != "all") + ["all"]:
-        before = statistics.mean(statistics.mean(solved[s, first][template]) for s in seeds)
-        changes = [100 * (statistics.mean(solved[s, last][template]) - statistics.mean(solved[s, first][template]))
-                   for s in seeds]
-        size = len(solved[0, first][template])
+    for template in sorted(set(templates)) + ["all"]:
+        before = statistics.mean(share(s, first, template) for s in seeds)
+        changes = [100 * (share(s, last, template) - share(s, first, template)) for s in seeds]
+        size = len(templates) if template == "all" else templates.count(template)
         lines.append(f"| {template} | {size} | {100 * before:.1f} | " + ", ".join(f"{c:+.1f}" for c in changes)
                      + f" | {statistics.mean(changes):+.1f} |")
     return "\n".join(lines)
+
+
+def add_to_record(record: Path, run_dirs: list[Path], steps: tuple[int, int], solved: dict, markdown: str) -> None:
+    """The table and every seed's solved rows at both steps (hex, `from_hex`) into a seed_table.py record."""
+    data = json.loads(record.read_text())
+    data["per_template"] = {
+        "command": "python recipes/qwen25_coder_gsm_symbolic/per_template.py DATA_DIR/test.parquet "
+                   + " ".join(d.name for d in run_dirs) + f" --steps {steps[0]} {steps[1]}",
+        "table": markdown.splitlines(),
+        "solved_rows": "hex, one bit a row of test.parquet in file order, the first row the first bit (from_hex)",
+        "solved": {d.name: {str(step): to_hex(solved[seed, step]) for step in steps} for seed, d in enumerate(run_dirs)},
+    }
+    record.write_text(json.dumps(data, indent=1) + "\n")
 
 
 def main() -> None:
@@ -84,8 +116,14 @@ def main() -> None:
     parser.add_argument("test", type=Path, help="the held-out test set (test.parquet)")
     parser.add_argument("run_dirs", type=Path, nargs="+", help="one seed's run folder each")
     parser.add_argument("--steps", type=int, nargs=2, default=(0, 25), metavar=("FROM", "TO"))
+    parser.add_argument("--record", type=Path, help="also write the table and the solved rows into this record")
     args = parser.parse_args()
-    print(table(args.test, args.run_dirs, tuple(args.steps)))
+    steps = tuple(args.steps)
+    solved = score_runs(args.test, args.run_dirs, steps)
+    markdown = table(args.test, solved, steps)
+    print(markdown)
+    if args.record:
+        add_to_record(args.record, args.run_dirs, steps, solved, markdown)
 
 
 if __name__ == "__main__":
