@@ -8,6 +8,7 @@
 #   current           none: the 0.01 for a wrong number in the format, GRPO's std normalisation
 #   dr_grpo           algorithm.norm_adv_by_std_in_grpo=false (Dr. GRPO: no division by the group's std)
 #   no_format_credit  custom_reward_function.name=compute_score_no_format_credit (a wrong number scores 0, verl's GSM8K)
+#   dr_grpo_no_format_credit  both of the above: the two that each took no shortcut on 1,024 held-out questions
 #   clip_higher       actor_rollout_ref.actor.clip_ratio_high=0.28 (DAPO's clip-higher)
 #   overlong          DAPO's overlong penalty over the last 128 of the 512 response tokens (reward manager dapo)
 #   vs_verl           current with benchmarks/vs_verl.py's layout, kernels and engine settings where run.sh leaves
@@ -19,7 +20,7 @@
 # A seed that fails is reported and the next one runs; the exit status is 1 if any failed.
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-VARIANT=${1:?VARIANT: current, dr_grpo, no_format_credit, clip_higher, overlong or vs_verl}
+VARIANT=${1:?VARIANT: current, dr_grpo, no_format_credit, dr_grpo_no_format_credit, clip_higher, overlong or vs_verl}
 shift
 SEEDS=("$@")
 [ ${#SEEDS[@]} -gt 0 ] || SEEDS=(1 2 3)
@@ -27,6 +28,8 @@ case "$VARIANT" in
     current) OVERRIDES=() ;;
     dr_grpo) OVERRIDES=(algorithm.norm_adv_by_std_in_grpo=false) ;;
     no_format_credit) OVERRIDES=(custom_reward_function.name=compute_score_no_format_credit) ;;
+    dr_grpo_no_format_credit) OVERRIDES=(algorithm.norm_adv_by_std_in_grpo=false
+                                         custom_reward_function.name=compute_score_no_format_credit) ;;
     clip_higher) OVERRIDES=(actor_rollout_ref.actor.clip_ratio_high=0.28) ;;
     overlong) OVERRIDES=(reward_model.reward_manager=dapo reward_model.overlong_buffer.enable=true
                          reward_model.overlong_buffer.len=128 reward_model.overlong_buffer.penalty_factor=1.0
@@ -34,7 +37,8 @@ case "$VARIANT" in
     vs_verl) [ "${MODEL:-0.5b}" = 0.5b ] || { echo "VARIANT=vs_verl: expected MODEL=0.5b, got $MODEL" >&2; exit 2; }
              VS_VERL=$(python "$HERE/verl_compare.py" --hybridrl-overrides) || exit 2
              mapfile -t OVERRIDES <<< "$VS_VERL" ;;
-    *) echo "VARIANT=$VARIANT: expected current, dr_grpo, no_format_credit, clip_higher, overlong or vs_verl" >&2
+    *) echo "VARIANT=$VARIANT: expected current, dr_grpo, no_format_credit, dr_grpo_no_format_credit, clip_higher," \
+            "overlong or vs_verl" >&2
        exit 2 ;;
 esac
 MODEL=${MODEL:-0.5b}
