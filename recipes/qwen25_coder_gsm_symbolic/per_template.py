@@ -55,7 +55,8 @@ def solved_rows(test: pd.DataFrame, answers: list[dict], compute_score, where: s
         if question not in answer["input"]:
             raise SystemExit(f"{where}: answer {start + row} is not to the test set's row {row} ({question[:60]!r})")
         extra_info, ground_truth = dict(test["extra_info"][row]), test["reward_model"][row]["ground_truth"]
-        solved.append(int(compute_score(test["data_source"][row], answer["output"], ground_truth, extra_info)["solved"]))
+        score = compute_score(test["data_source"][row], answer["output"], ground_truth, extra_info)
+        solved.append(int(score["solved"]))
     return solved
 
 
@@ -106,7 +107,8 @@ def add_to_record(record: Path, run_dirs: list[Path], steps: tuple[int, int], so
                    + " ".join(d.name for d in run_dirs) + f" --steps {steps[0]} {steps[1]}",
         "table": markdown.splitlines(),
         "solved_rows": "hex, one bit a row of test.parquet in file order, the first row the first bit (from_hex)",
-        "solved": {d.name: {str(step): to_hex(solved[seed, step]) for step in steps} for seed, d in enumerate(run_dirs)},
+        "solved": {run_dir.name: {str(step): to_hex(solved[seed, step]) for step in steps}
+                   for seed, run_dir in enumerate(run_dirs)},
     }
     record.write_text(json.dumps(data, indent=1) + "\n")
 

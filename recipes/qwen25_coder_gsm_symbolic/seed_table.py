@@ -127,8 +127,9 @@ def main() -> None:
     else:
         source, versions = f"issue 60 item 3: compare.sh {args.variant}", VERSIONS
     record = {"what": args.what or f"{source}, MODEL={args.model}, seeds " + ", ".join(seeds),
-              "trainer": args.trainer, "command": args.command, "date": args.date, "commit": args.commit,
-              "card": args.card, "versions": versions, "table_mean_sd": table, "seeds": seeds}
+              "variant": args.variant, "model": args.model, "trainer": args.trainer, "command": args.command,
+              "date": args.date, "commit": args.commit, "card": args.card, "versions": versions,
+              "table_mean_sd": table, "seeds": seeds}
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(markdown(table))
 
