@@ -76,12 +76,18 @@ def test_the_table_counts_each_templates_share_and_each_seeds_change(per_templat
     mean_all = (a_all + b_all) / 2
     assert by_template["all"] == f"| all | {len(test)} | 0.0 | {a_all:+.1f}, {b_all:+.1f} | {mean_all:+.1f} |"
 
+    # per question: seed a won its right answers and lost none, seed b won one
+    assert per_template.flips(solved, runs, (0, 25)).splitlines() == [
+        f"a: {right_a} questions gained and 0 lost from step 0 to 25 (net +{right_a}, McNemar z {right_a ** 0.5:.2f})",
+        "b: 1 questions gained and 0 lost from step 0 to 25 (net +1, McNemar z 1.00)"]
+
     # the record keeps each seed's solved rows, which give the same rows back
     record = tmp_path / "record.json"
     record.write_text(json.dumps({"what": "a seed table"}))
     per_template.add_to_record(record, runs, (0, 25), solved, markdown)
     kept = json.loads(record.read_text())
     assert kept["what"] == "a seed table" and kept["per_template"]["table"] == markdown.splitlines()
+    assert kept["per_template"]["flips"] == per_template.flips(solved, runs, (0, 25)).splitlines()
     rows_of = {name: {int(step): per_template.from_hex(digits, len(test)) for step, digits in steps.items()}
                for name, steps in kept["per_template"]["solved"].items()}
     seed_a_rows = [int(tm == first) for tm in templates]

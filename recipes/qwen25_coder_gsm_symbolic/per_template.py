@@ -16,6 +16,7 @@ made again.
 """
 import argparse
 import json
+import math
 import statistics
 import tarfile
 from pathlib import Path
@@ -99,13 +100,30 @@ def table(test_path: Path, solved: dict[tuple[int, int], list[int]], steps: tupl
     return "\n".join(lines)
 
 
+def flips(solved: dict[tuple[int, int], list[int]], run_dirs: list[Path], steps: tuple[int, int]) -> str:
+    """Per seed, the questions solved at the second step but not the first and the reverse, with McNemar's z of the
+    net change (the two shares are of the same questions, so they are compared pair by pair): a net gain is a
+    balance of many questions won and lost."""
+    first, last = steps
+    lines = []
+    for seed, run_dir in enumerate(run_dirs):
+        pairs = list(zip(solved[seed, first], solved[seed, last]))
+        gained, lost = pairs.count((0, 1)), pairs.count((1, 0))
+        z = (gained - lost) / math.sqrt(gained + lost) if gained + lost else 0.0
+        lines.append(f"{run_dir.name}: {gained} questions gained and {lost} lost from step {first} to {last} "
+                     f"(net {gained - lost:+d}, McNemar z {z:.2f})")
+    return "\n".join(lines)
+
+
 def add_to_record(record: Path, run_dirs: list[Path], steps: tuple[int, int], solved: dict, markdown: str) -> None:
-    """The table and every seed's solved rows at both steps (hex, `from_hex`) into a seed_table.py record."""
+    """The table, the flips and every seed's solved rows at both steps (hex, `from_hex`) into a seed_table.py
+    record."""
     data = json.loads(record.read_text())
     data["per_template"] = {
         "command": "python recipes/qwen25_coder_gsm_symbolic/per_template.py DATA_DIR/test.parquet "
                    + " ".join(d.name for d in run_dirs) + f" --steps {steps[0]} {steps[1]}",
         "table": markdown.splitlines(),
+        "flips": flips(solved, run_dirs, steps).splitlines(),
         "solved_rows": "hex, one bit a row of test.parquet in file order, the first row the first bit (from_hex)",
         "solved": {run_dir.name: {str(step): to_hex(solved[seed, step]) for step in steps}
                    for seed, run_dir in enumerate(run_dirs)},
@@ -124,6 +142,7 @@ def main() -> None:
     solved = score_runs(args.test, args.run_dirs, steps)
     markdown = table(args.test, solved, steps)
     print(markdown)
+    print(flips(solved, args.run_dirs, steps))
     if args.record:
         add_to_record(args.record, args.run_dirs, steps, solved, markdown)
 
