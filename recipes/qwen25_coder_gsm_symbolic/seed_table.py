@@ -4,12 +4,13 @@
         --card "..." --command "..." --out benchmarks/results/NAME.json
     python recipes/qwen25_coder_gsm_symbolic/seed_table.py DIR verl --trainer verl ...    # verl_compare.py's seeds
 
-DIR holds `<MODEL>_<VARIANT>_seed<N>.metrics.jsonl` and `.summary.json` as `compare.sh` (and verl_compare.py) name
-their run folders. The table is mean ± sd over the seeds at the validation steps (0, 5, ..., 25), never a best step
-(issue 60), with the training time to each step beside it (the sum of timing_s/step so far: both trainers time a step
-without its validation). `--trainer verl` reads verl's file logger ({"step": N, "data": {...}} a line) with verl's
-metric names mapped to the recipe's (VERL_METRICS); a column no seed's log has (verl validates only the held-out set)
-shows as "-".
+DIR holds each seed's run folder `<MODEL>_<VARIANT>_seed<N>/` with its `metrics.jsonl` and `summary.json`, as
+`compare.sh` (and verl_compare.py) name them and `host_seeds.sh pack` copies them back, or the same files flat as
+`<MODEL>_<VARIANT>_seed<N>.metrics.jsonl` and `.summary.json`. The table is mean ± sd over the seeds at the
+validation steps (0, 5, ..., 25), never a best step (issue 60), with the training time to each step beside it (the
+sum of timing_s/step so far: both trainers time a step without its validation). `--trainer verl` reads verl's file
+logger ({"step": N, "data": {...}} a line) with verl's metric names mapped to the recipe's (VERL_METRICS); a column no
+seed's log has (verl validates only the held-out set) shows as "-".
 """
 import argparse
 import json
@@ -46,7 +47,7 @@ def verl_record(line: dict) -> dict:
 READERS = {"hybridrl": lambda line: line, "verl": verl_record}
 
 
-def read_seed(metrics_path: Path, trainer: str = "hybridrl") -> dict:
+def read_seed(metrics_path: Path, summary_path: Path, trainer: str = "hybridrl") -> dict:
     """A seed's validations by step, the training seconds to each of them, its summary, median step time, peak
     memory and sampled answer lengths."""
     records = [READERS[trainer](json.loads(line)) for line in metrics_path.read_text().splitlines() if line.strip()]
@@ -55,7 +56,6 @@ def read_seed(metrics_path: Path, trainer: str = "hybridrl") -> dict:
     if not validation:
         raise SystemExit(f"{metrics_path}: no validation logged {HEADLINE} (runs before 2026-12-07 did not)")
     training = sorted((r for r in records if "response_length/mean" in r), key=lambda r: r["step"])
-    summary_path = metrics_path.with_name(metrics_path.name.replace(".metrics.jsonl", ".summary.json"))
     return {
         "validation": validation,
         "train_s_to_step": {step: sum(r["timing_s/step"] for r in training if r["step"] <= int(step))
@@ -65,6 +65,18 @@ def read_seed(metrics_path: Path, trainer: str = "hybridrl") -> dict:
         "peak_memory_allocated_gib": max(r.get("perf/max_memory_allocated_gb", 0.0) for r in training),
         "train_response_length_by_step": [round(r["response_length/mean"], 1) for r in training],
     }
+
+
+def seed_logs(folder: Path, model: str, variant: str) -> list[tuple[str, tuple[Path, Path]]]:
+    """(seed, (metrics.jsonl, summary.json)) of each seed in `folder`, in either layout, ordered by seed."""
+    name = rf"{re.escape(model)}_{re.escape(variant)}_seed(\d+)"
+    found = {}
+    for path in folder.iterdir():
+        if path.is_dir() and (m := re.fullmatch(name, path.name)):
+            found[m.group(1)] = (path / "metrics.jsonl", path / "summary.json")
+        elif m := re.fullmatch(rf"{name}\.metrics\.jsonl", path.name):
+            found[m.group(1)] = (path, path.with_name(path.name.replace(".metrics.jsonl", ".summary.json")))
+    return sorted(found.items(), key=lambda item: int(item[0]))
 
 
 def mean_sd(seeds: dict, metric: str) -> dict:
@@ -114,11 +126,10 @@ def main() -> None:
         parser.add_argument(f"--{key}", required=key != "what", default="")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    pattern = re.compile(rf"{re.escape(args.model)}_{re.escape(args.variant)}_seed(\d+)\.metrics\.jsonl")
-    seeds = {m.group(1): read_seed(path, args.trainer) for path in sorted(args.dir.iterdir())
-             if (m := pattern.fullmatch(path.name))}
+    seeds = {seed: read_seed(*paths, args.trainer) for seed, paths in seed_logs(args.dir, args.model, args.variant)}
     if not seeds:
-        raise SystemExit(f"{args.dir}: no {args.model}_{args.variant}_seed<N>.metrics.jsonl")
+        run = f"{args.model}_{args.variant}_seed<N>"
+        raise SystemExit(f"{args.dir}: no {run}/ nor {run}.metrics.jsonl")
     logged = [metric for metric in COLUMNS  # a column every seed's every validation has
               if all(metric in values for seed in seeds.values() for values in seed["validation"].values())]
     table = {metric: mean_sd(seeds, metric) for metric in [*logged, "train_s_to_step"]}
