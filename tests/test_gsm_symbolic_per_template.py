@@ -58,8 +58,8 @@ def test_the_table_counts_each_templates_share_and_each_seeds_change(per_templat
         packed.add(tmp_path / "b_raw" / "val_generations", arcname="val_generations")
 
     runs = [tmp_path / "a", tmp_path / "b"]
-    solved = per_template.score_runs(test_set, runs, (0, 25))
-    markdown = per_template.table(test_set, solved, (0, 25))
+    solved = per_template.score_runs(test, runs, (0, 25))
+    markdown = per_template.table(test, solved, (0, 25))
     rows = markdown.splitlines()[2:]
     counts = collections.Counter(templates)
     by_template = {row.split(" | ")[0].strip("| "): row for row in rows}
@@ -106,6 +106,6 @@ def test_an_answer_to_another_question_is_named_by_its_row(per_template, test_se
     lines[3] = json.dumps({"input": "user\nAnother question\nassistant\n", "output": "#### 0", "score": 0.0})
     (tmp_path / "a" / "val_generations" / "0.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.raises(SystemExit, match=r"step 0: answer 3 is not to the test set's row 2"):
-        per_template.score_runs(test_set, [tmp_path / "a"], (0, 25))
+        per_template.score_runs(test, [tmp_path / "a"], (0, 25))
     with pytest.raises(SystemExit, match=r"neither val_generations/0.jsonl nor val_generations.tgz"):
-        per_template.score_runs(test_set, [tmp_path / "missing"], (0, 25))
+        per_template.score_runs(test, [tmp_path / "missing"], (0, 25))

@@ -71,17 +71,17 @@ def from_hex(digits: str, rows: int) -> list[int]:
     return [int(bit) for digit in digits for bit in f"{int(digit, 16):04b}"][:rows]
 
 
-def score_runs(test_path: Path, run_dirs: list[Path], steps: tuple[int, int]) -> dict[tuple[int, int], list[int]]:
+def score_runs(test: pd.DataFrame, run_dirs: list[Path], steps: tuple[int, int]) -> dict[tuple[int, int], list[int]]:
     """(seed index, step) -> solved of each test row, rescored from the run's answers."""
-    test, compute_score = pd.read_parquet(test_path), load_extern_object(str(REWARD_FILE), "compute_score")
+    compute_score = load_extern_object(str(REWARD_FILE), "compute_score")
     return {(seed, step): solved_rows(test, read_answers(run_dir, step), compute_score, f"{run_dir} step {step}")
             for seed, run_dir in enumerate(run_dirs) for step in steps}
 
 
-def table(test_path: Path, solved: dict[tuple[int, int], list[int]], steps: tuple[int, int]) -> str:
+def table(test: pd.DataFrame, solved: dict[tuple[int, int], list[int]], steps: tuple[int, int]) -> str:
     """Markdown: per template, its questions, the share solved at the first step (mean over seeds) and each seed's
     change to the second step, in points; the last row is the whole set."""
-    templates = [info["template"] for info in pd.read_parquet(test_path)["extra_info"]]
+    templates = [info["template"] for info in test["extra_info"]]
     first, last = steps
     seeds = sorted({seed for seed, _ in solved})
 
@@ -138,9 +138,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, nargs=2, default=(0, 25), metavar=("FROM", "TO"))
     parser.add_argument("--record", type=Path, help="also write the table and the solved rows into this record")
     args = parser.parse_args()
-    steps = tuple(args.steps)
-    solved = score_runs(args.test, args.run_dirs, steps)
-    markdown = table(args.test, solved, steps)
+    steps, test = tuple(args.steps), pd.read_parquet(args.test)
+    solved = score_runs(test, args.run_dirs, steps)
+    markdown = table(test, solved, steps)
     print(markdown)
     print(flips(solved, args.run_dirs, steps))
     if args.record:
