@@ -9,21 +9,18 @@ import pytest
 from tests.test_gsm_symbolic_verl_compare import RECIPE, load
 
 
-def write_seed(folder, name: str, solved: tuple[float, float], lengths: tuple[float, float], packed=False) -> None:
-    """A seed's metrics.jsonl as the trainer logs it: validations at steps 0 and 2, training steps 1 and 2; flat
-    (<name>.metrics.jsonl) or, `packed`, in its run folder as host_seeds.sh copies it back (<name>/metrics.jsonl)."""
+def write_seed(folder, name: str, solved: tuple[float, float], lengths: tuple[float, float]) -> None:
+    """A seed's run folder as host_seeds.sh copies it back, its metrics.jsonl as the trainer logs it: validations at
+    steps 0 and 2, training steps 1 and 2."""
     def evals(value: float) -> dict:
         return {"eval/held_out/solved": value, "eval/held_out/last_number_right": value, "eval/held_out/acc": value}
 
     lines = [{"step": 0, **evals(solved[0])},
              {"step": 1, "timing_s/step": 9.0, "response_length/mean": lengths[0]},
              {"step": 2, "timing_s/step": 9.0, "response_length/mean": lengths[1], **evals(solved[1])}]
-    metrics, summary = folder / f"{name}.metrics.jsonl", folder / f"{name}.summary.json"
-    if packed:
-        (folder / name).mkdir()
-        metrics, summary = folder / name / "metrics.jsonl", folder / name / "summary.json"
-    metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    summary.write_text(json.dumps({"wall_s": 30.0}))
+    (folder / name).mkdir()
+    (folder / name / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (folder / name / "summary.json").write_text(json.dumps({"wall_s": 30.0}))
 
 
 def seed_table(folder, variant: str, model: str, out) -> None:
@@ -36,12 +33,11 @@ def seed_table(folder, variant: str, model: str, out) -> None:
 def test_each_variant_is_a_row_of_means_gains_and_the_target_counted_per_seed(tmp_path):
     """By hand. `a` at 0.5B: solved 0.20 -> 0.26 / 0.30 / 0.19, so gains +6.0, +10.0, -1.0 points: two at the +5
     target, one below its start; step 2 mean 0.25, sd of (.01, .05, -.06) = sqrt(.0062 / 2) = 5.6 points; shortest
-    sampled answer 30.0 tokens. `b` at 1.5B, its seeds in run folders: 0.40 -> 0.61 / 0.59, gains +21.0 and +19.0:
-    one at the +20 target."""
+    sampled answer 30.0 tokens. `b` at 1.5B: 0.40 -> 0.61 / 0.59, gains +21.0 and +19.0: one at the +20 target."""
     for seed, (after, shortest) in enumerate([(0.26, 250.0), (0.30, 30.0), (0.19, 120.0)], start=1):
         write_seed(tmp_path, f"0.5b_a_seed{seed}", (0.20, after), (300.0, shortest))
     for seed, after in enumerate([0.61, 0.59], start=1):
-        write_seed(tmp_path, f"1.5b_b_seed{seed}", (0.40, after), (280.0, 260.0), packed=True)
+        write_seed(tmp_path, f"1.5b_b_seed{seed}", (0.40, after), (280.0, 260.0))
     seed_table(tmp_path, "a", "0.5b", tmp_path / "a.json")
     seed_table(tmp_path, "b", "1.5b", tmp_path / "b.json")
     result = subprocess.run([sys.executable, str(RECIPE / "variants_table.py"), str(tmp_path / "a.json"),

@@ -5,8 +5,7 @@
     python recipes/qwen25_coder_gsm_symbolic/seed_table.py DIR verl --trainer verl ...    # verl_compare.py's seeds
 
 DIR holds each seed's run folder `<MODEL>_<VARIANT>_seed<N>/` with its `metrics.jsonl` and `summary.json`, as
-`compare.sh` (and verl_compare.py) name them and `host_seeds.sh pack` copies them back, or the same files flat as
-`<MODEL>_<VARIANT>_seed<N>.metrics.jsonl` and `.summary.json`. The table is mean ± sd over the seeds at the
+`compare.sh` (and verl_compare.py) name them and `host_seeds.sh pack` copies them back. The table is mean ± sd over the seeds at the
 validation steps (0, 5, ..., 25), never a best step (issue 60), with the training time to each step beside it (the
 sum of timing_s/step so far: both trainers time a step without its validation). `--trainer verl` reads verl's file
 logger ({"step": N, "data": {...}} a line) with verl's metric names mapped to the recipe's (VERL_METRICS); a column no
@@ -47,9 +46,10 @@ def verl_record(line: dict) -> dict:
 READERS = {"hybridrl": lambda line: line, "verl": verl_record}
 
 
-def read_seed(metrics_path: Path, summary_path: Path, trainer: str = "hybridrl") -> dict:
+def read_seed(run_dir: Path, trainer: str = "hybridrl") -> dict:
     """A seed's validations by step, the training seconds to each of them, its summary, median step time, peak
     memory and sampled answer lengths."""
+    metrics_path = run_dir / "metrics.jsonl"
     records = [READERS[trainer](json.loads(line)) for line in metrics_path.read_text().splitlines() if line.strip()]
     validation = {str(r["step"]): {k: v for k, v in r.items() if k.startswith("eval/")}
                   for r in records if HEADLINE in r}
@@ -60,23 +60,11 @@ def read_seed(metrics_path: Path, summary_path: Path, trainer: str = "hybridrl")
         "validation": validation,
         "train_s_to_step": {step: sum(r["timing_s/step"] for r in training if r["step"] <= int(step))
                             for step in validation},
-        "summary": json.loads(summary_path.read_text()),
+        "summary": json.loads((run_dir / "summary.json").read_text()),
         "step_time_s_median": statistics.median(r["timing_s/step"] for r in training),
         "peak_memory_allocated_gib": max(r.get("perf/max_memory_allocated_gb", 0.0) for r in training),
         "train_response_length_by_step": [round(r["response_length/mean"], 1) for r in training],
     }
-
-
-def seed_logs(folder: Path, model: str, variant: str) -> list[tuple[str, tuple[Path, Path]]]:
-    """(seed, (metrics.jsonl, summary.json)) of each seed in `folder`, in either layout, ordered by seed."""
-    name = rf"{re.escape(model)}_{re.escape(variant)}_seed(\d+)"
-    found = {}
-    for path in folder.iterdir():
-        if path.is_dir() and (m := re.fullmatch(name, path.name)):
-            found[m.group(1)] = (path / "metrics.jsonl", path / "summary.json")
-        elif m := re.fullmatch(rf"{name}\.metrics\.jsonl", path.name):
-            found[m.group(1)] = (path, path.with_name(path.name.replace(".metrics.jsonl", ".summary.json")))
-    return sorted(found.items(), key=lambda item: int(item[0]))
 
 
 def mean_sd(seeds: dict, metric: str) -> dict:
@@ -126,10 +114,11 @@ def main() -> None:
         parser.add_argument(f"--{key}", required=key != "what", default="")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    seeds = {seed: read_seed(*paths, args.trainer) for seed, paths in seed_logs(args.dir, args.model, args.variant)}
+    pattern = re.compile(rf"{re.escape(args.model)}_{re.escape(args.variant)}_seed(\d+)")
+    run_dirs = {int(m.group(1)): path for path in args.dir.iterdir() if (m := pattern.fullmatch(path.name))}
+    seeds = {str(seed): read_seed(run_dirs[seed], args.trainer) for seed in sorted(run_dirs)}
     if not seeds:
-        run = f"{args.model}_{args.variant}_seed<N>"
-        raise SystemExit(f"{args.dir}: no {run}/ nor {run}.metrics.jsonl")
+        raise SystemExit(f"{args.dir}: no {args.model}_{args.variant}_seed<N>/")
     logged = [metric for metric in COLUMNS  # a column every seed's every validation has
               if all(metric in values for seed in seeds.values() for values in seed["validation"].values())]
     table = {metric: mean_sd(seeds, metric) for metric in [*logged, "train_s_to_step"]}
