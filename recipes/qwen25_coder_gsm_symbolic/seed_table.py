@@ -5,11 +5,11 @@
     python recipes/qwen25_coder_gsm_symbolic/seed_table.py DIR verl --trainer verl ...    # verl_compare.py's seeds
 
 DIR holds each seed's run folder `<MODEL>_<VARIANT>_seed<N>/` with its `metrics.jsonl` and `summary.json`, as
-`compare.sh` (and verl_compare.py) name them and `host_seeds.sh pack` copies them back. The table is mean ± sd over the seeds at the
-validation steps (0, 5, ..., 25), never a best step (issue 60), with the training time to each step beside it (the
-sum of timing_s/step so far: both trainers time a step without its validation). `--trainer verl` reads verl's file
-logger ({"step": N, "data": {...}} a line) with verl's metric names mapped to the recipe's (VERL_METRICS); a column no
-seed's log has (verl validates only the held-out set) shows as "-".
+`compare.sh` (and verl_compare.py) name them and `host_seeds.sh pack` copies them back. The table is mean ± sd over
+the seeds at the validation steps (0, 5, ..., 25), never a best step (issue 60), with the training time to each step
+beside it (the sum of timing_s/step so far: both trainers time a step without its validation). `--trainer verl` reads
+verl's file logger ({"step": N, "data": {...}} a line) with verl's metric names mapped to the recipe's
+(VERL_METRICS); a column no seed's log has (verl validates only the held-out set) shows as "-".
 """
 import argparse
 import json
