@@ -226,10 +226,12 @@ def main() -> None:
         *heavy_tail_overrides(work_dir, args.tail_fraction, short, args.device),
         f"actor_rollout_ref.rollout.name={'hf' if cpu else 'sglang'}",
         # on the GPU the update must not hide the generation: padded to 1,088 tokens a row it took 12 s of a
-        # 15-19 s step (H200, 2026-11-27); packed rows in 32k-token micro-batches take about 1 s
+        # 15-19 s step (H200, 2026-11-27); packed rows take about 1 s. The update's micro-batches hold 16k tokens, not
+        # the log-probs' 32k: on an H100 a 28,740-token one of the partial run's continued answers ran out of memory
+        # (65 GiB allocated, 2026-12-07)
         *([] if cpu else ["actor_rollout_ref.model.use_remove_padding=true",
                           "actor_rollout_ref.actor.use_dynamic_bsz=true",
-                          "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768",
+                          "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
                           "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
                           "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768"]),
         *args.overrides,
