@@ -6,27 +6,23 @@ import sys
 
 import pytest
 
-from tests.test_gsm_symbolic_verl_compare import RECIPE, load
+from tests.test_gsm_symbolic_verl_compare import RECIPE, load, seed_table, write_run
 
 
 def write_seed(folder, name: str, solved: tuple[float, float], lengths: tuple[float, float]) -> None:
-    """A seed's run folder as host_seeds.sh copies it back, its metrics.jsonl as the trainer logs it: validations at
-    steps 0 and 2, training steps 1 and 2."""
+    """A seed's run folder, its metrics.jsonl as the trainer logs it: validations at steps 0 and 2, training steps 1
+    and 2."""
     def evals(value: float) -> dict:
         return {"eval/held_out/solved": value, "eval/held_out/last_number_right": value, "eval/held_out/acc": value}
 
     lines = [{"step": 0, **evals(solved[0])},
              {"step": 1, "timing_s/step": 9.0, "response_length/mean": lengths[0]},
              {"step": 2, "timing_s/step": 9.0, "response_length/mean": lengths[1], **evals(solved[1])}]
-    (folder / name).mkdir()
-    (folder / name / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    (folder / name / "summary.json").write_text(json.dumps({"wall_s": 30.0}))
+    write_run(folder, name, lines, {"wall_s": 30.0})
 
 
-def seed_table(folder, variant: str, model: str, out) -> None:
-    result = subprocess.run([sys.executable, str(RECIPE / "seed_table.py"), str(folder), variant, "--model", model,
-                             "--commit", "c", "--date", "d", "--card", "none", "--command", "by hand",
-                             "--out", str(out)], capture_output=True, text=True, timeout=120)
+def make_record(folder, variant: str, model: str, out) -> None:
+    result = seed_table(folder, variant, out, "--model", model)
     assert result.returncode == 0, result.stderr
 
 
@@ -38,8 +34,8 @@ def test_each_variant_is_a_row_of_means_gains_and_the_target_counted_per_seed(tm
         write_seed(tmp_path, f"0.5b_a_seed{seed}", (0.20, after), (300.0, shortest))
     for seed, after in enumerate([0.61, 0.59], start=1):
         write_seed(tmp_path, f"1.5b_b_seed{seed}", (0.40, after), (280.0, 260.0))
-    seed_table(tmp_path, "a", "0.5b", tmp_path / "a.json")
-    seed_table(tmp_path, "b", "1.5b", tmp_path / "b.json")
+    make_record(tmp_path, "a", "0.5b", tmp_path / "a.json")
+    make_record(tmp_path, "b", "1.5b", tmp_path / "b.json")
     result = subprocess.run([sys.executable, str(RECIPE / "variants_table.py"), str(tmp_path / "a.json"),
                              str(tmp_path / "b.json")], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -53,7 +49,7 @@ def test_records_validated_at_other_steps_are_refused(tmp_path):
     variants_table = load("variants_table")
     for variant in "ab":
         write_seed(tmp_path, f"0.5b_{variant}_seed1", (0.2, 0.3), (300.0, 290.0))
-        seed_table(tmp_path, variant, "0.5b", tmp_path / f"{variant}.json")
+        make_record(tmp_path, variant, "0.5b", tmp_path / f"{variant}.json")
     records = [json.loads((tmp_path / f"{v}.json").read_text()) for v in "ab"]
     records[1]["table_mean_sd"]["eval/held_out/solved"]["4"] = records[1]["table_mean_sd"]["eval/held_out/solved"]["2"]
     with pytest.raises(SystemExit, match=r"validated at different steps; expected \['0', '2'\]"):

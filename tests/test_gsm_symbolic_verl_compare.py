@@ -225,8 +225,22 @@ def test_the_recipe_reward_takes_verls_call():
     assert row["data_source"] == load("seed_table").VERL_DATA_SOURCE  # verl names its val metrics by it
 
 
-def verl_line(step: int, data: dict) -> str:
-    return json.dumps({"step": step, "data": data})
+def verl_line(step: int, data: dict) -> dict:
+    return {"step": step, "data": data}
+
+
+def write_run(folder: Path, name: str, lines: list[dict], summary: dict) -> None:
+    """A seed's run folder as compare.sh or verl_compare.py writes it and host_seeds.sh copies it back."""
+    (folder / name).mkdir()
+    (folder / name / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (folder / name / "summary.json").write_text(json.dumps(summary))
+
+
+def seed_table(folder: Path, variant: str, out: Path, *options: str) -> subprocess.CompletedProcess:
+    """seed_table.py on the run folders in `folder`."""
+    return subprocess.run([sys.executable, str(RECIPE / "seed_table.py"), str(folder), variant, *options, "--commit",
+                           "c", "--date", "d", "--card", "none", "--command", "by hand", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
 
 
 def val(source: str, held_out: float, acc: float) -> dict:
@@ -249,14 +263,9 @@ def test_seed_table_reads_verls_file_logger_into_the_held_out_table(tmp_path):
     for seed, (before, after, seconds) in {1: (0.2, 0.3, (10.0, 12.0)), 2: (0.4, 0.5, (20.0, 22.0))}.items():
         lines = [verl_line(0, val(source, before, 0.0)), verl_line(1, train(seconds[0], 250.0)),
                  verl_line(2, {**train(seconds[1], 240.0), **val(source, after, after)})]
-        run_dir = tmp_path / f"0.5b_verl_seed{seed}"  # verl_compare.py's run folder, as host_seeds.sh copies it back
-        run_dir.mkdir()
-        (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-        (run_dir / "summary.json").write_text(json.dumps({"wall_s": 300.0, "returncode": 0}))
+        write_run(tmp_path, f"0.5b_verl_seed{seed}", lines, {"wall_s": 300.0, "returncode": 0})
     out = tmp_path / "table.json"
-    result = subprocess.run([sys.executable, str(RECIPE / "seed_table.py"), str(tmp_path), "verl", "--trainer", "verl",
-                             "--commit", "c0ffee", "--date", "2026-12-06", "--card", "none", "--command", "by hand",
-                             "--out", str(out)], capture_output=True, text=True, timeout=120)
+    result = seed_table(tmp_path, "verl", out, "--trainer", "verl")
     assert result.returncode == 0, result.stderr
     record = json.loads(out.read_text())
     table = record["table_mean_sd"]
@@ -282,25 +291,14 @@ def test_seed_table_reads_hybridrls_own_log_and_refuses_a_log_without_the_headli
                 for metric, values in metrics.items()}
 
     lines = [{"step": 0, **evals(0)}, {"step": 1, **train(7.0, 200.0)}, {"step": 2, **train(8.0, 210.0), **evals(1)}]
-    def write_run(name: str, lines: list[dict]) -> None:
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-        (tmp_path / name / "summary.json").write_text(json.dumps({"wall_s": 100.0}))
-
-    write_run("0.5b_vs_verl_seed1", lines)
-
-    def seed_table() -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(RECIPE / "seed_table.py"), str(tmp_path), "vs_verl", "--commit",
-                               "c", "--date", "d", "--card", "none", "--command", "by hand",
-                               "--out", str(tmp_path / "t.json")], capture_output=True, text=True, timeout=120)
-
-    result = seed_table()
+    write_run(tmp_path, "0.5b_vs_verl_seed1", lines, {"wall_s": 100.0})
+    result = seed_table(tmp_path, "vs_verl", tmp_path / "t.json")
     assert result.returncode == 0, result.stderr
     assert "| 2 | 62.5 ± 0.0 (62.5) | 50.0 ± 0.0 | 50.0 ± 0.0 | 87.5 ± 0.0 | 75.0 ± 0.0 | 15 ± 0 |" in result.stdout
     record = json.loads((tmp_path / "t.json").read_text())
     assert record["trainer"] == "hybridrl" and record["table_mean_sd"]["eval/in_template/solved"]["0"]["mean"] == 0.5
     old = [{key: value for key, value in line.items() if not key.endswith("/solved")} for line in lines]
-    write_run("0.5b_vs_verl_seed2", old)
-    result = seed_table()
+    write_run(tmp_path, "0.5b_vs_verl_seed2", old, {"wall_s": 100.0})
+    result = seed_table(tmp_path, "vs_verl", tmp_path / "t.json")
     assert result.returncode != 0
     assert "0.5b_vs_verl_seed2/metrics.jsonl: no validation logged eval/held_out/solved" in result.stderr
