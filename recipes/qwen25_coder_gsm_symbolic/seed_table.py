@@ -22,7 +22,8 @@ from pathlib import Path
 HEADLINE = "eval/held_out/solved"
 COLUMNS = (HEADLINE, "eval/held_out/last_number_right", "eval/held_out/acc", "eval/in_template/solved",
            "eval/in_template/acc")
-VERSIONS = {"torch": "2.11.0+cu130", "transformers": "5.17.0", "sglang": "0.5.16", "ray": "2.60.0", "hydra-core": "1.3.8"}
+VERSIONS = {"torch": "2.11.0+cu130", "transformers": "5.17.0", "sglang": "0.5.16", "ray": "2.60.0",
+            "hydra-core": "1.3.8"}
 VERL_VERSIONS = "verl 0.9.1 in its own site, with the transformers it pins (benchmarks/vs_verl.py's VERL_TF_SITE)"
 # verl 0.9.1's names (val-core/val-aux/<data_source>/<reward key>/mean@1: greedy, one answer a question; "acc" is its
 # core variable when the reward returns one) for the recipe's; verl validates the held-out set alone (verl_compare.py)

@@ -10,8 +10,9 @@ ground_truth, extra_info). The workload is run.sh's (RUN_SH, the same key and va
 setting, the nearest and why). The layout, kernels and engine are benchmarks/vs_verl_settings.py's shared rows, the
 ones benchmarks/vs_verl.py gives both trainers (fused log-probs, hybridrl's varlen attention kernel in verl through
 its external_lib hook, the same explicit SGLang settings), for the workload recipe_workload() derives from run.sh's
-values. `compare.sh vs_verl` gives hybridrl the same rows where run.sh does not set them (--hybridrl-overrides prints
-them); run it first in the same WORK_DIR: it prepares the data and the model.
+values, but for VERL_DEPARTURES (verl on its default FSDP1: its FSDP2 path fails on this model's untied lm_head).
+`compare.sh vs_verl` gives hybridrl the same rows where run.sh does not set them (--hybridrl-overrides prints them);
+run it first in the same WORK_DIR: it prepares the data and the model.
 
 verl runs in its own environment (VERL_TF_SITE: the transformers it pins; VERL_SITE: verl 0.9.1; benchmarks/
 vs_verl.py and scripts/gpu/install_verl.sh) and logs every step as JSON lines (trainer.logger=file,
@@ -53,6 +54,18 @@ RUN_SH = {
     "trainer.nnodes": "1", "trainer.n_gpus_per_node": "1", "trainer.total_training_steps": "25",
     "trainer.test_freq": "5", "trainer.save_freq": "-1", "trainer.resume_mode": "disable",
     "trainer.val_before_train": "true", "trainer.project_name": "qwen25_coder_gsm_symbolic",
+}
+
+
+# Where verl departs from vs_verl_settings' shared rows in this comparison alone: verl key -> (value, why). The speed
+# benchmark's random model ties lm_head to the embeddings; this recipe's model does not (its GGUF has its own
+# output.weight, hybridrl/models/gguf_source.py).
+VERL_DEPARTURES = {
+    "actor_rollout_ref.actor.strategy": (
+        "fsdp", "verl's default (FSDP1): verl 0.9.1's FSDP2 gives an untied lm_head an FSDP unit of its own, and its "
+        "fused log-prob path reads lm_head.weight outside that unit's forward, so the first old log-probs failed "
+        "('aten.mm.default got mixed torch.Tensor and DTensor', H100, 2026-12-07); FSDP1 leaves lm_head in the root "
+        "unit. hybridrl keeps its default, FSDP2 (tests/test_gsm_symbolic_verl_compare.py shows both on the CPU)"),
 }
 
 
@@ -99,7 +112,11 @@ def hybridrl_overrides() -> list[str]:
 def from_table(row: table.Setting) -> Setting:
     """One shared row as verl gets it, with what hybridrl gets (run.sh's own setting, or compare.sh vs_verl's)."""
     given = ("run.sh" if row.key in RUN_SH else "compare.sh vs_verl") if row.applies_to("hybridrl") else None
-    return Setting(row.override("hybridrl") if given else "- (verl only)", row.key_for("verl"), str(row.value),
+    recipe = row.override("hybridrl") if given else "- (verl only)"
+    if row.key_for("verl") in VERL_DEPARTURES:
+        value, why = VERL_DEPARTURES[row.key_for("verl")]
+        return Setting(recipe, row.key_for("verl"), value, why)
+    return Setting(recipe, row.key_for("verl"), str(row.value),
                    f"vs_verl_settings.py{f' ({given})' if given else ''}: {row.reason}")
 
 
