@@ -2,7 +2,6 @@
 buffer (state saved and loaded bit for bit), the built-in filters, hook loading and its refusals at config
 validation, and the HF engine server's abort (real HTTP on 127.0.0.1, a tiny real model)."""
 import asyncio
-import textwrap
 import threading
 import time
 

@@ -7,7 +7,6 @@ test_e2e_training (a tiny random Qwen2; reward from a file).
   versions) and the buffer with their tokens survives a checkpoint and resume bit for bit;
 - every function hook runs where it should (one run with all of them).
 """
-import textwrap
 
 import pytest
 import torch

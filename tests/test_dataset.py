@@ -1,5 +1,4 @@
 """RLHFDataset: chat template, left padding, truncation modes, metadata columns, collation, seeded loading."""
-import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf

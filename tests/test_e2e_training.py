@@ -4,10 +4,8 @@ test fail."""
 import json
 import math
 import os
-import textwrap
 
 import pytest
-import torch
 from transformers import AutoTokenizer
 
 from hybridrl.config import check_paths, compose_config, validate_config

@@ -115,7 +115,7 @@ def test_a_log_prob_pass_names_its_own_section_and_no_checkpointing(model_dir, r
 
 def test_the_critic_names_its_keys_and_leaves_out_checkpointing_once_it_is_on(model_dir):
     cfg = config(model_dir, "critic.model.enable_gradient_checkpointing=true", "critic.use_dynamic_bsz=true",
-                 f"critic.ppo_max_token_len_per_gpu={TOKEN_BUDGET}", f"critic.forward_max_token_len_per_gpu=20")
+                 f"critic.ppo_max_token_len_per_gpu={TOKEN_BUDGET}", "critic.forward_max_token_len_per_gpu=20")
     module = load_hf_model(model_dir, value_head=True)
     critic = DataParallelPPOCritic(cfg.critic, module, torch.optim.SGD(module.parameters(), lr=0.1), rollout_n=2,
                                    device="cpu")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from hybridrl.workers.rollout.sglang_rollout import engine_kwargs, sampling_params

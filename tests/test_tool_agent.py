@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-from types import SimpleNamespace
 
 import pytest
 

@@ -14,7 +14,7 @@ import torch
 
 from hybridrl.agent_loop.manager import AgentLoopWorker
 from hybridrl.agent_loop.sample_generate import GenerateContext
-from hybridrl.agent_loop.server_manager import AsyncLLMServerManager, abort_servers
+from hybridrl.agent_loop.server_manager import abort_servers
 from hybridrl.agent_loop.tool_agent import ToolAgentLoop
 from hybridrl.config import compose_config, validate_config
 from hybridrl.data.batch_layout import WEIGHT_VERSIONS_KEY

@@ -1,7 +1,6 @@
 """benchmarks/vs_verl.py without a GPU (issue 59): both command lines carry the same kernel, CUDA-graph, memory and
 sampling settings, verl gets its defaults wherever the table does not give a reason, the runs take turns (ABBA), and
 the record's medians and ratios are the hand-computed ones."""
-import argparse
 import importlib.util
 import json
 import os

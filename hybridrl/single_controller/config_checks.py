@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from hybridrl.config.checks import Values, register_check
+from hybridrl.config.schema import PPOConfig
 
 
 @register_check()

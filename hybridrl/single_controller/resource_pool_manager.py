@@ -16,6 +16,10 @@ Importing this module does not import Ray (the driver's preflight reads `pool_sp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: the driver imports ray only once it is in single-machine mode
+    from hybridrl.single_controller.ray import RayResourcePool
 
 TRAINER_POOL = "trainer_pool"
 ROLLOUT_POOL = "rollout_pool"
