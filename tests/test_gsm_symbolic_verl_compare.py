@@ -360,3 +360,29 @@ def test_seed_table_reads_hybridrls_own_log_and_refuses_a_log_without_the_headli
     result = seed_table(tmp_path, "vs_verl", tmp_path / "t.json")
     assert result.returncode != 0
     assert "0.5b_vs_verl_seed2/metrics.jsonl: no validation logged eval/held_out/solved" in result.stderr
+
+
+def test_seed_table_refuses_a_seed_that_did_not_end_or_failed_or_validated_at_other_steps(tmp_path):
+    """host_seeds.sh packs seeds still running when a lease ends: such a seed has no summary.json and is refused by
+    name, as is a verl seed whose run failed, and seeds whose validations stop at different steps (the means would
+    mix 2 seeds with 1)."""
+    source = "reasoning_gym/gsm_symbolic"
+    lines = [verl_line(0, val(source, 0.2, 0.0)), verl_line(1, train(10.0, 250.0)),
+             verl_line(2, {**train(12.0, 240.0), **val(source, 0.3, 0.3)})]
+    write_run(tmp_path, "0.5b_verl_seed1", lines, {"returncode": 0})
+    write_run(tmp_path, "0.5b_verl_seed2", lines[:2], {"returncode": 0})
+    summary = tmp_path / "0.5b_verl_seed2" / "summary.json"
+    refusals = [(None, "0.5b_verl_seed2/summary.json: missing, so the run did not end"),
+                ({"returncode": 1}, "0.5b_verl_seed2/summary.json: the run did not finish (returncode 1"),
+                ({"returncode": 0}, "the seeds validated at different steps, so their means would mix: seed 1 at 0, "
+                                    "2; seed 2 at 0")]
+    for written, error in refusals:
+        summary.unlink(missing_ok=True)
+        if written is not None:
+            summary.write_text(json.dumps(written))
+        result = seed_table(tmp_path, "verl", tmp_path / "t.json", "--trainer", "verl")
+        assert result.returncode != 0 and error in result.stderr, result.stderr
+    assert not (tmp_path / "t.json").exists()
+    write_run(tmp_path, "0.5b_verl_seed3", lines, {"returncode": 0})  # with seed 2 moved out, the table is made
+    (tmp_path / "0.5b_verl_seed2").rename(tmp_path / "cut_off")
+    assert seed_table(tmp_path, "verl", tmp_path / "t.json", "--trainer", "verl").returncode == 0

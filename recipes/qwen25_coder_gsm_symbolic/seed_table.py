@@ -47,6 +47,20 @@ def verl_record(line: dict) -> dict:
 READERS = {"hybridrl": lambda line: line, "verl": verl_record}
 
 
+def read_summary(run_dir: Path) -> dict:
+    """The summary a run writes when it ends; a seed cut off (its lease ended, host_seeds.sh packed it running) has
+    none, and one that failed says so: either is refused, so no table averages a part of a run with whole ones."""
+    path = run_dir / "summary.json"
+    if not path.exists():
+        raise SystemExit(f"{path}: missing, so the run did not end (cut off with its lease?): run the seed again, or "
+                         "move its folder out of DIR")
+    summary = json.loads(path.read_text())
+    if summary.get("returncode", 0) != 0 or summary.get("stopped_early"):
+        raise SystemExit(f"{path}: the run did not finish (returncode {summary.get('returncode', 0)}, stopped_early "
+                         f"{summary.get('stopped_early', False)})")
+    return summary
+
+
 def read_seed(run_dir: Path, trainer: str = "hybridrl") -> dict:
     """A seed's validations by step, the training seconds to each of them, its summary, median step time, peak
     memory and sampled answer lengths."""
@@ -61,7 +75,7 @@ def read_seed(run_dir: Path, trainer: str = "hybridrl") -> dict:
         "validation": validation,
         "train_s_to_step": {step: sum(r["timing_s/step"] for r in training if r["step"] <= int(step))
                             for step in validation},
-        "summary": json.loads((run_dir / "summary.json").read_text()),
+        "summary": read_summary(run_dir),
         "step_time_s_median": statistics.median(r["timing_s/step"] for r in training),
         "peak_memory_allocated_gib": max(r.get("perf/max_memory_allocated_gb", 0.0) for r in training),
         "train_response_length_by_step": [round(r["response_length/mean"], 1) for r in training],
@@ -120,6 +134,10 @@ def main() -> None:
     seeds = {str(seed): read_seed(run_dirs[seed], args.trainer) for seed in sorted(run_dirs)}
     if not seeds:
         raise SystemExit(f"{args.dir}: no {args.model}_{args.variant}_seed<N>/")
+    steps = {seed: sorted(values["validation"], key=int) for seed, values in seeds.items()}
+    if len({tuple(validated) for validated in steps.values()}) > 1:
+        raise SystemExit("the seeds validated at different steps, so their means would mix: " + "; ".join(
+            f"seed {seed} at {', '.join(validated)}" for seed, validated in steps.items()))
     logged = [metric for metric in COLUMNS  # a column every seed's every validation has
               if all(metric in values for seed in seeds.values() for values in seed["validation"].values())]
     table = {metric: mean_sd(seeds, metric) for metric in [*logged, "train_s_to_step"]}
