@@ -3,6 +3,7 @@
 # default: the comparison to run").
 #
 #   bash recipes/qwen25_coder_gsm_symbolic/compare.sh VARIANT [SEED...]     # seeds 1 2 3 unless given
+#   bash recipes/qwen25_coder_gsm_symbolic/compare.sh VARIANT --check       # exit 0 for a known VARIANT, 2 if not
 #
 # VARIANT (each is run.sh plus these Hydra overrides):
 #   current           none: the 0.01 for a wrong number in the format, GRPO's std normalisation
@@ -41,6 +42,7 @@ case "$VARIANT" in
             "overlong or vs_verl" >&2
        exit 2 ;;
 esac
+[ "${SEEDS[0]}" = --check ] && exit 0
 MODEL=${MODEL:-0.5b}
 WORK_DIR=${WORK_DIR:-/tmp/qwen25_coder_gsm_symbolic}
 failed=0
