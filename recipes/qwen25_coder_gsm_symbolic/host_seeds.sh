@@ -30,47 +30,57 @@ COPY=${HOST_COPY_DIR:-/tmp/hrl}
 DETACHED_ROOT=${DETACHED_ROOT:-/tmp/detached}
 export DETACHED_ROOT
 
-# run VARIANT SEED... [VARIANT SEED...]: the queue itself, in the copy (what start runs detached)
-run_queue() {
-    local failed=0 variant="" seeds=() arg
-    for arg in "$@" ""; do
-        if [[ $arg =~ ^[0-9]+$ ]]; then seeds+=("$arg"); continue; fi
-        if [ -n "$variant" ]; then
-            echo "== queue: $variant seeds ${seeds[*]}"
-            if [ "$variant" = verl ]; then  # the data and model first (run.sh's step 1 and 2; kept if already there)
-                (cd "$COPY" && export PYTHONPATH=$COPY${PYTHONPATH:+:$PYTHONPATH} \
-                    && bash recipes/gsm_symbolic_prepare.sh "qwen2.5-coder-$MODEL-instruct" \
-                        "$WORK_DIR/qwen2.5-coder-$MODEL-instruct" "$WORK_DIR/data" "$WORK_DIR/prepare" \
-                    && python3 recipes/qwen25_coder_gsm_symbolic/verl_compare.py --seeds "${seeds[@]}")
-            else
-                bash "$COPY/recipes/qwen25_coder_gsm_symbolic/compare.sh" "$variant" "${seeds[@]}"
-            fi || { echo "== queue: $variant failed" >&2; failed=1; }
+# The queue as lines of VARIANT SEED...; a seed before any variant, or a variant without seeds, is refused (exit 2)
+queue_entries() {
+    local entry="" arg
+    for arg in "$@"; do
+        if [[ $arg =~ ^[0-9]+$ ]]; then
+            [ -n "$entry" ] || { echo "start: a seed ($arg) before any VARIANT" >&2; return 2; }
+            entry+=" $arg"
+            continue
         fi
-        variant=$arg seeds=()
+        if [ -n "$entry" ]; then
+            [[ $entry == *" "* ]] || { echo "start: give $entry its seeds" >&2; return 2; }
+            echo "$entry"
+        fi
+        entry=$arg
+    done
+    [[ $entry == *" "* ]] || { echo "start: give VARIANT SEED... (got: $*)" >&2; return 2; }
+    echo "$entry"
+}
+
+# The queue itself, run detached in the copy: each entry in turn, the next one whether or not this one failed
+run_queue() {
+    local entries entry words failed=0
+    mapfile -t entries < <(queue_entries "$@")  # read first: the runs must not read the queue from their stdin
+    for entry in "${entries[@]}"; do
+        read -r -a words <<< "$entry"
+        local variant=${words[0]} seeds=("${words[@]:1}")
+        echo "== queue: $variant seeds ${seeds[*]}"
+        if [ "$variant" = verl ]; then  # the data and model first (run.sh's step 1 and 2; kept if already there)
+            (cd "$COPY" && export PYTHONPATH=$COPY${PYTHONPATH:+:$PYTHONPATH} \
+                && bash recipes/gsm_symbolic_prepare.sh "qwen2.5-coder-$MODEL-instruct" \
+                    "$WORK_DIR/qwen2.5-coder-$MODEL-instruct" "$WORK_DIR/data" "$WORK_DIR/prepare" \
+                && python3 recipes/qwen25_coder_gsm_symbolic/verl_compare.py --seeds "${seeds[@]}")
+        else
+            bash "$COPY/recipes/qwen25_coder_gsm_symbolic/compare.sh" "$variant" "${seeds[@]}"
+        fi || { echo "== queue: $variant failed" >&2; failed=1; }
     done
     return $failed
 }
 
 case "$verb" in
     start)
-        queue=() variant=""
-        for arg in "$@"; do
-            if [[ $arg =~ ^[0-9]+$ ]]; then
-                [ -n "$variant" ] || { echo "start: a seed ($arg) before any VARIANT" >&2; exit 2; }
-                seeds=$((seeds + 1))
-                continue
-            fi
-            if [ -n "$variant" ] && [ "$seeds" = 0 ]; then echo "start: give $variant its seeds" >&2; exit 2; fi
-            if [ "$arg" != verl ]; then
-                MODEL=$MODEL bash "$HERE/compare.sh" "$arg" --check || exit 2
-            fi
-            queue+=("$arg") variant=$arg seeds=0
+        entries=$(queue_entries "$@") || exit 2
+        variants=()
+        for variant in $(cut -d' ' -f1 <<< "$entries"); do
+            [ "$variant" = verl ] || MODEL=$MODEL bash "$HERE/compare.sh" "$variant" --check || exit 2
+            variants+=("$variant")
         done
-        [ -n "$variant" ] && [ "$seeds" -gt 0 ] || { echo "start: give VARIANT SEED... (got: $*)" >&2; exit 2; }
         OUT=${OUT:?OUT: the folder the device tool copies back}
         PIECES=${PIECES:-/tmp/gguf/$MODEL}
         [ -f "$PIECES/manifest.json" ] || { echo "no manifest.json in $PIECES: copy the staged pieces there" >&2; exit 2; }
-        name=$(IFS=+; echo "${queue[*]}")
+        name=$(IFS=+; echo "${variants[*]}")
         rm -rf "$COPY" && mkdir -p "$COPY" \
             && cp -a "$REPO"/{hybridrl,recipes,examples,scripts,benchmarks,pyproject.toml} "$COPY"/ || exit 1
         { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc; date -u

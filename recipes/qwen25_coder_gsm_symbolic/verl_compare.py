@@ -112,12 +112,10 @@ def hybridrl_overrides() -> list[str]:
 def from_table(row: table.Setting) -> Setting:
     """One shared row as verl gets it, with what hybridrl gets (run.sh's own setting, or compare.sh vs_verl's)."""
     given = ("run.sh" if row.key in RUN_SH else "compare.sh vs_verl") if row.applies_to("hybridrl") else None
-    recipe = row.override("hybridrl") if given else "- (verl only)"
-    if row.key_for("verl") in VERL_DEPARTURES:
-        value, why = VERL_DEPARTURES[row.key_for("verl")]
-        return Setting(recipe, row.key_for("verl"), value, why)
-    return Setting(recipe, row.key_for("verl"), str(row.value),
-                   f"vs_verl_settings.py{f' ({given})' if given else ''}: {row.reason}")
+    key = row.key_for("verl")
+    value, note = VERL_DEPARTURES.get(key, (str(row.value),
+                                            f"vs_verl_settings.py{f' ({given})' if given else ''}: {row.reason}"))
+    return Setting(row.override("hybridrl") if given else "- (verl only)", key, value, note)
 
 
 def settings(seed: int, work_dir: Path, run_dir: Path) -> list[Setting]:
