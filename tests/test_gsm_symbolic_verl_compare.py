@@ -365,7 +365,7 @@ def test_seed_table_reads_hybridrls_own_log_and_refuses_a_log_without_the_headli
 def test_seed_table_refuses_a_seed_that_did_not_end_or_failed_or_validated_at_other_steps(tmp_path):
     """host_seeds.sh packs seeds still running when a lease ends: such a seed has no summary.json and is refused by
     name, as is a verl seed whose run failed, and seeds whose validations stop at different steps (the means would
-    mix 2 seeds with 1)."""
+    mix 2 seeds with 1). --cut-off keeps a seed without a summary for a record of what a lease ran, marked."""
     source = "reasoning_gym/gsm_symbolic"
     lines = [verl_line(0, val(source, 0.2, 0.0)), verl_line(1, train(10.0, 250.0)),
              verl_line(2, {**train(12.0, 240.0), **val(source, 0.3, 0.3)})]
@@ -383,6 +383,20 @@ def test_seed_table_refuses_a_seed_that_did_not_end_or_failed_or_validated_at_ot
         result = seed_table(tmp_path, "verl", tmp_path / "t.json", "--trainer", "verl")
         assert result.returncode != 0 and error in result.stderr, result.stderr
     assert not (tmp_path / "t.json").exists()
+    # --cut-off keeps the seed without a summary, marked with the last step it trained (1), and the table holds the
+    # validation every seed reached (step 0: 0.2 in both); a failed seed stays refused
+    summary.unlink()
+    result = seed_table(tmp_path, "verl", tmp_path / "t.json", "--trainer", "verl", "--cut-off")
+    assert result.returncode == 0, result.stderr
+    record = json.loads((tmp_path / "t.json").read_text())
+    assert record["cut_off_after_step"] == {"2": 1} and record["what"].endswith("cut off with the lease: seed 2 after "
+                                                                                  "step 1")
+    assert record["seeds"]["2"]["summary"] is None and record["seeds"]["1"]["summary"] == {"returncode": 0}
+    assert list(record["table_mean_sd"]["eval/held_out/solved"]) == ["0"]
+    summary.write_text(json.dumps({"returncode": 1}))
+    assert seed_table(tmp_path, "verl", tmp_path / "t.json", "--trainer", "verl", "--cut-off").returncode != 0
     write_run(tmp_path, "0.5b_verl_seed3", lines, {"returncode": 0})  # with seed 2 moved out, the table is made
     (tmp_path / "0.5b_verl_seed2").rename(tmp_path / "cut_off")
+    (tmp_path / "t.json").unlink()
     assert seed_table(tmp_path, "verl", tmp_path / "t.json", "--trainer", "verl").returncode == 0
+    assert json.loads((tmp_path / "t.json").read_text())["cut_off_after_step"] == {}

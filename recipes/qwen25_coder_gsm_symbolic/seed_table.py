@@ -10,6 +10,10 @@ the seeds at the validation steps (0, 5, ..., 25), never a best step (issue 60),
 beside it (the sum of timing_s/step so far: both trainers time a step without its validation). `--trainer verl` reads
 verl's file logger ({"step": N, "data": {...}} a line) with verl's metric names mapped to the recipe's
 (VERL_METRICS); a column no seed's log has (verl validates only the held-out set) shows as "-".
+
+A seed cut off with its lease (no summary.json) is refused, unless `--cut-off`: then it is kept, marked in the
+record with the last step it trained, and the table holds the validations every seed reached. For a record of what
+a lease did run; a seed table for the README's comparisons has whole seeds only.
 """
 import argparse
 import json
@@ -47,13 +51,16 @@ def verl_record(line: dict) -> dict:
 READERS = {"hybridrl": lambda line: line, "verl": verl_record}
 
 
-def read_summary(run_dir: Path) -> dict:
+def read_summary(run_dir: Path, cut_off: bool = False) -> dict | None:
     """The summary a run writes when it ends; a seed cut off (its lease ended, host_seeds.sh packed it running) has
-    none, and one that failed says so: either is refused, so no table averages a part of a run with whole ones."""
+    none, and one that failed says so: either is refused, so no table averages a part of a run with whole ones.
+    `cut_off`: a seed without a summary is kept (None)."""
     path = run_dir / "summary.json"
     if not path.exists():
+        if cut_off:
+            return None
         raise SystemExit(f"{path}: missing, so the run did not end (cut off with its lease?): run the seed again, or "
-                         "move its folder out of DIR")
+                         "move its folder out of DIR (or --cut-off, for a record of what ran)")
     summary = json.loads(path.read_text())
     if summary.get("returncode", 0) != 0 or summary.get("stopped_early"):
         raise SystemExit(f"{path}: the run did not finish (returncode {summary.get('returncode', 0)}, stopped_early "
@@ -61,9 +68,9 @@ def read_summary(run_dir: Path) -> dict:
     return summary
 
 
-def read_seed(run_dir: Path, trainer: str = "hybridrl") -> dict:
-    """A seed's validations by step, the training seconds to each of them, its summary, median step time, peak
-    memory and sampled answer lengths."""
+def read_seed(run_dir: Path, trainer: str = "hybridrl", cut_off: bool = False) -> dict:
+    """A seed's validations by step, the training seconds to each of them, its summary (None if `cut_off` let a seed
+    without one in), the last step it trained, median step time, peak memory and sampled answer lengths."""
     metrics_path = run_dir / "metrics.jsonl"
     records = [READERS[trainer](json.loads(line)) for line in metrics_path.read_text().splitlines() if line.strip()]
     validation = {str(r["step"]): {k: v for k, v in r.items() if k.startswith("eval/")}
@@ -75,7 +82,8 @@ def read_seed(run_dir: Path, trainer: str = "hybridrl") -> dict:
         "validation": validation,
         "train_s_to_step": {step: sum(r["timing_s/step"] for r in training if r["step"] <= int(step))
                             for step in validation},
-        "summary": read_summary(run_dir),
+        "summary": read_summary(run_dir, cut_off),
+        "last_step_trained": training[-1]["step"] if training else 0,
         "step_time_s_median": statistics.median(r["timing_s/step"] for r in training),
         "peak_memory_allocated_gib": max(r.get("perf/max_memory_allocated_gb", 0.0) for r in training),
         "train_response_length_by_step": [round(r["response_length/mean"], 1) for r in training],
@@ -125,17 +133,21 @@ def main() -> None:
     parser.add_argument("--model", default="0.5b")
     parser.add_argument("--trainer", choices=sorted(READERS), default="hybridrl",
                         help="whose logs: verl reads verl's file logger (verl_compare.py's runs)")
+    parser.add_argument("--cut-off", action="store_true",
+                        help="keep seeds cut off with their lease (no summary.json): the table holds the validations "
+                             "every seed reached")
     for key in ("commit", "date", "card", "command", "what"):
         parser.add_argument(f"--{key}", required=key != "what", default="")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     pattern = re.compile(rf"{re.escape(args.model)}_{re.escape(args.variant)}_seed(\d+)")
     run_dirs = {int(m.group(1)): path for path in args.dir.iterdir() if (m := pattern.fullmatch(path.name))}
-    seeds = {str(seed): read_seed(run_dirs[seed], args.trainer) for seed in sorted(run_dirs)}
+    seeds = {str(seed): read_seed(run_dirs[seed], args.trainer, args.cut_off) for seed in sorted(run_dirs)}
     if not seeds:
         raise SystemExit(f"{args.dir}: no {args.model}_{args.variant}_seed<N>/")
     steps = {seed: sorted(values["validation"], key=int) for seed, values in seeds.items()}
-    if len({tuple(validated) for validated in steps.values()}) > 1:
+    cut = {seed: values["last_step_trained"] for seed, values in seeds.items() if values["summary"] is None}
+    if len({tuple(validated) for seed, validated in steps.items() if seed not in cut}) > 1:  # among whole seeds
         raise SystemExit("the seeds validated at different steps, so their means would mix: " + "; ".join(
             f"seed {seed} at {', '.join(validated)}" for seed, validated in steps.items()))
     logged = [metric for metric in COLUMNS  # a column every seed's every validation has
@@ -145,7 +157,10 @@ def main() -> None:
         source, versions = "issue 59 item 3: verl_compare.py (verl 0.9.1)", VERL_VERSIONS
     else:
         source, versions = f"issue 60 item 3: compare.sh {args.variant}", VERSIONS
-    record = {"what": args.what or f"{source}, MODEL={args.model}, seeds " + ", ".join(seeds),
+    what = args.what or f"{source}, MODEL={args.model}, seeds " + ", ".join(seeds)
+    if cut:
+        what += "; cut off with the lease: " + ", ".join(f"seed {seed} after step {step}" for seed, step in cut.items())
+    record = {"what": what, "cut_off_after_step": cut,
               "variant": args.variant, "model": args.model, "trainer": args.trainer, "command": args.command,
               "date": args.date, "commit": args.commit, "card": args.card, "versions": versions,
               "table_mean_sd": table, "seeds": seeds}
