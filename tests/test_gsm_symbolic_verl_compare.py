@@ -8,7 +8,6 @@ import inspect
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -144,15 +143,14 @@ def test_every_setting_of_run_sh_is_mapped_and_the_argv_composes_under_verls_own
 
 
 VERL_FUSED_FORWARD = """
-import os, sys, types, torch, torch.distributed as dist
+import sys, types, torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from verl.models.transformers.dense_common import forward_with_torch_backend
 from verl.utils.fsdp_utils import apply_fsdp2, get_fsdp_wrap_policy
 
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
-dist.init_process_group("gloo", rank=0, world_size=1)
+dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)
 ids = torch.randint(0, 64, (1, 8))
 for strategy in ("fsdp2", "fsdp"):
     for tied in (True, False):
@@ -180,11 +178,8 @@ def test_verls_fsdp2_fused_forward_fails_on_an_untied_lm_head_and_its_fsdp1_does
     that unit: the error the recipe's verl run stopped on at its first old log-probs (H100, 2026-12-07)."""
     script = tmp_path / "fused_forward.py"
     script.write_text(VERL_FUSED_FORWARD)
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    result = subprocess.run([sys.executable, str(script), str(port)], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PYTHONPATH": str(verl_release(LATEST))}, cwd=tmp_path)
+    result = subprocess.run([sys.executable, str(script), str(tmp_path / "pg")], capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "PYTHONPATH": str(verl_release(LATEST))}, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == [
         "fsdp2 tied log_probs (1, 8)",
@@ -394,7 +389,8 @@ def test_seed_table_refuses_a_seed_that_did_not_end_or_failed_or_validated_at_ot
     assert record["seeds"]["2"]["summary"] is None and record["seeds"]["1"]["summary"] == {"returncode": 0}
     assert list(record["table_mean_sd"]["eval/held_out/solved"]) == ["0"]
     summary.write_text(json.dumps({"returncode": 1}))
-    assert seed_table(tmp_path, "verl", tmp_path / "t.json", "--trainer", "verl", "--cut-off").returncode != 0
+    result = seed_table(tmp_path, "verl", tmp_path / "t.json", "--trainer", "verl", "--cut-off")
+    assert result.returncode != 0 and "the run did not finish (returncode 1" in result.stderr, result.stderr
     write_run(tmp_path, "0.5b_verl_seed3", lines, {"returncode": 0})  # with seed 2 moved out, the table is made
     (tmp_path / "0.5b_verl_seed2").rename(tmp_path / "cut_off")
     (tmp_path / "t.json").unlink()
