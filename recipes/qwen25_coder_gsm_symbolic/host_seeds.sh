@@ -17,8 +17,9 @@
 # variant 3, so the next variant's seeds start at once instead of at the next call.
 # pack: waits for QUEUE up to SECONDS, then packs each seed's logs of its variants (metrics.jsonl, summary.json,
 # val_generations.tgz; not the unpacked answers) into $OUT/<seed dir>.tgz, finished or not (seed_table.py refuses a
-# seed without its summary, unless --cut-off), and copies the queue's log to $OUT as QUEUE.log with '_' for '+' (the device tool
-# returns no name with a '+'). It exits as detached.sh wait does: 0 once the queue has ended, 3 while it runs.
+# seed without its summary, unless --cut-off), and copies the queue's log to $OUT as QUEUE.log with '_' for '+' (the
+# device tool returns no name with a '+'). It exits as detached.sh wait does: 0 once the queue has ended, 3 while it
+# runs.
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)

@@ -83,7 +83,7 @@ def read_seed(run_dir: Path, trainer: str = "hybridrl", cut_off: bool = False) -
         "train_s_to_step": {step: sum(r["timing_s/step"] for r in training if r["step"] <= int(step))
                             for step in validation},
         "summary": read_summary(run_dir, cut_off),
-        "last_step_trained": training[-1]["step"] if training else 0,
+        "last_step_trained": training[-1]["step"],  # a seed with no training step fails the median below
         "step_time_s_median": statistics.median(r["timing_s/step"] for r in training),
         "peak_memory_allocated_gib": max(r.get("perf/max_memory_allocated_gb", 0.0) for r in training),
         "train_response_length_by_step": [round(r["response_length/mean"], 1) for r in training],
