@@ -51,16 +51,13 @@ def verl_record(line: dict) -> dict:
 READERS = {"hybridrl": lambda line: line, "verl": verl_record}
 
 
-def read_summary(run_dir: Path, cut_off: bool = False) -> dict | None:
-    """The summary a run writes when it ends; a seed cut off (its lease ended, host_seeds.sh packed it running) has
-    none, and one that failed says so: either is refused, so no table averages a part of a run with whole ones.
-    `cut_off`: a seed without a summary is kept (None)."""
+def read_summary(run_dir: Path) -> dict | None:
+    """The summary a run writes when it ends, or None: a seed cut off (its lease ended, host_seeds.sh packed it
+    running) has none, which main refuses unless --cut-off. One that failed says so and is refused here, so no table
+    averages a failed run with whole ones."""
     path = run_dir / "summary.json"
     if not path.exists():
-        if cut_off:
-            return None
-        raise SystemExit(f"{path}: missing, so the run did not end (cut off with its lease?): run the seed again, or "
-                         "move its folder out of DIR (or --cut-off, for a record of what ran)")
+        return None
     summary = json.loads(path.read_text())
     if summary.get("returncode", 0) != 0 or summary.get("stopped_early"):
         raise SystemExit(f"{path}: the run did not finish (returncode {summary.get('returncode', 0)}, stopped_early "
@@ -68,9 +65,9 @@ def read_summary(run_dir: Path, cut_off: bool = False) -> dict | None:
     return summary
 
 
-def read_seed(run_dir: Path, trainer: str = "hybridrl", cut_off: bool = False) -> dict:
-    """A seed's validations by step, the training seconds to each of them, its summary (None if `cut_off` let a seed
-    without one in), the last step it trained, median step time, peak memory and sampled answer lengths."""
+def read_seed(run_dir: Path, trainer: str = "hybridrl") -> dict:
+    """A seed's validations by step, the training seconds to each of them, its summary (None: cut off), the last step
+    it trained, median step time, peak memory and sampled answer lengths."""
     metrics_path = run_dir / "metrics.jsonl"
     records = [READERS[trainer](json.loads(line)) for line in metrics_path.read_text().splitlines() if line.strip()]
     validation = {str(r["step"]): {k: v for k, v in r.items() if k.startswith("eval/")}
@@ -82,7 +79,7 @@ def read_seed(run_dir: Path, trainer: str = "hybridrl", cut_off: bool = False) -
         "validation": validation,
         "train_s_to_step": {step: sum(r["timing_s/step"] for r in training if r["step"] <= int(step))
                             for step in validation},
-        "summary": read_summary(run_dir, cut_off),
+        "summary": read_summary(run_dir),
         "last_step_trained": training[-1]["step"],  # a seed with no training step fails the median below
         "step_time_s_median": statistics.median(r["timing_s/step"] for r in training),
         "peak_memory_allocated_gib": max(r.get("perf/max_memory_allocated_gb", 0.0) for r in training),
@@ -142,11 +139,15 @@ def main() -> None:
     args = parser.parse_args()
     pattern = re.compile(rf"{re.escape(args.model)}_{re.escape(args.variant)}_seed(\d+)")
     run_dirs = {int(m.group(1)): path for path in args.dir.iterdir() if (m := pattern.fullmatch(path.name))}
-    seeds = {str(seed): read_seed(run_dirs[seed], args.trainer, args.cut_off) for seed in sorted(run_dirs)}
+    seeds = {str(seed): read_seed(run_dirs[seed], args.trainer) for seed in sorted(run_dirs)}
     if not seeds:
         raise SystemExit(f"{args.dir}: no {args.model}_{args.variant}_seed<N>/")
-    steps = {seed: sorted(values["validation"], key=int) for seed, values in seeds.items()}
     cut = {seed: values["last_step_trained"] for seed, values in seeds.items() if values["summary"] is None}
+    if cut and not args.cut_off:
+        raise SystemExit(f"{run_dirs[int(next(iter(cut)))] / 'summary.json'}: missing, so the run did not end (cut off "
+                         "with its lease?): run the seed again, or move its folder out of DIR (or --cut-off, for a "
+                         "record of what ran)")
+    steps = {seed: sorted(values["validation"], key=int) for seed, values in seeds.items()}
     if len({tuple(validated) for seed, validated in steps.items() if seed not in cut}) > 1:  # among whole seeds
         raise SystemExit("the seeds validated at different steps, so their means would mix: " + "; ".join(
             f"seed {seed} at {', '.join(validated)}" for seed, validated in steps.items()))
