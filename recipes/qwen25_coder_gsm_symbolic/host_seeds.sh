@@ -13,8 +13,9 @@
 # in the order given, with WORK_DIR=$HOST_WORK_DIR (default /tmp/qwork) and GGUF_PIECES=$PIECES (default
 # /tmp/gguf/$MODEL). A variant runs compare.sh VARIANT SEED...; verl prepares the same data and model (or finds them
 # there) and runs verl_compare.py --seeds SEED... (verl's sites installed first: scripts/gpu/install_verl.sh). A
-# variant that fails is reported and the next one runs. Why a queue: a lease holds about 3 seeds after the machine's start,
-# set-up and conversion (README.md), so the next variant's seeds start at once instead of at the next call.
+# variant that fails is reported and the next one runs. Why a queue: a lease holds about 3 seeds after the
+# machine's start, set-up and conversion (README.md), so the next variant's seeds start at once instead of at the
+# next call.
 # pack: waits for QUEUE up to SECONDS, then packs each seed's logs of its variants (metrics.jsonl, summary.json,
 # val_generations.tgz; not the unpacked answers) into $OUT/<seed dir>.tgz, finished or not (seed_table.py refuses a
 # seed without its summary, unless --cut-off), and copies the queue's log to $OUT as QUEUE.log with '_' for '+' (the
