@@ -62,6 +62,10 @@ def test_a_queue_runs_its_variants_in_order_past_a_failed_one_and_pack_copies_ea
              "== dr_grpo, MODEL=0.5b, SEED=3"]
     at = [log.index(mark) for mark in marks]
     assert at == sorted(at), log
+    # each seed's whole time and clock, which a lease is planned by (the fake trainer takes well under a minute)
+    timed = re.findall(r"^== (\w+) seed (\d): (\d+) s in all, ended \d\d:\d\d:\d\d UTC$", log, re.M)
+    assert [(variant, seed) for variant, seed, _ in timed] == [("current", "1"), ("current", "2"), ("dr_grpo", "3")]
+    assert all(int(seconds) < 60 for _, _, seconds in timed), timed
     # the seeds' arguments, in order: run.sh's with each seed, the variant's override for dr_grpo alone
     calls = (tmp / "argv.txt").read_text().splitlines()
     assert [re.search(r"\btrainer\.seed=(\S+)", call).group(1) for call in calls] == ["1", "2", "3"]

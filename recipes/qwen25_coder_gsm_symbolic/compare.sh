@@ -48,7 +48,8 @@ WORK_DIR=${WORK_DIR:-/tmp/qwen25_coder_gsm_symbolic}
 failed=0
 for seed in "${SEEDS[@]}"; do
     run_dir=$WORK_DIR/compare/${MODEL}_${VARIANT}_seed$seed
-    echo "== $VARIANT, MODEL=$MODEL, SEED=$seed: $run_dir"
+    echo "== $VARIANT, MODEL=$MODEL, SEED=$seed: $run_dir (started $(date -u +%T) UTC)"
+    began=$SECONDS
     MODEL=$MODEL SEED=$seed WORK_DIR=$WORK_DIR RUN_DIR=$run_dir bash "$HERE/run.sh" \
         trainer.experiment_name="${VARIANT}_${MODEL}_seed$seed" ${OVERRIDES[@]+"${OVERRIDES[@]}"} \
         || { echo "== $VARIANT seed $seed failed" >&2; failed=1; }
@@ -57,5 +58,8 @@ for seed in "${SEEDS[@]}"; do
         tar czf "$run_dir/val_generations.tgz" -C "$run_dir" val_generations \
             || { echo "== $VARIANT seed $seed: its answers were not packed" >&2; failed=1; }
     fi
+    # the seed's whole time, which a lease is planned by: summary.json's wall_s is main_ppo's fit alone, so the rest
+    # is the data, the first seed's model conversion, start-up and shut-down
+    echo "== $VARIANT seed $seed: $((SECONDS - began)) s in all, ended $(date -u +%T) UTC"
 done
 exit $failed
