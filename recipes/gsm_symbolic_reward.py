@@ -7,7 +7,9 @@ what the one score mixes: `formatted` (the model gave an answer in the format), 
 `last_number_right` (the last number of the answer is right, in any format: what the model can solve, whether or
 not it learned the format) and `solved` (either: right in the format or as the last number). `solved` is there
 because a trained model often writes "#### 42" and then a sentence with another number in it: right, yet not
-`last_number_right`. The trainer logs them as reward/<extra>/mean each step and, at each validation,
+`last_number_right`. `answer_first` (the response opens with an answer in the format, a guess before any reasoning:
+"#### 10" then the working) is what the shortcut leaves once the reasoning has come back, which neither the score nor
+the answer length shows. The trainer logs them as reward/<extra>/mean each step and, at each validation,
 val-aux/<extra>/mean@1 (all sets) and eval/<set>/<extra> (each of data.eval_sets), so a rising validation score
 can be told apart: format learned, or problems solved.
 
@@ -19,7 +21,7 @@ README.md).
 """
 from hybridrl.reward.scorers import default_compute_score
 from hybridrl.reward.scorers.gsm8k import extract_solution
-from hybridrl.reward.scorers.reasoning_gym import extract_answer, row_answer_format
+from hybridrl.reward.scorers.reasoning_gym import ANSWER_FORMATS, extract_answer, row_answer_format
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None) -> dict:
@@ -33,14 +35,27 @@ def compute_score_no_format_credit(data_source, solution_str, ground_truth, extr
 
 
 def _extras(score: float, solution_str: str, ground_truth, extra_info: dict) -> dict:
-    """acc, formatted, last_number_right and solved of one answer (the module docstring); `score`: the built-in
-    one."""
-    answer = extract_answer(solution_str, row_answer_format(extra_info))
+    """acc, formatted, last_number_right, solved and answer_first of one answer (the module docstring); `score`: the
+    built-in one."""
+    answer_format = row_answer_format(extra_info)
+    answer = extract_answer(solution_str, answer_format)
     last_number = extract_solution(solution_str, method="flexible")  # GSM8K's: thousands separators, "$" dropped
     acc = score == 1.0
     last_number_right = last_number is not None and _same_number(last_number, ground_truth)
     return {"acc": float(acc), "formatted": float(answer is not None), "last_number_right": float(last_number_right),
-            "solved": float(acc or last_number_right)}
+            "solved": float(acc or last_number_right),
+            "answer_first": float(_answer_first(solution_str, answer_format))}
+
+
+def _answer_first(solution_str: str, answer_format: str) -> bool:
+    """The first line is an answer in the format and nothing else ("#### 10", the working after it); a markdown
+    heading ("#### 1. Find the cost") is not one."""
+    line = solution_str.strip().split("\n", 1)[0].strip()
+    before, after = (part.strip() for part in ANSWER_FORMATS[answer_format].oracle_template.split("{answer}"))
+    if not (line.startswith(before) and line.endswith(after)):
+        return False
+    inside = line[len(before):len(line) - len(after)].split()
+    return len(inside) == 1 and extract_answer(line, answer_format) is not None
 
 
 def _same_number(text: str, ground_truth) -> bool:

@@ -126,18 +126,23 @@ def test_recipe_reward_keeps_the_score_and_tells_format_from_accuracy(answer_for
     args = (row["data_source"],)
     kwargs = {"ground_truth": answer, "extra_info": row["extra_info"]}
     right, wrong = int(answer), int(answer) + 1
-    cases = {  # response: (score, no-format-credit score, acc, formatted, last_number_right, solved)
-        wrap.format(right): (1.0, 1.0, 1.0, 1.0, 1.0, 1.0),
-        wrap.format(wrong): (0.01, 0.0, 0.0, 1.0, 0.0, 0.0),
-        f"3 + 4 = 7, so {right:,}.0 apples. " + wrap.format(wrong): (0.01, 0.0, 0.0, 1.0, 0.0, 0.0),  # the last counts
-        wrap.format(right) + " That is 3 more than 4.": (1.0, 1.0, 1.0, 1.0, 0.0, 1.0),  # right, a number after it
-        f"The answer is {right}.": (0.0, 0.0, 0.0, 0.0, 1.0, 1.0),
-        f"So $\\boxed{{{right:,}}}$": (0.0, 0.0, 0.0, 0.0, 1.0, 1.0),  # any format, thousands separators as GSM8K's
-        f"{right} apples, then 1.2.3": (0.0, 0.0, 0.0, 0.0, 0.0, 0.0),  # the last run of digits is not a number
-        "I do not know.": (0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+    cases = {  # response: (score, no-format-credit score, acc, formatted, last_number_right, solved, answer_first)
+        wrap.format(right): (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0),
+        wrap.format(wrong): (0.01, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0),
+        f"3 + 4 = 7, so {right:,}.0 apples. " + wrap.format(wrong): (0.01, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0),  # last counts
+        wrap.format(right) + " That is 3 more than 4.": (1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0),  # right, a number after
+        f"The answer is {right}.": (0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0),
+        f"So $\\boxed{{{right:,}}}$": (0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0),  # any format, separators as GSM8K
+        f"{right} apples, then 1.2.3": (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),  # the last run of digits is not a number
+        "I do not know.": (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+        # the shortcut's residue: a guess in the format first, then the working and the right answer
+        f"  {wrap.format(10)}\n\nFirst, 3 + 4 = 7.\n{wrap.format(right)}": (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0),
+        f"#### Step 1\nFirst, 3 + 4 = 7.\n{wrap.format(right)}": (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0),  # a heading
+        f"#### 1. Add the apples\n3 + 4 = 7.\n{wrap.format(right)}": (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0),  # one too
     }
-    for response, (score, strict_score, acc, formatted, last_number_right, solved) in cases.items():
-        extras = {"acc": acc, "formatted": formatted, "last_number_right": last_number_right, "solved": solved}
+    for response, (score, strict_score, acc, formatted, last_number_right, solved, answer_first) in cases.items():
+        extras = {"acc": acc, "formatted": formatted, "last_number_right": last_number_right, "solved": solved,
+                  "answer_first": answer_first}
         assert compute_score(*args, response, **kwargs) == {"score": score, **extras}, response
         assert no_format_credit(*args, response, **kwargs) == {"score": strict_score, **extras}, response
 

@@ -44,11 +44,12 @@ def test_the_table_counts_each_templates_share_and_each_seeds_change(per_templat
     templates = [info["template"] for info in test["extra_info"]]
     first = templates[0]
     # step 0: every answer wrong. Step 25, seed A: the first template's questions right in the format, and the
-    # last question right by its last number alone; seed B: only the test set's first question right.
+    # last question right by its last number alone; seed B: only the test set's first question right, every answer
+    # after its working (seed A's open with `#### N`, but for the last one).
     wrong = [f"#### {int(t) + 1}" for t in truths]
     seed_a = [f"#### {t}" if tm == first else w for t, tm, w in zip(truths, templates, wrong)]
     seed_a[-1] = f"So the answer is {truths[-1]}."
-    seed_b = [f"#### {truths[0]}"] + wrong[1:]
+    seed_b = [f"First, 3 + 4 = 7.\n{answer}" for answer in [f"#### {truths[0]}"] + wrong[1:]]
     dump(tmp_path / "a" / "val_generations" / "0.jsonl", test, wrong, 0)
     dump(tmp_path / "a" / "val_generations" / "25.jsonl", test, seed_a, 25)
     dump(tmp_path / "b_raw" / "val_generations" / "0.jsonl", test, wrong, 0)
@@ -58,7 +59,8 @@ def test_the_table_counts_each_templates_share_and_each_seeds_change(per_templat
         packed.add(tmp_path / "b_raw" / "val_generations", arcname="val_generations")
 
     runs = [tmp_path / "a", tmp_path / "b"]
-    solved = per_template.score_runs(test, runs, (0, 25))
+    scores = per_template.score_runs(test, runs, (0, 25))
+    solved, answer_first = per_template.column(scores, "solved"), per_template.column(scores, "answer_first")
     markdown = per_template.table(test, solved, (0, 25))
     rows = markdown.splitlines()[2:]
     counts = collections.Counter(templates)
@@ -84,10 +86,12 @@ def test_the_table_counts_each_templates_share_and_each_seeds_change(per_templat
     # the record keeps each seed's solved rows, which give the same rows back
     record = tmp_path / "record.json"
     record.write_text(json.dumps({"what": "a seed table"}))
-    per_template.add_to_record(record, runs, (0, 25), solved, markdown)
+    per_template.add_to_record(record, runs, (0, 25), solved, markdown, answer_first)
     kept = json.loads(record.read_text())
     assert kept["what"] == "a seed table" and kept["per_template"]["table"] == markdown.splitlines()
     assert kept["per_template"]["flips"] == per_template.flips(solved, runs, (0, 25)).splitlines()
+    n = len(test)
+    assert kept["per_template"]["answer_first"] == {"a": {"0": 1.0, "25": (n - 1) / n}, "b": {"0": 1.0, "25": 0.0}}
     rows_of = {name: {int(step): per_template.from_hex(digits, len(test)) for step, digits in steps.items()}
                for name, steps in kept["per_template"]["solved"].items()}
     seed_a_rows = [int(tm == first) for tm in templates]

@@ -9,11 +9,15 @@ import pytest
 from tests.test_gsm_symbolic_verl_compare import RECIPE, load, seed_table, write_run
 
 
-def write_seed(folder, name: str, solved: tuple[float, float], lengths: tuple[float, float]) -> None:
-    """A seed's run folder, its metrics.jsonl as the trainer logs it: validations at steps 0 and 2, training steps 1
-    and 2."""
+def write_seed(folder, name: str, solved: tuple[float, float], lengths: tuple[float, float],
+               answer_first: float | None = None) -> None:
+    """A seed's run folder, its metrics.jsonl as the trainer logs it: validations at steps 0 and 2 (with the share of
+    answers opening with `#### N` when given, as runs log it since it is an extra of the recipe's reward), training
+    steps 1 and 2."""
     def evals(value: float) -> dict:
-        return {"eval/held_out/solved": value, "eval/held_out/last_number_right": value, "eval/held_out/acc": value}
+        logged = {} if answer_first is None else {"eval/held_out/answer_first": answer_first}
+        return {"eval/held_out/solved": value, "eval/held_out/last_number_right": value, "eval/held_out/acc": value,
+                **logged}
 
     lines = [{"step": 0, **evals(solved[0])},
              {"step": 1, "timing_s/step": 9.0, "response_length/mean": lengths[0]},
@@ -29,19 +33,28 @@ def make_record(folder, variant: str, model: str, out) -> None:
 def test_each_variant_is_a_row_of_means_gains_and_the_target_counted_per_seed(tmp_path):
     """By hand. `a` at 0.5B: solved 0.20 -> 0.26 / 0.30 / 0.19, so gains +6.0, +10.0, -1.0 points: two at the +5
     target, one below its start; step 2 mean 0.25, sd of (.01, .05, -.06) = sqrt(.0062 / 2) = 5.6 points; shortest
-    sampled answer 30.0 tokens. `b` at 1.5B: 0.40 -> 0.61 / 0.59, gains +21.0 and +19.0: one at the +20 target."""
+    sampled answer 30.0 tokens. `b` at 1.5B: 0.40 -> 0.61 / 0.59, gains +21.0 and +19.0: one at the +20 target.
+    Answers opening with `#### N` at step 2: `b`'s seeds logged 0.25 each; `a`'s did not, and its record's
+    per_template.py count says 0.5, 0 and 1 (as --record writes it); a record with neither shows "-"."""
     for seed, (after, shortest) in enumerate([(0.26, 250.0), (0.30, 30.0), (0.19, 120.0)], start=1):
         write_seed(tmp_path, f"0.5b_a_seed{seed}", (0.20, after), (300.0, shortest))
+        write_seed(tmp_path, f"0.5b_c_seed{seed}", (0.20, after), (300.0, shortest))
     for seed, after in enumerate([0.61, 0.59], start=1):
-        write_seed(tmp_path, f"1.5b_b_seed{seed}", (0.40, after), (280.0, 260.0))
-    make_record(tmp_path, "a", "0.5b", tmp_path / "a.json")
-    make_record(tmp_path, "b", "1.5b", tmp_path / "b.json")
-    result = subprocess.run([sys.executable, str(RECIPE / "variants_table.py"), str(tmp_path / "a.json"),
-                             str(tmp_path / "b.json")], capture_output=True, text=True, timeout=120)
+        write_seed(tmp_path, f"1.5b_b_seed{seed}", (0.40, after), (280.0, 260.0), answer_first=0.25)
+    for variant, model in [("a", "0.5b"), ("b", "1.5b"), ("c", "0.5b")]:
+        make_record(tmp_path, variant, model, tmp_path / f"{variant}.json")
+    record_a = json.loads((tmp_path / "a.json").read_text())
+    record_a["per_template"] = {"answer_first": {f"0.5b_a_seed{seed}": {"0": 0.0, "2": share}
+                                                 for seed, share in enumerate([0.5, 0.0, 1.0], start=1)}}
+    (tmp_path / "a.json").write_text(json.dumps(record_a))
+    result = subprocess.run([sys.executable, str(RECIPE / "variants_table.py"),
+                             *(str(tmp_path / f"{variant}.json") for variant in "abc")],
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[2:] == [
-        "| `a` | 0.5b | 20.0 ± 0.0 | 25.0 ± 5.6 | +6.0, +10.0, -1.0 | 2 of 3 | 1 | 30.0 |",
-        "| `b` | 1.5b | 40.0 ± 0.0 | 60.0 ± 1.4 | +21.0, +19.0 | 1 of 2 | 0 | 260.0 |",
+        "| `a` | 0.5b | 20.0 ± 0.0 | 25.0 ± 5.6 | +6.0, +10.0, -1.0 | 2 of 3 | 1 | 30.0 | 50, 0, 100 |",
+        "| `b` | 1.5b | 40.0 ± 0.0 | 60.0 ± 1.4 | +21.0, +19.0 | 1 of 2 | 0 | 260.0 | 25, 25 |",
+        "| `c` | 0.5b | 20.0 ± 0.0 | 25.0 ± 5.6 | +6.0, +10.0, -1.0 | 2 of 3 | 1 | 30.0 | - |",
     ]
 
 

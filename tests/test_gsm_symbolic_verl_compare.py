@@ -274,7 +274,7 @@ def test_the_recipe_reward_takes_verls_call():
             "extra_info": {**row["extra_info"], "num_turns": 2, "rollout_reward_scores": {}}}
     inspect.signature(compute_score).bind(**call)
     assert compute_score(**call) == {"score": 1.0, "acc": 1.0, "formatted": 1.0, "last_number_right": 1.0,
-                                    "solved": 1.0}
+                                    "solved": 1.0, "answer_first": 0.0}
     assert row["data_source"] == load("seed_table").VERL_DATA_SOURCE  # verl names its val metrics by it
 
 
@@ -297,10 +297,12 @@ def seed_table(folder: Path, variant: str, out: Path, *options: str) -> subproce
 
 
 def val(source: str, held_out: float, acc: float) -> dict:
-    """verl's validation metrics: `held_out` solved, 0.1 less with the last number right, `acc` in the format."""
+    """verl's validation metrics: `held_out` solved, 0.1 less with the last number right, `acc` in the format, a
+    quarter of the answers opening with `#### N`."""
     return {f"val-aux/{source}/solved/mean@1": held_out, f"val-aux/{source}/last_number_right/mean@1": held_out - 0.1,
             f"val-core/{source}/acc/mean@1": acc, f"val-aux/{source}/formatted/mean@1": 1.0,
-            f"val-aux/{source}/reward/mean@1": acc, "val-aux/num_turns/mean": 2.0}
+            f"val-aux/{source}/answer_first/mean@1": 0.25, f"val-aux/{source}/reward/mean@1": acc,
+            "val-aux/num_turns/mean": 2.0}
 
 
 def train(seconds: float, length: float) -> dict:
@@ -330,6 +332,7 @@ def test_seed_table_reads_verls_file_logger_into_the_held_out_table(tmp_path):
     assert table["train_s_to_step"]["2"]["per_seed"] == [22.0, 42.0] and table["train_s_to_step"]["0"]["mean"] == 0
     assert "eval/in_template/acc" not in table and record["trainer"] == "verl"
     assert record["seeds"]["1"]["peak_memory_allocated_gib"] == 40.0
+    assert record["seeds"]["2"]["validation"]["2"]["eval/held_out/answer_first"] == 0.25  # under the recipe's name
     assert "| 2 | 40.0 ± 14.1 (30.0, 50.0) | 30.0 ± 14.1 | 40.0 ± 14.1 | - | - | 32 ± 14 |" in result.stdout
 
 

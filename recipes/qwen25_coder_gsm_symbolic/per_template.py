@@ -7,12 +7,14 @@ Each RUN_DIR holds a seed's validation answers, as `val_generations/<step>.jsonl
 (compare.sh). The answers carry no template, so they are matched to the test set's rows by position: the set's rows
 are validated in file order, and each row's question must appear in its answer's prompt (else the error names the
 row). Each answer is scored again with the recipe's reward (`solved`: right in the `#### N` format or by its last
-number), so the totals equal the logged `eval/held_out/solved`. Why: 1,024 questions of only 17 templates, so a seed's
-gain can be a few templates that flipped (recipe README, "The comparison on 1,024 held-out questions").
-`--record` writes the table and each seed's solved rows into the variant's seed_table.py record: the answers (1.5 MB a
-seed) stay out of the repository, whose working tree travels to the GPU host with every call, and a workspace copy
-does not outlive its session, so the rows are what lets a later table, or a per-question pairing of two variants, be
-made again.
+number), so the totals equal the logged `eval/held_out/solved`; each seed's share of answers that open with `#### N`
+before the working (`answer_first`, the shortcut's residue) is printed beside them. Why: 1,024 questions of only 17
+templates, so a seed's gain can be a few templates that flipped (recipe README, "The comparison on 1,024 held-out
+questions").
+`--record` writes the table, those shares and each seed's solved rows into the variant's seed_table.py record: the
+answers (1.5 MB a seed) stay out of the repository, whose working tree travels to the GPU host with every call, and
+a workspace copy does not outlive its session, so the rows are what lets a later table, or a per-question pairing of
+two variants, be made again.
 """
 import argparse
 import json
@@ -44,21 +46,20 @@ def read_answers(run_dir: Path, step: int) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def solved_rows(test: pd.DataFrame, answers: list[dict], compute_score, where: str) -> list[int]:
-    """Solved (0/1) of each test row; the test rows are found in `answers` from where the first row's question is,
-    in order."""
+def scored_rows(test: pd.DataFrame, answers: list[dict], compute_score, where: str) -> list[dict]:
+    """The recipe reward's score and extras of each test row's answer; the test rows are found in `answers` from where
+    the first row's question is, in order."""
     questions = [prompt[-1]["content"] for prompt in test["prompt"]]
     start = next((i for i, answer in enumerate(answers) if questions[0] in answer["input"]), None)
     if start is None or start + len(questions) > len(answers):
         raise SystemExit(f"{where}: the test set's {len(questions)} questions are not among its {len(answers)} answers")
-    solved = []
+    scored = []
     for row, (question, answer) in enumerate(zip(questions, answers[start:])):
         if question not in answer["input"]:
             raise SystemExit(f"{where}: answer {start + row} is not to the test set's row {row} ({question[:60]!r})")
         extra_info, ground_truth = dict(test["extra_info"][row]), test["reward_model"][row]["ground_truth"]
-        score = compute_score(test["data_source"][row], answer["output"], ground_truth, extra_info)
-        solved.append(int(score["solved"]))
-    return solved
+        scored.append(compute_score(test["data_source"][row], answer["output"], ground_truth, extra_info))
+    return scored
 
 
 def to_hex(solved: list[int]) -> str:
@@ -71,11 +72,22 @@ def from_hex(digits: str, rows: int) -> list[int]:
     return [int(bit) for digit in digits for bit in f"{int(digit, 16):04b}"][:rows]
 
 
-def score_runs(test: pd.DataFrame, run_dirs: list[Path], steps: tuple[int, int]) -> dict[tuple[int, int], list[int]]:
-    """(seed index, step) -> solved of each test row, rescored from the run's answers."""
+def score_runs(test: pd.DataFrame, run_dirs: list[Path], steps: tuple[int, int]) -> dict[tuple[int, int], list[dict]]:
+    """(seed index, step) -> the score and extras of each test row, rescored from the run's answers."""
     compute_score = load_extern_object(str(REWARD_FILE), "compute_score")
-    return {(seed, step): solved_rows(test, read_answers(run_dir, step), compute_score, f"{run_dir} step {step}")
+    return {(seed, step): scored_rows(test, read_answers(run_dir, step), compute_score, f"{run_dir} step {step}")
             for seed, run_dir in enumerate(run_dirs) for step in steps}
+
+
+def column(scores: dict[tuple[int, int], list[dict]], extra: str) -> dict[tuple[int, int], list[int]]:
+    """(seed index, step) -> one extra (0/1) of each test row: `solved`, `answer_first`."""
+    return {key: [int(row[extra]) for row in rows] for key, rows in scores.items()}
+
+
+def answer_first_shares(answer_first: dict, run_dirs: list[Path], steps: tuple[int, int]) -> dict[str, dict]:
+    """{seed's folder: {step: share of its answers that open with `#### N`}}."""
+    return {run_dir.name: {str(step): float(statistics.mean(answer_first[seed, step])) for step in steps}
+            for seed, run_dir in enumerate(run_dirs)}
 
 
 def table(test: pd.DataFrame, solved: dict[tuple[int, int], list[int]], steps: tuple[int, int]) -> str:
@@ -115,15 +127,17 @@ def flips(solved: dict[tuple[int, int], list[int]], run_dirs: list[Path], steps:
     return "\n".join(lines)
 
 
-def add_to_record(record: Path, run_dirs: list[Path], steps: tuple[int, int], solved: dict, markdown: str) -> None:
-    """The table, the flips and every seed's solved rows at both steps (hex, `from_hex`) into a seed_table.py
-    record."""
+def add_to_record(record: Path, run_dirs: list[Path], steps: tuple[int, int], solved: dict, markdown: str,
+                  answer_first: dict) -> None:
+    """The table, the flips, each seed's share of answers opening with `#### N` and every seed's solved rows at both
+    steps (hex, `from_hex`) into a seed_table.py record."""
     data = json.loads(record.read_text())
     data["per_template"] = {
         "command": "python recipes/qwen25_coder_gsm_symbolic/per_template.py DATA_DIR/test.parquet "
                    + " ".join(d.name for d in run_dirs) + f" --steps {steps[0]} {steps[1]}",
         "table": markdown.splitlines(),
         "flips": flips(solved, run_dirs, steps).splitlines(),
+        "answer_first": answer_first_shares(answer_first, run_dirs, steps),
         "solved_rows": "hex, one bit a row of test.parquet in file order, the first row the first bit (from_hex)",
         "solved": {run_dir.name: {str(step): to_hex(solved[seed, step]) for step in steps}
                    for seed, run_dir in enumerate(run_dirs)},
@@ -139,12 +153,16 @@ def main() -> None:
     parser.add_argument("--record", type=Path, help="also write the table and the solved rows into this record")
     args = parser.parse_args()
     steps, test = tuple(args.steps), pd.read_parquet(args.test)
-    solved = score_runs(test, args.run_dirs, steps)
+    scores = score_runs(test, args.run_dirs, steps)
+    solved, answer_first = column(scores, "solved"), column(scores, "answer_first")
     markdown = table(test, solved, steps)
     print(markdown)
     print(flips(solved, args.run_dirs, steps))
+    for name, shares in answer_first_shares(answer_first, args.run_dirs, steps).items():
+        print(f"{name}: answers opening with `#### N` before the working: "
+              + ", ".join(f"{100 * share:.1f} % at step {step}" for step, share in shares.items()))
     if args.record:
-        add_to_record(args.record, args.run_dirs, steps, solved, markdown)
+        add_to_record(args.record, args.run_dirs, steps, solved, markdown, answer_first)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ VERL_METRICS = {
     "eval/held_out/acc": f"val-core/{VERL_DATA_SOURCE}/acc/mean@1",
     "eval/held_out/solved": f"val-aux/{VERL_DATA_SOURCE}/solved/mean@1",
     "eval/held_out/formatted": f"val-aux/{VERL_DATA_SOURCE}/formatted/mean@1",
+    "eval/held_out/answer_first": f"val-aux/{VERL_DATA_SOURCE}/answer_first/mean@1",
     "eval/held_out": f"val-aux/{VERL_DATA_SOURCE}/reward/mean@1",  # the task's score
     "perf/max_memory_allocated_gb": "actor/perf/max_memory_allocated_gb",
 }
