@@ -150,7 +150,8 @@ def main() -> None:
     parser.add_argument("test", type=Path, help="the held-out test set (test.parquet)")
     parser.add_argument("run_dirs", type=Path, nargs="+", help="one seed's run folder each")
     parser.add_argument("--steps", type=int, nargs=2, default=(0, 25), metavar=("FROM", "TO"))
-    parser.add_argument("--record", type=Path, help="also write the table and the solved rows into this record")
+    parser.add_argument("--record", type=Path,
+                        help="also write the table, the answer_first shares and the solved rows into this record")
     args = parser.parse_args()
     steps, test = tuple(args.steps), pd.read_parquet(args.test)
     scores = score_runs(test, args.run_dirs, steps)
