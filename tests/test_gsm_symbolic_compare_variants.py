@@ -1,21 +1,20 @@
 """compare.sh's variants as main_ppo receives them on the GPU host: `compare.sh VARIANT 1` runs for real (compare.sh ->
 run.sh -> exec python -m hybridrl.main_ppo) with a `python` first on PATH that records main_ppo's arguments instead of
-training. Those arguments compose and validate under hybridrl's config, with the CPU in place of what this machine
-lacks (SGLang on a GPU), and each variant differs from `current` in exactly the keys it names. A variant the trainer
-would refuse is caught here, not at the start of a lease's queue (issue 60's seeds cost device time)."""
+training (run_compare_sh). Those arguments compose and validate under hybridrl's config, with the CPU in place of what
+this machine lacks (SGLang on a GPU), and each variant differs from `current` in exactly the keys it names. A variant
+the trainer would refuse is caught here, not at the start of a lease's queue (issue 60's seeds cost device time)."""
 import dataclasses
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import hybridrl.checks  # noqa: F401  (registers every subsystem's config checks)
 from hybridrl.config import compose_config, validate_config
+from hybridrl.dashboard.run_files import flatten
+from tests.test_gsm_symbolic_verl_compare import RECIPE, run_compare_sh
 
-COMPARE = Path(__file__).resolve().parents[1] / "recipes" / "qwen25_coder_gsm_symbolic" / "compare.sh"
 # What smoke_cpu.sh also changes to run the recipe here: the HF rollout on the CPU, no varlen kernel
 ON_THIS_MACHINE = ["trainer.device=cpu", "actor_rollout_ref.rollout.name=hf",
                    "actor_rollout_ref.model.use_remove_padding=false"]
@@ -36,34 +35,9 @@ VARIANTS = {
 RUN_KEYS = {"trainer.experiment_name", "trainer.default_local_dir", "trainer.validation_data_dir"}  # the seed's own
 
 
-def main_ppo_argv(tmp_path: Path, variant: str, model: str = "0.5b") -> list[str]:
-    """main_ppo's arguments for `MODEL=model compare.sh variant 1`, one a line as the trainer gets them; the data and
-    model paths under tmp_path/work (so every variant's are the same there)."""
-    fake = tmp_path / "bin" / "python"
-    fake.parent.mkdir(exist_ok=True)
-    fake.write_text("#!/usr/bin/env bash\n"
-                    f'case "$1" in */verl_compare.py) exec {sys.executable} "$@" ;; esac\n'
-                    '[ "$1 $2" = "-m hybridrl.main_ppo" ] || exit 0\n'
-                    'printf "%s\\n" "${@:3}" > "$ARGV_OUT"\n')
-    fake.chmod(0o755)
-    out = tmp_path / f"{model}_{variant}.txt"
-    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "WORK_DIR": str(tmp_path / "work"),
-           "ARGV_OUT": str(out), "MODEL": model}
-    result = subprocess.run(["bash", str(COMPARE), variant, "1"], capture_output=True, text=True, env=env,
-                            timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return out.read_text().splitlines()
-
-
-def flat(node, prefix: str = "") -> dict:
-    """The validated config as {dotted key: value}."""
-    if not isinstance(node, dict) or not node:
-        return {prefix.rstrip("."): node}
-    return {key: value for name, child in node.items() for key, value in flat(child, f"{prefix}{name}.").items()}
-
-
 def validated(argv: list[str]) -> dict:
-    return flat(dataclasses.asdict(validate_config(compose_config(argv + ON_THIS_MACHINE))))
+    """The validated config as {dotted key: value}."""
+    return flatten(dataclasses.asdict(validate_config(compose_config(argv + ON_THIS_MACHINE))))
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +48,12 @@ def host(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def current(host) -> dict:
-    return validated(main_ppo_argv(host, "current"))
+    return validated(run_compare_sh(host, "current"))
 
 
 def test_the_table_here_names_every_variant_compare_sh_knows():
-    refused = subprocess.run(["bash", str(COMPARE), "no_such_variant", "--check"], capture_output=True, text=True)
+    refused = subprocess.run(["bash", str(RECIPE / "compare.sh"), "no_such_variant", "--check"], capture_output=True,
+                             text=True)
     assert refused.returncode == 2
     known = re.search(r"expected (.*)", refused.stderr).group(1)
     assert sorted(re.findall(r"\w+", known.replace(" or ", ", "))) == sorted(VARIANTS), refused.stderr
@@ -86,7 +61,7 @@ def test_the_table_here_names_every_variant_compare_sh_knows():
 
 @pytest.mark.parametrize("variant", [name for name, keys in VARIANTS.items() if keys is not None])
 def test_each_variant_validates_and_changes_exactly_the_keys_it_names(host, current, variant):
-    config = validated(main_ppo_argv(host, variant))
+    config = validated(run_compare_sh(host, variant))
     changed = {key: config[key] for key in config if config[key] != current[key] and key not in RUN_KEYS}
     assert changed == VARIANTS[variant]
     assert config["trainer.experiment_name"] == f"{variant}_0.5b_seed1"
@@ -94,13 +69,13 @@ def test_each_variant_validates_and_changes_exactly_the_keys_it_names(host, curr
 
 
 def test_vs_verl_validates_with_the_settings_verl_gets(host, current):
-    config = validated(main_ppo_argv(host, "vs_verl"))
+    config = validated(run_compare_sh(host, "vs_verl"))
     assert config["actor_rollout_ref.model.use_fused_kernels"] is True  # one of verl_compare.py's rows
     assert config["custom_reward_function.name"] == current["custom_reward_function.name"]  # current's scoring
 
 
 def test_a_variant_at_1_5b_carries_the_memory_settings_the_larger_model_needs(host, current):
-    config = validated(main_ppo_argv(host, "no_format_credit", model="1.5b"))
+    config = validated(run_compare_sh(host, "no_format_credit", model="1.5b"))
     changed = {key: config[key] for key in config if config[key] != current[key] and key not in RUN_KEYS}
     model = str(host / "work" / "qwen2.5-coder-1.5b-instruct")
     named = {"custom_reward_function.name": "compute_score_no_format_credit", "actor_rollout_ref.model.path": model,

@@ -64,15 +64,13 @@ def speed_argvs(vs_verl):
     return {run["trainer"]: as_dict(run["argv"][3:]) for run in vs_verl.plan(args, "/model")[:2]}
 
 
-@pytest.fixture(scope="module")
-def compare_sh_run(tmp_path_factory):
-    """`compare.sh vs_verl 1` run for real (compare.sh -> run.sh -> the data and model preparation -> exec python -m
-    hybridrl.main_ppo) with a `python` first on PATH that records main_ppo's arguments and writes one validation file
-    where the trainer would, instead of training; it leaves the preparation's steps out and runs verl_compare.py with
-    this interpreter. Returns main_ppo's argv and the work directory."""
-    tmp = tmp_path_factory.mktemp("compare_sh")
-    fake = tmp / "bin" / "python"
-    fake.parent.mkdir()
+def run_compare_sh(folder: Path, variant: str, model: str = "0.5b") -> list[str]:
+    """main_ppo's argv, an argument a line, for `MODEL=model compare.sh variant 1` run for real (compare.sh -> run.sh
+    -> the data and model preparation -> exec python -m hybridrl.main_ppo) with a `python` first on PATH that records
+    main_ppo's arguments and writes one validation file where the trainer would, instead of training; it leaves the
+    preparation's steps out and runs verl_compare.py with this interpreter. The work directory is folder/work."""
+    fake = folder / "bin" / "python"
+    fake.parent.mkdir(exist_ok=True)
     fake.write_text("#!/usr/bin/env bash\n"
                     f'case "$1" in */verl_compare.py) exec {sys.executable} "$@" ;; esac\n'
                     '[ "$1 $2" = "-m hybridrl.main_ppo" ] || exit 0\n'
@@ -80,13 +78,20 @@ def compare_sh_run(tmp_path_factory):
                     'for a in "$@"; do case "$a" in trainer.validation_data_dir=*)\n'
                     '    mkdir -p "${a#*=}" && echo \'{"step": 0}\' > "${a#*=}/0.jsonl" ;; esac; done\n')
     fake.chmod(0o755)
-    out = tmp / "argv.txt"
-    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "WORK_DIR": str(tmp / "work"),
-           "ARGV_OUT": str(out)}
-    result = subprocess.run(["bash", str(RECIPE / "compare.sh"), "vs_verl", "1"], capture_output=True, text=True,
+    out = folder / f"{model}_{variant}_argv.txt"
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "WORK_DIR": str(folder / "work"),
+           "ARGV_OUT": str(out), "MODEL": model}
+    result = subprocess.run(["bash", str(RECIPE / "compare.sh"), variant, "1"], capture_output=True, text=True,
                             env=env, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
-    return out.read_text().splitlines(), tmp / "work"
+    return out.read_text().splitlines()
+
+
+@pytest.fixture(scope="module")
+def compare_sh_run(tmp_path_factory):
+    """`compare.sh vs_verl 1` (run_compare_sh): main_ppo's argv and the work directory."""
+    tmp = tmp_path_factory.mktemp("compare_sh")
+    return run_compare_sh(tmp, "vs_verl"), tmp / "work"
 
 
 @pytest.fixture(scope="module")
