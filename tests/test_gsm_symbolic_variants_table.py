@@ -51,7 +51,7 @@ def test_each_variant_is_a_row_of_means_gains_and_the_target_counted_per_seed(tm
                              *(str(tmp_path / f"{variant}.json") for variant in "abc")],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[2:] == [
+    assert result.stdout.splitlines()[2:5] == [
         "| `a` | 0.5b | 20.0 ± 0.0 | 25.0 ± 5.6 | +6.0, +10.0, -1.0 | 2 of 3 | 1 | 30.0 | 50, 0, 100 |",
         "| `b` | 1.5b | 40.0 ± 0.0 | 60.0 ± 1.4 | +21.0, +19.0 | 1 of 2 | 0 | 260.0 | 25, 25 |",
         "| `c` | 0.5b | 20.0 ± 0.0 | 25.0 ± 5.6 | +6.0, +10.0, -1.0 | 2 of 3 | 1 | 30.0 | - |",
@@ -67,3 +67,42 @@ def test_records_validated_at_other_steps_are_refused(tmp_path):
     records[1]["table_mean_sd"]["eval/held_out/solved"]["4"] = records[1]["table_mean_sd"]["eval/held_out/solved"]["2"]
     with pytest.raises(SystemExit, match=r"validated at different steps; expected \['0', '2'\]"):
         variants_table.table(records)
+
+
+def test_the_default_is_read_off_in_the_fixed_order(tmp_path):
+    """By hand, 0.5B records of 3 seeds (start 0.20; each seed (step 2 solved, step 1 solved) gives its gain and its
+    lowest point against the start, step 1 being a validation here):
+    - `steady`: gains +6, +6, +1, never below start: 0 below, 0 dipped, 2 at +5, mean +4.33;
+    - `dips`: +10, +10, +10, but one seed fell to 0.09 at step 1 (-11 points, past DIP_POINTS): 1 dipped;
+    - `lucky`: +20, +20, -0.5: one below its start, so last however high its mean;
+    - `edge`: +6, +6, +1 and a seed at 0.11 at step 1 (-9 points, not a dip): ties `steady` on the first three
+      keys, and its mean +4.33 + nothing: equal too, so the order falls to the name (`edge` before `steady`);
+    - `more`: +6, +6, +6: 3 at the target, first. `vs_verl` and a 2-seed record are not ranked, a 1.5B one not
+      listed."""
+    variants_table = load("variants_table")
+    plans = {"steady": [(0.26, 0.21), (0.26, 0.20), (0.21, 0.20)],
+             "dips": [(0.30, 0.09), (0.30, 0.20), (0.30, 0.20)],
+             "lucky": [(0.40, 0.20), (0.40, 0.20), (0.195, 0.20)],
+             "edge": [(0.26, 0.11), (0.26, 0.20), (0.21, 0.20)],
+             "more": [(0.26, 0.20), (0.26, 0.20), (0.26, 0.20)],
+             "vs_verl": [(0.30, 0.20)] * 3, "few": [(0.30, 0.20)] * 2}
+    records = []
+    for variant, seeds in plans.items():
+        for seed, (last, middle) in enumerate(seeds, start=1):
+            lines = [{"step": 0, "eval/held_out/solved": 0.20},
+                     {"step": 1, "timing_s/step": 9.0, "response_length/mean": 300.0, "eval/held_out/solved": middle},
+                     {"step": 2, "timing_s/step": 9.0, "response_length/mean": 290.0, "eval/held_out/solved": last}]
+            write_run(tmp_path, f"0.5b_{variant}_seed{seed}", lines, {"wall_s": 30.0})
+        make_record(tmp_path, variant, "0.5b", tmp_path / f"{variant}.json")
+        records.append(json.loads((tmp_path / f"{variant}.json").read_text()))
+    write_seed(tmp_path, "1.5b_big_seed1", (0.40, 0.70), (280.0, 260.0))
+    make_record(tmp_path, "big", "1.5b", tmp_path / "big.json")
+    records.append(json.loads((tmp_path / "big.json").read_text()))
+    lines = variants_table.ranking(records).splitlines()
+    assert [line.split("`")[1] for line in lines[1:6]] == ["more", "edge", "steady", "dips", "lucky"]
+    assert lines[1] == "1. `more`: 0 below start, 0 fell 10+ points, 3 of 3 at the target, mean gain +6.0"
+    assert lines[4] == "4. `dips`: 0 below start, 1 fell 10+ points, 3 of 3 at the target, mean gain +10.0"
+    assert lines[5] == "5. `lucky`: 1 below start, 0 fell 10+ points, 2 of 3 at the target, mean gain +13.2"
+    assert lines[6:] == ["Not ranked: `vs_verl`, current's scoring at verl's settings, a measurement, not a default",
+                         "Not ranked: `few`, 2 of 3 seeds"]
+    assert "big" not in "\n".join(lines)
