@@ -12,7 +12,7 @@ import pytest
 
 import hybridrl.checks  # noqa: F401  (registers every subsystem's config checks)
 from hybridrl.config import compose_config, validate_config
-from hybridrl.dashboard.run_files import flatten
+from hybridrl.trainer.tracking import flatten
 from tests.test_gsm_symbolic_verl_compare import RECIPE, run_compare_sh
 
 # What smoke_cpu.sh also changes to run the recipe here: the HF rollout on the CPU, no varlen kernel

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hybridrl.trainer.progress import ProgressReporter, format_step_table
-from hybridrl.trainer.tracking import VALID_LOGGERS, Tracking, check_logger_names
+from hybridrl.trainer.tracking import VALID_LOGGERS, Tracking, check_logger_names, flatten
 
 CONFIG = {"trainer": {"total_epochs": 2, "logger": ["wandb"]}, "actor": {"lr": 1e-6}}
 STEP_METRICS = {1: {"actor/pg_loss": 0.5, "critic/score/mean": 0.25},
@@ -128,6 +128,13 @@ def test_wandb_offline_run_dir_holds_history_config_and_table(tmp_path, monkeypa
     with open(table_file) as f:
         assert json.load(f) == {"columns": ["step", "input", "output", "score"],
                                 "data": [[2, "1+1=", "2", 1.0], [2, "2+2=", "5", 0.0]]}
+
+
+def test_flatten_gives_the_key_paths_an_override_names_and_keeps_an_empty_dict():
+    """mlflow's params and the dashboard's config diff: an empty dict (an unset engine_kwargs) is a value of its own,
+    not a key that vanishes."""
+    config = {"a": {"b": 1, "c": {}, "d": {"e": [1, 2]}}, "f": None}
+    assert flatten(config) == {"a.b": 1, "a.c": {}, "a.d.e": [1, 2], "f": None}
 
 
 def test_mlflow_file_store_holds_metrics_params_and_generations(tmp_path, monkeypatch):

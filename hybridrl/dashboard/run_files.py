@@ -22,6 +22,8 @@ import threading
 
 import msgspec
 
+from hybridrl.trainer.tracking import flatten
+
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
 SUMMARY_FILE = "summary.json"
@@ -144,17 +146,6 @@ def read_jsonl(path: str) -> list[dict]:
             except json.JSONDecodeError as err:
                 raise RunDirError(f"{path}, line {number}: expected a JSON object ({err})") from err
     return rows
-
-
-def flatten(config: dict, prefix: str = "") -> dict[str, object]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``: the config as the key paths a command line overrides."""
-    flat = {}
-    for key, value in config.items():
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 class RunDir:

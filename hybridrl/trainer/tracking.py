@@ -168,7 +168,7 @@ class MlflowLogger:
         self.run_id = self.client.create_run(experiment_id, run_name=experiment_name).info.run_id
         if config is not None:
             self.client.log_dict(self.run_id, config, "config.json")
-            params = [Param(key, _mlflow_param_value(value)) for key, value in _flatten(config).items()]
+            params = [Param(key, _mlflow_param_value(value)) for key, value in flatten(config).items()]
             for start in range(0, len(params), 100):  # mlflow takes at most 100 params per batch
                 self.client.log_batch(self.run_id, params=params[start:start + 100])
 
@@ -204,14 +204,15 @@ def _mlflow_param_value(value) -> str:
     return text if len(text) <= _MLFLOW_PARAM_VALUE_LIMIT else "(too long for an mlflow param: see config.json)"
 
 
-def _flatten(config: dict, prefix: str = "") -> dict:
+def flatten(config: dict, prefix: str = "") -> dict[str, object]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``: the config as the key paths a command line overrides (an empty dict
+    stays a value, so its key is not lost). mlflow's params, and the dashboard's config diff of runs, read it so."""
     flat = {}
     for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flatten(value, name + "."))
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
         else:
-            flat[name] = value
+            flat[f"{prefix}{key}"] = value
     return flat
 
 
