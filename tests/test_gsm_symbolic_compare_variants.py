@@ -88,3 +88,15 @@ def test_a_variant_at_1_5b_carries_the_memory_settings_the_larger_model_needs(ho
         "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": 8192,
         "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": 8192, "critic.model.path": model,
         "critic.model.tokenizer_path": model, "reward_model.model.input_tokenizer": model}
+
+
+def test_every_variant_names_the_shipped_scoring_itself_so_run_sh_can_take_the_winner(host, current):
+    """compare.sh passes the scoring the comparison started from (0.01 for a wrong `#### N`, GRPO's std
+    normalisation) first among its own overrides, not leaving it to run.sh's defaults: once the winner is run.sh's
+    default, the seeds still to run of `current`, `clip_higher` and `overlong` keep meaning what their records say."""
+    assert (current["custom_reward_function.name"], current["algorithm.norm_adv_by_std_in_grpo"]) == \
+        ("compute_score", True)
+    for variant in VARIANTS:
+        argv = run_compare_sh(host, variant)
+        own = argv[argv.index(f"trainer.experiment_name={variant}_0.5b_seed1") + 1:]
+        assert own[:2] == ["custom_reward_function.name=compute_score", "algorithm.norm_adv_by_std_in_grpo=true"]

@@ -5,8 +5,8 @@
 #   bash recipes/qwen25_coder_gsm_symbolic/compare.sh VARIANT [SEED...]     # seeds 1 2 3 unless given
 #   bash recipes/qwen25_coder_gsm_symbolic/compare.sh VARIANT --check       # exit 0 for a known VARIANT, 2 if not
 #
-# VARIANT (each is run.sh plus these Hydra overrides):
-#   current           none: the 0.01 for a wrong number in the format, GRPO's std normalisation
+# VARIANT (each is run.sh plus SHIPPED, then these Hydra overrides):
+#   current           none: SHIPPED, the 0.01 for a wrong number in the format, GRPO's std normalisation
 #   dr_grpo           algorithm.norm_adv_by_std_in_grpo=false (Dr. GRPO: no division by the group's std)
 #   no_format_credit  custom_reward_function.name=compute_score_no_format_credit (a wrong number scores 0, verl's GSM8K)
 #   dr_grpo_no_format_credit  both of the above: the two that each took no shortcut on 1,024 held-out questions
@@ -25,6 +25,9 @@ VARIANT=${1:?VARIANT: current, dr_grpo, no_format_credit, dr_grpo_no_format_cred
 shift
 SEEDS=("$@")
 [ ${#SEEDS[@]} -gt 0 ] || SEEDS=(1 2 3)
+# The scoring run.sh shipped with before issue 60 chose its default, named here and not left to run.sh, so that every
+# variant means the same once the winner is run.sh's default (the seeds still to run would otherwise change meaning)
+SHIPPED=(custom_reward_function.name=compute_score algorithm.norm_adv_by_std_in_grpo=true)
 case "$VARIANT" in
     current) OVERRIDES=() ;;
     dr_grpo) OVERRIDES=(algorithm.norm_adv_by_std_in_grpo=false) ;;
@@ -42,6 +45,7 @@ case "$VARIANT" in
             "overlong or vs_verl" >&2
        exit 2 ;;
 esac
+OVERRIDES=("${SHIPPED[@]}" ${OVERRIDES[@]+"${OVERRIDES[@]}"})
 [ "${SEEDS[0]}" = --check ] && exit 0
 MODEL=${MODEL:-0.5b}
 WORK_DIR=${WORK_DIR:-/tmp/qwen25_coder_gsm_symbolic}
@@ -51,7 +55,7 @@ for seed in "${SEEDS[@]}"; do
     echo "== $VARIANT, MODEL=$MODEL, SEED=$seed: $run_dir (started $(date -u +%T) UTC)"
     began=$SECONDS
     MODEL=$MODEL SEED=$seed WORK_DIR=$WORK_DIR RUN_DIR=$run_dir bash "$HERE/run.sh" \
-        trainer.experiment_name="${VARIANT}_${MODEL}_seed$seed" ${OVERRIDES[@]+"${OVERRIDES[@]}"} \
+        trainer.experiment_name="${VARIANT}_${MODEL}_seed$seed" "${OVERRIDES[@]}" \
         || { echo "== $VARIANT seed $seed failed" >&2; failed=1; }
     # every answer of every validation in one file to copy back, so any metric can be recomputed later
     if [ -d "$run_dir/val_generations" ]; then
