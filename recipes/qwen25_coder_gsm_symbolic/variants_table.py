@@ -89,7 +89,7 @@ def ranking(records: list[dict]) -> str:
             continue
         ranked.append((s["below"], s["dipped"], -s["reached"], -s["mean_gain"], variant, s))
     lines = [f"Candidates for the default at {RANK_MODEL}, best first:"]
-    for place, (*_, variant, s) in enumerate(sorted(ranked), start=1):
+    for place, (*_, variant, s) in enumerate(sorted(ranked, key=lambda entry: entry[:5]), start=1):
         lines.append(f"{place}. `{variant}`: {s['below']} below start, {s['dipped']} fell "
                      f"{DIP_POINTS:.0f}+ points, {s['reached']} of {len(s['gains'])} at the target, "
                      f"mean gain {s['mean_gain']:+.1f}")
