@@ -106,3 +106,14 @@ def test_the_default_is_read_off_in_the_fixed_order(tmp_path):
     assert lines[6:] == ["Not ranked: `vs_verl`, current's scoring at verl's settings, a measurement, not a default",
                          "Not ranked: `few`, 2 of 3 seeds"]
     assert "big" not in "\n".join(lines)
+
+
+def test_two_records_of_one_variant_are_refused_naming_both(tmp_path):
+    """Seeds 1-2's record left beside the 3-seed one it became would be a second row and a second ranked entry."""
+    write_seed(tmp_path, "0.5b_a_seed1", (0.2, 0.3), (300.0, 290.0))
+    make_record(tmp_path, "a", "0.5b", tmp_path / "a_seeds1.json")
+    make_record(tmp_path, "a", "0.5b", tmp_path / "a_all.json")
+    result = subprocess.run([sys.executable, str(RECIPE / "variants_table.py"), str(tmp_path / "a_seeds1.json"),
+                             str(tmp_path / "a_all.json")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and result.stdout == ""
+    assert f"{tmp_path / 'a_seeds1.json'} and {tmp_path / 'a_all.json'}: two records of `a` at 0.5b" in result.stderr

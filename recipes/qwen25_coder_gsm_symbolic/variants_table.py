@@ -111,11 +111,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("records", type=Path, nargs="+", help="seed_table.py records (benchmarks/results/*.json)")
     args = parser.parse_args()
-    records = []
+    records, paths = [], {}
     for path in args.records:
         record = json.loads(path.read_text())
         if HEADLINE not in record.get("table_mean_sd", {}):
             raise SystemExit(f"{path}: no {HEADLINE} table (records before 2026-12-07 validated 256 questions)")
+        key = (record["variant"], record["model"])
+        if key in paths:  # a record its seeds were later combined into a larger one: one row a variant
+            raise SystemExit(f"{paths[key]} and {path}: two records of `{key[0]}` at {key[1]}; keep the one with "
+                             "all its seeds")
+        paths[key] = path
         records.append(record)
     print(table(records))
     print()
