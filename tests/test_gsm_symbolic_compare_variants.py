@@ -4,6 +4,7 @@ training (run_compare_sh). Those arguments compose and validate under hybridrl's
 this machine lacks (SGLang on a GPU), and each variant differs from `current` in exactly the keys it names. A variant
 the trainer would refuse is caught here, not at the start of a lease's queue (issue 60's seeds cost device time)."""
 import dataclasses
+import functools
 import re
 import subprocess
 from pathlib import Path
@@ -47,8 +48,14 @@ def host(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def current(host) -> dict:
-    return validated(run_compare_sh(host, "current"))
+def argv_of(host):
+    """main_ppo's argv for `compare.sh VARIANT 1` at 0.5B, run once a variant and kept for every test here."""
+    return functools.cache(lambda variant: run_compare_sh(host, variant))
+
+
+@pytest.fixture(scope="module")
+def current(argv_of) -> dict:
+    return validated(argv_of("current"))
 
 
 def test_the_table_here_names_every_variant_compare_sh_knows():
@@ -60,16 +67,16 @@ def test_the_table_here_names_every_variant_compare_sh_knows():
 
 
 @pytest.mark.parametrize("variant", [name for name, keys in VARIANTS.items() if keys is not None])
-def test_each_variant_validates_and_changes_exactly_the_keys_it_names(host, current, variant):
-    config = validated(run_compare_sh(host, variant))
+def test_each_variant_validates_and_changes_exactly_the_keys_it_names(host, argv_of, current, variant):
+    config = validated(argv_of(variant))
     changed = {key: config[key] for key in config if config[key] != current[key] and key not in RUN_KEYS}
     assert changed == VARIANTS[variant]
     assert config["trainer.experiment_name"] == f"{variant}_0.5b_seed1"
     assert config["trainer.default_local_dir"] == str(host / "work" / "compare" / f"0.5b_{variant}_seed1")
 
 
-def test_vs_verl_validates_with_the_settings_verl_gets(host, current):
-    config = validated(run_compare_sh(host, "vs_verl"))
+def test_vs_verl_validates_with_the_settings_verl_gets(argv_of, current):
+    config = validated(argv_of("vs_verl"))
     assert config["actor_rollout_ref.model.use_fused_kernels"] is True  # one of verl_compare.py's rows
     assert config["custom_reward_function.name"] == current["custom_reward_function.name"]  # current's scoring
 
@@ -90,13 +97,13 @@ def test_a_variant_at_1_5b_carries_the_memory_settings_the_larger_model_needs(ho
         "critic.model.tokenizer_path": model, "reward_model.model.input_tokenizer": model}
 
 
-def test_every_variant_names_the_shipped_scoring_itself_so_run_sh_can_take_the_winner(host, current):
+def test_every_variant_names_the_shipped_scoring_itself_so_run_sh_can_take_the_winner(argv_of, current):
     """compare.sh passes the scoring the comparison started from (0.01 for a wrong `#### N`, GRPO's std
     normalisation) first among its own overrides, not leaving it to run.sh's defaults: once the winner is run.sh's
     default, the seeds still to run of `current`, `clip_higher` and `overlong` keep meaning what their records say."""
     assert (current["custom_reward_function.name"], current["algorithm.norm_adv_by_std_in_grpo"]) == \
         ("compute_score", True)
     for variant in VARIANTS:
-        argv = run_compare_sh(host, variant)
+        argv = argv_of(variant)
         own = argv[argv.index(f"trainer.experiment_name={variant}_0.5b_seed1") + 1:]
         assert own[:2] == ["custom_reward_function.name=compute_score", "algorithm.norm_adv_by_std_in_grpo=true"]

@@ -75,8 +75,8 @@ def test_the_default_is_read_off_in_the_fixed_order(tmp_path):
     - `steady`: gains +6, +6, +1, never below start: 0 below, 0 dipped, 2 at +5, mean +4.33;
     - `dips`: +10, +10, +10, but one seed fell to 0.09 at step 1 (-11 points, past DIP_POINTS): 1 dipped;
     - `lucky`: +20, +20, -0.5: one below its start, so last however high its mean;
-    - `edge`: +6, +6, +1 and a seed at 0.11 at step 1 (-9 points, not a dip): ties `steady` on the first three
-      keys, and its mean +4.33 + nothing: equal too, so the order falls to the name (`edge` before `steady`);
+    - `edge`: +6, +6, +1 and a seed at 0.11 at step 1 (-9 points, not a dip): ties `steady` on all four keys
+      (mean +4.33 both), so the order falls to the name (`edge` before `steady`);
     - `more`: +6, +6, +6: 3 at the target, first. `vs_verl` and a 2-seed record are not ranked, a 1.5B one not
       listed."""
     variants_table = load("variants_table")
